@@ -1,0 +1,250 @@
+"""Command-line interface: parse flags, call the library, map errors to exit codes.
+
+The only module that imports click. Heavy modules (paramiko, rich, torch) are imported inside
+the commands that need them, so `dtlaunch --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from dtlaunch import __version__
+from dtlaunch.errors import EXIT_USAGE, DtlaunchError, UsageError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _single(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    """Options that take one value are declared `multiple` so a repeat is caught, not ignored."""
+    if isinstance(value, tuple):
+        if len(value) > 1:
+            raise UsageError(f"{param.opts[-1] if param.opts else param.name}: given more than once")
+        return value[0] if value else None
+    return value
+
+
+def single_option(*decls: str, **kwargs: Any) -> Callable[[F], F]:
+    kwargs.setdefault("callback", _single)
+    return click.option(*decls, multiple=True, **kwargs)
+
+
+def host_options(func: F) -> F:
+    """Options shared by run and doctor: which hosts and how to reach them."""
+    decorators = [
+        single_option("-H", "--hosts", "hosts", metavar="HOST[:SLOTS],...",
+                      help="Hosts and slots, e.g. host1:2,host2:4 (slots default to 1)."),
+        single_option("--hostfile", metavar="FILE",
+                      help="Open MPI style hostfile: 'host slots=N' or 'host:N' lines."),
+        single_option("--iface", metavar="NAMES|CIDR",
+                      help="Network to use: interface names (eth0,ib0) or a subnet (10.0.0.0/24)."),
+        single_option("--python", metavar="PATH",
+                      help="Interpreter for the ranks (default: the one running dtlaunch)."),
+        single_option("--ssh-port", type=click.IntRange(1, 65535), help="SSH port on every host."),
+        single_option("--ssh-identity-file", metavar="FILE", help="SSH private key to use."),
+        single_option("--ssh-config", metavar="FILE", help="OpenSSH config file (default ~/.ssh/config)."),
+        single_option("--connect-timeout", type=click.IntRange(1, 600), default=(10,),
+                      show_default="10", help="Seconds to wait for each SSH connection."),
+        click.option("--accept-new-host-keys", is_flag=True,
+                     help="Trust host keys seen for the first time (changed keys still fail)."),
+    ]
+    for decorator in reversed(decorators):
+        func = decorator(func)
+    return func
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="dtlaunch")
+def cli() -> None:
+    """Launch Horovod training jobs on Open MPI, checked before they start."""
+
+
+def _read_hosts(hosts: str | None, hostfile: str | None) -> tuple[Any, ...]:
+    from dtlaunch.hosts import parse_hosts, read_hostfile
+
+    if hosts is not None and hostfile is not None:
+        raise UsageError("give either --hosts or --hostfile, not both")
+    if hostfile is not None:
+        return read_hostfile(hostfile)
+    if hosts is not None:
+        return parse_hosts(hosts)
+    return ()
+
+
+def _ssh_options(port: int | None, identity: str | None, config: str | None,
+                 timeout: int, accept_new: bool) -> Any:
+    from dtlaunch.mpi import SshOptions, check_rsh_arg
+
+    for value, option in ((identity, "--ssh-identity-file"), (config, "--ssh-config")):
+        if value is not None:
+            check_rsh_arg(value, option)
+            if not os.path.isfile(value):
+                raise UsageError(f"{option}: no such file: {value}")
+    return SshOptions(
+        port=port,
+        identity_file=identity,
+        config_file=config,
+        connect_timeout=timeout,
+        host_key_policy="accept-new" if accept_new else "yes",
+    )
+
+
+def find_mpirun() -> str:
+    from dtlaunch.mpi import INSTALL_OMPI_HINT
+
+    path = shutil.which("mpirun")
+    if path is None:
+        raise UsageError(f"mpirun not found on PATH; {INSTALL_OMPI_HINT}")
+    return path
+
+
+def local_mpi(mpirun: str) -> Any:
+    """Ask the local mpirun what it is; only Open MPI >= 3 is supported."""
+    from dtlaunch.mpi import INSTALL_OMPI_HINT, MIN_OMPI, parse_mpirun_version
+
+    try:
+        out = subprocess.run([mpirun, "--version"], capture_output=True, text=True, timeout=20,
+                             stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise DtlaunchError(f"cannot run {mpirun} --version: {exc}") from None
+    impl = parse_mpirun_version(out.stdout + out.stderr)
+    if not impl.is_open_mpi:
+        raise UsageError(f"{mpirun} is {impl.name}, not Open MPI; dtlaunch needs Open MPI >= 3.0; "
+                         f"{INSTALL_OMPI_HINT}")
+    if impl.version_tuple < MIN_OMPI:
+        raise UsageError(f"{mpirun} is Open MPI {impl.version}; dtlaunch needs >= 3.0; "
+                         f"{INSTALL_OMPI_HINT}")
+    return impl
+
+
+def _warn(message: str) -> None:
+    click.echo(f"dtlaunch: warning: {message}", err=True)
+
+
+def _note(message: str) -> None:
+    click.echo(f"dtlaunch: {message}", err=True)
+
+
+@cli.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@host_options
+@single_option("-np", "--num-proc", "num_proc", type=int, metavar="N",
+               help="Number of processes (default: all slots).")
+@click.option("--oversubscribe", is_flag=True, help="Allow more processes than slots.")
+@click.option("-x", "--env", "env_items", multiple=True, metavar="NAME[=VALUE]",
+              help="Export a variable to every rank (repeatable).")
+@single_option("-m", "module", metavar="MODULE", help="Run a module, like python -m.")
+@single_option("--mpi-args", metavar="ARGS", help="Extra mpirun arguments, split like a shell.")
+@single_option("--output-dir", metavar="DIR", help="Also write each rank's output to DIR/rank.N.log.")
+@single_option("--timeline", metavar="FILE", help="Write a Horovod timeline to FILE.")
+@single_option("--timeout", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
+               help="Stop the whole job after this long.")
+@click.option("--tree-spawn", is_flag=True,
+              help="Let Open MPI spawn daemons in a tree (needs SSH between every pair of hosts).")
+@click.option("--no-check", is_flag=True, help="Skip the pre-flight checks.")
+@click.option("--dry-run", is_flag=True, help="Print the mpirun command and exit.")
+@click.option("-v", "--verbose", is_flag=True, help="Print the command before running it.")
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def run(hosts: str | None, hostfile: str | None, iface: str | None, python: str | None,
+        ssh_port: int | None, ssh_identity_file: str | None, ssh_config: str | None,
+        connect_timeout: int, accept_new_host_keys: bool, num_proc: int | None,
+        oversubscribe: bool, env_items: tuple[str, ...], module: str | None,
+        mpi_args: str | None, output_dir: str | None, timeline: str | None,
+        timeout: float | None, tree_spawn: bool, no_check: bool, dry_run: bool,
+        verbose: bool, args: tuple[str, ...]) -> None:
+    """Run SCRIPT [ARGS]... (or -m MODULE [ARGS]...) on every host through mpirun."""
+    from dtlaunch.mpi import parse_iface, split_mpi_args
+    from dtlaunch.plan import RunRequest, plan_run
+
+    host_list = _read_hosts(hosts, hostfile)
+    script: str | None = None
+    if module is None:
+        if not args:
+            raise UsageError("run: missing SCRIPT (or -m MODULE); e.g. dtlaunch run -H h1,h2 train.py")
+        script, args = args[0], args[1:]
+        if not os.path.isfile(script):
+            raise UsageError(f"run: script not found: {script}")
+    interpreter = python or sys.executable
+    if python is not None and not (os.path.isabs(python) or shutil.which(python)):
+        raise UsageError(f"--python: {python} is not an absolute path or a command on PATH")
+    request = RunRequest(
+        hosts=host_list,
+        python=interpreter,
+        script=script,
+        module=module,
+        args=args,
+        num_proc=num_proc,
+        oversubscribe=oversubscribe,
+        iface=parse_iface(iface) if iface is not None else None,
+        env_items=env_items,
+        ssh=_ssh_options(ssh_port, ssh_identity_file, ssh_config, connect_timeout,
+                         accept_new_host_keys),
+        mpi_args=split_mpi_args(mpi_args) if mpi_args else (),
+        timeline=timeline,
+        tree_spawn=tree_spawn,
+    )
+    mpirun = shutil.which("mpirun")
+    if mpirun is None and not dry_run:
+        mpirun = find_mpirun()
+    ompi_major = local_mpi(mpirun).version_tuple[0] if mpirun else 4
+    plan = plan_run(request, dict(os.environ), mpirun="mpirun", ompi_major=ompi_major,
+                    as_root=os.geteuid() == 0, cpu_count=os.cpu_count() or 1)
+    for message in plan.env.warnings:
+        _warn(message)
+    if dry_run:
+        click.echo(plan.display())
+        return
+    if not no_check:
+        from dtlaunch.preflight import run_preflight
+
+        run_preflight(request, plan, mpirun=mpirun, verbose=verbose)
+    if verbose:
+        _note("running: " + plan.display())
+    from dtlaunch.launch import execute
+
+    result = execute(
+        (mpirun or "mpirun", *plan.argv[1:]),
+        plan.launcher_env,
+        plan.rank_hosts,
+        timeout=timeout,
+        output_dir=Path(output_dir) if output_dir else None,
+        announce=_note,
+    )
+    if result.interrupted_by is not None:
+        from dtlaunch.failures import signal_name
+
+        _note(f"stopped by {signal_name(result.interrupted_by)}; all ranks were told to exit")
+    elif result.timed_out:
+        _note(f"job stopped: it ran longer than --timeout {timeout:g} s")
+    if result.failure is not None and result.exit_code != 0:
+        _note(f"job failed: {result.failure.describe()}")
+    sys.exit(result.exit_code)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Entry point: one line per error, exit 2 for bad input, never a traceback."""
+    try:
+        cli.main(args=list(argv) if argv is not None else None, prog_name="dtlaunch",
+                 standalone_mode=False)
+    except DtlaunchError as exc:
+        click.echo(f"dtlaunch: error: {exc}", err=True)
+        sys.exit(exc.exit_code)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except click.Abort:
+        click.echo("dtlaunch: aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:
+        message = exc.format_message().replace("\n", " ")
+        click.echo(f"dtlaunch: error: {message}", err=True)
+        sys.exit(EXIT_USAGE if isinstance(exc, click.UsageError) else exc.exit_code)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except BrokenPipeError:
+        sys.exit(1)

@@ -1,0 +1,100 @@
+"""Turn mpirun's own messages into one precise line about what failed. Pure code."""
+
+from __future__ import annotations
+
+import re
+import signal
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Failure:
+    rank: int | None = None
+    host: str | None = None
+    exit_code: int | None = None
+    signal: int | None = None
+    reason: str = ""  # for failures that are not a rank's exit (lost daemon, ssh failure)
+
+    def describe(self) -> str:
+        who = f"rank {self.rank}" if self.rank is not None else "a process"
+        where = f" on host {self.host}" if self.host else ""
+        if self.signal is not None:
+            return f"{who}{where} was killed by signal {self.signal} ({signal_name(self.signal)})"
+        if self.exit_code is not None:
+            return f"{who}{where} exited with code {self.exit_code}"
+        return self.reason or f"{who}{where} failed"
+
+
+def signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+_PROCESS_NAME = re.compile(r"Process name:\s*\[\[\d+,\d+\],(\d+)\]")
+_EXIT_CODE = re.compile(r"Exit code:\s*(-?\d+)")
+_SIGNALLED = re.compile(
+    r"process rank (\d+) with PID \d+ on node (\S+) exited on signal (\d+)", re.IGNORECASE
+)
+_ABORT = re.compile(r"MPI_ABORT was invoked on rank (\d+) .*?errorcode (-?\d+)", re.DOTALL)
+_LOST_DAEMON = re.compile(r"Remote daemon:\s*\[\[\d+,\d+\],\d+\] on node (\S+)")
+_NO_DAEMON = re.compile(r"ORTE was unable to reliably start one or more daemons|"
+                        r"PRTE has lost communication|daemon did not report back")
+_SSH_ERR = re.compile(r"^(ssh: .*|.*Permission denied.*|.*Host key verification failed.*)$", re.M)
+
+
+def analyze(lines: Sequence[str], rank_hosts: Sequence[str]) -> Failure | None:
+    """Find the first failing rank in mpirun's untagged output.
+
+    rank_hosts maps rank -> host (from the slot mapping); mpirun's exit-code message names the
+    rank but not the host.
+    """
+    text = "\n".join(lines)
+
+    def host_of(rank: int) -> str | None:
+        return rank_hosts[rank] if 0 <= rank < len(rank_hosts) else None
+
+    match = _SIGNALLED.search(text)
+    code_match = _PROCESS_NAME.search(text)
+    abort = _ABORT.search(text)
+    # Whichever message comes first names the first failure.
+    candidates: list[tuple[int, Failure]] = []
+    if match:
+        rank = int(match.group(1))
+        candidates.append(
+            (match.start(), Failure(rank, match.group(2), signal=int(match.group(3))))
+        )
+    if code_match:
+        rank = int(code_match.group(1))
+        code = _EXIT_CODE.search(text, code_match.end())
+        candidates.append(
+            (
+                code_match.start(),
+                Failure(rank, host_of(rank), exit_code=int(code.group(1)) if code else None),
+            )
+        )
+    if abort:
+        rank = int(abort.group(1))
+        candidates.append(
+            (abort.start(), Failure(rank, host_of(rank), exit_code=int(abort.group(2)),
+                                    reason="called MPI_Abort"))
+        )
+    if candidates:
+        return min(candidates, key=lambda c: c[0])[1]
+    lost = _LOST_DAEMON.search(text)
+    if lost:
+        return Failure(host=lost.group(1), reason=f"lost the connection to host {lost.group(1)}")
+    if _NO_DAEMON.search(text):
+        ssh = _SSH_ERR.search(text)
+        detail = f" ({ssh.group(1).strip()})" if ssh else ""
+        return Failure(
+            reason="mpirun could not start its daemon on every host" + detail
+            + "; run 'dtlaunch doctor' with the same hosts to see which and why"
+        )
+    return None
+
+
+def untagged(lines: Iterable[str]) -> list[str]:
+    return [line for line in lines if not line.startswith("[")]

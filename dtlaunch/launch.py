@@ -1,0 +1,169 @@
+"""Run mpirun as a child: stream tagged output live, forward signals, enforce --timeout.
+
+The only module that starts the job. mpirun gets its own session so that a terminal's Ctrl-C
+reaches dtlaunch alone, which forwards it once and escalates if mpirun does not finish.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from dtlaunch.failures import Failure, analyze
+
+# After forwarding a signal, how long mpirun gets to take its ranks down before we kill it.
+GRACE_SECONDS = 6.0
+EXIT_TIMEOUT = 124
+
+_TAG = re.compile(r"^\[(\d+),(\d+)\]<(stdout|stderr|stddiag)>:(.*)$", re.DOTALL)
+
+
+@dataclass(frozen=True)
+class LaunchResult:
+    exit_code: int
+    failure: Failure | None
+    interrupted_by: int | None = None  # signal number dtlaunch received
+    timed_out: bool = False
+
+
+class _Output:
+    """Prints rank lines with a short `[rank@host]` prefix and keeps mpirun's own lines."""
+
+    def __init__(self, rank_hosts: Sequence[str], output_dir: Path | None) -> None:
+        self.rank_hosts = rank_hosts
+        self.lock = threading.Lock()
+        self.mpirun_lines: deque[str] = deque(maxlen=400)
+        self.files: dict[str, IO[str]] = {}
+        self.output_dir = output_dir
+
+    def _log(self, key: str, line: str) -> None:
+        if self.output_dir is None:
+            return
+        handle = self.files.get(key)
+        if handle is None:
+            handle = open(self.output_dir / f"{key}.log", "a", encoding="utf-8")  # noqa: SIM115
+            self.files[key] = handle
+        handle.write(line + "\n")
+        handle.flush()
+
+    def feed(self, raw: bytes, from_stderr: bool) -> None:
+        line = raw.decode("utf-8", errors="replace").rstrip("\n")
+        match = _TAG.match(line)
+        with self.lock:
+            if match:
+                rank = int(match.group(2))
+                host = self.rank_hosts[rank] if rank < len(self.rank_hosts) else "?"
+                text = match.group(4)
+                stream = sys.stdout if match.group(3) == "stdout" else sys.stderr
+                stream.write(f"[{rank}@{host}] {text}\n")
+                stream.flush()
+                self._log(f"rank.{rank}", text)
+            else:
+                self.mpirun_lines.append(line)
+                sys.stderr.write(line + "\n")
+                sys.stderr.flush()
+                self._log("mpirun", line)
+
+    def close(self) -> None:
+        for handle in self.files.values():
+            handle.close()
+
+
+def _pump(pipe: IO[bytes], sink: Callable[[bytes], None]) -> None:
+    for raw in iter(pipe.readline, b""):
+        sink(raw)
+    pipe.close()
+
+
+def _kill_tree(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL mpirun's whole session (local ranks included); remote orteds lose their
+    lifeline when mpirun's ssh links close and take their ranks down."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def execute(
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    rank_hosts: Sequence[str],
+    timeout: float | None = None,
+    output_dir: Path | None = None,
+    announce: Callable[[str], None] = lambda msg: None,
+) -> LaunchResult:
+    if output_dir is not None:
+        output_dir.mkdir(parents=True, exist_ok=True)
+    out = _Output(rank_hosts, output_dir)
+    received: list[int] = []
+    proc = subprocess.Popen(
+        list(argv),
+        env=dict(env),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    pumps = [
+        threading.Thread(target=_pump, args=(proc.stdout, lambda b: out.feed(b, False)), daemon=True),
+        threading.Thread(target=_pump, args=(proc.stderr, lambda b: out.feed(b, True)), daemon=True),
+    ]
+    for thread in pumps:
+        thread.start()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        received.append(signum)
+        try:
+            os.kill(proc.pid, signum)
+        except ProcessLookupError:
+            pass
+
+    handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    previous = {s: signal.signal(s, on_signal) for s in handled}
+    deadline = time.monotonic() + timeout if timeout else None
+    timed_out = False
+    stop_requested_at: float | None = None
+    try:
+        while proc.poll() is None:
+            now = time.monotonic()
+            if deadline is not None and now >= deadline and not timed_out:
+                timed_out = True
+                announce(f"job still running after --timeout {timeout:g} s: stopping it")
+                os.kill(proc.pid, signal.SIGTERM)
+            if (received or timed_out) and stop_requested_at is None:
+                stop_requested_at = now
+            if stop_requested_at is not None and now - stop_requested_at > GRACE_SECONDS:
+                announce("mpirun did not stop in time: killing it")
+                _kill_tree(proc)
+                stop_requested_at = float("inf")
+            time.sleep(0.05)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        # Anything still in mpirun's session (e.g. a rank that ignored SIGTERM) goes too.
+        _kill_tree(proc)
+        for thread in pumps:
+            thread.join(timeout=5)
+        out.close()
+
+    code = proc.returncode
+    exit_code = code if code >= 0 else 128 - code
+    failure = analyze(list(out.mpirun_lines), rank_hosts) if code != 0 else None
+    if received:
+        return LaunchResult(128 + received[0], failure, interrupted_by=received[0])
+    if timed_out:
+        return LaunchResult(EXIT_TIMEOUT, failure, timed_out=True)
+    if exit_code != 0 and failure is None:
+        failure = Failure(reason=f"mpirun exited with status {exit_code}")
+    return LaunchResult(exit_code, failure)

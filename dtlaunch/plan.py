@@ -1,0 +1,129 @@
+"""From the user's request to the exact launch plan. Pure: no I/O, no environment reads."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from dtlaunch.envvars import EnvPlan, build_launcher_env, plan_environment
+from dtlaunch.errors import UsageError
+from dtlaunch.hosts import Host, assign_ranks, total_slots
+from dtlaunch.mpi import (
+    Interfaces,
+    JobSpec,
+    SshOptions,
+    build_mpirun_argv,
+    format_command,
+)
+
+_MODULE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    hosts: tuple[Host, ...]  # empty: this machine
+    python: str
+    script: str | None = None
+    module: str | None = None
+    args: tuple[str, ...] = ()
+    num_proc: int | None = None
+    oversubscribe: bool = False
+    iface: Interfaces | None = None
+    env_items: tuple[str, ...] = ()
+    ssh: SshOptions = field(default_factory=SshOptions)
+    mpi_args: tuple[str, ...] = ()
+    timeline: str | None = None
+    tree_spawn: bool = False
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    argv: tuple[str, ...]
+    launcher_env: dict[str, str]
+    rank_hosts: tuple[str, ...]
+    env: EnvPlan
+    hosts: tuple[Host, ...]
+
+    def display(self) -> str:
+        """Shell-quoted and pasteable; values of secrets never appear in it."""
+        return format_command(self.argv)
+
+
+def check_module_name(module: str) -> str:
+    if not _MODULE_RE.match(module):
+        raise UsageError(f"-m: {module!r} is not a valid module name (e.g. package.module)")
+    return module
+
+
+def resolve_hosts(hosts: tuple[Host, ...], num_proc: int | None, cpu_count: int) -> tuple[Host, ...]:
+    """No hosts given: this machine, one slot per core (or -np slots)."""
+    if hosts:
+        return hosts
+    return (Host("localhost", max(num_proc or 0, cpu_count, 1)),)
+
+
+def choose_num_proc(hosts: tuple[Host, ...], num_proc: int | None, oversubscribe: bool) -> int:
+    slots = total_slots(hosts)
+    if num_proc is None:
+        return slots
+    if num_proc < 1:
+        raise UsageError(f"-np: must be at least 1, got {num_proc}")
+    if num_proc > slots and not oversubscribe:
+        raise UsageError(
+            f"-np: {num_proc} processes but the hosts have only {slots} slots; "
+            "add slots (host:N) or pass --oversubscribe"
+        )
+    return num_proc
+
+
+def build_program(request: RunRequest) -> tuple[str, ...]:
+    if request.module is not None:
+        return (request.python, "-m", check_module_name(request.module), *request.args)
+    if request.script is None:
+        raise UsageError("run: give a SCRIPT to run or -m MODULE")
+    return (request.python, request.script, *request.args)
+
+
+def plan_run(
+    request: RunRequest,
+    environ: Mapping[str, str],
+    *,
+    mpirun: str = "mpirun",
+    ompi_major: int = 4,
+    as_root: bool = False,
+    cpu_count: int = 1,
+) -> RunPlan:
+    hosts = resolve_hosts(request.hosts, request.num_proc, cpu_count)
+    num_proc = choose_num_proc(hosts, request.num_proc, request.oversubscribe)
+    program = build_program(request)
+    fixed: dict[str, str] = {"PYTHONUNBUFFERED": "1"}
+    if request.iface is not None and request.iface.names:
+        # NCCL and Gloo take names only; a CIDR is resolved per host by doctor.
+        names = ",".join(request.iface.names)
+        fixed["NCCL_SOCKET_IFNAME"] = names
+        fixed["HOROVOD_GLOO_IFACE"] = request.iface.names[0]
+    if request.timeline:
+        fixed["HOROVOD_TIMELINE"] = request.timeline
+    env = plan_environment(environ, request.env_items, fixed)
+    spec = JobSpec(
+        hosts=hosts,
+        num_proc=num_proc,
+        program=program,
+        env=env,
+        iface=request.iface,
+        ssh=request.ssh,
+        as_root=as_root,
+        oversubscribe=request.oversubscribe,
+        tree_spawn=request.tree_spawn,
+        ompi_major=ompi_major,
+        mpi_args=request.mpi_args,
+    )
+    argv = build_mpirun_argv(spec, mpirun)
+    return RunPlan(
+        argv=argv,
+        launcher_env=build_launcher_env(environ, env),
+        rank_hosts=assign_ranks(hosts, num_proc),
+        env=env,
+        hosts=hosts,
+    )
