@@ -124,6 +124,13 @@ def local_mpi(mpirun: str) -> Any:
     return impl
 
 
+def rsh_agent_command() -> str | None:
+    """dtlaunch's ssh wrapper, which reports a lost host (Open MPI splits this on spaces)."""
+    if any(c.isspace() for c in sys.executable):
+        return None
+    return f"{sys.executable} -m dtlaunch.rsh"
+
+
 def _warn(message: str) -> None:
     click.echo(f"dtlaunch: warning: {message}", err=True)
 
@@ -188,6 +195,7 @@ def run(hosts: str | None, hostfile: str | None, iface: str | None, python: str 
         mpi_args=split_mpi_args(mpi_args) if mpi_args else (),
         timeline=timeline,
         tree_spawn=tree_spawn,
+        rsh_agent=rsh_agent_command(),
     )
     mpirun = shutil.which("mpirun")
     if mpirun is None and not dry_run:

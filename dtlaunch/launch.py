@@ -20,6 +20,7 @@ from typing import IO
 
 from dtlaunch.failures import Failure, analyze
 from dtlaunch.output import Line, TagDemux
+from dtlaunch.rsh import LOST_PREFIX
 
 # After forwarding a signal, how long mpirun gets to take its ranks down before we kill it.
 GRACE_SECONDS = 6.0
@@ -44,6 +45,7 @@ class _Output:
         self.mpirun_lines: deque[str] = deque(maxlen=400)
         self.files: dict[str, IO[str]] = {}
         self.output_dir = output_dir
+        self.lost_host: str | None = None
 
     def _log(self, key: str, text: str) -> None:
         if self.output_dir is None:
@@ -58,6 +60,8 @@ class _Output:
     def _emit(self, line: Line) -> None:
         stream = sys.stdout if line.stream == "stdout" else sys.stderr
         if line.rank is None:
+            if line.text.startswith(LOST_PREFIX) and self.lost_host is None:
+                self.lost_host = line.text[len(LOST_PREFIX):].split()[0]
             self.mpirun_lines.append(line.text)
             sys.stderr.write(line.text + "\n")
             sys.stderr.flush()
@@ -136,6 +140,7 @@ def execute(
     previous = {s: signal.signal(s, on_signal) for s in handled}
     deadline = time.monotonic() + timeout if timeout else None
     timed_out = False
+    lost_host: str | None = None
     stop_requested_at: float | None = None
     try:
         while proc.poll() is None:
@@ -144,7 +149,11 @@ def execute(
                 timed_out = True
                 announce(f"job still running after --timeout {timeout:g} s: stopping it")
                 os.kill(proc.pid, signal.SIGTERM)
-            if (received or timed_out) and stop_requested_at is None:
+            if out.lost_host is not None and lost_host is None:
+                lost_host = out.lost_host
+                announce(f"lost the SSH connection to host {lost_host}: stopping the job")
+                os.kill(proc.pid, signal.SIGTERM)
+            if (received or timed_out or lost_host) and stop_requested_at is None:
                 stop_requested_at = now
             if stop_requested_at is not None and now - stop_requested_at > GRACE_SECONDS:
                 announce("mpirun did not stop in time: killing it")
@@ -167,6 +176,9 @@ def execute(
         return LaunchResult(128 + received[0], failure, interrupted_by=received[0])
     if timed_out:
         return LaunchResult(EXIT_TIMEOUT, failure, timed_out=True)
+    if lost_host is not None:
+        lost = Failure(host=lost_host, reason=f"lost the SSH connection to host {lost_host}")
+        return LaunchResult(exit_code or 1, lost)
     if exit_code != 0 and failure is None:
         failure = Failure(reason=f"mpirun exited with status {exit_code}")
     return LaunchResult(exit_code, failure)

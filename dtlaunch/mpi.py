@@ -100,6 +100,8 @@ class JobSpec:
     tree_spawn: bool = False
     ompi_major: int = DEFAULT_OMPI_MAJOR
     mpi_args: tuple[str, ...] = ()
+    # Command mpirun uses instead of plain ssh (dtlaunch's link watcher); None: plain ssh.
+    rsh_agent: str | None = None
 
 
 def btl_for(ompi_major: int) -> str:
@@ -125,7 +127,12 @@ def build_mpirun_argv(spec: JobSpec, mpirun: str = "mpirun") -> tuple[str, ...]:
     if spec.iface is not None:
         value = spec.iface.mca_value()
         argv += ["-mca", "btl_tcp_if_include", value, "-mca", "oob_tcp_if_include", value]
-    argv += ["-mca", "plm_rsh_agent", "ssh", "-mca", "plm_rsh_args", " ".join(spec.ssh.ssh_args())]
+    agent = spec.rsh_agent if spec.rsh_agent and not spec.tree_spawn else "ssh"
+    # Keep each host's daemon attached to its ssh session (Open MPI detaches it by default):
+    # a dead host or sshd then ends that session, which dtlaunch notices, and the daemons'
+    # own error messages reach the user.
+    argv.append("--leave-session-attached")
+    argv += ["-mca", "plm_rsh_agent", agent, "-mca", "plm_rsh_args", " ".join(spec.ssh.ssh_args())]
     if not spec.tree_spawn:
         # Only launcher-to-host SSH is needed (and checked by doctor); tree spawn would also
         # need every host to reach every other host over SSH.

@@ -35,6 +35,7 @@ class RunRequest:
     mpi_args: tuple[str, ...] = ()
     timeline: str | None = None
     tree_spawn: bool = False
+    rsh_agent: str | None = None
 
 
 @dataclass(frozen=True)
@@ -118,6 +119,7 @@ def plan_run(
         tree_spawn=request.tree_spawn,
         ompi_major=ompi_major,
         mpi_args=request.mpi_args,
+        rsh_agent=request.rsh_agent,
     )
     argv = build_mpirun_argv(spec, mpirun)
     return RunPlan(

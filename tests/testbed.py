@@ -88,6 +88,7 @@ class TestBed:
     known_hosts: Path
     ssh_config: Path
     _closed: bool = field(default=False, repr=False)
+    __test__ = False  # not a pytest test class
 
     def host(self, name: str) -> BedHost:
         return next(h for h in self.hosts if h.name == name)

@@ -1,0 +1,54 @@
+"""A rank that proves where it ran. Used by the multi-host tests.
+
+Writes OUT/rank.<rank>.json with its host, argv and environment; options make it fail, sleep
+or allreduce with Horovod.
+"""
+
+import argparse
+import json
+import os
+import socket
+import sys
+import time
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--out", required=True)
+parser.add_argument("--horovod", action="store_true")
+parser.add_argument("--exit-rank", type=int, default=-1)
+parser.add_argument("--exit-code", type=int, default=0)
+parser.add_argument("--kill-rank", type=int, default=-1)
+parser.add_argument("--sleep", type=float, default=0.0)
+args, rest = parser.parse_known_args()
+
+if args.horovod:
+    import horovod.torch as hvd
+    import torch
+
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    total = hvd.allreduce(torch.tensor([float(rank + 1)]), op=hvd.Sum).item()
+else:
+    rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
+    size = int(os.environ["OMPI_COMM_WORLD_SIZE"])
+    total = None
+
+record = {
+    "rank": rank,
+    "size": size,
+    "host": socket.gethostname(),
+    "pid": os.getpid(),
+    "argv": sys.argv[1:],
+    "rest": rest,
+    "env": dict(os.environ),
+    "allreduce_sum": total,
+}
+with open(os.path.join(args.out, f"rank.{rank}.json"), "w") as handle:
+    json.dump(record, handle)
+print(f"rank {rank} of {size} on {record['host']}", flush=True)
+
+if rank == args.kill_rank:
+    os.kill(os.getpid(), 9)
+if rank == args.exit_rank:
+    sys.exit(args.exit_code)
+if args.sleep:
+    time.sleep(args.sleep)
