@@ -1,0 +1,136 @@
+"""The CLI as a user meets it: real subprocesses, exit codes, one-line errors."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import dtlaunch_argv
+
+
+def dtl(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None,
+        stdin: bytes | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(dtlaunch_argv(*args), capture_output=True, text=True, cwd=cwd,
+                          env=env, timeout=60)
+
+
+@pytest.fixture
+def script(tmp_path: Path) -> Path:
+    path = tmp_path / "train.py"
+    path.write_text("print('hi')\n")
+    return path
+
+
+def test_done_when_dry_run_line(script: Path) -> None:
+    result = dtl("run", "--dry-run", "-H", "host1:1,host2:1", "--iface", "ens3", "train.py",
+                 cwd=script.parent)
+    assert result.returncode == 0, result.stderr
+    argv = shlex.split(result.stdout)
+    line = result.stdout
+    assert argv[argv.index("-np") + 1] == "2"
+    assert argv[argv.index("-H") + 1] == "host1:1,host2:1"
+    for piece in ("-bind-to none", "-map-by slot", "btl_tcp_if_include ens3",
+                  "oob_tcp_if_include ens3", "NCCL_SOCKET_IFNAME=ens3"):
+        assert piece in line
+    assert argv[-2:] == [sys.executable, "train.py"]
+    assert ("--allow-run-as-root" in argv) == (os.geteuid() == 0)
+
+
+def test_dry_run_masks_secrets_and_never_prints_values(script: Path) -> None:
+    env = {**os.environ, "MY_TOKEN": "s3cr3t-value", "AWS_SECRET_ACCESS_KEY": "aws-s3cr3t"}
+    result = dtl("run", "--dry-run", "-H", "h1", "-x", "MY_TOKEN", "-x", "DB_PASSWORD=pw-s3cr3t",
+                 str(script), env=env)
+    assert result.returncode == 0
+    assert "s3cr3t" not in result.stdout + result.stderr
+    argv = shlex.split(result.stdout)
+    assert "MY_TOKEN" in argv and "DB_PASSWORD" in argv
+    assert "AWS_SECRET_ACCESS_KEY" not in result.stdout
+    assert result.stderr.count("looks like a secret") == 2
+
+
+def test_module_mode(script: Path) -> None:
+    result = dtl("run", "--dry-run", "-np", "2", "-m", "dtlaunch.examples.ptb_lm", "--config", "small")
+    assert result.returncode == 0, result.stderr
+    assert shlex.split(result.stdout)[-5:] == [sys.executable, "-m", "dtlaunch.examples.ptb_lm",
+                                               "--config", "small"]
+
+
+BAD_RUN = [
+    (["-H", "host1:x"], "slots must be a positive whole number"),
+    (["-H", ":2"], "empty host name"),
+    (["-H", "host1:0"], "at least 1"),
+    (["-H", "host1:-1"], "positive whole number"),
+    (["-H", ""], "empty host list"),
+    (["-H", "a,a"], "more than once"),
+    (["-H", "fe80::1"], "IPv6"),
+    (["-H", "a:100000"], "more than the 4096"),
+    (["-H", "a", "-H", "b"], "given more than once"),
+    (["-H", "a", "--hostfile", "{tmp}/hosts"], "not both"),
+    (["--hostfile", "{tmp}/missing"], "cannot read"),
+    (["--hostfile", "{tmp}/junk"], "junk:2: unexpected"),
+    (["--hostfile", "{tmp}/binary"], "not valid UTF-8"),
+    (["-np", "0", "-H", "a"], "at least 1"),
+    (["-np", "3", "-H", "a:2"], "only 2 slots"),
+    (["-np", "x"], "'x' is not a valid integer"),
+    (["-x", "A-B"], "invalid variable name"),
+    (["-x", "BASH_FUNC_x%%=1"], "invalid variable name"),
+    (["-x", "NOT_SET_ANYWHERE_1"], "not set here"),
+    (["--mpi-args", "'unbalanced"], "cannot split"),
+    (["--iface", "eth0,10.0.0.0/8"], "not both"),
+    (["--iface", "10.0.0.0/99"], "invalid CIDR"),
+    (["--ssh-port", "0"], "0 is not in the range"),
+    (["--ssh-identity-file", "{tmp}/nokey"], "no such file"),
+    (["--timeout", "-1"], "-1"),
+    (["--python", "relative/python"], "not an absolute path"),
+    (["--no-such-flag"], None),  # an unknown option before SCRIPT is taken as the script name
+]
+
+
+@pytest.mark.parametrize(("args", "message"), BAD_RUN)
+def test_bad_run_input(args: list[str], message: str | None, script: Path, tmp_path: Path) -> None:
+    (tmp_path / "hosts").write_text("a\n")
+    (tmp_path / "junk").write_text("a slots=1\nb !!!\n")
+    (tmp_path / "binary").write_bytes(b"a\n\xff\n")
+    full = [a.format(tmp=tmp_path) for a in args]
+    result = dtl("run", "--dry-run", *full, str(script))
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("dtlaunch: error: ")
+    if message:
+        assert message in lines[0]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["run"], "missing SCRIPT"),
+        (["run", "no_such_script.py"], "script not found"),
+        (["run", "-m", "bad-module!"], "not a valid module name"),
+        (["run", "-m", "1x"], "not a valid module name"),
+        (["nosuchcommand"], "No such command"),
+    ],
+)
+def test_bad_program(args: list[str], message: str, tmp_path: Path) -> None:
+    result = dtl(*args, cwd=tmp_path)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0]
+
+
+def test_no_mpirun_on_path(script: Path) -> None:
+    env = {**os.environ, "PATH": "/nonexistent"}
+    result = dtl("run", "-H", "a", str(script), env=env)
+    assert result.returncode == 2
+    assert "mpirun not found on PATH" in result.stderr and "apt-get install openmpi-bin" in result.stderr
+
+
+def test_help_and_version() -> None:
+    assert dtl("--help").returncode == 0
+    assert "dtlaunch" in dtl("--version").stdout
+    assert subprocess.run([sys.executable, "-m", "dtlaunch", "run", "--help"],
+                          capture_output=True, text=True).returncode == 0

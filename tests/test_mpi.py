@@ -1,0 +1,122 @@
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from dtlaunch.envvars import EnvPlan, EnvVar
+from dtlaunch.errors import UsageError
+from dtlaunch.hosts import Host
+from dtlaunch.mpi import (
+    Interfaces,
+    JobSpec,
+    SshOptions,
+    build_mpirun_argv,
+    parse_iface,
+    parse_mpirun_version,
+    split_mpi_args,
+)
+
+SSH_DEFAULT = ("-o BatchMode=yes -o ConnectTimeout=10 -o StrictHostKeyChecking=yes "
+               "-o ServerAliveInterval=5 -o ServerAliveCountMax=3")
+
+
+def test_two_hosts_iface_name_as_root() -> None:
+    spec = JobSpec(
+        hosts=(Host("host1", 1), Host("host2", 1)),
+        num_proc=2,
+        program=("/venv/bin/python", "train.py", "--lr", "1"),
+        env=EnvPlan((EnvVar("PATH", "/usr/bin"), EnvVar("NCCL_SOCKET_IFNAME", "ens3", inline=True))),
+        iface=Interfaces(names=("ens3",)),
+        as_root=True,
+    )
+    assert build_mpirun_argv(spec) == (
+        "mpirun", "--allow-run-as-root", "--tag-output", "-np", "2", "-H", "host1:1,host2:1",
+        "-bind-to", "none", "-map-by", "slot", "-mca", "pml", "ob1", "-mca", "btl", "self,vader,tcp",
+        "-mca", "btl_tcp_if_include", "ens3", "-mca", "oob_tcp_if_include", "ens3",
+        "--leave-session-attached",
+        "-mca", "plm_rsh_agent", "ssh", "-mca", "plm_rsh_args", SSH_DEFAULT,
+        "-mca", "plm_rsh_no_tree_spawn", "1",
+        "-x", "PATH", "-x", "NCCL_SOCKET_IFNAME=ens3",
+        "/venv/bin/python", "train.py", "--lr", "1",
+    )
+
+
+def test_cidr_ssh_options_open_mpi_5_tree_spawn_non_root() -> None:
+    spec = JobSpec(
+        hosts=(Host("a", 4),),
+        num_proc=6,
+        program=("python", "-m", "pkg.train"),
+        iface=Interfaces(cidrs=("10.0.0.0/24",)),
+        ssh=SshOptions(port=2222, identity_file="/k/id", config_file="/k/cfg", connect_timeout=3,
+                       host_key_policy="accept-new"),
+        oversubscribe=True,
+        tree_spawn=True,
+        ompi_major=5,
+        mpi_args=("--report-bindings",),
+        rsh_agent="/venv/bin/python -m dtlaunch.rsh",
+    )
+    assert build_mpirun_argv(spec, "/opt/ompi/bin/mpirun") == (
+        "/opt/ompi/bin/mpirun", "--tag-output", "-np", "6", "-H", "a:4",
+        "-bind-to", "none", "-map-by", "slot", "--oversubscribe",
+        "-mca", "pml", "ob1", "-mca", "btl", "self,sm,tcp",
+        "-mca", "btl_tcp_if_include", "10.0.0.0/24", "-mca", "oob_tcp_if_include", "10.0.0.0/24",
+        "--leave-session-attached",
+        # Tree spawn runs the agent on remote hosts too, so it stays plain ssh there.
+        "-mca", "plm_rsh_agent", "ssh", "-mca", "plm_rsh_args",
+        "-o BatchMode=yes -o ConnectTimeout=3 -o StrictHostKeyChecking=accept-new "
+        "-o ServerAliveInterval=5 -o ServerAliveCountMax=3 -p 2222 -i /k/id -F /k/cfg",
+        "--report-bindings", "python", "-m", "pkg.train",
+    )
+
+
+def test_rsh_agent_used_without_tree_spawn() -> None:
+    spec = JobSpec(hosts=(Host("a"),), num_proc=1, program=("p", "s.py"), rsh_agent="w -m x")
+    argv = build_mpirun_argv(spec)
+    assert argv[argv.index("plm_rsh_agent") + 1] == "w -m x"
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [("ens3", Interfaces(names=("ens3",))), ("eth0,ib0", Interfaces(names=("eth0", "ib0"))),
+     ("10.0.0.7/24", Interfaces(cidrs=("10.0.0.0/24",)))],
+)
+def test_parse_iface(spec: str, expected: Interfaces) -> None:
+    assert parse_iface(spec) == expected
+
+
+@pytest.mark.parametrize("spec", ["", "eth0,", "10.0.0.0/33", "eth0,10.0.0.0/8", "fe80::/64",
+                                  "a very long interface name", "-x"])
+def test_bad_iface(spec: str) -> None:
+    with pytest.raises(UsageError):
+        parse_iface(spec)
+
+
+def test_mpi_args_split_like_a_shell() -> None:
+    assert split_mpi_args("--mca x 'a b' \"c\"") == ("--mca", "x", "a b", "c")
+    with pytest.raises(UsageError, match="--mpi-args"):
+        split_mpi_args("--mca 'unbalanced")
+
+
+@pytest.mark.parametrize(
+    ("text", "name", "version"),
+    [
+        ("mpirun (Open MPI) 4.1.4\n\nReport bugs to http://www.open-mpi.org/community/help/", "Open MPI", "4.1.4"),
+        ("mpirun (Open MPI) 5.0.3", "Open MPI", "5.0.3"),
+        ("mpirun (Open MPI) 2.1.1", "Open MPI", "2.1.1"),
+        ("HYDRA build details:\n    Version:                                 4.0\n", "MPICH", "4.0"),
+        ("Intel(R) MPI Library for Linux* OS, Version 2021.9 Build 2023", "Intel MPI", "2021.9"),
+        ("something else", "unknown", ""),
+    ],
+)
+def test_parse_mpirun_version(text: str, name: str, version: str) -> None:
+    impl = parse_mpirun_version(text)
+    assert (impl.name, impl.version) == (name, version)
+
+
+@given(st.text(max_size=60))
+def test_iface_parser_never_crashes(text: str) -> None:
+    try:
+        parse_iface(text)
+    except UsageError as exc:
+        assert "\n" not in str(exc)

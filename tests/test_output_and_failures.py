@@ -1,0 +1,55 @@
+from __future__ import annotations
+
+from dtlaunch.failures import analyze
+from dtlaunch.output import Line, TagDemux
+
+
+def test_chunks_of_one_line_are_joined_per_rank() -> None:
+    demux = TagDemux()
+    out = demux.feed("[1,0]<stdout>:rank[1,1]<stdout>:rank 1 of 2 [1,0]<stdout>: 0[1,1]<stdout>:on h2\n")
+    assert out == [Line(1, "stdout", "rank 1 of 2 on h2")]
+    assert demux.feed("[1,0]<stdout>: done\n") == [Line(0, "stdout", "rank 0 done")]
+
+
+def test_untagged_lines_are_mpiruns_own_and_partials_flush() -> None:
+    demux = TagDemux()
+    assert demux.feed("mpirun noticed something\n", from_stderr=True) == [
+        Line(None, "stderr", "mpirun noticed something")
+    ]
+    assert demux.feed("[1,3]<stderr>:no newline") == []
+    assert demux.flush() == [Line(3, "stderr", "no newline")]
+
+
+EXIT_CODE_TEXT = """--------------------------------------------------------------------------
+mpirun detected that one or more processes exited with non-zero status, thus causing
+the job to be terminated. The first process to do so was:
+
+  Process name: [[52439,1],2]
+  Exit code:    3
+--------------------------------------------------------------------------"""
+
+
+def test_exit_code_failure_names_rank_and_mapped_host() -> None:
+    failure = analyze(EXIT_CODE_TEXT.splitlines(), ("a", "a", "b"))
+    assert failure is not None
+    assert failure.describe() == "rank 2 on host b exited with code 3"
+
+
+def test_signal_failure_and_first_message_wins() -> None:
+    lines = ["mpirun noticed that process rank 1 with PID 77 on node h2 exited on signal 9 (Killed).",
+             *EXIT_CODE_TEXT.splitlines()]
+    failure = analyze(lines, ("h1", "h2", "h3"))
+    assert failure is not None
+    assert failure.describe() == "rank 1 on host h2 was killed by signal 9 (SIGKILL)"
+
+
+def test_daemon_start_failure_points_to_doctor() -> None:
+    lines = ["ssh: connect to host 10.0.0.2 port 22: Connection refused",
+             "ORTE was unable to reliably start one or more daemons."]
+    failure = analyze(lines, ("a", "b"))
+    assert failure is not None
+    assert "Connection refused" in failure.describe() and "dtlaunch doctor" in failure.describe()
+
+
+def test_nothing_recognised() -> None:
+    assert analyze(["hello"], ("a",)) is None
