@@ -235,6 +235,15 @@ def run(hosts: str | None, hostfile: str | None, iface: str | None, python: str 
     sys.exit(result.exit_code)
 
 
+@cli.command("install-horovod")
+@click.option("--force", is_flag=True, help="Rebuild even if a cached wheel exists.")
+def install_horovod_cmd(force: bool) -> None:
+    """Build (once) and install Horovod for this PyTorch and Open MPI."""
+    from dtlaunch.horovod_build import install_horovod
+
+    click.echo(f"dtlaunch: {install_horovod(force=force)}")
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point: one line per error, exit 2 for bad input, never a traceback."""
     try:

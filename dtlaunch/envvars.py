@@ -115,18 +115,17 @@ def plan_environment(
     warnings: list[str] = []
     seen: set[str] = set()
     for item in requested:
-        name, value = parse_env_item(item)
+        name, given = parse_env_item(item)
         if name in seen:
             raise UsageError(f"--env: {name} is given more than once")
         seen.add(name)
         secret = looks_secret(name)
-        if value is None:
+        if given is None:
             if name not in environ:
                 raise UsageError(f"--env: {name} is not set here; give it as {name}=VALUE")
-            value = environ[name]
-            inline = False
+            value, inline = environ[name], False
         else:
-            inline = not secret
+            value, inline = given, not secret
         if secret:
             warnings.append(
                 f"exporting {name}, which looks like a secret, to every rank because you named it"

@@ -6,6 +6,7 @@ reaches dtlaunch alone, which forwards it once and escalates if mpirun does not 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -95,10 +96,8 @@ def _pump(pipe: IO[bytes], sink: Callable[[bytes], None]) -> None:
 def _kill_tree(proc: subprocess.Popen[bytes]) -> None:
     """SIGKILL mpirun's whole session (local ranks included); remote orteds lose their
     lifeline when mpirun's ssh links close and take their ranks down."""
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def execute(
@@ -131,10 +130,8 @@ def execute(
 
     def on_signal(signum: int, _frame: object) -> None:
         received.append(signum)
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(proc.pid, signum)
-        except ProcessLookupError:
-            pass
 
     handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
     previous = {s: signal.signal(s, on_signal) for s in handled}

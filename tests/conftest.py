@@ -13,7 +13,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from testbed import TestBed, build_testbed, missing_requirements  # noqa: E402
+from testbed import TestBed, build_testbed, missing_requirements
 
 IN_CI = os.environ.get("CI") == "true"
 SCRIPTS = Path(__file__).parent / "scripts"

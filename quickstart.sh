@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# dtlaunch quick start: all set-up on a fresh Debian/Ubuntu machine, then one action.
+#   ./quickstart.sh demo   set up, then train the bundled PTB model on 2 local ranks (short run)
+#   ./quickstart.sh test   set up, then run the whole test suite (lint, types, unit, multi-host)
+#   ./quickstart.sh setup  set up only
+# Idempotent: a second run checks what is there and takes seconds.
+set -euo pipefail
+
+cd "$(dirname "$0")"
+ROOT=$(pwd)
+VENV=${DTLAUNCH_VENV:-$ROOT/.venv}
+TORCH_SPEC=${DTLAUNCH_TORCH:-torch==2.13.0}
+APT_PACKAGES=(openmpi-bin libopenmpi-dev openssh-server openssh-client iproute2 cmake g++ make
+              procps util-linux python3-venv python3-dev ca-certificates)
+
+log() { printf '\033[1mquickstart:\033[0m %s\n' "$*"; }
+
+install_apt() {
+  local missing=()
+  for pkg in "${APT_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+  done
+  if [ ${#missing[@]} -eq 0 ]; then return; fi
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "quickstart: missing packages: ${missing[*]}; run as root or: sudo apt-get install ${missing[*]}" >&2
+    exit 1
+  fi
+  log "installing ${missing[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+
+install_python() {
+  if [ ! -x "$VENV/bin/python" ]; then
+    log "creating $VENV"
+    python3 -m venv "$VENV"
+  fi
+  local py="$VENV/bin/python" stamp="$VENV/.dtlaunch-installed"
+  if ! "$py" -c "import torch" 2>/dev/null; then
+    log "installing PyTorch ($TORCH_SPEC)"
+    "$py" -m pip install -q --disable-pip-version-check "$TORCH_SPEC"
+  fi
+  local want
+  want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+  if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+    log "installing dtlaunch and its dependencies"
+    "$py" -m pip install -q --disable-pip-version-check -e ".[train,dev]"
+    echo "$want" > "$stamp"
+  fi
+  "$VENV/bin/dtlaunch" install-horovod
+}
+
+ptb_data() {
+  # The example downloads the data into data/ptb when it is missing; a sibling checkout of the
+  # data (../shared/data/ptb, as in CI) is used when present so the demo also runs offline.
+  if [ -n "${DTLAUNCH_PTB_DATA:-}" ]; then echo "$DTLAUNCH_PTB_DATA"
+  elif [ -f "$ROOT/../shared/data/ptb/ptb.train.txt" ]; then echo "$ROOT/../shared/data/ptb"
+  else echo "$ROOT/data/ptb"; fi
+}
+
+setup() { install_apt; install_python; }
+
+case "${1:-}" in
+  setup) setup ;;
+  demo)
+    setup
+    log "training the PTB small model on 2 local ranks (short run)"
+    exec "$VENV/bin/dtlaunch" run -np 2 -m dtlaunch.examples.ptb_lm --config small \
+      --data-path "$(ptb_data)" --max-steps "${DTLAUNCH_DEMO_STEPS:-300}" --log-interval 50
+    ;;
+  test)
+    setup
+    log "ruff, mypy, pytest"
+    "$VENV/bin/ruff" check dtlaunch tests bench
+    "$VENV/bin/mypy"
+    exec "$VENV/bin/python" -m pytest -q "${@:2}"
+    ;;
+  *) echo "usage: $0 demo|test|setup" >&2; exit 2 ;;
+esac
