@@ -1,0 +1,94 @@
+"""Secrets stay home: not on any host's command lines, not in the ranks' environment."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from conftest import SCRIPTS, dtlaunch_argv
+from testbed import TestBed
+
+pytestmark = pytest.mark.testbed
+PROBE = str(SCRIPTS / "rank_probe.py")
+SECRET = "s3cr3t-4c1d-value"
+
+
+def all_cmdlines() -> list[str]:
+    """Every process's command line on the machine, i.e. on every test host (`ps` on each)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                out.append((entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+            except OSError:
+                pass
+    return out
+
+
+def test_secrets_never_leak(bed: TestBed, tmp_path: Path) -> None:
+    env = {
+        **os.environ,
+        "AWS_SECRET_ACCESS_KEY": SECRET,
+        "HOROVOD_API_TOKEN": SECRET,  # allow-listed prefix, but secret-looking: still withheld
+        "UNRELATED_SETTING": SECRET,  # not on the allow-list
+        "MY_TOKEN": SECRET + "-named",  # named explicitly: sent, with a warning
+    }
+    argv = dtlaunch_argv("run", "--no-check", "-v", "-H", "h1:1,h2:1,h3:1", "--iface", bed.subnet,
+                         "--ssh-config", str(bed.ssh_config), "-x", "MY_TOKEN",
+                         "-x", "DB_PASSWORD=" + SECRET + "-inline", "--output-dir", str(tmp_path / "logs"),
+                         PROBE, "--out", str(tmp_path), "--sleep", "4")
+    seen: list[str] = []
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            seen.extend(c for c in all_cmdlines() if SECRET in c and "pytest" not in c)
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env)
+    finally:
+        stop.set()
+        watcher.join()
+    assert result.returncode == 0, result.stderr
+    assert seen == [], "a secret appeared on a command line"
+    assert SECRET not in result.stdout + result.stderr
+    logs = "".join(p.read_text() for p in (tmp_path / "logs").iterdir())
+    assert SECRET not in logs
+    assert "MY_TOKEN, which looks like a secret" in result.stderr
+    ranks = [json.loads(p.read_text()) for p in tmp_path.glob("rank.*.json")]
+    assert len(ranks) == 3
+    for rank in ranks:
+        env_of_rank = rank["env"]
+        assert "AWS_SECRET_ACCESS_KEY" not in env_of_rank
+        assert "HOROVOD_API_TOKEN" not in env_of_rank
+        assert "UNRELATED_SETTING" not in env_of_rank
+        # Named ones arrive, by value, without ever being on a command line.
+        assert env_of_rank["MY_TOKEN"] == SECRET + "-named"
+        assert env_of_rank["DB_PASSWORD"] == SECRET + "-inline"
+
+
+def test_run_as_root_flag_only_as_root(tmp_path: Path) -> None:
+    script = tmp_path / "t.py"
+    script.write_text("")
+    out = subprocess.run(dtlaunch_argv("run", "--dry-run", "-H", "a", str(script)),
+                         capture_output=True, text=True, check=True).stdout
+    assert ("--allow-run-as-root" in out) == (os.geteuid() == 0)
+    if os.geteuid() == 0:
+        # The same command as an unprivileged user never carries the flag.
+        nobody = subprocess.run(
+            ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-m",
+             "dtlaunch", "run", "--dry-run", "-H", "a", str(script)],
+            capture_output=True, text=True, env={**os.environ, "HOME": str(tmp_path)},
+            cwd=tmp_path,
+        )
+        if nobody.returncode == 0:
+            assert "--allow-run-as-root" not in nobody.stdout
