@@ -16,6 +16,15 @@ SYMBOLS = {PASS: "pass", WARN: "warn", FAIL: "FAIL", SKIP: "-"}
 STYLES = {PASS: "green", WARN: "yellow", FAIL: "bold red", SKIP: "dim"}
 
 
+def _console(console_class: Any, stream: IO[str] | None) -> Any:
+    """Wide enough for the table when the output is a file or a pipe."""
+    import sys
+
+    out = stream or sys.stdout
+    wide = None if out.isatty() else 200
+    return console_class(file=out, highlight=False, width=wide)
+
+
 def report_to_dict(report: DoctorReport) -> dict[str, Any]:
     return {
         "status": report.status if report.status != SKIP else PASS,
@@ -57,9 +66,9 @@ def render_report(report: DoctorReport, stream: IO[str] | None = None) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    console = Console(file=stream, highlight=False, soft_wrap=False)
+    console = _console(Console, stream)
     table = Table(title=None, show_lines=False, pad_edge=False)
-    table.add_column("host")
+    table.add_column("host", no_wrap=True)
     for name in report.columns:
         table.add_column(name, justify="center")
     table.add_column("time", justify="right")
@@ -123,7 +132,7 @@ def render_env(items: Sequence[Any], stream: IO[str] | None = None) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    console = Console(file=stream, highlight=False)
+    console = _console(Console, stream)
     table = Table(pad_edge=False)
     for column in ("section", "item", "value", "status"):
         table.add_column(column)

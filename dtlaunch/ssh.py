@@ -490,10 +490,21 @@ class Connection:
                 self.proxy.close()
 
 
+def _quiet_paramiko() -> None:
+    """paramiko logs failed handshakes with tracebacks; dtlaunch reports them itself."""
+    import logging
+
+    logger = logging.getLogger("paramiko")
+    if not logger.handlers:
+        logger.addHandler(logging.NullHandler())
+        logger.propagate = False
+
+
 def _handshake(target: SshTarget, timeout: float) -> tuple[Any, _ProxySocket | None, str]:
     """TCP (or proxy), key exchange and host key check; no authentication yet."""
     import paramiko
 
+    _quiet_paramiko()
     start = time.monotonic()
     sock, proxy = open_socket(target, timeout)
     transport: paramiko.Transport | None = None
