@@ -7,7 +7,6 @@ reaches dtlaunch alone, which forwards it once and escalates if mpirun does not 
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -20,12 +19,11 @@ from pathlib import Path
 from typing import IO
 
 from dtlaunch.failures import Failure, analyze
+from dtlaunch.output import Line, TagDemux
 
 # After forwarding a signal, how long mpirun gets to take its ranks down before we kill it.
 GRACE_SECONDS = 6.0
 EXIT_TIMEOUT = 124
-
-_TAG = re.compile(r"^\[(\d+),(\d+)\]<(stdout|stderr|stddiag)>:(.*)$", re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -42,39 +40,44 @@ class _Output:
     def __init__(self, rank_hosts: Sequence[str], output_dir: Path | None) -> None:
         self.rank_hosts = rank_hosts
         self.lock = threading.Lock()
+        self.demux = TagDemux()
         self.mpirun_lines: deque[str] = deque(maxlen=400)
         self.files: dict[str, IO[str]] = {}
         self.output_dir = output_dir
 
-    def _log(self, key: str, line: str) -> None:
+    def _log(self, key: str, text: str) -> None:
         if self.output_dir is None:
             return
         handle = self.files.get(key)
         if handle is None:
             handle = open(self.output_dir / f"{key}.log", "a", encoding="utf-8")  # noqa: SIM115
             self.files[key] = handle
-        handle.write(line + "\n")
+        handle.write(text + "\n")
         handle.flush()
 
+    def _emit(self, line: Line) -> None:
+        stream = sys.stdout if line.stream == "stdout" else sys.stderr
+        if line.rank is None:
+            self.mpirun_lines.append(line.text)
+            sys.stderr.write(line.text + "\n")
+            sys.stderr.flush()
+            self._log("mpirun", line.text)
+            return
+        host = self.rank_hosts[line.rank] if line.rank < len(self.rank_hosts) else "?"
+        stream.write(f"[{line.rank}@{host}] {line.text}\n")
+        stream.flush()
+        self._log(f"rank.{line.rank}", line.text)
+
     def feed(self, raw: bytes, from_stderr: bool) -> None:
-        line = raw.decode("utf-8", errors="replace").rstrip("\n")
-        match = _TAG.match(line)
+        text = raw.decode("utf-8", errors="replace")
         with self.lock:
-            if match:
-                rank = int(match.group(2))
-                host = self.rank_hosts[rank] if rank < len(self.rank_hosts) else "?"
-                text = match.group(4)
-                stream = sys.stdout if match.group(3) == "stdout" else sys.stderr
-                stream.write(f"[{rank}@{host}] {text}\n")
-                stream.flush()
-                self._log(f"rank.{rank}", text)
-            else:
-                self.mpirun_lines.append(line)
-                sys.stderr.write(line + "\n")
-                sys.stderr.flush()
-                self._log("mpirun", line)
+            for line in self.demux.feed(text, from_stderr):
+                self._emit(line)
 
     def close(self) -> None:
+        with self.lock:
+            for line in self.demux.flush():
+                self._emit(line)
         for handle in self.files.values():
             handle.close()
 

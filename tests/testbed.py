@@ -1,0 +1,299 @@
+"""A real multi-host test bed on one Linux machine.
+
+Each host is a network namespace on a private bridge with its own UTS hostname, its own sshd
+(own host key, own authorized_keys) listening on its own address. Clients get a dedicated key,
+known_hosts and ssh_config in a private temp dir; the user's ~/.ssh is never read or written.
+Everything is named with a random tag so concurrent runs never clash, and torn down on exit.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ipaddress
+import os
+import random
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
+REQUIRED_TOOLS = ("ip", "nsenter", "unshare", "ssh", "ssh-keygen", "mpirun")
+
+
+def missing_requirements() -> str | None:
+    """Why a test bed cannot be built here, or None."""
+    if os.geteuid() != 0:
+        return "the test bed needs root (network namespaces)"
+    missing = [t for t in REQUIRED_TOOLS if shutil.which(t) is None]
+    if not os.path.exists(SSHD):
+        missing.append("sshd")
+    if missing:
+        return "missing tools for the test bed: " + ", ".join(missing)
+    return None
+
+
+def _run(*argv: str, check: bool = True, timeout: float = 20) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(list(argv), capture_output=True, text=True, check=check, timeout=timeout)
+
+
+def _pick_subnet() -> ipaddress.IPv4Network:
+    """A random /24 under 10.0.0.0/8 that no route on this machine already covers."""
+    routes = _run("ip", "-4", "route", "show", "table", "all", check=False).stdout
+    used = []
+    for line in routes.splitlines():
+        first = line.split()[0] if line.split() else ""
+        with contextlib.suppress(ValueError):
+            used.append(ipaddress.ip_network(first if "/" in first else f"{first}/32", strict=False))
+    for _ in range(200):
+        net = ipaddress.ip_network(f"10.{random.randint(64, 250)}.{random.randint(0, 255)}.0/24")
+        if not any(net.overlaps(u) for u in used if u.prefixlen > 0):
+            return net
+    raise RuntimeError("no free 10.x.y.0/24 subnet for the test bed")
+
+
+@dataclass
+class BedHost:
+    name: str
+    netns: str
+    address: str
+    dir: Path
+    sshd_extra: tuple[str, ...] = ()
+    sshd: subprocess.Popen[bytes] | None = None
+
+    @property
+    def host_key(self) -> Path:
+        return self.dir / "ssh_host_ed25519_key"
+
+    @property
+    def authorized_keys(self) -> Path:
+        return self.dir / "authorized_keys"
+
+
+@dataclass
+class TestBed:
+    hosts: list[BedHost]
+    subnet: str
+    gateway: str
+    bridge: str
+    workdir: Path
+    client_key: Path
+    known_hosts: Path
+    ssh_config: Path
+    _closed: bool = field(default=False, repr=False)
+
+    def host(self, name: str) -> BedHost:
+        return next(h for h in self.hosts if h.name == name)
+
+    @property
+    def names(self) -> list[str]:
+        return [h.name for h in self.hosts]
+
+    # --- acting inside hosts ------------------------------------------------------------------
+
+    def nsenter_argv(self, host: BedHost | str, argv: Sequence[str]) -> list[str]:
+        """argv that runs inside the host's network and UTS namespaces."""
+        h = self.host(host) if isinstance(host, str) else host
+        assert h.sshd is not None, f"{h.name}: sshd is not running"
+        return ["nsenter", "-t", str(h.sshd.pid), "-n", "-u", "--", *argv]
+
+    def exec_in(self, host: BedHost | str, argv: Sequence[str], timeout: float = 60,
+                env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(self.nsenter_argv(host, argv), capture_output=True, text=True,
+                              timeout=timeout, env=dict(env) if env is not None else None)
+
+    def pids_in(self, host: BedHost | str) -> list[int]:
+        """Every process in the host's network namespace (sshd included)."""
+        h = self.host(host) if isinstance(host, str) else host
+        out = _run("ip", "netns", "pids", h.netns, check=False).stdout
+        return [int(p) for p in out.split()]
+
+    def stray_pids(self, host: BedHost | str) -> list[int]:
+        """Processes in the host other than its sshd listener: what a finished job left."""
+        h = self.host(host) if isinstance(host, str) else host
+        keep = {h.sshd.pid} if h.sshd is not None else set()
+        return [p for p in self.pids_in(h) if p not in keep]
+
+    # --- sshd control -------------------------------------------------------------------------
+
+    def _write_sshd_config(self, h: BedHost) -> Path:
+        config = h.dir / "sshd_config"
+        lines = [
+            f"ListenAddress {h.address}",
+            "Port 22",
+            f"HostKey {h.host_key}",
+            f"PidFile {h.dir / 'sshd.pid'}",
+            f"AuthorizedKeysFile {h.authorized_keys}",
+            "PermitRootLogin prohibit-password",
+            "PasswordAuthentication no",
+            "KbdInteractiveAuthentication no",
+            "UsePAM no",
+            "StrictModes no",
+            "MaxStartups 200",
+            "MaxSessions 200",
+            "LogLevel ERROR",
+            *h.sshd_extra,
+        ]
+        config.write_text("\n".join(lines) + "\n")
+        return config
+
+    def start_sshd(self, host: BedHost | str) -> None:
+        h = self.host(host) if isinstance(host, str) else host
+        config = self._write_sshd_config(h)
+        # ip netns exec -> unshare a UTS namespace -> set the hostname -> exec sshd (same pid).
+        h.sshd = subprocess.Popen(
+            ["ip", "netns", "exec", h.netns, "unshare", "--uts", "--", "/bin/sh", "-c",
+             'hostname "$1" && exec "$2" -D -f "$3" -E "$4"', "sh", h.name, SSHD,
+             str(config), str(h.dir / "sshd.log")],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        self._wait_listening(h)
+
+    def _wait_listening(self, h: BedHost, timeout: float = 15) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert h.sshd is not None
+            if h.sshd.poll() is not None:
+                log = (h.dir / "sshd.log").read_text() if (h.dir / "sshd.log").exists() else ""
+                raise RuntimeError(f"sshd on {h.name} exited: {log.strip()}")
+            with socket.socket() as s:
+                s.settimeout(0.5)
+                if s.connect_ex((h.address, 22)) == 0:
+                    return
+            time.sleep(0.05)
+        raise RuntimeError(f"sshd on {h.name} did not start listening within {timeout} s")
+
+    def stop_sshd(self, host: BedHost | str) -> None:
+        """Stop the listener (existing sessions survive, as with a real sshd restart)."""
+        h = self.host(host) if isinstance(host, str) else host
+        if h.sshd is not None and h.sshd.poll() is None:
+            h.sshd.terminate()
+            try:
+                h.sshd.wait(5)
+            except subprocess.TimeoutExpired:
+                h.sshd.kill()
+                h.sshd.wait(5)
+
+    def kill_all_sshd(self, host: BedHost | str) -> None:
+        """Kill the listener AND every session's sshd on the host, as if the host died."""
+        h = self.host(host) if isinstance(host, str) else host
+        for pid in self.pids_in(h):
+            with contextlib.suppress(OSError):
+                if Path(f"/proc/{pid}/comm").read_text().strip() == "sshd":
+                    os.kill(pid, signal.SIGKILL)
+        if h.sshd is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                h.sshd.wait(5)
+
+    def restart_with_new_host_key(self, host: BedHost | str) -> None:
+        """The host's key changes while known_hosts keeps the old one."""
+        h = self.host(host) if isinstance(host, str) else host
+        self.stop_sshd(h)
+        h.host_key.unlink()
+        h.host_key.with_suffix(".pub").unlink()
+        _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(h.host_key))
+        self.start_sshd(h)
+
+    def ssh_argv(self, host: str, *command: str) -> list[str]:
+        return ["ssh", "-F", str(self.ssh_config), host, *command]
+
+    # --- teardown -----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for h in self.hosts:
+            # Every process in the namespace: sshd, sessions, anything a failed test left.
+            for pid in self.pids_in(h):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            if h.sshd is not None:
+                with contextlib.suppress(Exception):
+                    h.sshd.wait(5)
+            _run("ip", "netns", "del", h.netns, check=False)
+        _run("ip", "link", "del", self.bridge, check=False)
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def build_testbed(n: int, sshd_extra: Mapping[str, Sequence[str]] | None = None) -> TestBed:
+    """Build n hosts named h1..hn. The caller must close() it (or use `testbed()`)."""
+    tag = secrets.token_hex(3)
+    subnet = _pick_subnet()
+    addrs = list(subnet.hosts())
+    gateway = str(addrs[0])
+    workdir = Path(tempfile.mkdtemp(prefix=f"dtlaunch-bed-{tag}-"))
+    os.chmod(workdir, 0o700)
+    bridge = f"dtb{tag}"
+    hosts = [
+        BedHost(name=f"h{i}", netns=f"dtl{tag}h{i}", address=str(addrs[9 + i]),
+                dir=workdir / f"h{i}", sshd_extra=tuple((sshd_extra or {}).get(f"h{i}", ())))
+        for i in range(1, n + 1)
+    ]
+    bed = TestBed(
+        hosts=hosts, subnet=str(subnet), gateway=gateway, bridge=bridge, workdir=workdir,
+        client_key=workdir / "id_ed25519", known_hosts=workdir / "known_hosts",
+        ssh_config=workdir / "ssh_config",
+    )
+    atexit.register(bed.close)
+    try:
+        os.makedirs("/run/sshd", exist_ok=True)  # sshd's privilege-separation directory
+        _run("ip", "link", "add", bridge, "type", "bridge")
+        _run("ip", "addr", "add", f"{gateway}/{subnet.prefixlen}", "dev", bridge)
+        _run("ip", "link", "set", bridge, "up")
+        _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"dtlaunch-bed-{tag}",
+             "-f", str(bed.client_key))
+        client_pub = bed.client_key.with_suffix(".pub").read_text()
+        known: list[str] = []
+        for i, h in enumerate(hosts, start=1):
+            h.dir.mkdir()
+            veth = f"dtv{tag}{i}"
+            _run("ip", "netns", "add", h.netns)
+            _run("ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0",
+                 "netns", h.netns)
+            _run("ip", "link", "set", veth, "master", bridge, "up")
+            for argv in (["ip", "addr", "add", f"{h.address}/{subnet.prefixlen}", "dev", "eth0"],
+                         ["ip", "link", "set", "eth0", "up"],
+                         ["ip", "link", "set", "lo", "up"]):
+                _run("ip", "netns", "exec", h.netns, *argv)
+            _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(h.host_key))
+            h.authorized_keys.write_text(client_pub)
+            known.append(f"{h.name},{h.address} {h.host_key.with_suffix('.pub').read_text()}")
+        bed.known_hosts.write_text("".join(known))
+        config = [
+            *(f"Host {h.name}\n  HostName {h.address}\n" for h in hosts),
+            "Host *\n",
+            "  User root\n",
+            f"  IdentityFile {bed.client_key}\n",
+            "  IdentitiesOnly yes\n",
+            f"  UserKnownHostsFile {bed.known_hosts}\n",
+            "  GlobalKnownHostsFile /dev/null\n",
+            "  StrictHostKeyChecking yes\n",
+            "  BatchMode yes\n",
+            "  ConnectTimeout 5\n",
+            "  LogLevel ERROR\n",
+        ]
+        bed.ssh_config.write_text("".join(config))
+        for h in hosts:
+            bed.start_sshd(h)
+    except BaseException:
+        bed.close()
+        raise
+    return bed
+
+
+@contextlib.contextmanager
+def testbed(n: int, sshd_extra: Mapping[str, Sequence[str]] | None = None) -> Iterator[TestBed]:
+    bed = build_testbed(n, sshd_extra)
+    try:
+        yield bed
+    finally:
+        bed.close()
