@@ -20,7 +20,7 @@ from typing import Any
 from dtlaunch import __version__
 from dtlaunch.checks import FAIL, INSTALL_HOROVOD_HINT, PASS, UNROUTABLE_PREFIXES, WARN
 from dtlaunch.envvars import looks_secret
-from dtlaunch.mpi import INSTALL_OMPI_HINT, MIN_OMPI, parse_mpirun_version
+from dtlaunch.mpi import INSTALL_OMPI_HINT, MIN_OMPI
 
 STEERING_PREFIXES = ("OMPI_", "OPAL_", "PMIX_", "PRTE_", "ORTE_", "NCCL_", "HOROVOD_", "GLOO_",
                      "UCX_", "I_MPI_", "MPICH_", "TORCH_")

@@ -78,6 +78,7 @@ class SshTarget:
     proxy_command: str | None = None
     proxy_jump: str | None = None
     known_hosts_files: tuple[str, ...] = DEFAULT_KNOWN_HOSTS
+    global_known_hosts_files: tuple[str, ...] = GLOBAL_KNOWN_HOSTS
     host_key_alias: str | None = None
     accept_new: bool = False
     config_file: str | None = None
@@ -127,6 +128,8 @@ def resolve_target(alias: str, options: SshOptions, config: Any) -> SshTarget:
     if not identities:
         identities = [f"~/.ssh/{name}" for name in DEFAULT_IDENTITIES]
     known = str(entry.get("userknownhostsfile", "")).split() or list(DEFAULT_KNOWN_HOSTS)
+    global_known = (str(entry.get("globalknownhostsfile", "")).split()
+                    or list(GLOBAL_KNOWN_HOSTS))
     proxy_command = entry.get("proxycommand")
     if proxy_command is not None and str(proxy_command).strip().lower() == "none":
         proxy_command = None
@@ -143,6 +146,7 @@ def resolve_target(alias: str, options: SshOptions, config: Any) -> SshTarget:
         proxy_command=str(proxy_command) if proxy_command else None,
         proxy_jump=str(proxy_jump) if proxy_jump else None,
         known_hosts_files=tuple(os.path.expanduser(p) for p in known),
+        global_known_hosts_files=tuple(os.path.expanduser(p) for p in global_known),
         host_key_alias=entry.get("hostkeyalias"),
         accept_new=options.host_key_policy == "accept-new",
         config_file=options.config_file,
@@ -325,7 +329,7 @@ def known_keys(target: SshTarget) -> dict[str, Any]:
     import paramiko
 
     found: dict[str, Any] = {}
-    for path in (*target.known_hosts_files, *GLOBAL_KNOWN_HOSTS):
+    for path in (*target.known_hosts_files, *target.global_known_hosts_files):
         if not os.path.isfile(path):
             continue
         keys = paramiko.HostKeys()
