@@ -532,6 +532,11 @@ def _handshake(target: SshTarget, timeout: float) -> tuple[Any, _ProxySocket | N
         except EOFError:
             raise _proxy_or(target, proxy, PROTOCOL,
                             f"{target.hostname}:{target.port} closed the connection") from None
+        if not transport.initial_kex_done:
+            # paramiko returns from start_client at its deadline without raising.
+            raise _proxy_or(target, proxy, TIMEOUT,
+                            f"{target.hostname}:{target.port} did not complete the SSH handshake "
+                            f"within {timeout:g} s")
         key = transport.get_remote_server_key()
         verdict = check_host_key(target, key, known)
         note = ""
