@@ -57,7 +57,7 @@ def test_healthy_host_passes():
     assert rep.ok
     assert status(rep, "h1", "open-mpi") == PASS
     assert status(rep, "h1", "pairwise") == SKIP
-    assert [c.name for c in rep.hosts[1].checks][0] == "ssh"
+    assert next(c.name for c in rep.hosts[1].checks) == "ssh"
 
 
 def test_old_open_mpi_fails_with_path_hint():
@@ -159,7 +159,8 @@ def test_pairwise():
     ok = facts(peers=(PeerResult("h2", 0),))
     outcomes = [HostOutcome("localhost", LAUNCHER, facts(hostname="l"), is_rank_host=False),
                 HostOutcome("h1", HOST, ok),
-                HostOutcome("h2", HOST, facts(hostname="h2", peers=(PeerResult("h1", 255, "Permission denied"),)))]
+                HostOutcome("h2", HOST, facts(hostname="h2", peers=(
+                    PeerResult("h1", 255, "Permission denied"),)))]
     rep = evaluate(outcomes, expect, peers=["h1", "h2"])
     assert status(rep, "h1", "pairwise") == PASS
     bad = rep.hosts[2].check("pairwise")
@@ -180,7 +181,8 @@ def test_parse_ip_output():
 
 
 def test_parse_probe_output_tolerates_login_noise():
-    text = ("Welcome to the cluster!\n@@hostname\nnode1\n@@path\n/usr/bin\n@@mpirun\n/usr/bin/mpirun\n"
+    text = ("Welcome to the cluster!\n@@hostname\nnode1\n@@path\n/usr/bin\n"
+            "@@mpirun\n/usr/bin/mpirun\n"
             "@@orted\n\n@@mpirun_version\nmpirun (Open MPI) 2.1.1\n\nReport bugs\n@@script\nno\n"
             "@@python\n{\"missing\": true, \"error\": \"no such file\"}\n@@peers\n@@end\n")
     parsed = parse_probe_output(text)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-import testbed as tb  # noqa: E402
+import testbed as tb
 
 pytestmark = pytest.mark.testbed
 ROOT = Path(__file__).resolve().parents[1]
@@ -85,7 +85,7 @@ def test_table_output_and_pairwise(dbed: tb.TestBed) -> None:
                       "--iface", dbed.subnet, "--pairwise")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "all 3 host(s) ready" in result.stdout
-    code, doc, _ = doctor(dbed, "h1,h2", "--pairwise")
+    _code, doc, _ = doctor(dbed, "h1,h2", "--pairwise")
     assert check(doc, "h1", "pairwise")["status"] == "pass"
 
 
@@ -232,8 +232,9 @@ def test_env_check_json_matches_machine() -> None:
     assert doc["openmpi"]["tcp"] is True
     names = {i["name"] for i in doc["interfaces"]}
     assert set(os.listdir("/sys/class/net")) == names
-    import horovod
     import importlib.metadata as md
+
+    import horovod
 
     assert doc["horovod"]["version"] == horovod.__version__
     assert doc["torch"]["version"] == md.version("torch")

@@ -17,7 +17,7 @@ def test_local_probe_reports_this_machine(tmp_path):
     assert facts.hostname == os.uname().nodename
     assert facts.script_exists is True
     assert facts.python.found and facts.python.version.startswith(
-        "%d.%d" % sys.version_info[:2])
+        "{}.{}".format(*sys.version_info[:2]))
     assert facts.python.module_found is True
     assert facts.ifaces is not None and any(i.name == "lo" for i in facts.ifaces)
 
