@@ -17,6 +17,7 @@ import contextlib
 import errno
 import os
 import shlex
+import signal
 import socket
 import subprocess
 import threading
@@ -258,13 +259,15 @@ class _ProxySocket:
         with _live_lock:
             _live_proxies.discard(self)
         self.sock.close()
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=2)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        # The proxy runs in its own session: end its whole group (a `sh -c` and its children).
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.process.pid, signal.SIGTERM)
+        try:
+            self.process.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
         if self.process.stderr is not None:
             self.process.stderr.close()
 
