@@ -244,6 +244,74 @@ def install_horovod_cmd(force: bool) -> None:
     click.echo(f"dtlaunch: {install_horovod(force=force)}")
 
 
+@cli.command()
+@host_options
+@single_option("--timeout", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
+               help="Seconds to wait for each host's SSH connection (default: --connect-timeout).")
+@single_option("-m", "module", metavar="MODULE", help="Check that MODULE imports on every host.")
+@click.option("--pairwise", is_flag=True,
+              help="Also check SSH from every host to every other (needed by --tree-spawn).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+@click.argument("script", required=False)
+def doctor(hosts: str | None, hostfile: str | None, iface: str | None, python: str | None,
+           ssh_port: int | None, ssh_identity_file: str | None, ssh_config: str | None,
+           connect_timeout: int, accept_new_host_keys: bool, timeout: float | None,
+           module: str | None, pairwise: bool, as_json: bool, script: str | None) -> None:
+    """Check every host (and this one) before a job: SSH, Open MPI, Python, Horovod, network."""
+    from dtlaunch.doctor import DoctorRequest, build_expectations, run_doctor
+    from dtlaunch.mpi import parse_iface
+    from dtlaunch.plan import check_module_name
+
+    host_list = _read_hosts(hosts, hostfile)
+    if script is not None and module is not None:
+        raise UsageError("doctor: give either SCRIPT or -m MODULE, not both")
+    if module is not None:
+        check_module_name(module)
+    seconds = int(timeout + 0.999) if timeout is not None else connect_timeout
+    ssh = _ssh_options(ssh_port, ssh_identity_file, ssh_config, max(1, seconds),
+                       accept_new_host_keys)
+    request = DoctorRequest(
+        hosts=tuple(h.name for h in host_list),
+        expect=build_expectations(python or sys.executable, script, module,
+                                  parse_iface(iface) if iface is not None else None, pairwise),
+        ssh=ssh,
+        cwd=os.getcwd(),
+    )
+    from dtlaunch.render import Spinner
+
+    with Spinner(len(request.hosts) + 1, enabled=not as_json and sys.stderr.isatty()) as spinner:
+        report = run_doctor(request, progress=spinner.update)
+    if as_json:
+        from dtlaunch.render import report_to_json
+
+        click.echo(report_to_json(report))
+    else:
+        from dtlaunch.render import render_report
+
+        render_report(report)
+    sys.exit(0 if report.ok else 1)
+
+
+@cli.command("env-check")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+def env_check(as_json: bool) -> None:
+    """Report this machine: OS, Python, Open MPI, Horovod, PyTorch, GPUs, network, SSH."""
+    import json
+
+    from dtlaunch.envcheck import env_report, evaluate_env, gather_env
+
+    facts = gather_env()
+    items = evaluate_env(facts)
+    report = env_report(facts, items)
+    if as_json:
+        click.echo(json.dumps(report, indent=2, default=str))
+    else:
+        from dtlaunch.render import render_env
+
+        render_env(items)
+    sys.exit(0 if report["ok"] else 1)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point: one line per error, exit 2 for bad input, never a traceback."""
     try:

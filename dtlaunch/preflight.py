@@ -1,9 +1,187 @@
-"""Pre-flight checks before a launch (filled in with doctor)."""
+"""`dtlaunch run`'s pre-flight: the doctor's checks for exactly what the job needs.
+
+A launch is refused on any failure, with the same table and fixes as `dtlaunch doctor`.
+
+To keep the pre-flight cheap, a successful result is remembered for five minutes in
+`~/.cache/dtlaunch/preflight-<key>.json` (directory 0700, file 0600, owned by the user; anything
+else is ignored). The key covers the hosts, interpreter, script or module, interfaces, SSH
+options and working directory, plus the size and mtime of the ssh config, known_hosts files,
+the script and the interpreter, so editing any of them starts over. A cache hit still performs
+the SSH key exchange with every host and checks its host key against known_hosts, so a changed
+host key is never hidden by the cache: it drops the cache and runs the full checks, which fail.
+Set DTLAUNCH_PREFLIGHT_CACHE=0 to always run the full checks.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import json
+import os
+import stat
+import sys
+import threading
+import time
 from typing import Any
+
+from dtlaunch.errors import DtlaunchError
+
+CACHE_SECONDS = 300.0
+
+
+def _stamp(path: str | None) -> list[Any]:
+    if not path:
+        return [None]
+    try:
+        st = os.stat(os.path.expanduser(path))
+    except OSError:
+        return [path, None]
+    return [path, st.st_size, st.st_mtime_ns, st.st_ino]
+
+
+def cache_key(request: Any, hosts: tuple[str, ...], cwd: str) -> str:
+    ssh = request.ssh
+    watched = [ssh.config_file or "~/.ssh/config", ssh.identity_file, "~/.ssh/known_hosts",
+               "~/.ssh/known_hosts2", "/etc/ssh/ssh_known_hosts", request.script, request.python]
+    material = {
+        "version": 1,
+        "hosts": hosts,
+        "python": request.python,
+        "script": os.path.abspath(request.script) if request.script else None,
+        "module": request.module,
+        "iface": [list(request.iface.names), list(request.iface.cidrs)] if request.iface else None,
+        "ssh": [ssh.port, ssh.identity_file, ssh.config_file, ssh.host_key_policy],
+        "tree_spawn": request.tree_spawn,
+        "cwd": cwd,
+        "uid": os.getuid(),
+        "files": [_stamp(p) for p in watched],
+    }
+    return hashlib.sha256(json.dumps(material, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _cache_dir() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "dtlaunch")
+
+
+def _cache_path(key: str) -> str:
+    return os.path.join(_cache_dir(), f"preflight-{key[:40]}.json")
+
+
+def _trusted(path: str) -> bool:
+    """Only our own file, not writable by anyone else, counts."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return (stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid()
+            and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH))
+
+
+def read_cache(key: str, now: float | None = None) -> bool:
+    path = _cache_path(key)
+    if not _trusted(path) or not _trusted_dir(os.path.dirname(path)):
+        return False
+    try:
+        with open(path) as handle:
+            data = json.load(handle)
+    except (OSError, ValueError):
+        return False
+    age = (now if now is not None else time.time()) - float(data.get("time", 0))
+    return data.get("key") == key and 0 <= age < CACHE_SECONDS
+
+
+def _trusted_dir(path: str) -> bool:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return (stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid()
+            and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH))
+
+
+def write_cache(key: str) -> None:
+    folder = _cache_dir()
+    try:
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        if not _trusted_dir(folder):
+            return
+        path = _cache_path(key)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            json.dump({"key": key, "time": time.time()}, handle)
+        os.replace(tmp, path)
+    except OSError:
+        pass  # no cache is only slower
+
+
+def drop_cache(key: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(_cache_path(key))
+
+
+def host_keys_unchanged(hosts: tuple[str, ...], ssh: Any) -> bool:
+    """Key exchange with every remote host in parallel; False on any failure."""
+    from dtlaunch.doctor import local_names
+    from dtlaunch.ssh import SshFailure, load_ssh_config, resolve_target, verify_host_key
+
+    remote = [h for h in hosts if h not in local_names()]
+    if not remote:
+        return True
+    config = load_ssh_config(ssh.config_file)
+    failed: list[str] = []
+    lock = threading.Lock()
+
+    def check(host: str) -> None:
+        try:
+            verify_host_key(resolve_target(host, ssh, config))
+        except (SshFailure, OSError, Exception):
+            with lock:
+                failed.append(host)
+
+    threads = [threading.Thread(target=check, args=(h,), daemon=True) for h in remote]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + ssh.connect_timeout + 1
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    return not failed and not any(t.is_alive() for t in threads)
 
 
 def run_preflight(request: Any, plan: Any, mpirun: str | None, verbose: bool = False) -> None:
-    return None
+    """Check what the job needs on every host; raise DtlaunchError (exit 1) on any failure."""
+    from dtlaunch.doctor import DoctorRequest, build_expectations, run_doctor
+
+    hosts = tuple(h.name for h in plan.hosts)
+    cwd = os.getcwd()
+    use_cache = os.environ.get("DTLAUNCH_PREFLIGHT_CACHE", "1") != "0"
+    key = cache_key(request, hosts, cwd)
+    if use_cache and read_cache(key):
+        if host_keys_unchanged(hosts, request.ssh):
+            if verbose:
+                print("dtlaunch: pre-flight: passed recently (cached); host keys verified",
+                      file=sys.stderr)
+            return
+        drop_cache(key)
+    doctor_request = DoctorRequest(
+        hosts=hosts,
+        expect=build_expectations(request.python, request.script, request.module,
+                                  request.iface, pairwise=request.tree_spawn),
+        ssh=request.ssh,
+        cwd=cwd,
+    )
+    report = run_doctor(doctor_request)
+    if report.ok:
+        if use_cache:
+            write_cache(key)
+        if verbose:
+            print(f"dtlaunch: pre-flight: {len(report.hosts)} host(s) ready "
+                  f"({report.seconds:.2f} s)", file=sys.stderr)
+        return
+    from dtlaunch.render import render_report
+
+    render_report(report, sys.stderr)
+    bad = sorted({f"{host} ({check.name})" for host, check in report.failures()})
+    raise DtlaunchError("pre-flight checks failed: " + ", ".join(bad)
+                        + "; not launching (fix the problems above, or pass --no-check)")

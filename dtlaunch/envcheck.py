@@ -1,0 +1,249 @@
+"""`dtlaunch env-check`: what this machine has, and what to fix before launching from it.
+
+`gather_env` collects facts (side effects: subprocesses, file reads); `evaluate_env` is pure and
+turns them into items with a status and a fix.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from dtlaunch import __version__
+from dtlaunch.checks import FAIL, INSTALL_HOROVOD_HINT, PASS, UNROUTABLE_PREFIXES, WARN
+from dtlaunch.envvars import looks_secret
+from dtlaunch.mpi import INSTALL_OMPI_HINT, MIN_OMPI
+
+STEERING_PREFIXES = ("OMPI_", "OPAL_", "PMIX_", "PRTE_", "ORTE_", "NCCL_", "HOROVOD_", "GLOO_",
+                     "UCX_", "I_MPI_", "MPICH_", "TORCH_")
+STEERING_NAMES = ("CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "MASTER_ADDR", "MASTER_PORT",
+                  "LD_LIBRARY_PATH", "VIRTUAL_ENV", "CONDA_PREFIX")
+
+
+@dataclass(frozen=True)
+class EnvItem:
+    section: str
+    name: str
+    value: str
+    status: str = PASS
+    hint: str = ""
+
+
+def _run(argv: list[str], timeout: float = 20.0) -> tuple[int, str]:
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
+                              stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return -1, str(exc)
+    return done.returncode, done.stdout + done.stderr
+
+
+def parse_ompi_info(text: str) -> dict[str, list[str]]:
+    """`ompi_info --parsable` -> framework -> component names (btl: [self, tcp, vader])."""
+    components: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        match = re.match(r"^mca:([a-z_]+):([A-Za-z0-9_]+):version:", line)
+        if match:
+            names = components.setdefault(match.group(1), [])
+            if match.group(2) not in names:
+                names.append(match.group(2))
+    return components
+
+
+def steering_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """Variables that steer MPI, NCCL and Horovod; values of secret-looking names are hidden."""
+    found = {}
+    for name in sorted(environ):
+        if name.startswith(STEERING_PREFIXES) or name in STEERING_NAMES:
+            found[name] = "<hidden>" if looks_secret(name) else environ[name]
+    return found
+
+
+def gather_env(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    from dtlaunch.probe import ProbeArgs, probe_local
+
+    environ = dict(os.environ) if environ is None else dict(environ)
+    facts: dict[str, Any] = {}
+    uname = platform.uname()
+    distro = ""
+    try:
+        with open("/etc/os-release") as handle:
+            for line in handle:
+                if line.startswith("PRETTY_NAME="):
+                    distro = line.split("=", 1)[1].strip().strip('"')
+    except OSError:
+        pass
+    facts["os"] = {"system": uname.system, "kernel": uname.release, "machine": uname.machine,
+                   "distribution": distro, "hostname": uname.node}
+    in_venv = sys.prefix != getattr(sys, "base_prefix", sys.prefix)
+    facts["python"] = {"executable": sys.executable, "version": platform.python_version(),
+                       "venv": sys.prefix if in_venv else None,
+                       "conda": environ.get("CONDA_PREFIX")}
+    facts["dtlaunch"] = {"version": __version__}
+    host = probe_local(ProbeArgs(python=sys.executable, cwd=os.getcwd()))
+    mpirun = host.mpirun
+    ompi: dict[str, Any] = {"mpirun": mpirun, "orted": host.orted,
+                            "implementation": host.mpi.name if host.mpi else None,
+                            "version": host.mpi.version if host.mpi else None}
+    ompi_info = shutil.which("ompi_info")
+    if mpirun and ompi_info:
+        code, text = _run([ompi_info, "--parsable"])
+        components = parse_ompi_info(text) if code == 0 else {}
+        btl = components.get("btl", [])
+        ompi.update({"ompi_info": ompi_info, "btl": btl, "pml": components.get("pml", []),
+                     "tcp": "tcp" in btl, "shared_memory": any(c in btl for c in ("vader", "sm"))})
+    facts["openmpi"] = ompi
+    py = host.python
+    facts["horovod"] = {"version": py.horovod_imported or py.horovod_version,
+                        "frameworks": list(py.frameworks), "controllers": list(py.controllers),
+                        "tensor_ops": list(py.tensor_ops), "error": py.horovod_error or None}
+    facts["torch"] = {"version": py.torch_imported or py.torch_version, "cuda": py.torch_cuda,
+                      "nccl": py.torch_nccl, "error": py.torch_error or None}
+    gpus: list[str] = []
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        code, text = _run([smi, "-L"], timeout=10)
+        if code == 0:
+            gpus = [line.strip() for line in text.splitlines() if line.startswith("GPU")]
+    facts["gpus"] = {"nvidia_smi": smi, "devices": gpus,
+                     "device_files": sorted(glob.glob("/dev/nvidia[0-9]*"))}
+    try:
+        import psutil
+
+        memory: dict[str, Any] = {"total_bytes": psutil.virtual_memory().total,
+                                  "available_bytes": psutil.virtual_memory().available}
+        physical = psutil.cpu_count(logical=False)
+    except ImportError:
+        memory, physical = {}, None
+    facts["cpu"] = {"logical_cores": os.cpu_count(), "physical_cores": physical,
+                    "usable_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                    else os.cpu_count()}
+    facts["memory"] = memory
+    facts["interfaces"] = [
+        {"name": i.name, "up": i.up, "addresses": list(i.addresses),
+         "likely_unroutable": i.name.startswith(UNROUTABLE_PREFIXES)}
+        for i in host.ifaces or ()
+    ]
+    ssh = shutil.which("ssh")
+    ssh_version = _run([ssh, "-V"], timeout=5)[1].strip() if ssh else None
+    home = os.path.expanduser("~/.ssh")
+    keys = sorted(p for p in glob.glob(os.path.join(home, "id_*")) if not p.endswith(".pub"))
+    facts["ssh"] = {"client": ssh, "version": ssh_version, "keys": keys,
+                    "agent": bool(environ.get("SSH_AUTH_SOCK")),
+                    "config": os.path.join(home, "config") if os.path.isfile(
+                        os.path.join(home, "config")) else None,
+                    "known_hosts": os.path.isfile(os.path.join(home, "known_hosts"))}
+    facts["environment"] = steering_environment(environ)
+    return facts
+
+
+def evaluate_env(facts: Mapping[str, Any]) -> tuple[EnvItem, ...]:
+    """Facts -> report lines, each problem with its fix. Pure."""
+    items: list[EnvItem] = []
+    add = items.append
+    osf = facts["os"]
+    add(EnvItem("os", "system", f"{osf['distribution'] or osf['system']} ({osf['machine']})"))
+    add(EnvItem("os", "kernel", osf["kernel"]))
+    py = facts["python"]
+    add(EnvItem("python", "interpreter", f"{py['version']} {py['executable']}"))
+    env = py["venv"] or py["conda"]
+    add(EnvItem("python", "environment", env or "system interpreter (no venv)",
+                PASS if env else WARN,
+                "" if env else "use a virtual environment at the same path on every host, so "
+                "'--python' names the same interpreter and packages everywhere"))
+    add(EnvItem("dtlaunch", "version", facts["dtlaunch"]["version"]))
+    mpi = facts["openmpi"]
+    if not mpi["mpirun"]:
+        add(EnvItem("open-mpi", "mpirun", "not found on PATH", FAIL, INSTALL_OMPI_HINT))
+    else:
+        add(EnvItem("open-mpi", "mpirun", mpi["mpirun"]))
+        version = mpi.get("version") or ""
+        impl = mpi.get("implementation") or "unknown"
+        parsed = tuple(int(p) for p in re.findall(r"\d+", version)[:2])
+        if impl != "Open MPI" or parsed < MIN_OMPI:
+            add(EnvItem("open-mpi", "version", f"{impl} {version}".strip(), FAIL,
+                        "dtlaunch needs Open MPI >= 3.0; " + INSTALL_OMPI_HINT))
+        else:
+            add(EnvItem("open-mpi", "version", version))
+        if "btl" in mpi:
+            add(EnvItem("open-mpi", "btl components", ",".join(mpi["btl"]) or "none"))
+            add(EnvItem("open-mpi", "tcp", "yes" if mpi["tcp"] else "missing",
+                        PASS if mpi["tcp"] else FAIL,
+                        "" if mpi["tcp"] else "the TCP BTL is needed between hosts: reinstall "
+                        "Open MPI with its TCP component"))
+            add(EnvItem("open-mpi", "shared memory", "yes" if mpi["shared_memory"] else "missing",
+                        PASS if mpi["shared_memory"] else WARN,
+                        "" if mpi["shared_memory"] else "ranks on one host will talk over TCP "
+                        "(slower); install Open MPI's vader/sm component"))
+    hvd = facts["horovod"]
+    if hvd["error"] or not hvd["version"]:
+        add(EnvItem("horovod", "import", hvd["error"] or "not installed", FAIL,
+                    INSTALL_HOROVOD_HINT))
+    else:
+        add(EnvItem("horovod", "version", hvd["version"]))
+        add(EnvItem("horovod", "frameworks", ", ".join(hvd["frameworks"]) or "none",
+                    PASS if hvd["frameworks"] else FAIL,
+                    "" if hvd["frameworks"] else INSTALL_HOROVOD_HINT))
+        has_mpi = "MPI" in hvd["controllers"]
+        add(EnvItem("horovod", "controllers", ", ".join(hvd["controllers"]) or "none",
+                    PASS if has_mpi else FAIL, "" if has_mpi else INSTALL_HOROVOD_HINT))
+        add(EnvItem("horovod", "tensor operations", ", ".join(hvd["tensor_ops"]) or "none"))
+    torch = facts["torch"]
+    if torch["error"] or not torch["version"]:
+        add(EnvItem("torch", "import", torch["error"] or "not installed", FAIL,
+                    f"'{py['executable']} -m pip install torch'"))
+    else:
+        add(EnvItem("torch", "version", torch["version"]))
+        add(EnvItem("torch", "cuda", torch["cuda"] or "none (CPU build)"))
+        add(EnvItem("torch", "nccl", torch["nccl"] or "none"))
+    gpus = facts["gpus"]["devices"]
+    add(EnvItem("gpus", "devices", "; ".join(gpus) if gpus else "none found"))
+    cpu = facts["cpu"]
+    add(EnvItem("cpu", "cores", f"{cpu['usable_cores']} usable, {cpu['logical_cores']} logical"
+                + (f", {cpu['physical_cores']} physical" if cpu["physical_cores"] else "")))
+    memory = facts["memory"]
+    if memory:
+        add(EnvItem("memory", "total", f"{memory['total_bytes'] / 2**30:.1f} GiB "
+                    f"({memory['available_bytes'] / 2**30:.1f} GiB available)"))
+    routable = []
+    for iface in facts["interfaces"]:
+        state = "up" if iface["up"] else "down"
+        addresses = ", ".join(iface["addresses"]) or "no address"
+        note = " (likely unroutable)" if iface["likely_unroutable"] else ""
+        if iface["up"] and not iface["likely_unroutable"] and any(
+                "." in a for a in iface["addresses"]):
+            routable.append(iface["name"])
+        add(EnvItem("network", iface["name"], f"{state}; {addresses}{note}"))
+    if not routable:
+        add(EnvItem("network", "routable", "no interface up with an IPv4 address besides "
+                    "loopback/bridges", WARN, "connect a network, or launch on this host only"))
+    ssh = facts["ssh"]
+    if not ssh["client"]:
+        add(EnvItem("ssh", "client", "not found", FAIL,
+                    "install the OpenSSH client: 'apt-get install openssh-client'"))
+    else:
+        add(EnvItem("ssh", "client", f"{ssh['client']} ({ssh['version']})"))
+    if not ssh["keys"] and not ssh["agent"]:
+        add(EnvItem("ssh", "keys", "no key in ~/.ssh and no agent", WARN,
+                    "create one with 'ssh-keygen -t ed25519' and install it on every host with "
+                    "'ssh-copy-id HOST'"))
+    else:
+        add(EnvItem("ssh", "keys", ", ".join(ssh["keys"]) + (" + agent" if ssh["agent"] else "")))
+    for name, value in facts["environment"].items():
+        add(EnvItem("environment", name, value))
+    return tuple(items)
+
+
+def env_report(facts: Mapping[str, Any], items: tuple[EnvItem, ...]) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    return {"ok": all(i.status != FAIL for i in items), **facts,
+            "items": [asdict(i) for i in items]}

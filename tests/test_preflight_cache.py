@@ -1,0 +1,50 @@
+"""The pre-flight cache: own file, private mode, short life, keyed by what matters."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+from dtlaunch import preflight
+from dtlaunch.hosts import Host
+from dtlaunch.mpi import SshOptions
+from dtlaunch.plan import RunRequest
+
+
+def request(**kw: object) -> RunRequest:
+    base: dict[str, object] = dict(hosts=(Host("h1"), Host("h2")), python=sys.executable,
+                                   script=__file__, ssh=SshOptions())
+    base.update(kw)
+    return RunRequest(**base)  # type: ignore[arg-type]
+
+
+def test_cache_round_trip_and_expiry(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    key = preflight.cache_key(request(), ("h1", "h2"), "/work")
+    assert not preflight.read_cache(key)
+    preflight.write_cache(key)
+    path = preflight._cache_path(key)
+    assert os.stat(path).st_mode & 0o777 == 0o600
+    assert os.stat(os.path.dirname(path)).st_mode & 0o777 == 0o700
+    assert preflight.read_cache(key)
+    assert not preflight.read_cache(key, now=time.time() + preflight.CACHE_SECONDS + 1)
+    os.chmod(path, 0o666)  # writable by others: never trusted
+    assert not preflight.read_cache(key)
+
+
+def test_key_changes_with_what_matters(tmp_path):
+    base = preflight.cache_key(request(), ("h1", "h2"), "/work")
+    assert base == preflight.cache_key(request(), ("h1", "h2"), "/work")
+    assert base != preflight.cache_key(request(), ("h1", "h3"), "/work")
+    assert base != preflight.cache_key(request(python="/other/python"), ("h1", "h2"), "/work")
+    assert base != preflight.cache_key(request(ssh=SshOptions(port=2222)), ("h1", "h2"), "/work")
+    assert base != preflight.cache_key(request(), ("h1", "h2"), "/elsewhere")
+    config = tmp_path / "cfg"
+    config.write_text("Host *\n")
+    with_config = preflight.cache_key(request(ssh=SshOptions(config_file=str(config))),
+                                      ("h1", "h2"), "/work")
+    config.write_text("Host *\n  Port 2222\n")
+    os.utime(config, ns=(1, 1))
+    assert with_config != preflight.cache_key(request(ssh=SshOptions(config_file=str(config))),
+                                              ("h1", "h2"), "/work")

@@ -1,0 +1,133 @@
+"""SSH failure classification with real sockets on 127.0.0.1, config resolution, known_hosts."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import paramiko
+import pytest
+
+from dtlaunch import ssh
+from dtlaunch.mpi import SshOptions
+
+
+def target(port: int, host: str = "127.0.0.1", timeout: float = 1.0, **kw: object) -> ssh.SshTarget:
+    return ssh.SshTarget(alias="node", hostname=host, port=port, user="me",
+                         connect_timeout=timeout, **kw)  # type: ignore[arg-type]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_closed_port_is_refused():
+    with pytest.raises(ssh.SshFailure) as info:
+        ssh.connect(target(free_port()))
+    assert info.value.kind == ssh.REFUSED
+    assert "start sshd" in info.value.hint
+
+
+def test_silent_listener_is_a_timeout():
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(5)
+    try:
+        start = time.monotonic()
+        with pytest.raises(ssh.SshFailure) as info:
+            ssh.connect(target(listener.getsockname()[1], timeout=0.5))
+        assert info.value.kind == ssh.TIMEOUT
+        assert time.monotonic() - start < 3
+    finally:
+        listener.close()
+
+
+def test_not_ssh_server():
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(5)
+
+    def answer() -> None:
+        conn, _ = listener.accept()
+        conn.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+        conn.close()
+
+    threading.Thread(target=answer, daemon=True).start()
+    try:
+        with pytest.raises(ssh.SshFailure) as info:
+            ssh.connect(target(listener.getsockname()[1], timeout=2))
+        assert info.value.kind in (ssh.PROTOCOL, ssh.TIMEOUT)
+    finally:
+        listener.close()
+
+
+def test_unresolvable_name():
+    with pytest.raises(ssh.SshFailure) as info:
+        ssh.connect(target(22, host="no-such-host.invalid"))
+    assert info.value.kind == ssh.UNRESOLVED
+    assert "HostName" in info.value.hint
+
+
+def test_proxy_command_that_dies_is_a_proxy_failure():
+    t = target(22, proxy_command="sh -c 'echo boom >&2; exit 3'")
+    with pytest.raises(ssh.SshFailure) as info:
+        ssh.connect(t)
+    assert info.value.kind == ssh.PROXY
+    assert "boom" in info.value.detail
+
+
+def test_resolve_target_from_config(tmp_path):
+    config_file = tmp_path / "config"
+    config_file.write_text(
+        "Host n1\n  HostName 10.0.0.5\n  User alice\n  Port 2222\n  IdentityFile ~/k1\n"
+        "  IdentitiesOnly yes\n  UserKnownHostsFile /tmp/kh1 /tmp/kh2\n"
+        "  ProxyCommand sh -c 'sleep 0.2; exec nc %h %p'\n"
+        "Host n2\n  ProxyJump jump1,jump2\n")
+    config = ssh.load_ssh_config(str(config_file))
+    t = ssh.resolve_target("n1", SshOptions(identity_file="/keys/id"), config)
+    assert (t.hostname, t.user, t.port, t.identities_only) == ("10.0.0.5", "alice", 2222, True)
+    assert t.identity_files[0] == "/keys/id" and t.identity_files[1].endswith("/k1")
+    assert t.known_hosts_files == ("/tmp/kh1", "/tmp/kh2")
+    assert t.known_hosts_name == "[10.0.0.5]:2222"
+    assert ssh.proxy_argv(t) == ("sh", "-c", "sleep 0.2; exec nc 10.0.0.5 2222")
+    t2 = ssh.resolve_target("n2", SshOptions(port=2200, config_file=str(config_file)), config)
+    argv = ssh.proxy_argv(t2)
+    assert argv is not None and argv[-3:] == ("[n2]:2200", "--", "jump2")
+    assert "-J" in argv and "jump1" in argv
+
+
+def test_host_key_verdicts(tmp_path):
+    key = paramiko.Ed25519Key.from_private_key_file(str(_keygen(tmp_path, "a")))
+    other = paramiko.Ed25519Key.from_private_key_file(str(_keygen(tmp_path, "b")))
+    known_file = tmp_path / "known_hosts"
+    t = target(22, known_hosts_files=(str(known_file),), global_known_hosts_files=())
+    assert ssh.known_keys(t) == {}
+    assert ssh.check_host_key(t, key, {}) == "unknown"
+    path = ssh.append_known_host(t, key)
+    assert path == str(known_file) and (known_file.stat().st_mode & 0o777) == 0o600
+    known = ssh.known_keys(t)
+    assert ssh.check_host_key(t, key, known) == "ok"
+    assert ssh.check_host_key(t, other, known) == "changed"
+
+
+def test_preferred_key_types_put_known_first():
+    available = ("ssh-ed25519", "ecdsa-sha2-nistp256", "rsa-sha2-512", "rsa-sha2-256")
+    assert ssh.preferred_host_key_types({"ssh-rsa": None}, available)[:2] == (
+        "rsa-sha2-512", "rsa-sha2-256")
+    assert ssh.preferred_host_key_types({}, available) == available
+
+
+def test_changed_key_hint_warns_of_mitm():
+    hint = ssh.hint_for(ssh.CHANGED_HOST_KEY, target(2222))
+    assert "MAN-IN-THE-MIDDLE" in hint and "ssh-keygen -R" in hint
+
+
+def _keygen(tmp_path, name: str):
+    import subprocess
+
+    path = tmp_path / name
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)], check=True)
+    return path
