@@ -134,3 +134,34 @@ def test_help_and_version() -> None:
     assert "dtlaunch" in dtl("--version").stdout
     assert subprocess.run([sys.executable, "-m", "dtlaunch", "run", "--help"],
                           capture_output=True, text=True).returncode == 0
+
+
+BAD_OTHER = [
+    (["doctor", "-H", "a:x"], "slots must be a positive whole number"),
+    (["doctor", "-H", "a", "--hostfile", "{tmp}/hosts"], "not both"),
+    (["doctor", "--hostfile", "{tmp}/junk"], "junk:2: unexpected"),
+    (["doctor", "-H", "a", "--iface", "10.0.0.0/40"], "invalid CIDR"),
+    (["doctor", "-H", "a", "-m", "bad-mod"], "not a valid module name"),
+    (["doctor", "-H", "a", "--timeout", "0"], "not in the range"),
+    (["doctor", "-H", "a", "--ssh-config", "{tmp}/missing"], "no such file"),
+    (["doctor", "-H", "a", "-H", "b"], "given more than once"),
+    (["doctor", "-H", "a,a"], "more than once"),
+    (["doctor", "-H", "a", "--iface", "eth\n0"], "invalid interface name"),
+    (["doctor", "-H", "\udcff\udcfe"], "invalid host name"),
+    (["env-check", "--bogus"], "No such option"),
+    (["env-check", "extra"], "unexpected extra argument"),
+    (["run", "--dry-run", "-x", "A\udcff=1", "-H", "a", "{tmp}/hosts"], "invalid variable name"),
+]
+
+
+@pytest.mark.parametrize(("args", "message"), BAD_OTHER)
+def test_bad_doctor_and_env_check_input(args: list[str], message: str, tmp_path: Path) -> None:
+    (tmp_path / "hosts").write_text("a\n")
+    (tmp_path / "junk").write_text("a slots=1\nb !!!\n")
+    full = [a.format(tmp=tmp_path) for a in args]
+    result = subprocess.run(dtlaunch_argv(*full), capture_output=True, timeout=60)
+    stderr = result.stderr.decode(errors="replace")
+    assert result.returncode == 2, stderr
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("dtlaunch: error: ") and message in lines[0]
+    assert "Traceback" not in stderr
