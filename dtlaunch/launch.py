@@ -139,8 +139,17 @@ def execute(
     timed_out = False
     lost_host: str | None = None
     stop_requested_at: float | None = None
+    # A thread blocks in wait() so the job's end is seen at once; the main thread stays free
+    # to run signal handlers and to enforce deadlines.
+    finished = threading.Event()
+
+    def reap() -> None:
+        proc.wait()
+        finished.set()
+
+    threading.Thread(target=reap, daemon=True).start()
     try:
-        while proc.poll() is None:
+        while not finished.wait(0.1):
             now = time.monotonic()
             if deadline is not None and now >= deadline and not timed_out:
                 timed_out = True
@@ -156,7 +165,6 @@ def execute(
                 announce("mpirun did not stop in time: killing it")
                 _kill_tree(proc)
                 stop_requested_at = float("inf")
-            time.sleep(0.05)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
