@@ -259,10 +259,12 @@ def write_rank_file(prefix: str, rank: int, record: dict[str, Any]) -> None:
     Path(f"{prefix}.rank{rank}").write_text(json.dumps(record) + "\n")
 
 
-def params_digest(model: PTBModel) -> dict[str, Any]:
+def dump_params(prefix: str, rank: int, model: PTBModel) -> None:
+    """``PREFIX.rank<r>``: digest of the flat parameters; ``PREFIX.rank<r>.pt``: the tensor."""
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-    return {"sha256": hashlib.sha256(flat.numpy().tobytes()).hexdigest(),
-            "numel": flat.numel(), "sum": float(flat.double().sum())}
+    torch.save(flat, f"{prefix}.rank{rank}.pt")
+    write_rank_file(prefix, rank, {"sha256": hashlib.sha256(flat.numpy().tobytes()).hexdigest(),
+            "numel": flat.numel(), "sum": float(flat.double().sum())})
 
 
 def build_job(args: argparse.Namespace, comm: Any, corpus: Corpus) -> Job:
@@ -328,7 +330,7 @@ def run(args: argparse.Namespace, comm: Any) -> None:
     test_ppl = float("nan") if args.no_eval else evaluate(
         job, corpus.test, args.eval_batch_size)
     if args.dump_params:
-        write_rank_file(args.dump_params, rank, params_digest(job.model))
+        dump_params(args.dump_params, rank, job.model)
     words_per_sec = progress.words / progress.seconds if progress.seconds else 0.0
     mean_epoch = sum(epoch_times) / len(epoch_times) if epoch_times else float("nan")
     job.report.emit(
