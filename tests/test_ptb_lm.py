@@ -235,6 +235,18 @@ def test_single_process_training_reduces_loss(tmp_path: Path) -> None:
     assert resumed.returncode == 0 and "resuming from" in resumed.stdout
 
 
+@needs_ptb
+def test_unreadable_checkpoint_exits_2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    ckpt = tmp_path / "ckpt.pt"
+    ckpt.write_bytes(b"not a checkpoint")
+    monkeypatch.setattr(train, "get_comm", SingleProcess)
+    args = ["--data-path", str(PTB_DIR), "--checkpoint", str(ckpt), "--resume", "--no-eval"]
+    assert train.main(args) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "cannot resume from" in err
+
+
 def mpirun_command(np_: int) -> list[str]:
     return ["mpirun", "--allow-run-as-root", "-np", str(np_), "-bind-to", "none",
             "-map-by", "slot", "-mca", "pml", "ob1", "-mca", "btl", "self,vader,tcp",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 
@@ -43,6 +44,11 @@ class SingleProcess:
 
 def get_comm() -> Any:
     """``horovod.torch`` (initialised) or the single-process stand-in."""
+    # Horovod's background thread waits inside MPI, and Open MPI busy-polls while waiting
+    # unless told to yield. On CPU training the compute threads fill every core, so polling
+    # steals their time; yielding costs microseconds. A value set by the launcher (mpirun
+    # -mca mpi_yield_when_idle ...) arrives in this variable and wins.
+    os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
     try:
         import horovod.torch as hvd
     except ImportError:

@@ -62,6 +62,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--metrics", help="JSON-lines metrics file (rank 0)")
     p.add_argument("--checkpoint", help="checkpoint file, written by rank 0 after each epoch")
     p.add_argument("--resume", action="store_true", help="resume from --checkpoint if present")
+    p.add_argument("--dense-grads", action="store_true",
+                   help="dense embedding gradients (default sparse: less to exchange)")
     p.add_argument("--no-eval", action="store_true", help="skip validation and test")
     p.add_argument("--dump-params", help="each rank writes FILE.rank<r> with a params digest")
     p.add_argument("--dump-shard", help="each rank writes FILE.rank<r> with its streams")
@@ -134,15 +136,34 @@ def detach(state: State) -> State:
     return state[0].detach(), state[1].detach()
 
 
+def clip_grad_norm(params: Sequence[torch.Tensor], max_norm: float) -> float:
+    """Scale gradients to a global norm of at most ``max_norm`` (as ``clip_grad_norm_``, which
+    rejects sparse gradients). Sparse ones are coalesced first: Horovod's allgather lists a
+    row once per rank that touched it, and the norm must be taken over the summed rows."""
+    grads = []
+    for p in params:
+        if p.grad is not None and p.grad.is_sparse:
+            p.grad = p.grad.coalesce()
+            grads.append(p.grad._values())
+        elif p.grad is not None:
+            grads.append(p.grad)
+    norms = torch.stack([torch.linalg.vector_norm(g) for g in grads])
+    total = float(torch.linalg.vector_norm(norms))
+    if total > max_norm:
+        for g in grads:
+            g.mul_(max_norm / (total + 1e-6))
+    return total
+
+
 def clipped_step(optimizer: Any, params: Sequence[torch.Tensor], max_norm: float) -> None:
     """Clip the AVERAGED gradient: finish Horovod's allreduce first, then clip, then step."""
     synchronize = getattr(optimizer, "synchronize", None)
     if synchronize is None:  # single process
-        torch.nn.utils.clip_grad_norm_(params, max_norm)
+        clip_grad_norm(params, max_norm)
         optimizer.step()
         return
     synchronize()
-    torch.nn.utils.clip_grad_norm_(params, max_norm)
+    clip_grad_norm(params, max_norm)
     with optimizer.skip_synchronize():
         optimizer.step()
 
@@ -237,22 +258,37 @@ def save_checkpoint(job: Job, path: str, next_epoch: int, seed: int) -> None:
     os.replace(tmp, path)
 
 
-def resume(job: Job, path: str, seed: int) -> int:
-    """Rank 0 loads the checkpoint; the caller broadcasts weights. Returns the next epoch."""
-    next_epoch = 0
-    if job.comm.rank() == 0 and Path(path).is_file():
+def load_checkpoint(job: Job, path: str) -> int:
+    """Restore model, optimizer and RNG from ``path`` (rank 0); returns the next epoch."""
+    try:
         state = torch.load(path, map_location="cpu", weights_only=True)
         if state["config"] != job.config.name:
             raise DataError(f"checkpoint {path} is for config {state['config']!r}")
         job.model.load_state_dict(state["model"])
         job.optimizer.load_state_dict(state["optimizer"])
         torch.set_rng_state(state["rng"])
-        next_epoch = int(state["next_epoch"])
-        print(f"resuming from {path} at epoch {next_epoch + 1}", flush=True)
-    next_epoch = int(job.comm.broadcast_object(next_epoch, root_rank=0))
+        return int(state["next_epoch"])
+    except DataError:
+        raise
+    except Exception as exc:  # any unreadable checkpoint: report it, do not hang the others
+        raise DataError(f"cannot resume from {path}: {exc}".splitlines()[0]) from None
+
+
+def resume(job: Job, path: str, seed: int) -> int:
+    """Rank 0 loads the checkpoint; the caller broadcasts weights. Returns the next epoch."""
+    outcome: tuple[int, str | None] = (0, None)
+    if job.comm.rank() == 0 and Path(path).is_file():
+        try:
+            outcome = (load_checkpoint(job, path), None)
+            print(f"resuming from {path} at epoch {outcome[0] + 1}", flush=True)
+        except DataError as exc:
+            outcome = (0, str(exc))
+    next_epoch, error = job.comm.broadcast_object(outcome, root_rank=0)
+    if error:  # every rank fails alike
+        raise DataError(error)
     if job.comm.rank() != 0:  # fresh, distinct dropout masks on the other ranks
         torch.manual_seed(seed + job.comm.rank() + 7919 * next_epoch)
-    return next_epoch
+    return int(next_epoch)
 
 
 def write_rank_file(prefix: str, rank: int, record: dict[str, Any]) -> None:
@@ -275,7 +311,7 @@ def build_job(args: argparse.Namespace, comm: Any, corpus: Corpus) -> Job:
     streams = shard_range(config.batch_size, comm.rank(), comm.size())
     matrix = stream_matrix(corpus.train, config.batch_size)[:, streams.start : streams.stop]
     torch.manual_seed(args.seed)
-    model = PTBModel(config)
+    model = PTBModel(config, sparse=not args.dense_grads)
     torch.manual_seed(args.seed + comm.rank())  # dropout masks differ between ranks
     optimizer = comm.DistributedOptimizer(
         torch.optim.SGD(model.parameters(), lr=config.learning_rate),
@@ -310,6 +346,8 @@ def run(args: argparse.Namespace, comm: Any) -> None:
     train_ppl = valid_ppl = float("nan")
     max_epochs = args.max_epochs if args.max_epochs is not None else cfg.max_max_epoch
     for epoch in range(next_epoch, max_epochs):
+        if args.max_steps is not None and progress.step >= args.max_steps:
+            break
         lr = learning_rate(cfg, epoch)
         started = time.perf_counter()
         train_ppl, completed = train_epoch(job, epoch, lr, args, progress)
