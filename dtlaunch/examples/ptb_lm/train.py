@@ -185,7 +185,7 @@ def train_epoch(job: Job, epoch: int, lr: float, args: argparse.Namespace,
     params = list(model.parameters())
     n_steps = steps_per_epoch(job.train.shape[0], T)
     interval = args.log_interval or max(1, n_steps // 10)
-    global_batch = args.batch_size or cfg.batch_size
+    global_batch = cfg.batch_size
     state = model.initial_state(job.train.shape[1])
     epoch_loss = interval_loss = 0.0
     epoch_tokens = interval_tokens = 0
