@@ -25,7 +25,20 @@ from dtlaunch.examples.ptb_lm.config import CONFIGS, LARGE, MEDIUM, SMALL, Confi
 from dtlaunch.examples.ptb_lm.model import PTBModel
 
 REPO = Path(__file__).resolve().parents[1]
-PTB_DIR = Path(os.environ.get("PTB_DATA", "/work/shared/data/ptb"))
+
+
+def find_ptb() -> Path:
+    """``$PTB_DATA``, else ``data/ptb`` in the checkout, else the project's shared data dir."""
+    candidates = [REPO / "data" / "ptb", REPO.parent / "shared" / "data" / "ptb"]
+    if os.environ.get("PTB_DATA"):
+        candidates.insert(0, Path(os.environ["PTB_DATA"]))
+    for d in candidates:
+        if all((d / name).is_file() for name in data.FILES.values()):
+            return d
+    return candidates[0]
+
+
+PTB_DIR = find_ptb()
 HAVE_PTB = all((PTB_DIR / name).is_file() for name in data.FILES.values())
 needs_ptb = pytest.mark.skipif(not HAVE_PTB, reason=f"PTB files not found in {PTB_DIR}")
 IN_CI = os.environ.get("CI", "").lower() == "true"
