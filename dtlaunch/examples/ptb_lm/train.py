@@ -317,9 +317,11 @@ def build_job(args: argparse.Namespace, comm: Any, corpus: Corpus) -> Job:
         torch.optim.SGD(model.parameters(), lr=config.learning_rate),
         named_parameters=model.named_parameters(),
     )
-    # Each rank sums its own token losses and scales by size / (global tokens): Horovod's
-    # average over ranks then equals the mean over the global batch even when shares differ.
-    loss_scale = comm.size() / (config.batch_size * config.num_steps)
+    # The TF tutorial's cost (which lr 1.0 and clip 5 are tuned for) is the loss SUMMED over
+    # the num_steps time steps and averaged over the batch. Each rank sums its own token losses
+    # and scales by size / global batch: Horovod's average over ranks then equals that global
+    # cost even when the ranks' shares of streams differ.
+    loss_scale = comm.size() / config.batch_size
     return Job(comm=comm, config=config, model=model, optimizer=optimizer,
                train=torch.from_numpy(np.ascontiguousarray(matrix)), streams=streams,
                loss_scale=loss_scale, report=Reporter(comm.rank() == 0, args.metrics))
