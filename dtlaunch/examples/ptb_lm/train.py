@@ -1,0 +1,393 @@
+"""Train the PTB LSTM language model, one process or many under Horovod.
+
+Plain Horovod script: ``mpirun -np 2 python -m dtlaunch.examples.ptb_lm --config small``.
+``--batch-size`` (default from the config) is the GLOBAL number of streams; each rank trains
+on its contiguous share (see ``data.py``) and Horovod averages the gradients, so the update
+equals the single-process update on the whole batch. The learning rate is not scaled.
+
+Evaluation (validation each epoch, test at the end) covers every target token of the split
+once: the split is cut into ``--eval-batch-size`` streams (default 10) read ``num_steps``
+tokens at a time, the streams are shared out over the ranks, and summed losses and token
+counts are allreduced, so perplexity = exp(total loss / total tokens) exactly. (The TF tutorial
+tests with batch 1; more streams only reset the LSTM state at stream starts.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .comm import get_comm
+from .config import CONFIGS, Config, learning_rate
+from .data import (
+    IGNORE_INDEX,
+    Corpus,
+    DataError,
+    eval_streams,
+    load_corpus,
+    shard_range,
+    steps_per_epoch,
+    stream_matrix,
+)
+from .model import PTBModel, State
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m dtlaunch.examples.ptb_lm", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", choices=sorted(CONFIGS), default="small")
+    p.add_argument("--data-path", default="./data/ptb",
+                   help="directory with ptb.{train,valid,test}.txt (downloaded if absent)")
+    p.add_argument("--max-epochs", type=int, help="epochs to train (default: the config's)")
+    p.add_argument("--max-steps", type=int, help="stop after this many training steps")
+    p.add_argument("--batch-size", type=int, help="GLOBAL streams per step (default: config)")
+    p.add_argument("--eval-batch-size", type=int, default=10, help="GLOBAL eval streams")
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--threads", type=int,
+                   help="torch threads per rank (default: CPUs / ranks on this host)")
+    p.add_argument("--log-interval", type=int, help="steps between reports (default: epoch/10)")
+    p.add_argument("--metrics", help="JSON-lines metrics file (rank 0)")
+    p.add_argument("--checkpoint", help="checkpoint file, written by rank 0 after each epoch")
+    p.add_argument("--resume", action="store_true", help="resume from --checkpoint if present")
+    p.add_argument("--dense-grads", action="store_true",
+                   help="dense embedding gradients (default sparse: less to exchange)")
+    p.add_argument("--no-eval", action="store_true", help="skip validation and test")
+    p.add_argument("--dump-params", help="each rank writes FILE.rank<r> with a params digest")
+    p.add_argument("--dump-shard", help="each rank writes FILE.rank<r> with its streams")
+    args = p.parse_args(argv)
+    if args.resume and not args.checkpoint:
+        p.error("--resume needs --checkpoint FILE")
+    return args
+
+
+@dataclass
+class Job:
+    """Everything one training run needs, built once."""
+
+    comm: Any
+    config: Config
+    model: PTBModel
+    optimizer: torch.optim.Optimizer
+    train: torch.Tensor  # (stream_len, local streams)
+    streams: range
+    loss_scale: float
+    report: Reporter
+
+
+class Reporter:
+    """Prints on rank 0 and appends JSON lines to ``--metrics``."""
+
+    def __init__(self, active: bool, metrics: str | None) -> None:
+        self.active = active
+        self.file: IO[str] | None = None
+        if active and metrics:
+            self.file = open(metrics, "a", encoding="utf-8")  # noqa: SIM115
+
+    def emit(self, text: str, record: dict[str, Any]) -> None:
+        if not self.active:
+            return
+        print(text, flush=True)
+        if self.file:
+            clean = {k: None if isinstance(v, float) and math.isnan(v) else v
+                     for k, v in record.items()}  # NaN is not valid JSON
+            self.file.write(json.dumps(clean) + "\n")
+            self.file.flush()
+
+
+def default_threads(comm: Any) -> int:
+    return max(1, (os.cpu_count() or 1) // int(comm.local_size()))
+
+
+def shared_corpus(comm: Any, data_path: str) -> Corpus:
+    """Rank 0 reads (and if need be downloads) the data and sends it to every rank, so no
+    shared filesystem is needed and all ranks fail alike, without hanging, on a data error."""
+    payload: tuple[Corpus | None, str | None] = (None, None)
+    if comm.rank() == 0:
+        try:
+            payload = (load_corpus(data_path), None)
+        except DataError as exc:
+            payload = (None, str(exc))
+    corpus: Corpus | None
+    corpus, error = comm.broadcast_object(payload, root_rank=0)
+    if error is not None or corpus is None:
+        raise DataError(error or "no data")
+    return corpus
+
+
+def allreduce_sum(comm: Any, values: list[float]) -> list[float]:
+    total = comm.allreduce(torch.tensor(values, dtype=torch.float64), op=comm.Sum)
+    return [float(v) for v in total]
+
+
+def detach(state: State) -> State:
+    return state[0].detach(), state[1].detach()
+
+
+def clip_grad_norm(params: Sequence[torch.Tensor], max_norm: float) -> float:
+    """Scale gradients to a global norm of at most ``max_norm`` (as ``clip_grad_norm_``, which
+    rejects sparse gradients). Sparse ones are coalesced first: Horovod's allgather lists a
+    row once per rank that touched it, and the norm must be taken over the summed rows."""
+    grads = []
+    for p in params:
+        if p.grad is not None and p.grad.is_sparse:
+            p.grad = p.grad.coalesce()
+            grads.append(p.grad._values())
+        elif p.grad is not None:
+            grads.append(p.grad)
+    norms = torch.stack([torch.linalg.vector_norm(g) for g in grads])
+    total = float(torch.linalg.vector_norm(norms))
+    if total > max_norm:
+        for g in grads:
+            g.mul_(max_norm / (total + 1e-6))
+    return total
+
+
+def clipped_step(optimizer: Any, params: Sequence[torch.Tensor], max_norm: float) -> None:
+    """Clip the AVERAGED gradient: finish Horovod's allreduce first, then clip, then step."""
+    synchronize = getattr(optimizer, "synchronize", None)
+    if synchronize is None:  # single process
+        clip_grad_norm(params, max_norm)
+        optimizer.step()
+        return
+    synchronize()
+    clip_grad_norm(params, max_norm)
+    with optimizer.skip_synchronize():
+        optimizer.step()
+
+
+@dataclass
+class Progress:
+    step: int = 0  # training steps in this run, for --max-steps
+    words: int = 0  # global words trained in this run
+    seconds: float = 0.0
+
+
+def train_epoch(job: Job, epoch: int, lr: float, args: argparse.Namespace,
+                progress: Progress) -> tuple[float, bool]:
+    """One epoch (or until --max-steps); returns (train perplexity, epoch completed)."""
+    cfg, model, T = job.config, job.model, job.config.num_steps
+    for group in job.optimizer.param_groups:
+        group["lr"] = lr
+    model.train()
+    params = list(model.parameters())
+    n_steps = steps_per_epoch(job.train.shape[0], T)
+    interval = args.log_interval or max(1, n_steps // 10)
+    global_batch = cfg.batch_size
+    state = model.initial_state(job.train.shape[1])
+    epoch_loss = interval_loss = 0.0
+    epoch_tokens = interval_tokens = 0
+    start = tick = time.perf_counter()
+    completed = True
+    for i in range(n_steps):
+        if args.max_steps is not None and progress.step >= args.max_steps:
+            completed = False
+            break
+        inputs = job.train[i * T : (i + 1) * T]
+        targets = job.train[i * T + 1 : (i + 1) * T + 1].reshape(-1)
+        logits, state = model(inputs, detach(state))
+        loss_sum = F.cross_entropy(logits, targets, reduction="sum")
+        job.optimizer.zero_grad()
+        (loss_sum * job.loss_scale).backward()
+        clipped_step(job.optimizer, params, cfg.max_grad_norm)
+        interval_loss += loss_sum.item()
+        interval_tokens += targets.numel()
+        progress.step += 1
+        if (i + 1) % interval == 0:
+            loss, tokens = allreduce_sum(job.comm, [interval_loss, interval_tokens])
+            now = time.perf_counter()
+            words_per_sec = interval * global_batch * T / (now - tick)
+            job.report.emit(
+                f"epoch {epoch + 1} step {i + 1}/{n_steps} ppl {math.exp(loss / tokens):.2f} "
+                f"words/s {words_per_sec:,.0f} lr {lr:.4g}",
+                {"event": "progress", "epoch": epoch + 1, "epoch_step": i + 1,
+                 "step": progress.step, "words_per_sec": words_per_sec,
+                 "train_ppl": math.exp(loss / tokens), "lr": lr},
+            )
+            epoch_loss, epoch_tokens = epoch_loss + loss, epoch_tokens + int(tokens)
+            interval_loss, interval_tokens, tick = 0.0, 0, now
+    loss, tokens = allreduce_sum(job.comm, [interval_loss, interval_tokens])
+    epoch_loss, epoch_tokens = epoch_loss + loss, epoch_tokens + int(tokens)
+    steps_done = epoch_tokens // (global_batch * T)
+    progress.words += steps_done * global_batch * T
+    progress.seconds += time.perf_counter() - start
+    return math.exp(epoch_loss / max(epoch_tokens, 1)), completed
+
+
+@torch.no_grad()
+def evaluate(job: Job, ids: np.ndarray, num_streams: int) -> float:
+    """Perplexity over every target of ``ids``; streams are shared out over the ranks."""
+    inputs, targets = eval_streams(ids, num_streams)
+    mine = shard_range(num_streams, job.comm.rank(), job.comm.size(), allow_empty=True)
+    x = torch.from_numpy(np.ascontiguousarray(inputs[:, mine.start : mine.stop]))
+    y = torch.from_numpy(np.ascontiguousarray(targets[:, mine.start : mine.stop]))
+    job.model.eval()
+    loss, T = 0.0, job.config.num_steps
+    if len(mine) > 0:
+        state = job.model.initial_state(len(mine))
+        for t in range(0, x.shape[0], T):
+            logits, state = job.model(x[t : t + T], state)
+            loss += F.cross_entropy(logits, y[t : t + T].reshape(-1), reduction="sum",
+                                    ignore_index=IGNORE_INDEX).item()
+    tokens = int((y != IGNORE_INDEX).sum())
+    total_loss, total_tokens = allreduce_sum(job.comm, [loss, tokens])
+    return math.exp(total_loss / total_tokens)
+
+
+def save_checkpoint(job: Job, path: str, next_epoch: int, seed: int) -> None:
+    """Rank 0 only; written to a temporary name first so a crash never leaves half a file."""
+    if job.comm.rank() != 0:
+        return
+    state = {"model": job.model.state_dict(), "optimizer": job.optimizer.state_dict(),
+             "next_epoch": next_epoch, "config": job.config.name, "seed": seed,
+             "rng": torch.get_rng_state()}
+    tmp = f"{path}.tmp"
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+
+
+def load_checkpoint(job: Job, path: str) -> int:
+    """Restore model, optimizer and RNG from ``path`` (rank 0); returns the next epoch."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        if state["config"] != job.config.name:
+            raise DataError(f"checkpoint {path} is for config {state['config']!r}")
+        job.model.load_state_dict(state["model"])
+        job.optimizer.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["rng"])
+        return int(state["next_epoch"])
+    except DataError:
+        raise
+    except Exception as exc:  # any unreadable checkpoint: report it, do not hang the others
+        raise DataError(f"cannot resume from {path}: {exc}".splitlines()[0]) from None
+
+
+def resume(job: Job, path: str, seed: int) -> int:
+    """Rank 0 loads the checkpoint; the caller broadcasts weights. Returns the next epoch."""
+    outcome: tuple[int, str | None] = (0, None)
+    if job.comm.rank() == 0 and Path(path).is_file():
+        try:
+            outcome = (load_checkpoint(job, path), None)
+            print(f"resuming from {path} at epoch {outcome[0] + 1}", flush=True)
+        except DataError as exc:
+            outcome = (0, str(exc))
+    next_epoch, error = job.comm.broadcast_object(outcome, root_rank=0)
+    if error:  # every rank fails alike
+        raise DataError(error)
+    if job.comm.rank() != 0:  # fresh, distinct dropout masks on the other ranks
+        torch.manual_seed(seed + job.comm.rank() + 7919 * next_epoch)
+    return int(next_epoch)
+
+
+def write_rank_file(prefix: str, rank: int, record: dict[str, Any]) -> None:
+    Path(f"{prefix}.rank{rank}").write_text(json.dumps(record) + "\n")
+
+
+def dump_params(prefix: str, rank: int, model: PTBModel) -> None:
+    """``PREFIX.rank<r>``: digest of the flat parameters; ``PREFIX.rank<r>.pt``: the tensor."""
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    torch.save(flat, f"{prefix}.rank{rank}.pt")
+    write_rank_file(prefix, rank, {"sha256": hashlib.sha256(flat.numpy().tobytes()).hexdigest(),
+            "numel": flat.numel(), "sum": float(flat.double().sum())})
+
+
+def build_job(args: argparse.Namespace, comm: Any, corpus: Corpus) -> Job:
+    config = CONFIGS[args.config]
+    if args.batch_size:
+        config = replace(config, batch_size=args.batch_size)
+    config = replace(config, vocab_size=len(corpus.words))
+    streams = shard_range(config.batch_size, comm.rank(), comm.size())
+    matrix = stream_matrix(corpus.train, config.batch_size)[:, streams.start : streams.stop]
+    torch.manual_seed(args.seed)
+    model = PTBModel(config, sparse=not args.dense_grads)
+    torch.manual_seed(args.seed + comm.rank())  # dropout masks differ between ranks
+    optimizer = comm.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=config.learning_rate),
+        named_parameters=model.named_parameters(),
+    )
+    # The TF tutorial's cost (which lr 1.0 and clip 5 are tuned for) is the loss SUMMED over
+    # the num_steps time steps and averaged over the batch. Each rank sums its own token losses
+    # and scales by size / global batch: Horovod's average over ranks then equals that global
+    # cost even when the ranks' shares of streams differ.
+    loss_scale = comm.size() / config.batch_size
+    return Job(comm=comm, config=config, model=model, optimizer=optimizer,
+               train=torch.from_numpy(np.ascontiguousarray(matrix)), streams=streams,
+               loss_scale=loss_scale, report=Reporter(comm.rank() == 0, args.metrics))
+
+
+def run(args: argparse.Namespace, comm: Any) -> None:
+    torch.set_num_threads(args.threads or default_threads(comm))
+    corpus = shared_corpus(comm, args.data_path)
+    job = build_job(args, comm, corpus)
+    rank, cfg = comm.rank(), job.config
+    next_epoch = resume(job, args.checkpoint, args.seed) if args.resume else 0
+    comm.broadcast_parameters(job.model.state_dict(), root_rank=0)
+    comm.broadcast_optimizer_state(job.optimizer, root_rank=0)
+    if args.dump_shard:
+        write_rank_file(args.dump_shard, rank, {
+            "rank": rank, "size": comm.size(), "streams": list(job.streams),
+            "first_tokens": job.train[:8].T.tolist()})
+    job.report.emit(
+        f"config {cfg.name}: {comm.size()} rank(s), global batch {cfg.batch_size}, "
+        f"{torch.get_num_threads()} thread(s) per rank", {"event": "start", "config": cfg.name,
+        "ranks": comm.size(), "batch_size": cfg.batch_size, "threads": torch.get_num_threads()})
+
+    progress, epoch_times = Progress(), []
+    train_ppl = valid_ppl = float("nan")
+    max_epochs = args.max_epochs if args.max_epochs is not None else cfg.max_max_epoch
+    for epoch in range(next_epoch, max_epochs):
+        if args.max_steps is not None and progress.step >= args.max_steps:
+            break
+        lr = learning_rate(cfg, epoch)
+        started = time.perf_counter()
+        train_ppl, completed = train_epoch(job, epoch, lr, args, progress)
+        if completed:
+            epoch_times.append(time.perf_counter() - started)
+            if not args.no_eval:
+                valid_ppl = evaluate(job, corpus.valid, args.eval_batch_size)
+            job.report.emit(
+                f"epoch {epoch + 1} done: lr {lr:.4g} train ppl {train_ppl:.2f} "
+                f"valid ppl {valid_ppl:.2f} time {epoch_times[-1]:.1f}s",
+                {"event": "epoch", "epoch": epoch + 1, "lr": lr, "train_ppl": train_ppl,
+                 "valid_ppl": valid_ppl, "epoch_time_s": epoch_times[-1]})
+        if args.checkpoint:
+            save_checkpoint(job, args.checkpoint, epoch + 1 if completed else epoch, args.seed)
+        if not completed:
+            break
+
+    test_ppl = float("nan") if args.no_eval else evaluate(
+        job, corpus.test, args.eval_batch_size)
+    if args.dump_params:
+        dump_params(args.dump_params, rank, job.model)
+    words_per_sec = progress.words / progress.seconds if progress.seconds else 0.0
+    mean_epoch = sum(epoch_times) / len(epoch_times) if epoch_times else float("nan")
+    job.report.emit(
+        f"final: train ppl {train_ppl:.2f} valid ppl {valid_ppl:.2f} test ppl {test_ppl:.2f} "
+        f"steps {progress.step} epoch time {mean_epoch:.1f}s words/s {words_per_sec:,.0f}",
+        {"event": "final", "train_ppl": train_ppl, "valid_ppl": valid_ppl,
+         "test_ppl": test_ppl, "steps": progress.step, "epoch_time_s": mean_epoch,
+         "words_per_sec": words_per_sec})
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    comm = get_comm()
+    try:
+        run(args, comm)
+    except DataError as exc:
+        if comm.rank() == 0:
+            print(f"ptb_lm: error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    return 0
