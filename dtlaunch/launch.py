@@ -156,7 +156,9 @@ def execute(
                 announce("mpirun did not stop in time: killing it")
                 _kill_tree(proc)
                 stop_requested_at = float("inf")
-            time.sleep(0.05)
+            # Wakes as soon as mpirun exits (a plain sleep would add up to 50 ms to every job).
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=0.05)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
