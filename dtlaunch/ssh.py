@@ -106,9 +106,9 @@ def _yes(value: Any) -> bool:
 
 
 def import_paramiko() -> Any:
-    """paramiko costs ~0.1 s to import: only where a connection is made. Import it without `invoke`, which its config module imports (~60 ms, a third of
-    paramiko's import) only to run `Match exec` lines; `load_ssh_config` supplies it when a
-    config file has such a line."""
+    """paramiko costs ~0.1 s to import: only where a connection is made. It is imported
+    without `invoke`, which its config module imports (~60 ms, a third of paramiko's import)
+    only to run `Match exec` lines; `load_ssh_config` supplies it when a config has one."""
     with _import_lock:  # held even when imported, so no thread sees a half-imported module
         blocked = "paramiko" not in sys.modules and "invoke" not in sys.modules
         if blocked:
