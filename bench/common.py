@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import platform
+import resource
 import shutil
 import signal
 import statistics
@@ -44,6 +45,7 @@ class Sample:
     seconds: float
     returncode: int
     peak_rss_kib: int = 0  # VmHWM of the process started (not its children)
+    cpu: float = 0.0  # user + system seconds of the process and the children it waited for
     stdout: str = ""
     stderr: str = ""
 
@@ -68,6 +70,7 @@ def timed(argv: Sequence[str], env: Mapping[str, str] | None = None, timeout: fl
     """Run argv to completion; wall time from just before fork to just after exit."""
     stop = threading.Event()
     box = [0]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     proc = subprocess.Popen(list(argv), env=dict(env) if env is not None else None, cwd=cwd,
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -86,9 +89,11 @@ def timed(argv: Sequence[str], env: Mapping[str, str] | None = None, timeout: fl
     finally:
         stop.set()
     seconds = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
     if watcher is not None:
         watcher.join(1)
-    sample = Sample(seconds, proc.returncode, box[0], out, err)
+    sample = Sample(seconds, proc.returncode, box[0], cpu, out, err)
     if check and proc.returncode != 0:
         raise RuntimeError(f"{' '.join(argv)[:300]} exited {proc.returncode}:\n"
                            f"{out[-1500:]}\n{err[-2500:]}")
@@ -109,6 +114,10 @@ class Series:
     @property
     def median(self) -> float:
         return statistics.median(self.times) if self.samples else float("nan")
+
+    @property
+    def cpu_median(self) -> float:
+        return statistics.median(s.cpu for s in self.samples) if self.samples else float("nan")
 
     @property
     def spread(self) -> tuple[float, float]:
@@ -204,6 +213,29 @@ def worktree_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     env.setdefault("OMP_NUM_THREADS", "1")
     env.pop("DTLAUNCH_PREFLIGHT_CACHE", None)
     env.update(extra or {})
+    return env
+
+
+@contextlib.contextmanager
+def baseline_tree(rev: str | None) -> Iterator[str | None]:
+    """dtlaunch's package as of git revision `rev`, extracted to a temp dir (its PYTHONPATH), so
+    a before/after comparison runs side by side in one run. None: no baseline."""
+    if not rev:
+        yield None
+        return
+    folder = tempfile.mkdtemp(prefix="dtlaunch-bench-base-")
+    try:
+        archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "dtlaunch"],
+                                 capture_output=True, check=True).stdout
+        subprocess.run(["tar", "-x", "-C", folder], input=archive, check=True)
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def baseline_env(tree: str, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    env = worktree_env(extra)
+    env["PYTHONPATH"] = tree + os.pathsep + env["PYTHONPATH"]
     return env
 
 

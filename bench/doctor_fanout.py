@@ -9,6 +9,8 @@ sleeps before connecting). Writes a markdown table and a PNG (wall time vs hosts
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,8 @@ from common import (
     SCRIPTS,
     Sample,
     Series,
+    baseline_env,
+    baseline_tree,
     bed_of,
     dtlaunch_argv,
     fmt_s,
@@ -47,8 +51,8 @@ TOOLS = ("dtlaunch doctor", "horovodrun ssh check", "parallel ssh true")
 
 
 def measure(max_hosts: int, counts: list[int], latency_counts: list[int],
-            reps: int) -> dict[str, Any]:
-    out: dict[str, Any] = {"plain": {}, "latency": {}, "load": ""}
+            reps: int, base: str | None = None, rev: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {"plain": {}, "latency": {}, "load": "", "rev": rev if base else ""}
     before = loadavg()
     with bed_of(max_hosts) as bed:
         names: list[str] = bed.names  # type: ignore[attr-defined]
@@ -62,10 +66,11 @@ def measure(max_hosts: int, counts: list[int], latency_counts: list[int],
                 for n in wanted:
                     hosts = names[:n]
 
-                    def doctor(hosts: list[str] = hosts, cfg: Path = cfg) -> Sample:
+                    def doctor(hosts: list[str] = hosts, cfg: Path = cfg,
+                               e: dict[str, str] = env) -> Sample:
                         return timed(dtlaunch_argv("doctor", "-H", ",".join(hosts), "--iface", subnet,
                                                    "--ssh-config", str(cfg), JOB),
-                                     env=env, watch_rss=True)
+                                     env=e, watch_rss=True)
 
                     def hvd(hosts: list[str] = hosts, e: dict[str, str] = hvd_env) -> Sample:
                         return timed([PYTHON, "-c", HVD_CHECK, *hosts], env=e, watch_rss=True)
@@ -76,7 +81,9 @@ def measure(max_hosts: int, counts: list[int], latency_counts: list[int],
                                       'for p in $pids; do wait "$p" || fail=1; done; exit $fail',
                                       "pssh", str(cfg), *hosts], env=env)
 
-                    tools = dict(zip(TOOLS, (doctor, hvd, pssh)))
+                    tools: dict[str, Callable[[], Sample]] = dict(zip(TOOLS, (doctor, hvd, pssh)))
+                    if base is not None:
+                        tools[f"dtlaunch doctor @{rev}"] = partial(doctor, e=baseline_env(base))
                     out[label][n] = round_robin(tools, reps, warmup=1, label=f"doctor {label} {n} hosts")
     out["load"] = f"{before} → {loadavg()}"
     return out
@@ -128,6 +135,16 @@ def report(res: dict[str, Any], reps: int, png: bool) -> str:
                      f"{ratio(d.median, p.median):.2f}"])
     parts += [md_table(["hosts", "dtlaunch doctor s", "horovodrun ssh check s", "parallel `ssh true` s",
                         "doctor / horovodrun", "doctor / parallel ssh"], rows), ""]
+    rows = []
+    for n in sorted(res["plain"]):
+        s = res["plain"][n]
+        rows.append([n, *(f"{s[t].cpu_median:.2f}" for t in TOOLS),
+                     *(f"{s[t].peak_rss_mib:.0f}" for t in TOOLS[:2])])
+    parts += ["Launcher-side CPU (user + system seconds of the tool and its local children, "
+              "medians; the hosts' sshd and login shells are not included) and peak RSS of the "
+              "tool's own process:", "",
+              md_table(["hosts", "doctor CPU s", "horovodrun check CPU s", "parallel ssh CPU s",
+                        "doctor RSS MiB", "horovodrun check RSS MiB"], rows), ""]
     if res["plain"]:
         top = max(res["plain"])
         r = ratio(res["plain"][top][TOOLS[0]].median, res["plain"][top][TOOLS[1]].median)
@@ -146,6 +163,18 @@ def report(res: dict[str, Any], reps: int, png: bool) -> str:
                   f"`sh -c 'sleep {DELAY}; exec nc %h %p'`; in brackets: the added seconds vs no "
                   f"latency; {n * DELAY:.1f} s would be one latency per host one after another)", "",
                   md_table(["hosts", *TOOLS], rows), ""]
+    if res["rev"]:
+        before = f"dtlaunch doctor @{res['rev']}"
+        rows = []
+        for label in ("plain", "latency"):
+            for n in sorted(res[label]):
+                s = res[label][n]
+                rows.append([n, "yes" if label == "latency" else "no", fmt_s(s[before]),
+                             fmt_s(s[TOOLS[0]]), f"{ratio(s[TOOLS[0]].median, s[before].median):.2f}",
+                             f"{s[before].cpu_median:.2f} → {s[TOOLS[0]].cpu_median:.2f}"])
+        parts += [f"Before/after (same run): doctor as of `{res['rev']}` vs this revision", "",
+                  md_table(["hosts", "latency", "before s", "after s", "after / before",
+                            "launcher CPU s before → after"], rows), ""]
     if png:
         parts += ["![doctor fan-out](doctor_fanout.png)", ""]
     parts += [
@@ -169,14 +198,19 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--hosts", default="1,8,32")
     parser.add_argument("--latency-hosts", default="8,32")
+    parser.add_argument("--baseline", metavar="REV",
+                        help="also run dtlaunch doctor as of git revision REV (before/after)")
+    parser.add_argument("--out", default="doctor_fanout.md")
+    parser.add_argument("--png", default="doctor_fanout.png")
     args = parser.parse_args(argv)
     counts = [int(n) for n in args.hosts.split(",") if n]
     lat = [int(n) for n in args.latency_hosts.split(",") if n]
-    res = measure(max(counts + lat), counts, lat, args.reps)
+    with baseline_tree(args.baseline) as base:
+        res = measure(max(counts + lat), counts, lat, args.reps, base, args.baseline or "")
     RESULTS.mkdir(exist_ok=True)
-    png = plot(res, RESULTS / "doctor_fanout.png")
-    text = report(res, args.reps, png)
-    (RESULTS / "doctor_fanout.md").write_text(text)
+    png = bool(args.png) and plot(res, RESULTS / args.png)
+    text = report(res, args.reps, png).replace("(doctor_fanout.png)", f"({args.png})")
+    (RESULTS / args.out).write_text(text)
     log(text)
     res_summary = {n: {t: s.median for t, s in v.items()} for n, v in res["plain"].items()}
     log(f"summary: {res_summary}")

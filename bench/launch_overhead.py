@@ -19,6 +19,8 @@ from common import (
     SCRIPTS,
     Sample,
     Series,
+    baseline_env,
+    baseline_tree,
     bed_of,
     dtlaunch_argv,
     fmt_s,
@@ -46,7 +48,7 @@ def mpirun_argv(hosts: str, n: int, ssh_config: str) -> list[str]:
             "-x", "PATH", "-x", "PYTHONPATH", "-x", "OMP_NUM_THREADS", PYTHON, JOB]
 
 
-def measure(n: int, reps: int) -> dict[str, Any]:
+def measure(n: int, reps: int, base: str | None = None, rev: str = "") -> dict[str, Any]:
     with bed_of(n) as bed, ssh_wrapper(bed.ssh_config) as wrap:  # type: ignore[attr-defined]
         cfg = str(bed.ssh_config)  # type: ignore[attr-defined]
         hosts = ",".join(f"{h}:1" for h in bed.names)  # type: ignore[attr-defined]
@@ -54,21 +56,22 @@ def measure(n: int, reps: int) -> dict[str, Any]:
         # only in its ssh config, so horovodrun gets the addresses (and skips ssh to itself).
         addrs = ",".join(f"{h.address}:1" for h in bed.hosts)  # type: ignore[attr-defined]
         warm_cache = Path(tempfile.mkdtemp(prefix="dtlaunch-bench-cache-"))
+        base_cache = Path(tempfile.mkdtemp(prefix="dtlaunch-bench-cache-"))
         env = worktree_env()
         cold_env = dict(env, DTLAUNCH_PREFLIGHT_CACHE="0")
         warm_env = dict(env, XDG_CACHE_HOME=str(warm_cache))
         hvd_env = dict(env, PATH=f"{wrap}:{env['PATH']}")
         dt = ["run", "-v", "-H", hosts, "--iface", "eth0", "--ssh-config", cfg]
         hvdrun = horovodrun_path()
-        misses = [0]
+        misses = [0, 0]
 
         def inside(argv: list[str], e: dict[str, str], rss: bool = False) -> Sample:
             return timed(bed.nsenter_argv("h1", argv), env=e, watch_rss=rss)  # type: ignore[attr-defined]
 
-        def warm() -> Sample:
-            sample = inside(dtlaunch_argv(*dt, JOB), warm_env, rss=True)
+        def warm(e: dict[str, str] = warm_env, slot: int = 0) -> Sample:
+            sample = inside(dtlaunch_argv(*dt, JOB), e, rss=True)
             if "(cached)" not in sample.stderr:
-                misses[0] += 1
+                misses[slot] += 1
             return sample
 
         tools = {
@@ -77,6 +80,12 @@ def measure(n: int, reps: int) -> dict[str, Any]:
             "dtlaunch (cold pre-flight)": lambda: inside(dtlaunch_argv(*dt, JOB), cold_env, rss=True),
             "dtlaunch (warm pre-flight)": warm,
         }
+        if base is not None:
+            b_env = baseline_env(base)
+            b_cold = dict(b_env, DTLAUNCH_PREFLIGHT_CACHE="0")
+            b_warm = dict(b_env, XDG_CACHE_HOME=str(base_cache))
+            tools[f"dtlaunch @{rev} (cold pre-flight)"] = lambda: inside(dtlaunch_argv(*dt, JOB), b_cold, rss=True)
+            tools[f"dtlaunch @{rev} (warm pre-flight)"] = lambda: warm(b_warm, 1)
         if hvdrun:
             tools["horovodrun"] = lambda: inside(
                 [hvdrun, "-np", str(n), "-H", addrs, "--network-interface", "eth0",
@@ -86,10 +95,11 @@ def measure(n: int, reps: int) -> dict[str, Any]:
             series = round_robin(tools, reps, warmup=1, label=f"launch {n} hosts")
         finally:
             shutil.rmtree(warm_cache, ignore_errors=True)
+            shutil.rmtree(base_cache, ignore_errors=True)
         # The warm-up round fills the cache; a miss later means it expired mid-run.
-        misses[0] -= 1
         return {"hosts": n, "series": series, "load": f"{before} → {loadavg()}",
-                "warm_misses": max(0, misses[0]), "horovodrun": bool(hvdrun)}
+                "warm_misses": max(0, misses[0] - 1) + max(0, misses[1] - 1),
+                "horovodrun": bool(hvdrun)}
 
 
 def report(results: list[dict[str, Any]]) -> str:
@@ -104,7 +114,7 @@ def report(results: list[dict[str, Any]]) -> str:
         for name, s in series.items():
             r = ratio(s.median, base)
             goal = ""
-            if name.startswith("dtlaunch (") and "pre-flight" in name:
+            if name.startswith("dtlaunch (") and "pre-flight" in name:  # this revision only
                 goal = "met" if r <= GOAL else "MISSED"
             rss = f"{s.peak_rss_mib:.0f}" if s.peak_rss_mib else "–"
             rows.append([name, fmt_s(s), f"{r:.2f}", f"+{s.median - base:.2f}", rss, goal])
@@ -133,11 +143,15 @@ def main(argv: list[str] | None = None) -> str:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--hosts", default="2,8")
+    parser.add_argument("--baseline", metavar="REV",
+                        help="also run dtlaunch as of git revision REV (before/after)")
+    parser.add_argument("--out", default="launch_overhead.md")
     args = parser.parse_args(argv)
-    results = [measure(int(n), args.reps) for n in args.hosts.split(",")]
+    with baseline_tree(args.baseline) as base:
+        results = [measure(int(n), args.reps, base, args.baseline or "") for n in args.hosts.split(",")]
     text = report(results)
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "launch_overhead.md").write_text(text)
+    (RESULTS / args.out).write_text(text)
     log(text)
     return text
 
