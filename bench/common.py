@@ -129,13 +129,16 @@ class Series:
 
 
 def round_robin(tools: Mapping[str, Callable[[], Sample]], reps: int, warmup: int = 1,
-                label: str = "") -> dict[str, Series]:
-    """Run every tool once per repetition, rotating the order; warm-up rounds are dropped."""
+                label: str = "", warmup_only: Sequence[str] | None = None) -> dict[str, Series]:
+    """Run every tool once per repetition, rotating the order; warm-up rounds (of every tool,
+    or of `warmup_only`) are dropped."""
     names = list(tools)
     series = {name: Series(name) for name in names}
     for rep in range(-warmup, reps):
         shift = rep % len(names)
         order = names[shift:] + names[:shift]
+        if rep < 0 and warmup_only is not None:
+            order = [n for n in order if n in warmup_only]
         for name in order:
             sample = tools[name]()
             if rep >= 0:
@@ -297,6 +300,25 @@ def bed_of(n: int) -> Iterator[object]:
     finally:
         bed.close()
         signal.signal(signal.SIGTERM, previous)
+
+
+def save_raw(name: str, data: object) -> None:
+    """Every sample, as JSON, next to the tables (results/raw/NAME.json)."""
+    import json
+
+    def plain(obj: object) -> object:
+        if isinstance(obj, Series):
+            return {"times": obj.times, "cpu": [s.cpu for s in obj.samples],
+                    "peak_rss_kib": [s.peak_rss_kib for s in obj.samples]}
+        if isinstance(obj, dict):
+            return {str(k): plain(v) for k, v in obj.items()}
+        if isinstance(obj, (list, tuple)):
+            return [plain(v) for v in obj]
+        return obj
+
+    folder = RESULTS / "raw"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{name}.json").write_text(json.dumps(plain(data), indent=1))
 
 
 # --- markdown -----------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ from common import (
     md_table,
     ratio,
     round_robin,
+    save_raw,
     ssh_wrapper,
     timed,
     worktree_env,
@@ -50,6 +51,25 @@ HVD_CHECK = ("import sys\n"
 TOOLS = ("dtlaunch doctor", "horovodrun ssh check", "parallel ssh true")
 
 
+LAT_SUFFIX = " +latency"
+
+
+def _doctor(hosts: list[str], subnet: str, cfg: Path, env: dict[str, str]) -> Sample:
+    return timed(dtlaunch_argv("doctor", "-H", ",".join(hosts), "--iface", subnet,
+                               "--ssh-config", str(cfg), JOB), env=env, watch_rss=True)
+
+
+def _hvd(hosts: list[str], env: dict[str, str]) -> Sample:
+    return timed([PYTHON, "-c", HVD_CHECK, *hosts], env=env, watch_rss=True)
+
+
+def _pssh(hosts: list[str], cfg: Path, env: dict[str, str]) -> Sample:
+    return timed(["sh", "-c", 'cfg=$1; shift; pids=; for h in "$@"; do '
+                  'ssh -F "$cfg" "$h" true & pids="$pids $!"; done; fail=0; '
+                  'for p in $pids; do wait "$p" || fail=1; done; exit $fail',
+                  "pssh", str(cfg), *hosts], env=env)
+
+
 def measure(max_hosts: int, counts: list[int], latency_counts: list[int],
             reps: int, base: str | None = None, rev: str = "") -> dict[str, Any]:
     out: dict[str, Any] = {"plain": {}, "latency": {}, "load": "", "rev": rev if base else ""}
@@ -59,32 +79,35 @@ def measure(max_hosts: int, counts: list[int], latency_counts: list[int],
         subnet: str = bed.subnet  # type: ignore[attr-defined]
         env = worktree_env()
         lat_cfg = latency_config(bed, DELAY, Path(bed.workdir) / "ssh_config_slow")  # type: ignore[attr-defined]
-        for label, cfg, wanted in (("plain", Path(bed.ssh_config), counts),  # type: ignore[attr-defined]
-                                   ("latency", lat_cfg, latency_counts)):
-            with ssh_wrapper(cfg) as wrap:
-                hvd_env = dict(env, PATH=f"{wrap}:{env['PATH']}")
-                for n in wanted:
-                    hosts = names[:n]
-
-                    def doctor(hosts: list[str] = hosts, cfg: Path = cfg,
-                               e: dict[str, str] = env) -> Sample:
-                        return timed(dtlaunch_argv("doctor", "-H", ",".join(hosts), "--iface", subnet,
-                                                   "--ssh-config", str(cfg), JOB),
-                                     env=e, watch_rss=True)
-
-                    def hvd(hosts: list[str] = hosts, e: dict[str, str] = hvd_env) -> Sample:
-                        return timed([PYTHON, "-c", HVD_CHECK, *hosts], env=e, watch_rss=True)
-
-                    def pssh(hosts: list[str] = hosts, cfg: Path = cfg) -> Sample:
-                        return timed(["sh", "-c", 'cfg=$1; shift; pids=; for h in "$@"; do '
-                                      'ssh -F "$cfg" "$h" true & pids="$pids $!"; done; fail=0; '
-                                      'for p in $pids; do wait "$p" || fail=1; done; exit $fail',
-                                      "pssh", str(cfg), *hosts], env=env)
-
-                    tools: dict[str, Callable[[], Sample]] = dict(zip(TOOLS, (doctor, hvd, pssh)))
+        plain_cfg = Path(bed.ssh_config)  # type: ignore[attr-defined]
+        with ssh_wrapper(plain_cfg) as wrap, ssh_wrapper(lat_cfg) as lat_wrap:
+            wraps = {"plain": wrap, "latency": lat_wrap}
+            cfgs = {"plain": plain_cfg, "latency": lat_cfg}
+            # Per host count, the plain and the slow-link variants run in ONE round-robin, so
+            # "added by the latency" compares samples taken side by side.
+            for n in sorted(set(counts) | set(latency_counts)):
+                hosts = names[:n]
+                tools: dict[str, Callable[[], Sample]] = {}
+                for label in ("plain", "latency"):
+                    if n not in (counts if label == "plain" else latency_counts):
+                        continue
+                    cfg = cfgs[label]
+                    hvd_env = dict(env, PATH=f"{wraps[label]}:{env['PATH']}")
+                    doctor = partial(_doctor, hosts, subnet, cfg, env)
+                    suffix = "" if label == "plain" else LAT_SUFFIX
+                    tools[TOOLS[0] + suffix] = doctor
+                    tools[TOOLS[1] + suffix] = partial(_hvd, hosts, hvd_env)
+                    tools[TOOLS[2] + suffix] = partial(_pssh, hosts, cfg, env)
                     if base is not None:
-                        tools[f"dtlaunch doctor @{rev}"] = partial(doctor, e=baseline_env(base))
-                    out[label][n] = round_robin(tools, reps, warmup=1, label=f"doctor {label} {n} hosts")
+                        tools[f"dtlaunch doctor @{rev}" + suffix] = partial(
+                            _doctor, hosts, subnet, cfg, baseline_env(base))
+                series = round_robin(tools, reps, warmup=1, label=f"doctor {n} hosts")
+                for label in ("plain", "latency"):
+                    suffix = "" if label == "plain" else LAT_SUFFIX
+                    picked = {k.removesuffix(suffix): v for k, v in series.items()
+                              if (k.endswith(LAT_SUFFIX) if suffix else not k.endswith(LAT_SUFFIX))}
+                    if picked:
+                        out[label][n] = picked
     out["load"] = f"{before} → {loadavg()}"
     return out
 
@@ -160,8 +183,9 @@ def report(res: dict[str, Any], reps: int, png: bool) -> str:
                 cells.append(fmt_s(s[tool]) + extra)
             rows.append(cells)
         parts += [f"**With {DELAY * 1000:.0f} ms connect latency per host** (ssh `ProxyCommand` "
-                  f"`sh -c 'sleep {DELAY}; exec nc %h %p'`; in brackets: the added seconds vs no "
-                  f"latency; {n * DELAY:.1f} s would be one latency per host one after another)", "",
+                  f"`sh -c 'sleep {DELAY}; exec nc %h %p'`; in brackets: the seconds added vs no "
+                  "latency, both measured in the same round-robin; one latency per host one after "
+                  f"another would add {max(res['latency']) * DELAY:.1f} s on {max(res['latency'])} hosts)", "",
                   md_table(["hosts", *TOOLS], rows), ""]
     if res["rev"]:
         before = f"dtlaunch doctor @{res['rev']}"
@@ -207,6 +231,7 @@ def main(argv: list[str] | None = None) -> str:
     lat = [int(n) for n in args.latency_hosts.split(",") if n]
     with baseline_tree(args.baseline) as base:
         res = measure(max(counts + lat), counts, lat, args.reps, base, args.baseline or "")
+    save_raw(args.out.removesuffix(".md"), res)
     RESULTS.mkdir(exist_ok=True)
     png = bool(args.png) and plot(res, RESULTS / args.png)
     text = report(res, args.reps, png).replace("(doctor_fanout.png)", f"({args.png})")

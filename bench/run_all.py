@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         sections.append(startup.main(["--reps", "5" if args.quick else "10"]))
     if "launch" in only:
         sections.append(launch_overhead.main(["--reps", reps, "--hosts", "2" if args.quick else "2,8",
-                                              *base]))
+                                              "--reps-small", "3" if args.quick else "7", *base]))
     if "doctor" in only:
         sections.append(doctor_fanout.main(["--reps", reps,
                                             "--hosts", "1,8" if args.quick else "1,8,32",

@@ -23,6 +23,7 @@ from common import (
     md_table,
     ratio,
     round_robin,
+    save_raw,
     timed,
     worktree_env,
 )
@@ -92,6 +93,7 @@ def main(argv: list[str] | None = None) -> str:
     args = parser.parse_args(argv)
     res = measure(args.reps)
     text = report(res, args.reps)
+    save_raw("startup", res)
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "startup.md").write_text(text)
     log(text)
