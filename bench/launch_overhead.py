@@ -52,7 +52,8 @@ def mpirun_argv(hosts: str, n: int, ssh_config: str) -> list[str]:
             "-x", "PATH", "-x", "PYTHONPATH", "-x", "OMP_NUM_THREADS", PYTHON, JOB]
 
 
-def measure(n: int, reps: int, base: str | None = None, rev: str = "") -> dict[str, Any]:
+def measure(n: int, reps: int, base: str | None = None, rev: str = "",
+            only: list[str] | None = None) -> dict[str, Any]:
     with bed_of(n) as bed, ssh_wrapper(bed.ssh_config) as wrap:  # type: ignore[attr-defined]
         cfg = str(bed.ssh_config)  # type: ignore[attr-defined]
         hosts = ",".join(f"{h}:1" for h in bed.names)  # type: ignore[attr-defined]
@@ -100,6 +101,8 @@ def measure(n: int, reps: int, base: str | None = None, rev: str = "") -> dict[s
             tools["horovodrun"] = lambda: inside(
                 [hvdrun, "-np", str(n), "-H", addrs, "--network-interface", "eth0",
                  "--disable-cache", PYTHON, JOB], hvd_env, rss=True)
+        if only:
+            tools = {k: v for k, v in tools.items() if k == "mpirun" or any(o in k for o in only)}
         before = loadavg()
         try:
             # Warm-up: fill the warm pre-flight caches (and the page cache) before timing.
@@ -166,10 +169,13 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--baseline", metavar="REV",
                         help="also run dtlaunch as of git revision REV (before/after)")
     parser.add_argument("--out", default="launch_overhead.md")
+    parser.add_argument("--only", help="comma-separated substrings: run only the launchers whose "
+                        "names contain one (mpirun always runs)")
     args = parser.parse_args(argv)
     with baseline_tree(args.baseline) as base:
         results = [measure(int(n), (args.reps_small or args.reps) if int(n) <= 2 else args.reps, base,
-                           args.baseline or "") for n in args.hosts.split(",")]
+                           args.baseline or "", args.only.split(",") if args.only else None)
+                   for n in args.hosts.split(",")]
     text = report(results)
     save_raw(args.out.removesuffix(".md"), results)
     RESULTS.mkdir(exist_ok=True)
