@@ -277,10 +277,11 @@ def doctor(hosts: str | None, hostfile: str | None, iface: str | None, python: s
         ssh=ssh,
         cwd=os.getcwd(),
     )
-    from dtlaunch.render import Spinner
+    from dtlaunch.render import Spinner, preload
 
     with Spinner(len(request.hosts) + 1, enabled=not as_json and sys.stderr.isatty()) as spinner:
-        report = run_doctor(request, progress=spinner.update)
+        report = run_doctor(request, progress=spinner.update,
+                            while_waiting=None if as_json else preload)
     if as_json:
         from dtlaunch.render import report_to_json
 

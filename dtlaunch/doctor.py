@@ -107,7 +107,10 @@ def _probe_launcher(request: DoctorRequest, name: str, rank: bool) -> HostOutcom
     return HostOutcome(name, LAUNCHER, facts, seconds=time.monotonic() - start, is_rank_host=rank)
 
 
-def run_doctor(request: DoctorRequest, progress: Progress | None = None) -> DoctorReport:
+def run_doctor(request: DoctorRequest, progress: Progress | None = None,
+               while_waiting: Callable[[], None] | None = None) -> DoctorReport:
+    """Probe every host in parallel. `while_waiting` runs once on this thread after every probe
+    has started (e.g. importing the renderer while the hosts answer)."""
     start = time.monotonic()
     here = local_names()
     local_in_list = [h for h in request.hosts if h in here]
@@ -139,6 +142,9 @@ def run_doctor(request: DoctorRequest, progress: Progress | None = None) -> Doct
             launch(lambda h=host: probe_remote(h, request, config, live, lock), slots)  # type: ignore[misc]
     outcomes: dict[str, HostOutcome] = {}
     try:
+        if while_waiting is not None:
+            with contextlib.suppress(Exception):
+                while_waiting()
         while len(outcomes) < total:
             try:
                 outcome = results.get(timeout=0.1)

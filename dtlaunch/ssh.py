@@ -16,21 +16,20 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import shlex
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from dtlaunch.errors import DtlaunchError
 from dtlaunch.mpi import SshOptions
-
-if TYPE_CHECKING:  # paramiko costs ~0.13 s to import: only where a connection is made
-    import paramiko
 
 # Failure kinds, each with its own fix.
 UNRESOLVED = "unresolved"
@@ -52,6 +51,8 @@ GLOBAL_KNOWN_HOSTS = ("/etc/ssh/ssh_known_hosts", "/etc/ssh/ssh_known_hosts2")
 KEX_PREFERENCE = ("curve25519-sha256@libssh.org", "curve25519-sha256")
 
 _known_hosts_lock = threading.Lock()
+_import_lock = threading.Lock()
+_MATCH_EXEC = re.compile(r"\s*match\b.*\bexec\b", re.IGNORECASE)
 _live_proxies: set[_ProxySocket] = set()
 _live_lock = threading.Lock()
 
@@ -104,13 +105,42 @@ def _yes(value: Any) -> bool:
     return str(value).strip().lower() in ("yes", "true", "1")
 
 
+def import_paramiko() -> Any:
+    """paramiko costs ~0.1 s to import: only where a connection is made. It is imported
+    without `invoke`, which its config module imports (~60 ms, a third of paramiko's import)
+    only to run `Match exec` lines; `load_ssh_config` supplies it when a config has one."""
+    with _import_lock:  # held even when imported, so no thread sees a half-imported module
+        blocked = "paramiko" not in sys.modules and "invoke" not in sys.modules
+        if blocked:
+            sys.modules["invoke"] = None  # type: ignore[assignment]  # `import invoke` fails fast
+        try:
+            import paramiko
+        finally:
+            if blocked and sys.modules.get("invoke", False) is None:
+                del sys.modules["invoke"]
+    return paramiko
+
+
+def _needs_match_exec(path: str) -> bool:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            return any(_MATCH_EXEC.match(line) for line in handle)
+    except OSError:
+        return False
+
+
 def load_ssh_config(path: str | None) -> Any:
     """Parse the OpenSSH config (`--ssh-config` or ~/.ssh/config); a missing default is empty."""
-    import paramiko
+    paramiko = import_paramiko()
 
     chosen = path or os.path.expanduser("~/.ssh/config")
     if path is None and not os.path.isfile(chosen):
         return paramiko.SSHConfig()
+    if paramiko.config.invoke is None and _needs_match_exec(chosen):
+        with contextlib.suppress(ImportError):
+            import invoke
+
+            paramiko.config.invoke = invoke
     try:
         return paramiko.SSHConfig.from_path(chosen)
     except (OSError, ValueError, paramiko.ConfigParseError) as exc:
@@ -329,7 +359,7 @@ def _rsa_family(name: str) -> str:
 
 def known_keys(target: SshTarget) -> dict[str, Any]:
     """Key type -> key recorded for this host in the user and global known_hosts files."""
-    import paramiko
+    paramiko = import_paramiko()
 
     found: dict[str, Any] = {}
     for path in (*target.known_hosts_files, *target.global_known_hosts_files):
@@ -406,7 +436,7 @@ def append_known_host(target: SshTarget, key: Any) -> str:
 
 def load_identities(target: SshTarget) -> tuple[list[Any], list[str]]:
     """Private keys to offer (agent first unless IdentitiesOnly) and notes on skipped files."""
-    import paramiko
+    paramiko = import_paramiko()
 
     keys: list[Any] = []
     notes: list[str] = []
@@ -447,7 +477,7 @@ class Connection:
 
     def run_remote(self, command: str, timeout: float) -> RemoteResult:
         """Run one command (already shell-quoted piece by piece) and collect its output."""
-        import paramiko
+        paramiko = import_paramiko()
 
         deadline = time.monotonic() + timeout
         try:
@@ -509,12 +539,12 @@ def _quiet_paramiko() -> None:
 
 def _handshake(target: SshTarget, timeout: float) -> tuple[Any, _ProxySocket | None, str]:
     """TCP (or proxy), key exchange and host key check; no authentication yet."""
-    import paramiko
+    paramiko = import_paramiko()
 
     _quiet_paramiko()
     start = time.monotonic()
     sock, proxy = open_socket(target, timeout)
-    transport: paramiko.Transport | None = None
+    transport: Any = None
     try:
         transport = paramiko.Transport(sock)
         transport.banner_timeout = timeout
@@ -596,7 +626,7 @@ def verify_host_key(target: SshTarget, timeout: float | None = None) -> str:
 
 def connect(target: SshTarget, timeout: float | None = None) -> Connection:
     """Connect, check the host key, authenticate with keys only. Raises SshFailure."""
-    import paramiko
+    paramiko = import_paramiko()
 
     timeout = timeout or target.connect_timeout
     transport, proxy, note = _handshake(target, timeout)

@@ -131,3 +131,23 @@ def _keygen(tmp_path, name: str):
     path = tmp_path / name
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)], check=True)
     return path
+
+
+def test_paramiko_is_imported_without_invoke_unless_a_config_needs_match_exec(tmp_path):
+    import subprocess
+    import sys
+
+    plain = tmp_path / "plain"
+    plain.write_text("Host node\n  HostName 10.0.0.1\n")
+    with_exec = tmp_path / "exec"
+    with_exec.write_text("Host node\n  HostName 10.0.0.1\nMatch exec \"true\"\n  User bob\n")
+    code = (
+        "import sys\n"
+        "from dtlaunch.ssh import load_ssh_config\n"
+        "entry = load_ssh_config(sys.argv[1]).lookup('node')\n"
+        "print('invoke' in sys.modules, entry.get('user'), entry['hostname'])\n"
+    )
+    first = subprocess.run([sys.executable, "-c", code, str(plain)], capture_output=True, text=True)
+    assert first.stdout.split() == ["False", "None", "10.0.0.1"], first.stderr
+    second = subprocess.run([sys.executable, "-c", code, str(with_exec)], capture_output=True, text=True)
+    assert second.stdout.split() == ["True", "bob", "10.0.0.1"], second.stderr

@@ -1,0 +1,340 @@
+"""Shared helpers for dtlaunch's benchmarks: timing, medians, ratios, machine facts, test beds.
+
+Every figure is measured side by side in one run: within each repetition the tools run one after
+the other (round-robin, the starting tool rotating), so a load spike from another job on the
+machine hits every tool alike. Results are medians of the repetitions plus ratios to a baseline;
+the load average is sampled before and after each figure and printed with it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import resource
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+RESULTS = BENCH / "results"
+SCRIPTS = BENCH / "scripts"
+PYTHON = sys.executable
+
+sys.path.insert(0, str(ROOT / "tests"))  # the multi-host test bed lives with the tests
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+# --- running and timing -------------------------------------------------------------------------
+
+
+@dataclass
+class Sample:
+    seconds: float
+    returncode: int
+    peak_rss_kib: int = 0  # VmHWM of the process started (not its children)
+    cpu: float = 0.0  # user + system seconds of the process and the children it waited for
+    stdout: str = ""
+    stderr: str = ""
+
+
+def _watch_hwm(pid: int, stop: threading.Event, box: list[int]) -> None:
+    """Poll VmHWM (peak resident set) of one process until it exits."""
+    path = f"/proc/{pid}/status"
+    while not stop.is_set():
+        try:
+            with open(path) as handle:
+                for line in handle:
+                    if line.startswith("VmHWM:"):
+                        box[0] = max(box[0], int(line.split()[1]))
+                        break
+        except OSError:
+            return
+        stop.wait(0.01)
+
+
+def timed(argv: Sequence[str], env: Mapping[str, str] | None = None, timeout: float = 300,
+          cwd: str | None = None, watch_rss: bool = False, check: bool = True) -> Sample:
+    """Run argv to completion; wall time from just before fork to just after exit."""
+    stop = threading.Event()
+    box = [0]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    proc = subprocess.Popen(list(argv), env=dict(env) if env is not None else None, cwd=cwd,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    watcher = None
+    if watch_rss:
+        watcher = threading.Thread(target=_watch_hwm, args=(proc.pid, stop, box), daemon=True)
+        watcher.start()
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except BaseException:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise
+    finally:
+        stop.set()
+    seconds = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    if watcher is not None:
+        watcher.join(1)
+    sample = Sample(seconds, proc.returncode, box[0], cpu, out, err)
+    if check and proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)[:300]} exited {proc.returncode}:\n"
+                           f"{out[-1500:]}\n{err[-2500:]}")
+    return sample
+
+
+@dataclass
+class Series:
+    """Repeated measurements of one tool in one setting."""
+
+    name: str
+    samples: list[Sample] = field(default_factory=list)
+
+    @property
+    def times(self) -> list[float]:
+        return [s.seconds for s in self.samples]
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.times) if self.samples else float("nan")
+
+    @property
+    def cpu_median(self) -> float:
+        return statistics.median(s.cpu for s in self.samples) if self.samples else float("nan")
+
+    @property
+    def spread(self) -> tuple[float, float]:
+        return (min(self.times), max(self.times)) if self.samples else (float("nan"),) * 2
+
+    @property
+    def peak_rss_mib(self) -> float:
+        return max((s.peak_rss_kib for s in self.samples), default=0) / 1024
+
+
+def round_robin(tools: Mapping[str, Callable[[], Sample]], reps: int, warmup: int = 1,
+                label: str = "", warmup_only: Sequence[str] | None = None) -> dict[str, Series]:
+    """Run every tool once per repetition, rotating the order; warm-up rounds (of every tool,
+    or of `warmup_only`) are dropped."""
+    names = list(tools)
+    series = {name: Series(name) for name in names}
+    for rep in range(-warmup, reps):
+        shift = rep % len(names)
+        order = names[shift:] + names[:shift]
+        if rep < 0 and warmup_only is not None:
+            order = [n for n in order if n in warmup_only]
+        for name in order:
+            sample = tools[name]()
+            if rep >= 0:
+                series[name].samples.append(sample)
+        if rep >= 0:
+            log(f"  {label} rep {rep + 1}/{reps}: " + ", ".join(
+                f"{n} {series[n].samples[-1].seconds:.2f}s" for n in names))
+    return series
+
+
+def ratio(a: float, b: float) -> float:
+    return a / b if b else float("nan")
+
+
+def loadavg() -> str:
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "?"
+
+
+# --- machine facts ------------------------------------------------------------------------------
+
+
+def _first_line(argv: Sequence[str]) -> str:
+    try:
+        out = subprocess.run(list(argv), capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return "?"
+    return (out.stdout + out.stderr).strip().splitlines()[0] if (out.stdout + out.stderr).strip() else "?"
+
+
+def _dist_version(name: str) -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def machine_info() -> dict[str, str]:
+    cpu = "?"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    mem = "?"
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        kib = int(Path("/proc/meminfo").read_text().split("\n")[0].split()[1])
+        mem = f"{kib / 1024 / 1024:.0f} GiB"
+    return {
+        "cores (nproc)": str(os.cpu_count()),
+        "CPU": cpu,
+        "memory": mem,
+        "kernel": platform.release(),
+        "OS": _first_line(["sh", "-c", ". /etc/os-release && echo \"$PRETTY_NAME\""]),
+        "Open MPI": _first_line(["mpirun", "--version"]),
+        "OpenSSH": _first_line(["ssh", "-V"]),
+        "Python": platform.python_version(),
+        "torch": _dist_version("torch"),
+        "horovod": _dist_version("horovod"),
+        "paramiko": _dist_version("paramiko"),
+    }
+
+
+# --- environments for the three launchers -------------------------------------------------------
+
+
+def worktree_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment for dtlaunch from this checkout (not an installed copy)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.pop("DTLAUNCH_PREFLIGHT_CACHE", None)
+    env.update(extra or {})
+    return env
+
+
+@contextlib.contextmanager
+def baseline_tree(rev: str | None) -> Iterator[str | None]:
+    """dtlaunch's package as of git revision `rev`, extracted to a temp dir (its PYTHONPATH), so
+    a before/after comparison runs side by side in one run. None: no baseline."""
+    if not rev:
+        yield None
+        return
+    folder = tempfile.mkdtemp(prefix="dtlaunch-bench-base-")
+    try:
+        archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "dtlaunch"],
+                                 capture_output=True, check=True).stdout
+        subprocess.run(["tar", "-x", "-C", folder], input=archive, check=True)
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def baseline_env(tree: str, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    env = worktree_env(extra)
+    env["PYTHONPATH"] = tree + os.pathsep + env["PYTHONPATH"]
+    return env
+
+
+def dtlaunch_argv(*args: str) -> list[str]:
+    return [PYTHON, "-m", "dtlaunch", *args]
+
+
+def horovodrun_path() -> str | None:
+    candidate = Path(PYTHON).parent / "horovodrun"
+    return str(candidate) if candidate.exists() else shutil.which("horovodrun")
+
+
+@contextlib.contextmanager
+def ssh_wrapper(config: Path) -> Iterator[Path]:
+    """A directory with an `ssh` that adds `-F config`: put it first on PATH for tools (like
+    horovodrun) that run a bare `ssh` and have no option for a config file. OpenSSH reads
+    ~/.ssh/config from the password database's home, not $HOME, so a temp HOME would not do."""
+    folder = Path(tempfile.mkdtemp(prefix="dtlaunch-bench-ssh-"))
+    try:
+        real = shutil.which("ssh") or "/usr/bin/ssh"
+        wrapper = folder / "ssh"
+        wrapper.write_text(f'#!/bin/sh\nexec {real} -F "{config}" "$@"\n')
+        wrapper.chmod(0o755)
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def latency_config(bed: object, delay: float, path: Path) -> Path:
+    """A copy of the bed's ssh config whose hosts are reached through a ProxyCommand that waits
+    `delay` seconds before connecting: a slow link, since kernel netem is not available here."""
+    base = Path(bed.ssh_config).read_text()  # type: ignore[attr-defined]
+    nc = shutil.which("nc")
+    if nc is not None:
+        proxy = f"sh -c 'sleep {delay}; exec {nc} %h %p'"
+    else:  # a small Python relay when netcat is not installed
+        proxy = f"{PYTHON} {SCRIPTS / 'slow_relay.py'} {delay} %h %p"
+    path.write_text(base.replace("Host *\n", f"Host *\n  ProxyCommand {proxy}\n", 1))
+    return path
+
+
+@contextlib.contextmanager
+def bed_of(n: int) -> Iterator[object]:
+    """A test bed of n hosts, torn down on any exit, Ctrl-C and SIGTERM included."""
+    from testbed import build_testbed
+
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def on_term(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_term)
+    log(f"building a test bed of {n} hosts ...")
+    started = time.monotonic()
+    bed = build_testbed(n)
+    log(f"  built in {time.monotonic() - started:.1f} s (subnet {bed.subnet})")
+    try:
+        yield bed
+    finally:
+        bed.close()
+        signal.signal(signal.SIGTERM, previous)
+
+
+def save_raw(name: str, data: object) -> None:
+    """Every sample, as JSON, next to the tables (results/raw/NAME.json)."""
+    import json
+
+    def plain(obj: object) -> object:
+        if isinstance(obj, Series):
+            return {"times": obj.times, "cpu": [s.cpu for s in obj.samples],
+                    "peak_rss_kib": [s.peak_rss_kib for s in obj.samples]}
+        if isinstance(obj, dict):
+            return {str(k): plain(v) for k, v in obj.items()}
+        if isinstance(obj, (list, tuple)):
+            return [plain(v) for v in obj]
+        return obj
+
+    folder = RESULTS / "raw"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{name}.json").write_text(json.dumps(plain(data), indent=1))
+
+
+# --- markdown -----------------------------------------------------------------------------------
+
+
+def md_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    def cell(v: object) -> str:
+        if isinstance(v, float):
+            return f"{v:.2f}"
+        return str(v)
+
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def fmt_s(series: Series) -> str:
+    lo, hi = series.spread
+    return f"{series.median:.2f} ({lo:.2f}–{hi:.2f})"
