@@ -374,11 +374,17 @@ def run(args: argparse.Namespace, comm: Any) -> None:
     words_per_sec = progress.words / progress.seconds if progress.seconds else 0.0
     mean_epoch = sum(epoch_times) / len(epoch_times) if epoch_times else float("nan")
     job.report.emit(
-        f"final: train ppl {train_ppl:.2f} valid ppl {valid_ppl:.2f} test ppl {test_ppl:.2f} "
-        f"steps {progress.step} epoch time {mean_epoch:.1f}s words/s {words_per_sec:,.0f}",
+        f"final: train ppl {shown(train_ppl)} valid ppl {shown(valid_ppl)} "
+        f"test ppl {shown(test_ppl)} steps {progress.step} "
+        f"epoch time {shown(mean_epoch, 1, 's')} words/s {words_per_sec:,.0f}",
         {"event": "final", "train_ppl": train_ppl, "valid_ppl": valid_ppl,
          "test_ppl": test_ppl, "steps": progress.step, "epoch_time_s": mean_epoch,
          "words_per_sec": words_per_sec})
+
+
+def shown(value: float, digits: int = 2, unit: str = "") -> str:
+    """A number for the summary line; '-' where nothing was measured (e.g. no full epoch)."""
+    return "-" if math.isnan(value) else f"{value:.{digits}f}{unit}"
 
 
 def main(argv: list[str] | None = None) -> int:
