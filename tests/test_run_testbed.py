@@ -118,18 +118,26 @@ def test_script_arguments_arrive_byte_for_byte_and_never_run(bed: TestBed, tmp_p
     assert not marker.exists()
 
 
+def start_sleeping_job(bed: TestBed, hosts: str, out: Path) -> subprocess.Popen[str]:
+    """Start a long job with one rank per host and return once every rank is running."""
+    argv = dtlaunch_argv("run", "--no-check", "-H", hosts, "--iface", bed.subnet,
+                         "--ssh-config", str(bed.ssh_config), PROBE, "--out", str(out),
+                         "--sleep", "120")
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while len(records(out)) < len(hosts.split(",")):
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError("ranks did not start")
+        time.sleep(0.1)
+    return proc
+
+
 def test_sigint_stops_every_rank_on_every_host(bed: TestBed, tmp_path: Path) -> None:
     for sig, expected in ((signal.SIGINT, 130), (signal.SIGTERM, 143)):
         out = tmp_path / sig.name
         out.mkdir()
-        argv = dtlaunch_argv("run", "--no-check", "-H", "h1:1,h2:1,h3:1", "--iface", bed.subnet,
-                             "--ssh-config", str(bed.ssh_config), PROBE, "--out", str(out),
-                             "--sleep", "120")
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        deadline = time.monotonic() + 60
-        while len(records(out)) < 3:
-            assert time.monotonic() < deadline, "ranks did not start"
-            time.sleep(0.1)
+        proc = start_sleeping_job(bed, "h1:1,h2:1,h3:1", out)
         proc.send_signal(sig)
         stopped = time.monotonic()
         proc.communicate(timeout=30)
@@ -150,18 +158,11 @@ def test_timeout_stops_the_job(bed: TestBed, tmp_path: Path) -> None:
 
 def test_host_dying_mid_job_ends_the_job(make_bed, tmp_path: Path) -> None:
     testbed = make_bed(2)
-    argv = dtlaunch_argv("run", "--no-check", "-H", "h1:1,h2:1", "--iface", testbed.subnet,
-                         "--ssh-config", str(testbed.ssh_config), PROBE, "--out", str(tmp_path),
-                         "--sleep", "120")
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60
-    while len(records(tmp_path)) < 2:
-        assert time.monotonic() < deadline, "ranks did not start"
-        time.sleep(0.1)
+    proc = start_sleeping_job(testbed, "h1:1,h2:1", tmp_path)
     testbed.kill_all_sshd("h2")
     _, err = proc.communicate(timeout=60)
     assert proc.returncode != 0
-    assert "job failed" in err.splitlines()[-1]
+    assert err.splitlines()[-1] == "dtlaunch: job failed: lost the SSH connection to host h2"
     assert not testbed.stray_pids("h1")
 
 
