@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json
+import os
 import signal
 import subprocess
 import time
@@ -173,3 +175,27 @@ def test_no_check_with_dead_host_fails_cleanly(make_bed, tmp_path: Path) -> None
     assert result.returncode != 0
     assert "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines()[-1].startswith("dtlaunch: job failed:")
+
+
+def test_preflight_names_a_dead_or_unreachable_host_within_its_timeout(
+    make_bed, tmp_path: Path
+) -> None:
+    testbed = make_bed(2)
+    testbed.stop_sshd("h2")
+    # An address on the bed's subnet where no host lives: nothing answers at all.
+    ghost = str(ipaddress.ip_network(testbed.subnet)[250])
+    config = tmp_path / "ssh_config"
+    config.write_text(f"Host ghost\n  HostName {ghost}\n" + testbed.ssh_config.read_text())
+    env = {**os.environ, "DTLAUNCH_PREFLIGHT_CACHE": "0"}
+    for hosts, bad in (("h1:1,h2:1", "h2"), ("h1:1,ghost:1", "ghost")):
+        started = time.monotonic()
+        result = subprocess.run(
+            dtlaunch_argv("run", "-H", hosts, "--iface", testbed.subnet, "--connect-timeout", "3",
+                          "--ssh-config", str(config), PROBE, "--out", str(tmp_path)),
+            capture_output=True, text=True, timeout=60, env=env)
+        elapsed = time.monotonic() - started
+        assert result.returncode == 1, result.stderr
+        assert elapsed < 3 + 5, elapsed  # the connect timeout plus start-up, no retry loops
+        assert f"pre-flight checks failed: {bad} (ssh)" in result.stderr
+        assert "Traceback" not in result.stderr
+        assert not list(tmp_path.glob("rank.*.json"))  # nothing was launched
