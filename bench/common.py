@@ -302,6 +302,14 @@ def bed_of(n: int) -> Iterator[object]:
         signal.signal(signal.SIGTERM, previous)
 
 
+def write_result(name: str, text: str) -> str:
+    """Write one figure's markdown table to results/NAME, show it, and return it."""
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / name).write_text(text)
+    log(text)
+    return text
+
+
 def save_raw(name: str, data: object) -> None:
     """Every sample, as JSON, next to the tables (results/raw/NAME.json)."""
     import json

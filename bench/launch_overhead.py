@@ -17,7 +17,6 @@ from typing import Any
 
 from common import (
     PYTHON,
-    RESULTS,
     SCRIPTS,
     Sample,
     Series,
@@ -28,7 +27,6 @@ from common import (
     fmt_s,
     horovodrun_path,
     loadavg,
-    log,
     md_table,
     ratio,
     round_robin,
@@ -36,6 +34,7 @@ from common import (
     ssh_wrapper,
     timed,
     worktree_env,
+    write_result,
 )
 
 JOB = str(SCRIPTS / "tiny_job.py")
@@ -178,10 +177,7 @@ def main(argv: list[str] | None = None) -> str:
                    for n in args.hosts.split(",")]
     text = report(results)
     save_raw(args.out.removesuffix(".md"), results)
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / args.out).write_text(text)
-    log(text)
-    return text
+    return write_result(args.out, text)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,17 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from common import PYTHON, RESULTS, ROOT, dtlaunch_argv, loadavg, log, md_table, timed, worktree_env
+from common import (
+    PYTHON,
+    ROOT,
+    dtlaunch_argv,
+    loadavg,
+    log,
+    md_table,
+    timed,
+    worktree_env,
+    write_result,
+)
 
 GOAL = 1.2  # words/s of 2 ranks / words/s of 1 rank
 MODULE = "dtlaunch.examples.ptb_lm"
@@ -87,10 +97,7 @@ def main(argv: list[str] | None = None) -> str:
         md_table(["setup", "words/s", "s / epoch (est.)", f"train ppl after {args.max_steps} steps",
                   "× 1 rank"], rows), "",
         f"Goal: 2 ranks ≥ {GOAL} × 1 rank: {scale:.2f}, **{'met' if scale >= GOAL else 'MISSED'}**.", ""])
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "ptb_scaling.md").write_text(text)
-    log(text)
-    return text
+    return write_result("ptb_scaling.md", text)
 
 
 if __name__ == "__main__":

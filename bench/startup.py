@@ -12,20 +12,19 @@ from typing import Any
 
 from common import (
     PYTHON,
-    RESULTS,
     SCRIPTS,
     Series,
     dtlaunch_argv,
     fmt_s,
     horovodrun_path,
     loadavg,
-    log,
     md_table,
     ratio,
     round_robin,
     save_raw,
     timed,
     worktree_env,
+    write_result,
 )
 
 GOAL = 0.15  # seconds
@@ -94,10 +93,7 @@ def main(argv: list[str] | None = None) -> str:
     res = measure(args.reps)
     text = report(res, args.reps)
     save_raw("startup", res)
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "startup.md").write_text(text)
-    log(text)
-    return text
+    return write_result("startup.md", text)
 
 
 if __name__ == "__main__":

@@ -96,15 +96,6 @@ def _ssh_options(port: int | None, identity: str | None, config: str | None,
     )
 
 
-def find_mpirun() -> str:
-    from dtlaunch.mpi import INSTALL_OMPI_HINT
-
-    path = shutil.which("mpirun")
-    if path is None:
-        raise UsageError(f"mpirun not found on PATH; {INSTALL_OMPI_HINT}")
-    return path
-
-
 def local_mpi(mpirun: str) -> Any:
     """Ask the local mpirun what it is; only Open MPI >= 3 is supported."""
     from dtlaunch.mpi import INSTALL_OMPI_HINT, MIN_OMPI, parse_mpirun_version
@@ -198,8 +189,10 @@ def run(hosts: str | None, hostfile: str | None, iface: str | None, python: str 
         rsh_agent=rsh_agent_command(),
     )
     mpirun = shutil.which("mpirun")
-    if mpirun is None and not dry_run:
-        mpirun = find_mpirun()
+    if mpirun is None and not dry_run:  # --dry-run still prints the command without one
+        from dtlaunch.mpi import INSTALL_OMPI_HINT
+
+        raise UsageError(f"mpirun not found on PATH; {INSTALL_OMPI_HINT}")
     ompi_major = local_mpi(mpirun).version_tuple[0] if mpirun else 4
     plan = plan_run(request, dict(os.environ), mpirun="mpirun", ompi_major=ompi_major,
                     as_root=os.geteuid() == 0, cpu_count=os.cpu_count() or 1)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 import signal
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 
@@ -94,7 +94,3 @@ def analyze(lines: Sequence[str], rank_hosts: Sequence[str]) -> Failure | None:
             + "; run 'dtlaunch doctor' with the same hosts to see which and why"
         )
     return None
-
-
-def untagged(lines: Iterable[str]) -> list[str]:
-    return [line for line in lines if not line.startswith("[")]

@@ -17,7 +17,6 @@ from testbed import TestBed, build_testbed, missing_requirements
 
 IN_CI = os.environ.get("CI") == "true"
 SCRIPTS = Path(__file__).parent / "scripts"
-PTB_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "ptb"
 
 
 def _unavailable(why: str) -> None:
