@@ -93,6 +93,13 @@ def _pump(pipe: IO[bytes], sink: Callable[[bytes], None]) -> None:
     pipe.close()
 
 
+def _signal(proc: subprocess.Popen[bytes], signum: int) -> None:
+    """Signal mpirun unless it is already gone; Popen skips a child it has reaped, so a
+    recycled pid is never hit."""
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(signum)
+
+
 def _kill_tree(proc: subprocess.Popen[bytes]) -> None:
     """SIGKILL mpirun's whole session (local ranks included); remote orteds lose their
     lifeline when mpirun's ssh links close and take their ranks down."""
@@ -130,8 +137,7 @@ def execute(
 
     def on_signal(signum: int, _frame: object) -> None:
         received.append(signum)
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(proc.pid, signum)
+        _signal(proc, signum)
 
     handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
     previous = {s: signal.signal(s, on_signal) for s in handled}
@@ -154,11 +160,11 @@ def execute(
             if deadline is not None and now >= deadline and not timed_out:
                 timed_out = True
                 announce(f"job still running after --timeout {timeout:g} s: stopping it")
-                os.kill(proc.pid, signal.SIGTERM)
+                _signal(proc, signal.SIGTERM)
             if out.lost_host is not None and lost_host is None:
                 lost_host = out.lost_host
                 announce(f"lost the SSH connection to host {lost_host}: stopping the job")
-                os.kill(proc.pid, signal.SIGTERM)
+                _signal(proc, signal.SIGTERM)
             if (received or timed_out or lost_host) and stop_requested_at is None:
                 stop_requested_at = now
             if stop_requested_at is not None and now - stop_requested_at > GRACE_SECONDS:
