@@ -114,7 +114,10 @@ def execute(
     timeout: float | None = None,
     output_dir: Path | None = None,
     announce: Callable[[str], None] = lambda msg: None,
+    stop_when: Callable[[], str | None] | None = None,
 ) -> LaunchResult:
+    """Run mpirun to the end. ``stop_when`` is polled while it runs: a returned reason stops
+    the job (used by the pre-flight's host-key check that runs alongside the start)."""
     if output_dir is not None:
         output_dir.mkdir(parents=True, exist_ok=True)
     out = _Output(rank_hosts, output_dir)
@@ -144,6 +147,7 @@ def execute(
     deadline = time.monotonic() + timeout if timeout else None
     timed_out = False
     lost_host: str | None = None
+    stopped_for: str | None = None
     stop_requested_at: float | None = None
     # A thread blocks in wait() so the job's end is seen at once; the main thread stays free
     # to run signal handlers and to enforce deadlines.
@@ -165,7 +169,12 @@ def execute(
                 lost_host = out.lost_host
                 announce(f"lost the SSH connection to host {lost_host}: stopping the job")
                 _signal(proc, signal.SIGTERM)
-            if (received or timed_out or lost_host) and stop_requested_at is None:
+            if stop_when is not None and stopped_for is None:
+                stopped_for = stop_when()
+                if stopped_for is not None:
+                    announce(stopped_for)
+                    _signal(proc, signal.SIGTERM)
+            if (received or timed_out or lost_host or stopped_for) and stop_requested_at is None:
                 stop_requested_at = now
             if stop_requested_at is not None and now - stop_requested_at > GRACE_SECONDS:
                 announce("mpirun did not stop in time: killing it")
@@ -187,6 +196,8 @@ def execute(
         return LaunchResult(128 + received[0], failure, interrupted_by=received[0])
     if timed_out:
         return LaunchResult(EXIT_TIMEOUT, failure, timed_out=True)
+    if stopped_for is not None:
+        return LaunchResult(exit_code or 1, Failure(reason=stopped_for))
     if lost_host is not None:
         lost = Failure(host=lost_host, reason=f"lost the SSH connection to host {lost_host}")
         return LaunchResult(exit_code or 1, lost)

@@ -9,7 +9,8 @@ options and working directory, plus the size and mtime of the ssh config, known_
 the script and the interpreter, so editing any of them starts over. A cache hit still performs
 the SSH key exchange with every host and checks its host key against known_hosts, so a changed
 host key is never hidden by the cache: it drops the cache and runs the full checks, which fail.
-Set DTLAUNCH_PREFLIGHT_CACHE=0 to always run the full checks.
+That key check runs while mpirun starts (see HostKeyWatch for why this is safe), so a cache hit
+costs the launch almost nothing. Set DTLAUNCH_PREFLIGHT_CACHE=0 to always run the full checks.
 """
 
 from __future__ import annotations
@@ -121,48 +122,116 @@ def drop_cache(key: str) -> None:
         os.unlink(_cache_path(key))
 
 
-def host_keys_unchanged(hosts: tuple[str, ...], ssh: Any) -> bool:
-    """Key exchange with every remote host in parallel; False on any failure."""
+def host_key_failures(hosts: tuple[str, ...], ssh: Any) -> dict[str, str]:
+    """Key exchange with every remote host in parallel (no login). Returns host -> failure
+    kind for each host that failed or did not answer in time."""
     from dtlaunch.doctor import local_names
     from dtlaunch.ssh import SshFailure, load_ssh_config, resolve_target, verify_host_key
 
     remote = [h for h in hosts if h not in local_names()]
     if not remote:
-        return True
+        return {}
     config = load_ssh_config(ssh.config_file)
-    failed: list[str] = []
+    failed: dict[str, str] = {}
     lock = threading.Lock()
 
     def check(host: str) -> None:
         try:
             verify_host_key(resolve_target(host, ssh, config))
-        except (SshFailure, OSError, Exception):
+        except SshFailure as exc:
             with lock:
-                failed.append(host)
+                failed[host] = exc.kind
+        except Exception:  # any other failure counts as one, not a crash
+            with lock:
+                failed[host] = "error"
 
-    threads = [threading.Thread(target=check, args=(h,), daemon=True) for h in remote]
-    for thread in threads:
+    threads = {h: threading.Thread(target=check, args=(h,), daemon=True) for h in remote}
+    for thread in threads.values():
         thread.start()
     deadline = time.monotonic() + ssh.connect_timeout + 1
-    for thread in threads:
+    for thread in threads.values():
         thread.join(max(0.0, deadline - time.monotonic()))
-    return not failed and not any(t.is_alive() for t in threads)
+    with lock:
+        late = {h: "timeout" for h, t in threads.items() if t.is_alive() and h not in failed}
+        return {**failed, **late}
 
 
-def run_preflight(request: Any, plan: Any, mpirun: str | None, verbose: bool = False) -> None:
-    """Check what the job needs on every host; raise DtlaunchError (exit 1) on any failure."""
+def host_keys_unchanged(hosts: tuple[str, ...], ssh: Any) -> bool:
+    return not host_key_failures(hosts, ssh)
+
+
+class HostKeyWatch:
+    """A cache hit's host-key check, run while mpirun starts instead of before it.
+
+    This is safe because mpirun's own ssh runs with BatchMode and StrictHostKeyChecking=yes
+    (or accept-new when asked): OpenSSH itself refuses to log in to a host whose key is unknown
+    or changed, so nothing ever runs on such a host. The watch makes the failure quick and
+    clear: it stops the rest of the job, and the caller then re-runs the full checks, whose
+    report names the host and the fix. Other failures (a host that does not answer) are left
+    to mpirun's ssh, which meets the same fault and reports it.
+    """
+
+    def __init__(self, hosts: tuple[str, ...], ssh: Any) -> None:
+        from dtlaunch.ssh import CHANGED_HOST_KEY, UNKNOWN_HOST_KEY
+
+        self._key_kinds = (CHANGED_HOST_KEY, UNKNOWN_HOST_KEY)
+        self._hosts, self._ssh = hosts, ssh
+        self.bad: list[str] = []
+        self.done = threading.Event()
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self) -> None:
+        try:
+            failures = host_key_failures(self._hosts, self._ssh)
+            self.bad = sorted(h for h, kind in failures.items() if kind in self._key_kinds)
+        finally:
+            self.done.set()
+
+    def stop_reason(self) -> str | None:
+        """Polled by the launcher: a reason to stop the job, once one is known."""
+        if self.done.is_set() and self.bad:
+            return f"host key check failed for {', '.join(self.bad)}: stopping the job"
+        return None
+
+    def failed(self) -> bool:
+        """Waits for the check (bounded by the connect timeout); True if a key was bad."""
+        self.done.wait(self._ssh.connect_timeout + 2)
+        return bool(self.bad)
+
+
+def may_overlap(request: Any) -> bool:
+    """The key check may run alongside mpirun only while dtlaunch controls mpirun's ssh:
+    --mpi-args that set plm_rsh_* could weaken its host-key checking."""
+    return not any("plm_rsh" in arg for arg in request.mpi_args)
+
+
+def run_preflight(request: Any, plan: Any, mpirun: str | None, verbose: bool = False,
+                  use_cache: bool | None = None, job_started: bool = False) -> HostKeyWatch | None:
+    """Check what the job needs on every host; raise DtlaunchError (exit 1) on any failure.
+
+    On a cache hit the host keys still get checked: alongside mpirun when that is safe (the
+    returned watch), else here, before the launch.
+    """
     from dtlaunch.doctor import DoctorRequest, build_expectations, run_doctor
 
     hosts = tuple(h.name for h in plan.hosts)
     cwd = os.getcwd()
-    use_cache = os.environ.get("DTLAUNCH_PREFLIGHT_CACHE", "1") != "0"
+    if use_cache is None:
+        use_cache = os.environ.get("DTLAUNCH_PREFLIGHT_CACHE", "1") != "0"
     key = cache_key(request, hosts, cwd)
     if use_cache and read_cache(key):
+        if may_overlap(request):
+            if verbose:
+                print("dtlaunch: pre-flight: passed recently (cached); checking host keys "
+                      "while the job starts", file=sys.stderr)
+            return HostKeyWatch(hosts, request.ssh)
         if host_keys_unchanged(hosts, request.ssh):
             if verbose:
                 print("dtlaunch: pre-flight: passed recently (cached); host keys verified",
                       file=sys.stderr)
-            return
+            return None
+        drop_cache(key)
+    if job_started:
         drop_cache(key)
     doctor_request = DoctorRequest(
         hosts=hosts,
@@ -178,10 +247,11 @@ def run_preflight(request: Any, plan: Any, mpirun: str | None, verbose: bool = F
         if verbose:
             print(f"dtlaunch: pre-flight: {len(report.hosts)} host(s) ready "
                   f"({report.seconds:.2f} s)", file=sys.stderr)
-        return
+        return None
     from dtlaunch.render import render_report
 
     render_report(report, sys.stderr)
     bad = sorted({f"{host} ({check.name})" for host, check in report.failures()})
+    outcome = "the job was stopped" if job_started else "not launching"
     raise DtlaunchError("pre-flight checks failed: " + ", ".join(bad)
-                        + "; not launching (fix the problems above, or pass --no-check)")
+                        + f"; {outcome} (fix the problems above, or pass --no-check)")

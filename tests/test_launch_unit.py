@@ -22,3 +22,24 @@ def test_signal_reaches_a_live_job() -> None:
                             start_new_session=True)
     _signal(proc, signal.SIGTERM)
     assert proc.wait(timeout=10) == -signal.SIGTERM
+
+
+def test_stop_when_ends_the_job_with_its_reason() -> None:
+    import os
+    import time
+
+    from dtlaunch.launch import execute
+
+    calls = []
+
+    def stop_when() -> str | None:
+        calls.append(1)
+        return "host key check failed for h2: stopping the job" if len(calls) > 3 else None
+
+    started = time.monotonic()
+    result = execute([sys.executable, "-c", "import time; time.sleep(30)"], dict(os.environ),
+                     [], stop_when=stop_when)
+    assert time.monotonic() - started < 10
+    assert result.exit_code != 0
+    assert result.failure is not None
+    assert result.failure.reason == "host key check failed for h2: stopping the job"

@@ -48,3 +48,10 @@ def test_key_changes_with_what_matters(tmp_path):
     os.utime(config, ns=(1, 1))
     assert with_config != preflight.cache_key(request(ssh=SshOptions(config_file=str(config))),
                                               ("h1", "h2"), "/work")
+
+
+def test_key_check_overlaps_the_launch_only_while_dtlaunch_owns_mpiruns_ssh() -> None:
+    assert preflight.may_overlap(request())
+    assert preflight.may_overlap(request(mpi_args=("-mca", "btl_tcp_eager_limit", "65536")))
+    assert not preflight.may_overlap(request(mpi_args=("-mca", "plm_rsh_args", "-o X=y")))
+    assert not preflight.may_overlap(request(mpi_args=("--mca", "plm_rsh_agent", "rsh")))
