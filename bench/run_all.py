@@ -20,6 +20,7 @@ import time
 
 import doctor_fanout
 import launch_overhead
+import ptb_ceiling
 import ptb_scaling
 import startup
 from common import RESULTS, loadavg, log, machine_info, md_table
@@ -30,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="fewer repetitions and hosts")
     parser.add_argument("--only", default="startup,launch,doctor",
                         help="comma-separated figures: startup, launch, doctor, ptb")
-    parser.add_argument("--ptb", action="store_true", help="also the PTB scaling figure (long)")
+    parser.add_argument("--ptb", action="store_true", help="also the PTB scaling and ceiling figures (long)")
     parser.add_argument("--baseline", metavar="REV",
                         help="also measure dtlaunch as of git revision REV (before/after)")
     parser.add_argument("--report-only", action="store_true",
@@ -61,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
                                             "--latency-hosts", "8" if args.quick else "8,32", *base]))
     if "ptb" in only:
         sections.append(ptb_scaling.main([]))
+        sections.append(ptb_ceiling.main([]))
     minutes = (time.monotonic() - started) / 60
     info = machine_info()
     command = "sudo " + " ".join(shlex.quote(a) for a in ["python", "bench/run_all.py", *sys.argv[1:]])
@@ -81,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-FIGURES = ("startup", "launch_overhead", "doctor_fanout", "ptb_scaling")
+FIGURES = ("startup", "launch_overhead", "doctor_fanout", "ptb_scaling", "ptb_ceiling")
 
 
 def memory_section() -> str:
