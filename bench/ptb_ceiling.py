@@ -44,7 +44,7 @@ def worker(mode: str, batch: int, threads: int, steps: int) -> None:
 
     from dtlaunch.examples.ptb_lm.config import CONFIGS
     from dtlaunch.examples.ptb_lm.model import PTBModel
-    from dtlaunch.examples.ptb_lm.train import clip_grad_norm
+    from dtlaunch.examples.ptb_lm.train import clipped_step
 
     torch.set_num_threads(threads)
     torch.manual_seed(0)
@@ -83,14 +83,7 @@ def worker(mode: str, batch: int, threads: int, steps: int) -> None:
         loss = F.cross_entropy(logits, tokens[1:].reshape(-1), reduction="sum") / batch
         optimizer.zero_grad()
         loss.backward()
-        if mode == "horovod":
-            optimizer.synchronize()
-            clip_grad_norm(params, cfg.max_grad_norm)
-            with optimizer.skip_synchronize():
-                optimizer.step()
-        else:
-            clip_grad_norm(params, cfg.max_grad_norm)
-            optimizer.step()
+        clipped_step(optimizer, params, cfg.max_grad_norm)  # the example's own update
         state = new_state
         if i >= 5:
             times.append(time.perf_counter() - start)
@@ -98,8 +91,8 @@ def worker(mode: str, batch: int, threads: int, steps: int) -> None:
         print(json.dumps({"ms": 1e3 * statistics.median(times)}), flush=True)
 
 
-def _ms(out: str) -> list[float]:
-    return [json.loads(line)["ms"] for line in out.splitlines() if line.startswith("{")]
+def _ms(out: str) -> float:
+    return float(next(json.loads(line)["ms"] for line in out.splitlines() if line.startswith("{")))
 
 
 def measure(kind: str, steps: int) -> float:
@@ -109,12 +102,12 @@ def measure(kind: str, steps: int) -> float:
     if kind == "A":
         out = subprocess.run([*me, "local", "20", "2", str(steps)], env=env, check=True,
                              capture_output=True, text=True, timeout=600).stdout
-        return _ms(out)[0]
+        return _ms(out)
     if kind == "B":
         procs = [subprocess.Popen([*me, "local", "10", "1", str(steps)], env=env, text=True,
                                   stdout=subprocess.PIPE) for _ in range(2)]
         outs = [p.communicate(timeout=600)[0] for p in procs]
-        return max(_ms(o)[0] for o in outs)
+        return max(_ms(o) for o in outs)
     mode = {"C": "allreduce", "D": "horovod"}[kind]
     mpirun = ["mpirun", "-np", "2", "-bind-to", "none", "-mca", "pml", "ob1", "-mca", "btl",
               "self,vader", "-x", "OMP_NUM_THREADS", "-x", "HOROVOD_FUSION_THRESHOLD",
@@ -123,7 +116,7 @@ def measure(kind: str, steps: int) -> float:
         mpirun.insert(1, "--allow-run-as-root")
     out = subprocess.run([*mpirun, *me, mode, "10", "1", str(steps)], env=env, check=True,
                          capture_output=True, text=True, timeout=600).stdout
-    return _ms(out)[0]
+    return _ms(out)
 
 
 def main(argv: list[str] | None = None) -> str:

@@ -230,8 +230,7 @@ def run(hosts: str | None, hostfile: str | None, iface: str | None, python: str 
         # name the host and the fix, and raise.
         from dtlaunch.preflight import run_preflight
 
-        run_preflight(request, plan, mpirun=mpirun, verbose=verbose, use_cache=False,
-                      job_started=True)
+        run_preflight(request, plan, mpirun=mpirun, verbose=verbose, job_started=True)
     if result.interrupted_by is not None:
         from dtlaunch.failures import signal_name
 

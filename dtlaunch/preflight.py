@@ -156,10 +156,6 @@ def host_key_failures(hosts: tuple[str, ...], ssh: Any) -> dict[str, str]:
         return {**failed, **late}
 
 
-def host_keys_unchanged(hosts: tuple[str, ...], ssh: Any) -> bool:
-    return not host_key_failures(hosts, ssh)
-
-
 class HostKeyWatch:
     """A cache hit's host-key check, run while mpirun starts instead of before it.
 
@@ -172,18 +168,18 @@ class HostKeyWatch:
     """
 
     def __init__(self, hosts: tuple[str, ...], ssh: Any) -> None:
-        from dtlaunch.ssh import CHANGED_HOST_KEY, UNKNOWN_HOST_KEY
-
-        self._key_kinds = (CHANGED_HOST_KEY, UNKNOWN_HOST_KEY)
-        self._hosts, self._ssh = hosts, ssh
+        self._ssh = ssh
         self.bad: list[str] = []
         self.done = threading.Event()
-        threading.Thread(target=self._run, daemon=True).start()
+        threading.Thread(target=self._run, args=(hosts,), daemon=True).start()
 
-    def _run(self) -> None:
+    def _run(self, hosts: tuple[str, ...]) -> None:
+        from dtlaunch.ssh import CHANGED_HOST_KEY, UNKNOWN_HOST_KEY
+
         try:
-            failures = host_key_failures(self._hosts, self._ssh)
-            self.bad = sorted(h for h, kind in failures.items() if kind in self._key_kinds)
+            failures = host_key_failures(hosts, self._ssh)
+            self.bad = sorted(h for h, kind in failures.items()
+                              if kind in (CHANGED_HOST_KEY, UNKNOWN_HOST_KEY))
         finally:
             self.done.set()
 
@@ -206,18 +202,18 @@ def may_overlap(request: Any) -> bool:
 
 
 def run_preflight(request: Any, plan: Any, mpirun: str | None, verbose: bool = False,
-                  use_cache: bool | None = None, job_started: bool = False) -> HostKeyWatch | None:
+                  job_started: bool = False) -> HostKeyWatch | None:
     """Check what the job needs on every host; raise DtlaunchError (exit 1) on any failure.
 
     On a cache hit the host keys still get checked: alongside mpirun when that is safe (the
-    returned watch), else here, before the launch.
+    returned watch), else here, before the launch. ``job_started``: the watch found a bad key
+    after the launch; the cache is dropped and the full checks run to report it.
     """
     from dtlaunch.doctor import DoctorRequest, build_expectations, run_doctor
 
     hosts = tuple(h.name for h in plan.hosts)
     cwd = os.getcwd()
-    if use_cache is None:
-        use_cache = os.environ.get("DTLAUNCH_PREFLIGHT_CACHE", "1") != "0"
+    use_cache = not job_started and os.environ.get("DTLAUNCH_PREFLIGHT_CACHE", "1") != "0"
     key = cache_key(request, hosts, cwd)
     if use_cache and read_cache(key):
         if may_overlap(request):
@@ -225,7 +221,7 @@ def run_preflight(request: Any, plan: Any, mpirun: str | None, verbose: bool = F
                 print("dtlaunch: pre-flight: passed recently (cached); checking host keys "
                       "while the job starts", file=sys.stderr)
             return HostKeyWatch(hosts, request.ssh)
-        if host_keys_unchanged(hosts, request.ssh):
+        if not host_key_failures(hosts, request.ssh):
             if verbose:
                 print("dtlaunch: pre-flight: passed recently (cached); host keys verified",
                       file=sys.stderr)
