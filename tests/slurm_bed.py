@@ -189,7 +189,7 @@ def _slurm_conf(c: SlurmCluster) -> str:
         "MpiDefault=none",
         "InactiveLimit=0",
         "KillWait=5",
-        "MinJobAge=10",
+        "MinJobAge=300",  # keep finished jobs visible to scontrol (no accounting here)
         "MessageTimeout=20",
         "SlurmdTimeout=120",
         f"NodeName={','.join(c.nodes)} NodeAddr={addrs} CPUs={c.cpus} State=UNKNOWN",
