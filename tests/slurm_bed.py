@@ -11,6 +11,7 @@ PMIx plugin fails every step on a /tmp shared between nodes).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import secrets
@@ -56,6 +57,11 @@ def _free_ports(n: int) -> list[int]:
     finally:
         for s in socks:
             s.close()
+
+
+def _killpg(pgid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
 
 
 def _stop(proc: subprocess.Popen[bytes] | None, grace: float = 10) -> None:
@@ -109,9 +115,25 @@ class SlurmCluster:
 
     def run(self, *argv: str, timeout: float = 120,
             env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-        """Run a Slurm client command (srun, salloc, sinfo, ...) from the launcher."""
-        return subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout,
-                              env=self.env(env), stdin=subprocess.DEVNULL)
+        """Run a Slurm client command (srun, salloc, sinfo, ...) from the launcher.
+
+        It gets a session of its own: on a timeout the whole group (salloc and the srun or
+        mpirun under it) is killed before TimeoutExpired is raised, so nothing is left behind.
+        """
+        proc = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env=self.env(env),
+                                start_new_session=True)
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _killpg(proc.pid)
+            proc.communicate()
+            raise
+        finally:
+            # Whatever the command left in its group (the group id stays taken while any
+            # member lives, so this never reaches an unrelated process).
+            _killpg(proc.pid)
+        return subprocess.CompletedProcess(list(argv), proc.returncode, out, err)
 
     def log(self, name: str) -> str:
         path = self.dir / name
@@ -213,6 +235,7 @@ def start_slurm_cluster(bed: TestBed, shared: Sequence[Path] = (),
     c = SlurmCluster(bed=bed, dir=bed.workdir / f"slurm-{tag}", name=f"dtl{tag}",
                      ctld_port=ctld_port, slurmd_port=slurmd_port, cpus=os.cpu_count() or 1,
                      shared=tuple(shared))
+    atexit.register(c.stop)
     try:
         for sub in ("state", "spool"):
             (c.dir / sub).mkdir(parents=True)
