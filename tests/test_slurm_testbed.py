@@ -9,6 +9,7 @@ and a batch script built by dtlaunch runs under sbatch.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 from conftest import SCRIPTS
 from slurm_bed import SlurmCluster
+from testbed import TestBed
 
 from dtlaunch.allocation import SLURM_LAUNCH_NAMES, detect
 from dtlaunch.hosts import Host
@@ -68,16 +70,46 @@ def test_salloc_allocation_is_detected(slurm_cluster: SlurmCluster) -> None:
 
 
 def test_srun_probe_reaches_every_allocated_node_and_maps_answers(slurm_cluster: SlurmCluster) -> None:
-    answer = in_salloc(slurm_cluster, 3, "probe", "h2")
+    answer = in_salloc(slurm_cluster, 3, "probe", "h2", "none")
     assert answer["names"] == ["h1", "h2", "h3"]
     assert answer["by_node"] == {n: f"node {n}\nsecond line\n" for n in ("h1", "h2", "h3")}
     assert answer["errors"] == {"h2": "Exited with exit code 3"}
     assert answer["rc"] == 3
     assert answer["unlabeled"] == ""
+    assert answer["timed_out"] is False
+
+
+def test_srun_probe_node_that_never_answers_is_empty_and_cleaned_up(slurm_cluster: SlurmCluster) -> None:
+    """At the caller's deadline srun is stopped: the answers so far are kept, the silent node
+    maps to "" (so it can be named), and nothing keeps running on it."""
+    proc = slurm_cluster.run("salloc", "--nodes=3", "--job-name=dtlaunch-test", sys.executable,
+                             IN_ALLOCATION, "probe", "none", "h3", env={**os.environ, "PROBE_TIMEOUT": "8"},
+                             timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    answer = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert answer["timed_out"] is True
+    assert answer["by_node"] == {"h1": "node h1\nsecond line\n", "h2": "node h2\nsecond line\n", "h3": ""}
+    bed = slurm_cluster.bed
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and probe_pids(bed, "h3"):
+        time.sleep(0.5)
+    assert probe_pids(bed, "h3") == []
+
+
+def probe_pids(bed: TestBed, host: str) -> list[int]:
+    pids = []
+    for pid in bed.pids_in(host):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"time.sleep(600)" in cmdline:
+            pids.append(pid)
+    return pids
 
 
 def test_srun_probe_with_no_failing_node(slurm_cluster: SlurmCluster) -> None:
-    answer = in_salloc(slurm_cluster, 2, "probe", "none")
+    answer = in_salloc(slurm_cluster, 2, "probe", "none", "none")
     names = answer["names"]
     assert isinstance(names, list) and len(names) == 2
     assert answer["by_node"] == {n: f"node {n}\nsecond line\n" for n in names}

@@ -2,7 +2,8 @@
 
 Prints one JSON document on stdout:
   env                    the environment salloc gave and what dtlaunch reads from it
-  probe NODE_FAIL        dtlaunch's srun probe on every allocated node (NODE_FAIL's task fails)
+  probe FAIL HANG        dtlaunch's srun probe on every allocated node (FAIL's task exits 3,
+                         HANG's never answers: srun is stopped after $PROBE_TIMEOUT seconds)
   mpirun OUT SUBNET ARGS mpirun (Open MPI's plm slurm, no SSH) with only the PATH-like variables
                          plus dtlaunch's SLURM_* launch set, then the ARGS program
 """
@@ -28,18 +29,28 @@ if mode == "env":
     result["env"] = {k: v for k, v in os.environ.items() if k.startswith("SLURM_")}
     result["launch_env"] = slurm_launch_env(os.environ)
 elif mode == "probe":
-    fail = sys.argv[2]
-    # Each node answers with its own hostname; FAIL's node also exits 3.
+    fail, hang = sys.argv[2], sys.argv[3]
+    # Each node answers with its own hostname; FAIL's node then exits 3, HANG's node sleeps.
     command = [sys.executable, "-c",
-               "import socket, sys; name = socket.gethostname(); print('node', name); "
-               "print('second line'); sys.exit(3 if name == sys.argv[1] else 0)", fail]
+               "import socket, sys, time; name = socket.gethostname(); "
+               "time.sleep(600) if name == sys.argv[2] else print('node', name); "
+               "print('second line'); sys.exit(3 if name == sys.argv[1] else 0)", fail, hang]
     argv = build_srun_probe_argv(alloc.names, command)
     start = time.monotonic()
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120)
-    labeled = parse_srun_labeled(proc.stdout, alloc.names)
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=float(os.environ.get("PROBE_TIMEOUT", "60")))
+        timed_out = False
+    except subprocess.TimeoutExpired:
+        # What a caller does at its deadline: srun cancels the step on SIGTERM.
+        proc.terminate()
+        stdout, stderr = proc.communicate(timeout=60)
+        timed_out = True
+    labeled = parse_srun_labeled(stdout, alloc.names)
     result.update(argv=list(argv), rc=proc.returncode, seconds=time.monotonic() - start,
-                  by_node=dict(labeled.by_node), unlabeled=labeled.unlabeled,
-                  errors=parse_srun_task_errors(proc.stderr), stderr=proc.stderr)
+                  timed_out=timed_out, by_node=dict(labeled.by_node),
+                  unlabeled=labeled.unlabeled, errors=parse_srun_task_errors(stderr),
+                  stderr=stderr)
 elif mode == "mpirun":
     out, subnet, *program = sys.argv[2:]
     env = {k: os.environ[k] for k in ("PATH", "HOME", "PYTHONPATH", "LANG") if k in os.environ}
