@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import sys
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any, TypeVar
 
 import click
@@ -96,44 +94,25 @@ def _ssh_options(port: int | None, identity: str | None, config: str | None,
     )
 
 
-def local_mpi(mpirun: str) -> Any:
-    """Ask the local mpirun what it is; only Open MPI >= 3 is supported."""
-    from dtlaunch.mpi import INSTALL_OMPI_HINT, MIN_OMPI, parse_mpirun_version
-
-    try:
-        out = subprocess.run([mpirun, "--version"], capture_output=True, text=True, timeout=20,
-                             stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise DtlaunchError(f"cannot run {mpirun} --version: {exc}") from None
-    impl = parse_mpirun_version(out.stdout + out.stderr)
-    if not impl.is_open_mpi:
-        raise UsageError(f"{mpirun} is {impl.name}, not Open MPI; dtlaunch needs Open MPI >= 3.0; "
-                         f"{INSTALL_OMPI_HINT}")
-    if impl.version_tuple < MIN_OMPI:
-        raise UsageError(f"{mpirun} is Open MPI {impl.version}; dtlaunch needs >= 3.0; "
-                         f"{INSTALL_OMPI_HINT}")
-    return impl
-
-
-def rsh_agent_command() -> str | None:
-    """dtlaunch's ssh wrapper, which reports a lost host (Open MPI splits this on spaces).
-
-    It runs once per host, so it starts as a bare file with -I -S (no site, no environment):
-    it needs only the standard library, and this saves ~30 ms of CPU per host."""
-    from dtlaunch import rsh
-
-    wrapper = rsh.__file__ or ""
-    if not wrapper.endswith(".py") or any(c.isspace() for c in sys.executable + wrapper):
-        return None
-    return f"{sys.executable} -I -S {wrapper}"
-
-
 def _warn(message: str) -> None:
     click.echo(f"dtlaunch: warning: {message}", err=True)
 
 
 def _note(message: str) -> None:
     click.echo(f"dtlaunch: {message}", err=True)
+
+
+def _event_printer(verbose: bool) -> Callable[[Any], None]:
+    """How the CLI shows a run's events on stderr."""
+    from dtlaunch.session import EventLevel
+
+    def show(event: Any) -> None:
+        if event.level is EventLevel.WARNING:
+            _warn(event.text)
+        elif event.level is EventLevel.NOTE or verbose:
+            _note(event.text)
+
+    return show
 
 
 @cli.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
@@ -163,8 +142,9 @@ def run(hosts: str | None, hostfile: str | None, iface: str | None, python: str 
         timeout: float | None, tree_spawn: bool, no_check: bool, dry_run: bool,
         verbose: bool, args: tuple[str, ...]) -> None:
     """Run SCRIPT [ARGS]... (or -m MODULE [ARGS]...) on every host through mpirun."""
+    from dtlaunch import session
     from dtlaunch.mpi import parse_iface, split_mpi_args
-    from dtlaunch.plan import RunRequest, plan_run
+    from dtlaunch.plan import RunRequest
 
     host_list = _read_hosts(hosts, hostfile)
     script: str | None = None
@@ -192,54 +172,24 @@ def run(hosts: str | None, hostfile: str | None, iface: str | None, python: str 
         mpi_args=split_mpi_args(mpi_args) if mpi_args else (),
         timeline=timeline,
         tree_spawn=tree_spawn,
-        rsh_agent=rsh_agent_command(),
+        rsh_agent=session.rsh_agent_command(),
     )
-    mpirun = shutil.which("mpirun")
-    if mpirun is None and not dry_run:  # --dry-run still prints the command without one
-        from dtlaunch.mpi import INSTALL_OMPI_HINT
-
-        raise UsageError(f"mpirun not found on PATH; {INSTALL_OMPI_HINT}")
-    ompi_major = local_mpi(mpirun).version_tuple[0] if mpirun else 4
-    plan = plan_run(request, dict(os.environ), mpirun="mpirun", ompi_major=ompi_major,
-                    as_root=os.geteuid() == 0, cpu_count=os.cpu_count() or 1)
-    for message in plan.env.warnings:
-        _warn(message)
+    on_event = _event_printer(verbose)
     if dry_run:
-        click.echo(plan.display())
+        click.echo(session.prepare(request, on_event, dry_run=True).plan.display())
         return
-    watch = None
-    if not no_check:
-        from dtlaunch.preflight import run_preflight
+    outcome = session.launch(session.LaunchRequest(request, check=not no_check, timeout=timeout,
+                                                   output_dir=output_dir), on_event)
+    if outcome.error is not None:
+        if outcome.preflight is not None:
+            from dtlaunch.render import render_report
 
-        watch = run_preflight(request, plan, mpirun=mpirun, verbose=verbose)
-    if verbose:
-        _note("running: " + plan.display())
-    from dtlaunch.launch import execute
-
-    result = execute(
-        (mpirun or "mpirun", *plan.argv[1:]),
-        plan.launcher_env,
-        plan.rank_hosts,
-        timeout=timeout,
-        output_dir=Path(output_dir) if output_dir else None,
-        announce=_note,
-        stop_when=watch.stop_reason if watch is not None else None,
-    )
-    if watch is not None and watch.failed():
-        # A host key changed (or vanished) since the cached pre-flight: the full checks
-        # name the host and the fix, and raise.
-        from dtlaunch.preflight import run_preflight
-
-        run_preflight(request, plan, mpirun=mpirun, verbose=verbose, job_started=True)
-    if result.interrupted_by is not None:
-        from dtlaunch.failures import signal_name
-
-        _note(f"stopped by {signal_name(result.interrupted_by)}; all ranks were told to exit")
-    elif result.timed_out:
-        _note(f"job stopped: it ran longer than --timeout {timeout:g} s")
-    if result.failure is not None and result.exit_code != 0:
-        _note(f"job failed: {result.failure.describe()}")
-    sys.exit(result.exit_code)
+            render_report(outcome.preflight, sys.stderr)
+        raise DtlaunchError(outcome.error)
+    if outcome.result is not None:
+        for line in session.outcome_lines(outcome.result, timeout):
+            _note(line)
+    sys.exit(outcome.exit_code)
 
 
 @cli.command("install-horovod")

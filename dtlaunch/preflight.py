@@ -1,6 +1,6 @@
 """`dtlaunch run`'s pre-flight: the doctor's checks for exactly what the job needs.
 
-A launch is refused on any failure, with the same table and fixes as `dtlaunch doctor`.
+A launch is refused on any failure; the caller shows the same table and fixes as `dtlaunch doctor`.
 
 To keep the pre-flight cheap, a successful result is remembered for five minutes in
 `~/.cache/dtlaunch/preflight-<key>.json` (directory 0700, file 0600, owned by the user; anything
@@ -20,12 +20,13 @@ import hashlib
 import json
 import os
 import stat
-import sys
 import threading
 import time
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-from dtlaunch.errors import DtlaunchError
+if TYPE_CHECKING:
+    from dtlaunch.checks import DoctorReport
 
 CACHE_SECONDS = 300.0
 
@@ -201,9 +202,29 @@ def may_overlap(request: Any) -> bool:
     return not any("plm_rsh" in arg for arg in request.mpi_args)
 
 
-def run_preflight(request: Any, plan: Any, mpirun: str | None, verbose: bool = False,
-                  job_started: bool = False) -> HostKeyWatch | None:
-    """Check what the job needs on every host; raise DtlaunchError (exit 1) on any failure.
+@dataclass(frozen=True)
+class PreflightOutcome:
+    """What the pre-flight found: the full checks' report, or a cache hit (report None)."""
+
+    report: DoctorReport | None = None
+    watch: HostKeyWatch | None = None  # a cache hit's key check, running alongside the launch
+    message: str = ""  # what happened, for --verbose
+
+    @property
+    def ok(self) -> bool:
+        return self.report is None or self.report.ok
+
+
+def failure_message(report: DoctorReport | None, job_started: bool) -> str:
+    """The one line that ends a run whose pre-flight failed."""
+    bad = sorted({f"{host} ({check.name})" for host, check in report.failures()}) if report else []
+    outcome = "the job was stopped" if job_started else "not launching"
+    return ("pre-flight checks failed: " + ", ".join(bad)
+            + f"; {outcome} (fix the problems above, or pass --no-check)")
+
+
+def run_preflight(request: Any, plan: Any, job_started: bool = False) -> PreflightOutcome:
+    """Check what the job needs on every host.
 
     On a cache hit the host keys still get checked: alongside mpirun when that is safe (the
     returned watch), else here, before the launch. ``job_started``: the watch found a bad key
@@ -217,15 +238,11 @@ def run_preflight(request: Any, plan: Any, mpirun: str | None, verbose: bool = F
     key = cache_key(request, hosts, cwd)
     if use_cache and read_cache(key):
         if may_overlap(request):
-            if verbose:
-                print("dtlaunch: pre-flight: passed recently (cached); checking host keys "
-                      "while the job starts", file=sys.stderr)
-            return HostKeyWatch(hosts, request.ssh)
+            return PreflightOutcome(watch=HostKeyWatch(hosts, request.ssh), message=(
+                "pre-flight: passed recently (cached); checking host keys while the job starts"))
         if not host_key_failures(hosts, request.ssh):
-            if verbose:
-                print("dtlaunch: pre-flight: passed recently (cached); host keys verified",
-                      file=sys.stderr)
-            return None
+            return PreflightOutcome(
+                message="pre-flight: passed recently (cached); host keys verified")
         drop_cache(key)
     if job_started:
         drop_cache(key)
@@ -237,17 +254,9 @@ def run_preflight(request: Any, plan: Any, mpirun: str | None, verbose: bool = F
         cwd=cwd,
     )
     report = run_doctor(doctor_request)
-    if report.ok:
-        if use_cache:
-            write_cache(key)
-        if verbose:
-            print(f"dtlaunch: pre-flight: {len(report.hosts)} host(s) ready "
-                  f"({report.seconds:.2f} s)", file=sys.stderr)
-        return None
-    from dtlaunch.render import render_report
-
-    render_report(report, sys.stderr)
-    bad = sorted({f"{host} ({check.name})" for host, check in report.failures()})
-    outcome = "the job was stopped" if job_started else "not launching"
-    raise DtlaunchError("pre-flight checks failed: " + ", ".join(bad)
-                        + f"; {outcome} (fix the problems above, or pass --no-check)")
+    if not report.ok:
+        return PreflightOutcome(report)
+    if use_cache:
+        write_cache(key)
+    return PreflightOutcome(report, message=f"pre-flight: {len(report.hosts)} host(s) ready "
+                            f"({report.seconds:.2f} s)")
