@@ -151,7 +151,7 @@ def check_open_mpi(facts: HostFacts, launcher_version: str | None) -> CheckResul
                            + (f" {impl.version}" if impl.version else "")
                            + "; dtlaunch needs Open MPI >= 3.0",
                            INSTALL_OMPI_HINT + ", and make its mpirun come first on PATH")
-    if impl.version_tuple < MIN_OMPI:
+    if impl.release < MIN_OMPI:
         return CheckResult("open-mpi", FAIL,
                            f"{facts.mpirun} is Open MPI {impl.version}, older than 3.0",
                            "an old Open MPI comes first on PATH: remove it or put the newer one's "
@@ -353,7 +353,7 @@ def check_host(facts: HostFacts, role: str, expect: Expectations, launcher: Host
     launcher_mpi = launcher.mpi if launcher is not None else None
     launcher_version = None
     if launcher_mpi is not None and launcher_mpi.is_open_mpi:
-        launcher_version = launcher_mpi.version if launcher_mpi.version_tuple >= MIN_OMPI else None
+        launcher_version = launcher_mpi.version if launcher_mpi.release >= MIN_OMPI else None
     launcher_py = launcher.python if launcher is not None else None
     return (
         CheckResult("ssh", PASS, "local" if role == LAUNCHER else "ok"),

@@ -78,7 +78,7 @@ def _read_hosts(hosts: str | None, hostfile: str | None) -> tuple[Any, ...]:
 
 def _ssh_options(port: int | None, identity: str | None, config: str | None,
                  timeout: int, accept_new: bool) -> Any:
-    from dtlaunch.mpi import SshOptions, check_rsh_arg
+    from dtlaunch.ssh_options import SshOptions, check_rsh_arg
 
     for value, option in ((identity, "--ssh-identity-file"), (config, "--ssh-config")):
         if value is not None:

@@ -24,8 +24,8 @@ from dtlaunch.checks import (
     SshProblem,
     evaluate,
 )
-from dtlaunch.mpi import SshOptions
 from dtlaunch.probe import ProbeArgs, build_remote_command, probe_local
+from dtlaunch.ssh_options import SshOptions
 
 MAX_PARALLEL = 64
 LOCAL_NAMES = frozenset({"localhost", "127.0.0.1", "localhost.localdomain"})

@@ -20,7 +20,7 @@ from typing import Any
 from dtlaunch import __version__
 from dtlaunch.checks import FAIL, INSTALL_HOROVOD_HINT, PASS, UNROUTABLE_PREFIXES, WARN
 from dtlaunch.envvars import looks_secret
-from dtlaunch.mpi import INSTALL_OMPI_HINT, MIN_OMPI
+from dtlaunch.mpi import INSTALL_OMPI_HINT, MIN_OMPI, MpiImpl
 
 STEERING_PREFIXES = ("OMPI_", "OPAL_", "PMIX_", "PRTE_", "ORTE_", "NCCL_", "HOROVOD_", "GLOO_",
                      "UCX_", "I_MPI_", "MPICH_", "TORCH_")
@@ -167,8 +167,7 @@ def evaluate_env(facts: Mapping[str, Any]) -> tuple[EnvItem, ...]:
         add(EnvItem("open-mpi", "mpirun", mpi["mpirun"]))
         version = mpi.get("version") or ""
         impl = mpi.get("implementation") or "unknown"
-        parsed = tuple(int(p) for p in re.findall(r"\d+", version)[:2])
-        if impl != "Open MPI" or parsed < MIN_OMPI:
+        if impl != "Open MPI" or MpiImpl(impl, version).release < MIN_OMPI:
             add(EnvItem("open-mpi", "version", f"{impl} {version}".strip(), FAIL,
                         "dtlaunch needs Open MPI >= 3.0; " + INSTALL_OMPI_HINT))
         else:

@@ -145,7 +145,7 @@ def total_slots(hosts: Sequence[Host]) -> int:
 
 
 def assign_ranks(hosts: Sequence[Host], num_proc: int) -> tuple[str, ...]:
-    """Host of each rank under `-map-by slot`: fill each host's slots in order, then wrap.
+    """Host of each rank under `--map-by slot`: fill each host's slots in order, then wrap.
 
     Wrapping only happens with --oversubscribe; it mirrors Open MPI's round-robin by slot.
     """

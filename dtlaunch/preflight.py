@@ -25,8 +25,11 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from dtlaunch.openmpi import OPEN_MPI
+
 if TYPE_CHECKING:
     from dtlaunch.checks import DoctorReport
+    from dtlaunch.mpi import MpiFamily
 
 CACHE_SECONDS = 300.0
 
@@ -196,10 +199,10 @@ class HostKeyWatch:
         return bool(self.bad)
 
 
-def may_overlap(request: Any) -> bool:
-    """The key check may run alongside mpirun only while dtlaunch controls mpirun's ssh:
-    --mpi-args that set plm_rsh_* could weaken its host-key checking."""
-    return not any("plm_rsh" in arg for arg in request.mpi_args)
+def may_overlap(request: Any, family: MpiFamily = OPEN_MPI) -> bool:
+    """The key check may run alongside the launch only while dtlaunch controls the launcher's
+    ssh: extra launcher arguments could weaken its host-key checking."""
+    return family.ssh_left_to_dtlaunch(request.mpi_args)
 
 
 @dataclass(frozen=True)
@@ -237,7 +240,7 @@ def run_preflight(request: Any, plan: Any, job_started: bool = False) -> Preflig
     use_cache = not job_started and os.environ.get("DTLAUNCH_PREFLIGHT_CACHE", "1") != "0"
     key = cache_key(request, hosts, cwd)
     if use_cache and read_cache(key):
-        if may_overlap(request):
+        if may_overlap(request, plan.family):
             return PreflightOutcome(watch=HostKeyWatch(hosts, request.ssh), message=(
                 "pre-flight: passed recently (cached); checking host keys while the job starts"))
         if not host_key_failures(hosts, request.ssh):

@@ -18,12 +18,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dtlaunch.errors import EXIT_FAILURE, DtlaunchError, UsageError
+from dtlaunch.mpi import MpiFamily, MpiImpl
+from dtlaunch.openmpi import OPEN_MPI
 from dtlaunch.plan import RunPlan, RunRequest, plan_run
 
 if TYPE_CHECKING:
     from dtlaunch.checks import DoctorReport
     from dtlaunch.launch import LaunchResult
-    from dtlaunch.mpi import MpiImpl
 
 
 class EventLevel(Enum):
@@ -61,22 +62,17 @@ class RunOutcome:
     error: str | None = None  # one line, when the pre-flight stopped the run
 
 
-def local_mpi(mpirun: str) -> MpiImpl:
-    """Ask the local mpirun what it is; only Open MPI >= 3 is supported."""
-    from dtlaunch.mpi import INSTALL_OMPI_HINT, MIN_OMPI, parse_mpirun_version
-
+def local_mpi(family: MpiFamily, program: str) -> MpiImpl:
+    """Ask the local launcher what it is; refuse one that this family cannot drive."""
     try:
-        out = subprocess.run([mpirun, "--version"], capture_output=True, text=True, timeout=20,
+        out = subprocess.run([program, "--version"], capture_output=True, text=True, timeout=20,
                              stdin=subprocess.DEVNULL)
     except (OSError, subprocess.TimeoutExpired) as exc:
-        raise DtlaunchError(f"cannot run {mpirun} --version: {exc}") from None
-    impl = parse_mpirun_version(out.stdout + out.stderr)
-    if not impl.is_open_mpi:
-        raise UsageError(f"{mpirun} is {impl.name}, not Open MPI; dtlaunch needs Open MPI >= 3.0; "
-                         f"{INSTALL_OMPI_HINT}")
-    if impl.version_tuple < MIN_OMPI:
-        raise UsageError(f"{mpirun} is Open MPI {impl.version}; dtlaunch needs >= 3.0; "
-                         f"{INSTALL_OMPI_HINT}")
+        raise DtlaunchError(f"cannot run {program} --version: {exc}") from None
+    impl = family.parse_version(out.stdout + out.stderr)
+    why = family.unsupported(impl, program)
+    if why is not None:
+        raise UsageError(f"{why}; {family.install_hint}")
     return impl
 
 
@@ -96,24 +92,22 @@ def rsh_agent_command() -> str | None:
 @dataclass(frozen=True)
 class Prepared:
     plan: RunPlan
-    mpirun: str | None  # the local mpirun's path; None only for a dry run without one
+    mpirun: str | None  # the local launcher's path; None only for a dry run without one
 
 
 def prepare(request: RunRequest, on_event: OnEvent, *, dry_run: bool = False,
-            environ: Mapping[str, str] | None = None) -> Prepared:
-    """Find and ask the local mpirun, then build the plan. A dry run needs no mpirun."""
-    mpirun = shutil.which("mpirun")
-    if mpirun is None and not dry_run:
-        from dtlaunch.mpi import INSTALL_OMPI_HINT
-
-        raise UsageError(f"mpirun not found on PATH; {INSTALL_OMPI_HINT}")
-    ompi_major = local_mpi(mpirun).version_tuple[0] if mpirun else 4
-    plan = plan_run(request, dict(os.environ) if environ is None else environ, mpirun="mpirun",
-                    ompi_major=ompi_major, as_root=os.geteuid() == 0,
+            family: MpiFamily = OPEN_MPI, environ: Mapping[str, str] | None = None) -> Prepared:
+    """Find and ask the local launcher, then build the plan. A dry run needs no launcher."""
+    program = shutil.which(family.launcher)
+    if program is None and not dry_run:
+        raise UsageError(f"{family.launcher} not found on PATH; {family.install_hint}")
+    version = local_mpi(family, program).release if program else ()
+    plan = plan_run(request, dict(os.environ) if environ is None else environ, family=family,
+                    mpi_version=version, as_root=os.geteuid() == 0,
                     cpu_count=os.cpu_count() or 1)
     for message in plan.env.warnings:
         on_event(Event(EventLevel.WARNING, message))
-    return Prepared(plan, mpirun)
+    return Prepared(plan, program)
 
 
 def launch(request: LaunchRequest, on_event: OnEvent, *,
@@ -138,7 +132,7 @@ def launch(request: LaunchRequest, on_event: OnEvent, *,
 
         executor = execute
     result = executor(
-        (prepared.mpirun or "mpirun", *plan.argv[1:]),
+        (prepared.mpirun or plan.family.launcher, *plan.argv[1:]),
         plan.launcher_env,
         plan.rank_hosts,
         timeout=request.timeout,

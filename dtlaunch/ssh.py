@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dtlaunch.errors import DtlaunchError
-from dtlaunch.mpi import SshOptions
+from dtlaunch.ssh_options import SshOptions
 
 # Failure kinds, each with its own fix.
 UNRESOLVED = "unresolved"

@@ -33,7 +33,7 @@ def test_done_when_dry_run_line(script: Path) -> None:
     line = result.stdout
     assert argv[argv.index("-np") + 1] == "2"
     assert argv[argv.index("-H") + 1] == "host1:1,host2:1"
-    for piece in ("-bind-to none", "-map-by slot", "btl_tcp_if_include ens3",
+    for piece in (" --bind-to none ", " --map-by slot ", "--mca btl_tcp_if_include ens3",
                   "oob_tcp_if_include ens3", "NCCL_SOCKET_IFNAME=ens3"):
         assert piece in line
     assert argv[-2:] == [sys.executable, "train.py"]

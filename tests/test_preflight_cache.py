@@ -8,8 +8,8 @@ import time
 
 from dtlaunch import preflight
 from dtlaunch.hosts import Host
-from dtlaunch.mpi import SshOptions
 from dtlaunch.plan import RunRequest
+from dtlaunch.ssh_options import SshOptions
 
 
 def request(**kw: object) -> RunRequest:

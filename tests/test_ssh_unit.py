@@ -10,7 +10,7 @@ import paramiko
 import pytest
 
 from dtlaunch import ssh
-from dtlaunch.mpi import SshOptions
+from dtlaunch.ssh_options import SshOptions
 
 
 def target(port: int, host: str = "127.0.0.1", timeout: float = 1.0, **kw: object) -> ssh.SshTarget:
