@@ -6,6 +6,7 @@ the commands that need them, so `dtlaunch --help` stays fast.
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import sys
@@ -27,6 +28,22 @@ def _single(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
             raise UsageError(f"{param.opts[-1] if param.opts else param.name}: given more than once")
         return value[0] if value else None
     return value
+
+
+class _Seconds(click.FloatRange):
+    """A positive, finite number of seconds (inf and nan are refused, not taken as 'never')."""
+
+    def __init__(self) -> None:
+        super().__init__(min=0, min_open=True)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number of seconds", param, ctx)
+        return number
+
+
+SECONDS = _Seconds()
 
 
 def single_option(*decls: str, **kwargs: Any) -> Callable[[F], F]:
@@ -126,7 +143,7 @@ def _event_printer(verbose: bool) -> Callable[[Any], None]:
 @single_option("--mpi-args", metavar="ARGS", help="Extra mpirun arguments, split like a shell.")
 @single_option("--output-dir", metavar="DIR", help="Also write each rank's output to DIR/rank.N.log.")
 @single_option("--timeline", metavar="FILE", help="Write a Horovod timeline to FILE.")
-@single_option("--timeout", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
+@single_option("--timeout", type=SECONDS, metavar="SECONDS",
                help="Stop the whole job after this long.")
 @click.option("--tree-spawn", is_flag=True,
               help="Let Open MPI spawn daemons in a tree (needs SSH between every pair of hosts).")
@@ -203,8 +220,8 @@ def install_horovod_cmd(force: bool) -> None:
 
 @cli.command()
 @host_options
-@single_option("--timeout", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
-               help="Seconds to wait for each host's SSH connection (default: --connect-timeout).")
+@single_option("--timeout", type=SECONDS, metavar="SECONDS",
+               help="Seconds each host's checks may run once connected (default: 150).")
 @single_option("-m", "module", metavar="MODULE", help="Check that MODULE imports on every host.")
 @click.option("--pairwise", is_flag=True,
               help="Also check SSH from every host to every other (needed by --tree-spawn).")
@@ -224,8 +241,7 @@ def doctor(hosts: str | None, hostfile: str | None, iface: str | None, python: s
         raise UsageError("doctor: give either SCRIPT or -m MODULE, not both")
     if module is not None:
         check_module_name(module)
-    seconds = int(timeout + 0.999) if timeout is not None else connect_timeout
-    ssh = _ssh_options(ssh_port, ssh_identity_file, ssh_config, max(1, seconds),
+    ssh = _ssh_options(ssh_port, ssh_identity_file, ssh_config, connect_timeout,
                        accept_new_host_keys)
     request = DoctorRequest(
         hosts=tuple(h.name for h in host_list),
@@ -233,6 +249,7 @@ def doctor(hosts: str | None, hostfile: str | None, iface: str | None, python: s
                                   parse_iface(iface) if iface is not None else None, pairwise),
         ssh=ssh,
         cwd=os.getcwd(),
+        **({"command_timeout": timeout} if timeout is not None else {}),
     )
     from dtlaunch.render import Spinner, preload
 

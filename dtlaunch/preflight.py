@@ -22,10 +22,13 @@ import os
 import stat
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from dtlaunch.openmpi import OPEN_MPI
+from dtlaunch.prober import Prober, fan_out, local_names
 
 if TYPE_CHECKING:
     from dtlaunch.checks import DoctorReport
@@ -126,38 +129,21 @@ def drop_cache(key: str) -> None:
         os.unlink(_cache_path(key))
 
 
-def host_key_failures(hosts: tuple[str, ...], ssh: Any) -> dict[str, str]:
-    """Key exchange with every remote host in parallel (no login). Returns host -> failure
-    kind for each host that failed or did not answer in time."""
-    from dtlaunch.doctor import local_names
-    from dtlaunch.ssh import SshFailure, load_ssh_config, resolve_target, verify_host_key
-
+def host_key_failures(hosts: tuple[str, ...], prober: Prober) -> dict[str, str]:
+    """The prober's cheap check (SSH: key exchange, no login) on every remote host in
+    parallel. Returns host -> failure kind for each host that failed or did not answer."""
     remote = [h for h in hosts if h not in local_names()]
     if not remote:
         return {}
-    config = load_ssh_config(ssh.config_file)
-    failed: dict[str, str] = {}
-    lock = threading.Lock()
 
-    def check(host: str) -> None:
-        try:
-            verify_host_key(resolve_target(host, ssh, config))
-        except SshFailure as exc:
-            with lock:
-                failed[host] = exc.kind
-        except Exception:  # any other failure counts as one, not a crash
-            with lock:
-                failed[host] = "error"
+    def fallback(host: str, exc: BaseException | None) -> str | None:
+        return "timeout" if exc is None else "error"  # any crash counts as a failure
 
-    threads = {h: threading.Thread(target=check, args=(h,), daemon=True) for h in remote}
-    for thread in threads.values():
-        thread.start()
-    deadline = time.monotonic() + ssh.connect_timeout + 1
-    for thread in threads.values():
-        thread.join(max(0.0, deadline - time.monotonic()))
-    with lock:
-        late = {h: "timeout" for h, t in threads.items() if t.is_alive() and h not in failed}
-        return {**failed, **late}
+    try:
+        kinds = fan_out(remote, prober.verify, fallback, prober.connect_timeout + 1)
+    finally:
+        prober.close()
+    return {host: kind for host, kind in zip(remote, kinds) if kind is not None}
 
 
 class HostKeyWatch:
@@ -171,8 +157,8 @@ class HostKeyWatch:
     to mpirun's ssh, which meets the same fault and reports it.
     """
 
-    def __init__(self, hosts: tuple[str, ...], ssh: Any) -> None:
-        self._ssh = ssh
+    def __init__(self, hosts: tuple[str, ...], prober: Prober) -> None:
+        self._prober = prober
         self.bad: list[str] = []
         self.done = threading.Event()
         threading.Thread(target=self._run, args=(hosts,), daemon=True).start()
@@ -181,7 +167,7 @@ class HostKeyWatch:
         from dtlaunch.ssh import CHANGED_HOST_KEY, UNKNOWN_HOST_KEY
 
         try:
-            failures = host_key_failures(hosts, self._ssh)
+            failures = host_key_failures(hosts, self._prober)
             self.bad = sorted(h for h, kind in failures.items()
                               if kind in (CHANGED_HOST_KEY, UNKNOWN_HOST_KEY))
         finally:
@@ -195,7 +181,7 @@ class HostKeyWatch:
 
     def failed(self) -> bool:
         """Waits for the check (bounded by the connect timeout); True if a key was bad."""
-        self.done.wait(self._ssh.connect_timeout + 2)
+        self.done.wait(self._prober.connect_timeout + 2)
         return bool(self.bad)
 
 
@@ -226,13 +212,19 @@ def failure_message(report: DoctorReport | None, job_started: bool) -> str:
             + f"; {outcome} (fix the problems above, or pass --no-check)")
 
 
-def run_preflight(request: Any, plan: Any, job_started: bool = False) -> PreflightOutcome:
+def run_preflight(request: Any, plan: Any, job_started: bool = False,
+                  prober: Callable[[], Prober] | None = None) -> PreflightOutcome:
     """Check what the job needs on every host.
 
     On a cache hit the host keys still get checked: alongside mpirun when that is safe (the
     returned watch), else here, before the launch. ``job_started``: the watch found a bad key
-    after the launch; the cache is dropped and the full checks run to report it.
+    after the launch; the cache is dropped and the full checks run to report it. ``prober``
+    makes the Prober for each round of checks (default: SSH with the request's options).
     """
+    if prober is None:
+        from dtlaunch.ssh_prober import SshProber
+
+        prober = partial(SshProber, request.ssh)
     from dtlaunch.doctor import DoctorRequest, build_expectations, run_doctor
 
     hosts = tuple(h.name for h in plan.hosts)
@@ -241,9 +233,9 @@ def run_preflight(request: Any, plan: Any, job_started: bool = False) -> Preflig
     key = cache_key(request, hosts, cwd)
     if use_cache and read_cache(key):
         if may_overlap(request, plan.family):
-            return PreflightOutcome(watch=HostKeyWatch(hosts, request.ssh), message=(
+            return PreflightOutcome(watch=HostKeyWatch(hosts, prober()), message=(
                 "pre-flight: passed recently (cached); checking host keys while the job starts"))
-        if not host_key_failures(hosts, request.ssh):
+        if not host_key_failures(hosts, prober()):
             return PreflightOutcome(
                 message="pre-flight: passed recently (cached); host keys verified")
         drop_cache(key)
@@ -256,7 +248,7 @@ def run_preflight(request: Any, plan: Any, job_started: bool = False) -> Preflig
         ssh=request.ssh,
         cwd=cwd,
     )
-    report = run_doctor(doctor_request)
+    report = run_doctor(doctor_request, prober=prober())
     if not report.ok:
         return PreflightOutcome(report)
     if use_cache:

@@ -434,15 +434,35 @@ def append_known_host(target: SshTarget, key: Any) -> str:
 # --- keys ---------------------------------------------------------------------------------------
 
 
+def agent_keys(path: str, timeout: float) -> list[Any]:
+    """The agent's keys, over a socket with a timeout: paramiko.Agent() would wait forever on
+    an agent that accepts and never answers (and so would signing with its keys later)."""
+    paramiko = import_paramiko()
+
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout)
+    agent = paramiko.agent.AgentSSH()
+    try:
+        sock.connect(path)
+        agent._connect(sock)
+    except BaseException:
+        sock.close()
+        raise
+    return list(agent.get_keys())
+
+
 def load_identities(target: SshTarget) -> tuple[list[Any], list[str]]:
     """Private keys to offer (agent first unless IdentitiesOnly) and notes on skipped files."""
     paramiko = import_paramiko()
 
     keys: list[Any] = []
     notes: list[str] = []
-    if not target.identities_only and os.environ.get("SSH_AUTH_SOCK"):
-        with contextlib.suppress(paramiko.SSHException, OSError):
-            keys += list(paramiko.Agent().get_keys())
+    agent_path = os.environ.get("SSH_AUTH_SOCK")
+    if not target.identities_only and agent_path:
+        try:
+            keys += agent_keys(agent_path, target.connect_timeout)
+        except (paramiko.SSHException, OSError) as exc:
+            notes.append(f"ssh-agent at {agent_path} did not answer: {exc or type(exc).__name__}")
     for path in target.identity_files:
         if not os.path.isfile(path):
             continue

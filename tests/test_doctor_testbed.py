@@ -52,7 +52,7 @@ def dtlaunch(*args: str, cache: Path | None = None,
 
 def doctor(bed: tb.TestBed, hosts: str, *extra: str, iface: str | None = None):
     result = dtlaunch("doctor", "--json", "-H", hosts, "--ssh-config", str(bed.ssh_config),
-                      "--iface", iface or bed.subnet, "--timeout", "5", *extra)
+                      "--iface", iface or bed.subnet, "--connect-timeout", "5", *extra)
     assert result.returncode in (0, 1), result.stderr
     return result.returncode, json.loads(result.stdout), result
 

@@ -1,0 +1,86 @@
+"""The Prober over SSH: one paramiko connection and one remote command per host.
+
+Connections and proxy processes still open are tracked, so `close()` (Ctrl-C, a deadline)
+ends them all and nothing is left behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from typing import Any
+
+from dtlaunch.checks import HOST, HostOutcome, SshProblem
+from dtlaunch.probe import ProbeArgs, build_remote_command
+from dtlaunch.ssh_options import SshOptions
+
+
+class SshProber:
+    def __init__(self, options: SshOptions) -> None:
+        self.options = options
+        self.connect_timeout = float(options.connect_timeout)
+        self._config: Any = None
+        self._lock = threading.Lock()
+        self._live: set[Any] = set()
+
+    def _target(self, host: str) -> Any:
+        from dtlaunch.ssh import load_ssh_config, resolve_target
+
+        with self._lock:
+            if self._config is None:
+                self._config = load_ssh_config(self.options.config_file)
+            config = self._config
+        return resolve_target(host, self.options, config)
+
+    def probe(self, host: str, args: ProbeArgs, timeout: float) -> HostOutcome:
+        from dtlaunch.facts import parse_probe_output
+        from dtlaunch.ssh import SshFailure, connect
+
+        start = time.monotonic()
+        try:
+            conn = connect(self._target(host))
+            with self._lock:
+                self._live.add(conn)
+            try:
+                result = conn.run_remote(build_remote_command(args), timeout)
+            finally:
+                with self._lock:
+                    self._live.discard(conn)
+                conn.close()
+            facts = parse_probe_output(result.stdout)
+            if not facts.hostname and result.exit_code != 0:
+                tail = (result.stderr.strip().splitlines() or ["no output"])[-1]
+                return HostOutcome(host, HOST, problem=SshProblem(
+                    "remote-shell", f"the remote command failed (exit {result.exit_code}): {tail}",
+                    "the login shell must be POSIX-like (sh, bash, zsh); try "
+                    f"'ssh {host} sh -c true'"), seconds=time.monotonic() - start)
+            return HostOutcome(host, HOST, facts, seconds=time.monotonic() - start,
+                               note=conn.host_key_note)
+        except SshFailure as exc:
+            return HostOutcome(host, HOST, problem=SshProblem(exc.kind, exc.detail, exc.hint),
+                               seconds=time.monotonic() - start)
+        except Exception as exc:  # a bug or an odd server must not hide the other hosts' results
+            return HostOutcome(host, HOST, problem=SshProblem(
+                "ssh-error", f"{type(exc).__name__}: {exc}", f"try 'ssh -v {host} true'"),
+                seconds=time.monotonic() - start)
+
+    def verify(self, host: str) -> str | None:
+        from dtlaunch.ssh import SshFailure, verify_host_key
+
+        try:
+            verify_host_key(self._target(host))
+        except SshFailure as exc:
+            return exc.kind
+        return None
+
+    def close(self) -> None:
+        from dtlaunch.ssh import close_all_proxies
+
+        with self._lock:
+            conns = list(self._live)
+            self._live.clear()
+        for conn in conns:
+            with contextlib.suppress(Exception):
+                conn.close()
+        close_all_proxies()
