@@ -16,7 +16,14 @@ from typing import Any, TypeVar
 import click
 
 from dtlaunch import __version__
-from dtlaunch.errors import EXIT_USAGE, DtlaunchError, UsageError
+from dtlaunch.errors import (
+    EXIT_FAILURE,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    DtlaunchError,
+    UsageError,
+)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -264,7 +271,7 @@ def doctor(hosts: str | None, hostfile: str | None, iface: str | None, python: s
         from dtlaunch.render import render_report
 
         render_report(report)
-    sys.exit(0 if report.ok else 1)
+    sys.exit(EXIT_OK if report.ok else EXIT_FAILURE)
 
 
 @cli.command("env-check")
@@ -275,8 +282,8 @@ def env_check(as_json: bool) -> None:
 
     from dtlaunch.envcheck import env_report, evaluate_env, gather_env
 
-    facts = gather_env()
-    items = evaluate_env(facts)
+    facts, host = gather_env()
+    items = evaluate_env(facts, host)
     report = env_report(facts, items)
     if as_json:
         click.echo(json.dumps(report, indent=2, default=str))
@@ -284,7 +291,7 @@ def env_check(as_json: bool) -> None:
         from dtlaunch.render import render_env
 
         render_env(items)
-    sys.exit(0 if report["ok"] else 1)
+    sys.exit(EXIT_OK if report["ok"] else EXIT_FAILURE)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -299,12 +306,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.exit(exc.exit_code)
     except click.Abort:
         click.echo("dtlaunch: aborted", err=True)
-        sys.exit(130)
+        sys.exit(EXIT_INTERRUPTED)
     except click.ClickException as exc:
         message = exc.format_message().replace("\n", " ")
         click.echo(f"dtlaunch: error: {message}", err=True)
         sys.exit(EXIT_USAGE if isinstance(exc, click.UsageError) else exc.exit_code)
     except KeyboardInterrupt:
-        sys.exit(130)
+        sys.exit(EXIT_INTERRUPTED)
     except BrokenPipeError:
-        sys.exit(1)
+        sys.exit(EXIT_FAILURE)

@@ -11,18 +11,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from dtlaunch.checks import (
-    HOST,
-    LAUNCHER,
-    DoctorReport,
-    Expectations,
-    HostOutcome,
-    SshProblem,
-    evaluate,
-)
+from dtlaunch.checks import Expectations
 from dtlaunch.probe import ProbeArgs, probe_local
 from dtlaunch.prober import Prober, fan_out, local_names
+from dtlaunch.report import HOST, LAUNCHER, DoctorReport, HostOutcome, Role, ssh_failed
 from dtlaunch.ssh_options import SshOptions
+from dtlaunch.verdict import evaluate
 
 Progress = Callable[[int, int, str], None]
 
@@ -54,18 +48,17 @@ def _probe_launcher(request: DoctorRequest, name: str, rank: bool) -> HostOutcom
     try:
         facts = probe_local(probe_args(request, None), timeout=request.command_timeout)
     except Exception as exc:
-        return HostOutcome(name, LAUNCHER, problem=SshProblem(
-            "local", f"the local probe failed: {exc}", "check that 'sh' and the Python work"),
+        return HostOutcome(name, LAUNCHER, problem=ssh_failed(
+            f"the local probe failed: {exc}", "check that 'sh' and the Python work"),
             seconds=time.monotonic() - start, is_rank_host=rank)
     return HostOutcome(name, LAUNCHER, facts, seconds=time.monotonic() - start, is_rank_host=rank)
 
 
-def _no_answer(host: str, role: str, exc: BaseException | None, seconds: float) -> HostOutcome:
+def _no_answer(host: str, role: Role, exc: BaseException | None, seconds: float) -> HostOutcome:
     if exc is None:
-        problem = SshProblem("timeout", f"no answer within {seconds:g} s",
-                             f"try 'ssh -v {host} true'")
+        problem = ssh_failed(f"no answer within {seconds:g} s", f"try 'ssh -v {host} true'")
     else:
-        problem = SshProblem("ssh-error", f"{type(exc).__name__}: {exc}", "")
+        problem = ssh_failed(f"{type(exc).__name__}: {exc}", "")
     return HostOutcome(host, role, problem=problem, seconds=seconds)
 
 

@@ -31,8 +31,8 @@ from dtlaunch.openmpi import OPEN_MPI
 from dtlaunch.prober import Prober, fan_out, local_names
 
 if TYPE_CHECKING:
-    from dtlaunch.checks import DoctorReport
     from dtlaunch.mpi import MpiFamily
+    from dtlaunch.report import DoctorReport
 
 CACHE_SECONDS = 300.0
 

@@ -17,8 +17,8 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 if TYPE_CHECKING:
-    from dtlaunch.checks import HostOutcome
     from dtlaunch.probe import ProbeArgs
+    from dtlaunch.report import HostOutcome
 
 MAX_PARALLEL = 64
 LOCAL_NAMES = frozenset({"localhost", "127.0.0.1", "localhost.localdomain"})

@@ -23,8 +23,8 @@ from dtlaunch.openmpi import OPEN_MPI
 from dtlaunch.plan import RunPlan, RunRequest, plan_run
 
 if TYPE_CHECKING:
-    from dtlaunch.checks import DoctorReport
     from dtlaunch.launch import LaunchResult
+    from dtlaunch.report import DoctorReport
 
 
 class EventLevel(Enum):

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dtlaunch.errors import DtlaunchError
+from dtlaunch.report import ssh_failed
 from dtlaunch.ssh_options import SshOptions
 
 # Failure kinds, each with its own fix.
@@ -58,13 +59,21 @@ _live_lock = threading.Lock()
 
 
 class SshFailure(DtlaunchError):
-    """A connection that could not be made, with the kind of failure and how to fix it."""
+    """A connection that could not be made: the kind of failure, and the failed ssh check
+    (what happened and how to fix it) that reports it."""
 
     def __init__(self, kind: str, detail: str, hint: str) -> None:
         super().__init__(f"{detail}; {hint}" if hint else detail)
         self.kind = kind
-        self.detail = detail
-        self.hint = hint
+        self.check = ssh_failed(detail, hint)
+
+    @property
+    def detail(self) -> str:
+        return self.check.detail
+
+    @property
+    def hint(self) -> str:
+        return self.check.hint
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,8 @@ import threading
 import time
 from typing import Any
 
-from dtlaunch.checks import HOST, HostOutcome, SshProblem
 from dtlaunch.probe import ProbeArgs, build_remote_command
+from dtlaunch.report import HOST, HostOutcome, ssh_failed
 from dtlaunch.ssh_options import SshOptions
 
 
@@ -51,18 +51,18 @@ class SshProber:
             facts = parse_probe_output(result.stdout)
             if not facts.hostname and result.exit_code != 0:
                 tail = (result.stderr.strip().splitlines() or ["no output"])[-1]
-                return HostOutcome(host, HOST, problem=SshProblem(
-                    "remote-shell", f"the remote command failed (exit {result.exit_code}): {tail}",
+                return HostOutcome(host, HOST, problem=ssh_failed(
+                    f"the remote command failed (exit {result.exit_code}): {tail}",
                     "the login shell must be POSIX-like (sh, bash, zsh); try "
                     f"'ssh {host} sh -c true'"), seconds=time.monotonic() - start)
             return HostOutcome(host, HOST, facts, seconds=time.monotonic() - start,
                                note=conn.host_key_note)
         except SshFailure as exc:
-            return HostOutcome(host, HOST, problem=SshProblem(exc.kind, exc.detail, exc.hint),
+            return HostOutcome(host, HOST, problem=exc.check,
                                seconds=time.monotonic() - start)
         except Exception as exc:  # a bug or an odd server must not hide the other hosts' results
-            return HostOutcome(host, HOST, problem=SshProblem(
-                "ssh-error", f"{type(exc).__name__}: {exc}", f"try 'ssh -v {host} true'"),
+            return HostOutcome(host, HOST, problem=ssh_failed(
+                f"{type(exc).__name__}: {exc}", f"try 'ssh -v {host} true'"),
                 seconds=time.monotonic() - start)
 
     def verify(self, host: str) -> str | None:
