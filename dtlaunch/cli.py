@@ -24,6 +24,7 @@ from dtlaunch.errors import (
     DtlaunchError,
     UsageError,
 )
+from dtlaunch.interrupts import Interrupted, signals_raise
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -260,7 +261,8 @@ def doctor(hosts: str | None, hostfile: str | None, iface: str | None, python: s
     )
     from dtlaunch.render import Spinner, preload
 
-    with Spinner(len(request.hosts) + 1, enabled=not as_json and sys.stderr.isatty()) as spinner:
+    with signals_raise(), Spinner(len(request.hosts) + 1,
+                                  enabled=not as_json and sys.stderr.isatty()) as spinner:
         report = run_doctor(request, progress=spinner.update,
                             while_waiting=None if as_json else preload)
     if as_json:
@@ -282,7 +284,8 @@ def env_check(as_json: bool) -> None:
 
     from dtlaunch.envcheck import env_report, evaluate_env, gather_env
 
-    facts, host = gather_env()
+    with signals_raise():
+        facts, host = gather_env()
     items = evaluate_env(facts, host)
     report = env_report(facts, items)
     if as_json:
@@ -313,5 +316,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.exit(EXIT_USAGE if isinstance(exc, click.UsageError) else exc.exit_code)
     except KeyboardInterrupt:
         sys.exit(EXIT_INTERRUPTED)
+    except Interrupted as exc:
+        sys.exit(exc.exit_code)
     except BrokenPipeError:
         sys.exit(EXIT_FAILURE)

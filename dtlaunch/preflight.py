@@ -164,7 +164,7 @@ class HostKeyWatch:
         threading.Thread(target=self._run, args=(hosts,), daemon=True).start()
 
     def _run(self, hosts: tuple[str, ...]) -> None:
-        from dtlaunch.ssh import CHANGED_HOST_KEY, UNKNOWN_HOST_KEY
+        from dtlaunch.ssh_errors import CHANGED_HOST_KEY, UNKNOWN_HOST_KEY
 
         try:
             failures = host_key_failures(hosts, self._prober)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dtlaunch.errors import EXIT_FAILURE, DtlaunchError, UsageError
+from dtlaunch.interrupts import signals_raise
 from dtlaunch.mpi import MpiFamily, MpiImpl
 from dtlaunch.openmpi import OPEN_MPI
 from dtlaunch.plan import RunPlan, RunRequest, plan_run
@@ -119,7 +120,8 @@ def launch(request: LaunchRequest, on_event: OnEvent, *,
     plan = prepared.plan
     watch = None
     if request.check:
-        checked = run_preflight(request.run, plan)
+        with signals_raise():
+            checked = run_preflight(request.run, plan)
         if checked.message:
             on_event(Event(EventLevel.DETAIL, checked.message))
         if not checked.ok:
@@ -143,7 +145,8 @@ def launch(request: LaunchRequest, on_event: OnEvent, *,
     if watch is not None and watch.failed():
         # A host key changed (or vanished) since the cached pre-flight: the full checks
         # name the host and the fix.
-        checked = run_preflight(request.run, plan, job_started=True)
+        with signals_raise():
+            checked = run_preflight(request.run, plan, job_started=True)
         if not checked.ok:
             return RunOutcome(plan, checked.report, result, EXIT_FAILURE,
                               failure_message(checked.report, job_started=True))

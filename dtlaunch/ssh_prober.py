@@ -1,19 +1,20 @@
 """The Prober over SSH: one paramiko connection and one remote command per host.
 
 Connections and proxy processes still open are tracked, so `close()` (Ctrl-C, a deadline)
-ends them all and nothing is left behind.
+ends them all and nothing is left behind; a remote command ends when its channel closes.
 """
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 from typing import Any
 
 from dtlaunch.probe import ProbeArgs, build_remote_command
 from dtlaunch.report import HOST, HostOutcome, ssh_failed
+from dtlaunch.ssh_errors import SshFailure
 from dtlaunch.ssh_options import SshOptions
+from dtlaunch.ssh_proxy import Tracker
 
 
 class SshProber:
@@ -22,10 +23,10 @@ class SshProber:
         self.connect_timeout = float(options.connect_timeout)
         self._config: Any = None
         self._lock = threading.Lock()
-        self._live: set[Any] = set()
+        self._tracker = Tracker()
 
     def _target(self, host: str) -> Any:
-        from dtlaunch.ssh import load_ssh_config, resolve_target
+        from dtlaunch.ssh_config import load_ssh_config, resolve_target
 
         with self._lock:
             if self._config is None:
@@ -35,18 +36,14 @@ class SshProber:
 
     def probe(self, host: str, args: ProbeArgs, timeout: float) -> HostOutcome:
         from dtlaunch.facts import parse_probe_output
-        from dtlaunch.ssh import SshFailure, connect
+        from dtlaunch.ssh import connect
 
         start = time.monotonic()
         try:
-            conn = connect(self._target(host))
-            with self._lock:
-                self._live.add(conn)
+            conn = connect(self._target(host), tracker=self._tracker)
             try:
                 result = conn.run_remote(build_remote_command(args), timeout)
             finally:
-                with self._lock:
-                    self._live.discard(conn)
                 conn.close()
             facts = parse_probe_output(result.stdout)
             if not facts.hostname and result.exit_code != 0:
@@ -66,21 +63,13 @@ class SshProber:
                 seconds=time.monotonic() - start)
 
     def verify(self, host: str) -> str | None:
-        from dtlaunch.ssh import SshFailure, verify_host_key
+        from dtlaunch.ssh import verify_host_key
 
         try:
-            verify_host_key(self._target(host))
+            verify_host_key(self._target(host), tracker=self._tracker)
         except SshFailure as exc:
             return exc.kind
         return None
 
     def close(self) -> None:
-        from dtlaunch.ssh import close_all_proxies
-
-        with self._lock:
-            conns = list(self._live)
-            self._live.clear()
-        for conn in conns:
-            with contextlib.suppress(Exception):
-                conn.close()
-        close_all_proxies()
+        self._tracker.close_all()

@@ -66,7 +66,8 @@ def test_fan_out_bounds_parallelism() -> None:
 
 def test_a_stuck_ssh_agent_costs_at_most_the_connect_timeout(tmp_path: Path,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    from dtlaunch import ssh
+    from dtlaunch.ssh_config import SshTarget
+    from dtlaunch.ssh_identity import load_identities
 
     path = str(tmp_path / "agent.sock")
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -77,10 +78,10 @@ def test_a_stuck_ssh_agent_costs_at_most_the_connect_timeout(tmp_path: Path,
     accepter = threading.Thread(target=lambda: held.append(listener.accept()[0]), daemon=True)
     accepter.start()
     monkeypatch.setenv("SSH_AUTH_SOCK", path)
-    target = ssh.SshTarget(alias="n", hostname="127.0.0.1", port=22, user="me",
+    target = SshTarget(alias="n", hostname="127.0.0.1", port=22, user="me",
                            identity_files=(os.devnull + "-none",), connect_timeout=0.5)
     found: list[object] = []
-    worker = threading.Thread(target=lambda: found.append(ssh.load_identities(target)), daemon=True)
+    worker = threading.Thread(target=lambda: found.append(load_identities(target)), daemon=True)
     worker.start()
     worker.join(10)
     try:
