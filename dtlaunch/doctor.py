@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from dtlaunch.checks import Expectations
 from dtlaunch.probe import ProbeArgs, probe_local
-from dtlaunch.prober import Prober, fan_out, local_names
+from dtlaunch.prober import Prober, Tracker, fan_out, local_names
 from dtlaunch.report import HOST, LAUNCHER, DoctorReport, HostOutcome, Role, ssh_failed
 from dtlaunch.ssh_options import SshOptions
 from dtlaunch.verdict import evaluate
@@ -43,10 +43,11 @@ def probe_args(request: DoctorRequest, host: str | None) -> ProbeArgs:
     )
 
 
-def _probe_launcher(request: DoctorRequest, name: str, rank: bool) -> HostOutcome:
+def _probe_launcher(request: DoctorRequest, name: str, rank: bool,
+                    tracker: Tracker) -> HostOutcome:
     start = time.monotonic()
     try:
-        facts = probe_local(probe_args(request, None), timeout=request.command_timeout)
+        facts = probe_local(probe_args(request, None), request.command_timeout, tracker)
     except Exception as exc:
         return HostOutcome(name, LAUNCHER, problem=ssh_failed(
             f"the local probe failed: {exc}", "check that 'sh' and the Python work"),
@@ -79,10 +80,11 @@ def run_doctor(request: DoctorRequest, progress: Progress | None = None,
 
         prober = SshProber(request.ssh)
     reach = prober
+    here_probe = Tracker()
 
     def work(host: str | None) -> HostOutcome:
         if host is None:
-            return _probe_launcher(request, launcher_name, rank_launcher)
+            return _probe_launcher(request, launcher_name, rank_launcher, here_probe)
         return reach.probe(host, probe_args(request, host), request.command_timeout)
 
     # A connection may take the connect timeout twice (TCP and SSH handshake, then login).
@@ -102,6 +104,7 @@ def run_doctor(request: DoctorRequest, progress: Progress | None = None,
         outcomes = fan_out(hosts, work, fallback, seconds, report, while_waiting)
     finally:
         prober.close()
+        here_probe.close_all()
     return evaluate(outcomes, request.expect, time.monotonic() - start,
                     peers=remote if request.expect.pairwise else ())
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import os
 import stat
 import threading
@@ -93,10 +94,11 @@ def read_cache(key: str, now: float | None = None) -> bool:
     try:
         with open(path) as handle:
             data = json.load(handle)
-    except (OSError, ValueError):
-        return False
-    age = (now if now is not None else time.time()) - float(data.get("time", 0))
-    return data.get("key") == key and 0 <= age < CACHE_SECONDS
+        written = float(data["time"]) if data["key"] == key else math.nan
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        return False  # unreadable or not what we wrote: check again
+    age = (now if now is not None else time.time()) - written
+    return 0 <= age < CACHE_SECONDS
 
 
 def _trusted_dir(path: str) -> bool:

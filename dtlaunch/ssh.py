@@ -20,6 +20,7 @@ from dtlaunch.known_hosts import (
     known_keys,
     preferred_host_key_types,
 )
+from dtlaunch.prober import Tracker
 from dtlaunch.ssh_config import SshTarget, import_paramiko
 from dtlaunch.ssh_errors import (
     AUTH,
@@ -34,7 +35,7 @@ from dtlaunch.ssh_errors import (
     fail,
 )
 from dtlaunch.ssh_identity import load_identities
-from dtlaunch.ssh_proxy import ProxySocket, Tracker, open_socket
+from dtlaunch.ssh_proxy import ProxySocket, open_socket
 
 # Curve25519 first: its key exchange is the cheapest paramiko offers (C-backed).
 KEX_PREFERENCE = ("curve25519-sha256@libssh.org", "curve25519-sha256")
@@ -61,7 +62,10 @@ class Connection:
             tracker.add(self)
 
     def run_remote(self, command: str, timeout: float) -> RemoteResult:
-        """Run one command (already shell-quoted piece by piece) and collect its output."""
+        """Run one command (already shell-quoted piece by piece) and collect its output.
+
+        The command's input stays open until the channel closes, so a command tied to it
+        (dtlaunch/probe_scripts/tied.sh) ends when we give up on it or are stopped."""
         paramiko = import_paramiko()
 
         deadline = time.monotonic() + timeout
@@ -69,7 +73,6 @@ class Connection:
             channel = self.transport.open_session(timeout=timeout)
             channel.settimeout(min(1.0, timeout))
             channel.exec_command(command)
-            channel.shutdown_write()
             out: list[bytes] = []
             err: list[bytes] = []
             while True:

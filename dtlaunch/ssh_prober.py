@@ -11,10 +11,10 @@ import time
 from typing import Any
 
 from dtlaunch.probe import ProbeArgs, build_remote_command
+from dtlaunch.prober import Tracker
 from dtlaunch.report import HOST, HostOutcome, ssh_failed
 from dtlaunch.ssh_errors import SshFailure
 from dtlaunch.ssh_options import SshOptions
-from dtlaunch.ssh_proxy import Tracker
 
 
 class SshProber:

@@ -2,8 +2,8 @@
 write `sh -c '...'` in the config when shell syntax is needed), its standard input and output
 one end of a socket pair, so paramiko reads it like any socket and sees the proxy's end of file.
 
-What is open (proxies, connections) is tracked by the caller's `Tracker`, not a global
-registry, so a prober ends exactly its own on Ctrl-C or at a deadline.
+A proxy is tracked by the caller's `Tracker` (dtlaunch.prober), not a global registry, so a
+prober ends exactly its own on Ctrl-C or at a deadline.
 """
 
 from __future__ import annotations
@@ -14,62 +14,11 @@ import shlex
 import signal
 import socket
 import subprocess
-import threading
-from collections.abc import Iterator, Sequence
-from typing import Protocol
+from collections.abc import Sequence
 
+from dtlaunch.prober import Tracker
 from dtlaunch.ssh_config import SshTarget
 from dtlaunch.ssh_errors import PROXY, classify_os_error, fail
-
-
-class Closable(Protocol):
-    def close(self) -> None: ...
-
-
-class Tracker:
-    """Things still open that must be ended on Ctrl-C or at a deadline. Once `close_all` ran,
-    whatever is added is closed at once, and `close_all` waits (briefly) for processes being
-    started right then: one started a moment before Ctrl-C must not outlive dtlaunch."""
-
-    def __init__(self) -> None:
-        self._items: set[Closable] = set()
-        self._cond = threading.Condition()
-        self._closed = False
-        self._opening = 0
-
-    @contextlib.contextmanager
-    def opening(self) -> Iterator[None]:
-        """Wraps starting a process until it is added, so close_all can wait for it."""
-        with self._cond:
-            self._opening += 1
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._opening -= 1
-                self._cond.notify_all()
-
-    def add(self, item: Closable) -> None:
-        with self._cond:
-            if not self._closed:
-                self._items.add(item)
-                return
-        item.close()
-
-    def discard(self, item: Closable) -> None:
-        with self._cond:
-            self._items.discard(item)
-
-    def close_all(self, wait: float = 5.0) -> None:
-        with self._cond:
-            self._closed = True
-            items = list(self._items)
-            self._items.clear()
-        for item in items:
-            with contextlib.suppress(Exception):
-                item.close()
-        with self._cond:
-            self._cond.wait_for(lambda: self._opening == 0, timeout=wait)
 
 
 class ProxySocket:

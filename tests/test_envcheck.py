@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import dtlaunch_argv
 
 from dtlaunch.checks import check_horovod, check_open_mpi
 from dtlaunch.envcheck import env_report, evaluate_env, gather_env
@@ -57,3 +63,36 @@ def test_failures_carry_the_doctors_verdict_and_fix(facts: dict[str, Any]) -> No
         assert len(failed) == 1
         assert (failed[0].detail, failed[0].hint) == (expected.detail, expected.hint)
         assert env_report(facts, items)["ok"] is False
+
+
+def run_env_check(env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(dtlaunch_argv("env-check", "--json"), capture_output=True, text=True,
+                          env=env, timeout=timeout)
+
+
+def test_env_check_with_nothing_on_path_reports_instead_of_crashing() -> None:
+    result = run_env_check({**os.environ, "PATH": "/nonexistent"})
+    assert "Traceback" not in result.stderr
+    assert result.returncode == 1, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["openmpi"]["mpirun"] is None and doc["ok"] is False
+
+
+def test_env_check_with_a_hanging_ip_returns(tmp_path: Path) -> None:
+    fake = tmp_path / "ip"
+    fake.write_text("#!/bin/sh\nexec sleep 3000\n")
+    fake.chmod(0o755)
+    started = time.monotonic()
+    result = run_env_check({**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"})
+    assert time.monotonic() - started < 60
+    assert result.returncode in (0, 1), result.stderr
+    assert json.loads(result.stdout)["interfaces"] == []
+    assert not [p for p in os.listdir("/proc") if p.isdigit() and _cmdline(p) == "sleep 3000"]
+
+
+def _cmdline(pid: str) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            return handle.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return ""

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from conftest import dtlaunch_argv
 
+from dtlaunch.prober import Tracker
 from dtlaunch.ssh import connect
 from dtlaunch.ssh_config import SshTarget
 from dtlaunch.ssh_errors import SshFailure
-from dtlaunch.ssh_proxy import Tracker
 
 
 def alive(pid: int) -> bool:
