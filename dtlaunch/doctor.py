@@ -12,8 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from dtlaunch.checks import Expectations
-from dtlaunch.probe import ProbeArgs, probe_local
-from dtlaunch.prober import Prober, Tracker, fan_out, local_names
+from dtlaunch.probe import ProbeArgs
+from dtlaunch.prober import Reach, Tracker, fan_out, local_names, ssh_reach
 from dtlaunch.report import HOST, LAUNCHER, DoctorReport, HostOutcome, Role, ssh_failed
 from dtlaunch.ssh_options import SshOptions
 from dtlaunch.verdict import evaluate
@@ -43,11 +43,11 @@ def probe_args(request: DoctorRequest, host: str | None) -> ProbeArgs:
     )
 
 
-def _probe_launcher(request: DoctorRequest, name: str, rank: bool,
+def _probe_launcher(request: DoctorRequest, name: str, rank: bool, reach: Reach,
                     tracker: Tracker) -> HostOutcome:
     start = time.monotonic()
     try:
-        facts = probe_local(probe_args(request, None), request.command_timeout, tracker)
+        facts = reach.here(probe_args(request, None), request.command_timeout, tracker)
     except Exception as exc:
         return HostOutcome(name, LAUNCHER, problem=ssh_failed(
             f"the local probe failed: {exc}", "check that 'sh' and the Python work"),
@@ -65,30 +65,27 @@ def _no_answer(host: str, role: Role, exc: BaseException | None, seconds: float)
 
 def run_doctor(request: DoctorRequest, progress: Progress | None = None,
                while_waiting: Callable[[], None] | None = None,
-               prober: Prober | None = None) -> DoctorReport:
+               reach: Reach | None = None) -> DoctorReport:
     """Probe this machine and every host in parallel, within one overall deadline.
     `while_waiting` runs once on this thread after every probe has started (e.g. importing
-    the renderer while the hosts answer)."""
+    the renderer while the hosts answer); `reach`: how hosts are reached (default: SSH)."""
     start = time.monotonic()
     here = local_names()
     local_in_list = [h for h in request.hosts if h in here]
     remote = [h for h in request.hosts if h not in here]
     launcher_name = local_in_list[0] if local_in_list else "localhost"
     rank_launcher = bool(local_in_list) or not request.hosts
-    if prober is None:
-        from dtlaunch.ssh_prober import SshProber
-
-        prober = SshProber(request.ssh)
-    reach = prober
+    ways = reach or ssh_reach(request.ssh)
+    prober = ways.prober()
     here_probe = Tracker()
 
     def work(host: str | None) -> HostOutcome:
         if host is None:
-            return _probe_launcher(request, launcher_name, rank_launcher, here_probe)
-        return reach.probe(host, probe_args(request, host), request.command_timeout)
+            return _probe_launcher(request, launcher_name, rank_launcher, ways, here_probe)
+        return prober.probe(host, probe_args(request, host), request.command_timeout)
 
     # A connection may take the connect timeout twice (TCP and SSH handshake, then login).
-    seconds = 2 * reach.connect_timeout + request.command_timeout + 5
+    seconds = 2 * prober.connect_timeout + request.command_timeout + 5
 
     def fallback(host: str | None, exc: BaseException | None) -> HostOutcome:
         if host is None:

@@ -23,13 +23,11 @@ import os
 import stat
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from dtlaunch.openmpi import OPEN_MPI
-from dtlaunch.prober import Prober, fan_out, local_names
+from dtlaunch.prober import Prober, Reach, fan_out, local_names, ssh_reach
 
 if TYPE_CHECKING:
     from dtlaunch.mpi import MpiFamily
@@ -215,18 +213,15 @@ def failure_message(report: DoctorReport | None, job_started: bool) -> str:
 
 
 def run_preflight(request: Any, plan: Any, job_started: bool = False,
-                  prober: Callable[[], Prober] | None = None) -> PreflightOutcome:
+                  reach: Reach | None = None) -> PreflightOutcome:
     """Check what the job needs on every host.
 
     On a cache hit the host keys still get checked: alongside mpirun when that is safe (the
     returned watch), else here, before the launch. ``job_started``: the watch found a bad key
-    after the launch; the cache is dropped and the full checks run to report it. ``prober``
-    makes the Prober for each round of checks (default: SSH with the request's options).
+    after the launch; the cache is dropped and the full checks run to report it. ``reach``:
+    how hosts are reached (default: SSH with the request's options).
     """
-    if prober is None:
-        from dtlaunch.ssh_prober import SshProber
-
-        prober = partial(SshProber, request.ssh)
+    ways = reach or ssh_reach(request.ssh)
     from dtlaunch.doctor import DoctorRequest, build_expectations, run_doctor
 
     hosts = tuple(h.name for h in plan.hosts)
@@ -235,9 +230,9 @@ def run_preflight(request: Any, plan: Any, job_started: bool = False,
     key = cache_key(request, hosts, cwd)
     if use_cache and read_cache(key):
         if may_overlap(request, plan.family):
-            return PreflightOutcome(watch=HostKeyWatch(hosts, prober()), message=(
+            return PreflightOutcome(watch=HostKeyWatch(hosts, ways.prober()), message=(
                 "pre-flight: passed recently (cached); checking host keys while the job starts"))
-        if not host_key_failures(hosts, prober()):
+        if not host_key_failures(hosts, ways.prober()):
             return PreflightOutcome(
                 message="pre-flight: passed recently (cached); host keys verified")
         drop_cache(key)
@@ -250,7 +245,7 @@ def run_preflight(request: Any, plan: Any, job_started: bool = False,
         ssh=request.ssh,
         cwd=cwd,
     )
-    report = run_doctor(doctor_request, prober=prober())
+    report = run_doctor(doctor_request, reach=ways)
     if not report.ok:
         return PreflightOutcome(report)
     if use_cache:

@@ -15,11 +15,14 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 if TYPE_CHECKING:
+    from dtlaunch.facts import HostFacts
     from dtlaunch.probe import ProbeArgs
     from dtlaunch.report import HostOutcome
+    from dtlaunch.ssh_options import SshOptions
 
 MAX_PARALLEL = 64
 LOCAL_NAMES = frozenset({"localhost", "127.0.0.1", "localhost.localdomain"})
@@ -94,6 +97,23 @@ class Tracker:
                 item.close()
         with self._cond:
             self._cond.wait_for(lambda: self._opening == 0, timeout=wait)
+
+
+@dataclass(frozen=True)
+class Reach:
+    """How a round of checks reaches the hosts: a fresh Prober for each round, and the probe
+    of this machine (run directly, ended through the Tracker). Tests hand in fakes."""
+
+    prober: Callable[[], Prober]
+    here: Callable[[ProbeArgs, float, Tracker], HostFacts]
+
+
+def ssh_reach(options: SshOptions) -> Reach:
+    """Remote hosts over SSH, this machine through a local shell: the default."""
+    from dtlaunch.probe import probe_local
+    from dtlaunch.ssh_prober import SshProber
+
+    return Reach(prober=lambda: SshProber(options), here=probe_local)
 
 
 def local_names() -> frozenset[str]:

@@ -25,6 +25,7 @@ from dtlaunch.plan import RunPlan, RunRequest, plan_run
 
 if TYPE_CHECKING:
     from dtlaunch.launch import LaunchResult
+    from dtlaunch.prober import Reach
     from dtlaunch.report import DoctorReport
 
 
@@ -111,9 +112,11 @@ def prepare(request: RunRequest, on_event: OnEvent, *, dry_run: bool = False,
     return Prepared(plan, program)
 
 
-def launch(request: LaunchRequest, on_event: OnEvent, *,
-           executor: Executor | None = None) -> RunOutcome:
-    """Pre-flight, execute, and after a host key went bad during the start, check again."""
+def launch(request: LaunchRequest, on_event: OnEvent, *, executor: Executor | None = None,
+           reach: Reach | None = None) -> RunOutcome:
+    """Pre-flight, execute, and after a host key went bad during the start, check again.
+    `executor` runs the job (default: launch.execute); `reach`: how the checks reach the
+    hosts (default: SSH)."""
     from dtlaunch.preflight import failure_message, run_preflight
 
     prepared = prepare(request.run, on_event)
@@ -121,7 +124,7 @@ def launch(request: LaunchRequest, on_event: OnEvent, *,
     watch = None
     if request.check:
         with signals_raise():
-            checked = run_preflight(request.run, plan)
+            checked = run_preflight(request.run, plan, reach=reach)
         if checked.message:
             on_event(Event(EventLevel.DETAIL, checked.message))
         if not checked.ok:
@@ -146,7 +149,7 @@ def launch(request: LaunchRequest, on_event: OnEvent, *,
         # A host key changed (or vanished) since the cached pre-flight: the full checks
         # name the host and the fix.
         with signals_raise():
-            checked = run_preflight(request.run, plan, job_started=True)
+            checked = run_preflight(request.run, plan, job_started=True, reach=reach)
         if not checked.ok:
             return RunOutcome(plan, checked.report, result, EXIT_FAILURE,
                               failure_message(checked.report, job_started=True))
