@@ -89,36 +89,6 @@ def cli() -> None:
     """Launch Horovod training jobs on Open MPI, checked before they start."""
 
 
-def _read_hosts(hosts: str | None, hostfile: str | None) -> tuple[Any, ...]:
-    from dtlaunch.hosts import parse_hosts, read_hostfile
-
-    if hosts is not None and hostfile is not None:
-        raise UsageError("give either --hosts or --hostfile, not both")
-    if hostfile is not None:
-        return read_hostfile(hostfile)
-    if hosts is not None:
-        return parse_hosts(hosts)
-    return ()
-
-
-def _ssh_options(port: int | None, identity: str | None, config: str | None,
-                 timeout: int, accept_new: bool) -> Any:
-    from dtlaunch.ssh_options import SshOptions, check_rsh_arg
-
-    for value, option in ((identity, "--ssh-identity-file"), (config, "--ssh-config")):
-        if value is not None:
-            check_rsh_arg(value, option)
-            if not os.path.isfile(value):
-                raise UsageError(f"{option}: no such file: {value}")
-    return SshOptions(
-        port=port,
-        identity_file=identity,
-        config_file=config,
-        connect_timeout=timeout,
-        host_key_policy="accept-new" if accept_new else "yes",
-    )
-
-
 def _warn(message: str) -> None:
     click.echo(f"dtlaunch: warning: {message}", err=True)
 
@@ -168,10 +138,12 @@ def run(hosts: str | None, hostfile: str | None, iface: str | None, python: str 
         verbose: bool, args: tuple[str, ...]) -> None:
     """Run SCRIPT [ARGS]... (or -m MODULE [ARGS]...) on every host through mpirun."""
     from dtlaunch import session
+    from dtlaunch.hosts import read_hosts
     from dtlaunch.mpi import parse_iface, split_mpi_args
     from dtlaunch.plan import RunRequest
+    from dtlaunch.ssh_options import ssh_options_from
 
-    host_list = _read_hosts(hosts, hostfile)
+    host_list = read_hosts(hosts, hostfile)
     script: str | None = None
     if module is None:
         if not args:
@@ -192,7 +164,7 @@ def run(hosts: str | None, hostfile: str | None, iface: str | None, python: str 
         oversubscribe=oversubscribe,
         iface=parse_iface(iface) if iface is not None else None,
         env_items=env_items,
-        ssh=_ssh_options(ssh_port, ssh_identity_file, ssh_config, connect_timeout,
+        ssh=ssh_options_from(ssh_port, ssh_identity_file, ssh_config, connect_timeout,
                          accept_new_host_keys),
         mpi_args=split_mpi_args(mpi_args) if mpi_args else (),
         timeline=timeline,
@@ -241,15 +213,17 @@ def doctor(hosts: str | None, hostfile: str | None, iface: str | None, python: s
            module: str | None, pairwise: bool, as_json: bool, script: str | None) -> None:
     """Check every host (and this one) before a job: SSH, Open MPI, Python, Horovod, network."""
     from dtlaunch.doctor import DoctorRequest, build_expectations, run_doctor
+    from dtlaunch.hosts import read_hosts
     from dtlaunch.mpi import parse_iface
     from dtlaunch.plan import check_module_name
+    from dtlaunch.ssh_options import ssh_options_from
 
-    host_list = _read_hosts(hosts, hostfile)
+    host_list = read_hosts(hosts, hostfile)
     if script is not None and module is not None:
         raise UsageError("doctor: give either SCRIPT or -m MODULE, not both")
     if module is not None:
         check_module_name(module)
-    ssh = _ssh_options(ssh_port, ssh_identity_file, ssh_config, connect_timeout,
+    ssh = ssh_options_from(ssh_port, ssh_identity_file, ssh_config, connect_timeout,
                        accept_new_host_keys)
     request = DoctorRequest(
         hosts=tuple(h.name for h in host_list),

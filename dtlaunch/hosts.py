@@ -140,6 +140,17 @@ def read_hostfile(path: str) -> tuple[Host, ...]:
     return parse_hostfile_text(text, path)
 
 
+def read_hosts(hosts: str | None, hostfile: str | None) -> tuple[Host, ...]:
+    """`--hosts` or `--hostfile` (not both); neither: no hosts (this machine)."""
+    if hosts is not None and hostfile is not None:
+        raise UsageError("give either --hosts or --hostfile, not both")
+    if hostfile is not None:
+        return read_hostfile(hostfile)
+    if hosts is not None:
+        return parse_hosts(hosts)
+    return ()
+
+
 def total_slots(hosts: Sequence[Host]) -> int:
     return sum(h.slots for h in hosts)
 

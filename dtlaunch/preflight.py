@@ -75,19 +75,19 @@ def _cache_path(key: str) -> str:
     return os.path.join(_cache_dir(), f"preflight-{key[:40]}.json")
 
 
-def _trusted(path: str) -> bool:
-    """Only our own file, not writable by anyone else, counts."""
+def _private(path: str, kind: int) -> bool:
+    """Only our own file or directory (not a link), writable by nobody else, counts."""
     try:
         st = os.lstat(path)
     except OSError:
         return False
-    return (stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid()
+    return (stat.S_IFMT(st.st_mode) == kind and st.st_uid == os.getuid()
             and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH))
 
 
 def read_cache(key: str, now: float | None = None) -> bool:
     path = _cache_path(key)
-    if not _trusted(path) or not _trusted_dir(os.path.dirname(path)):
+    if not _private(path, stat.S_IFREG) or not _private(os.path.dirname(path), stat.S_IFDIR):
         return False
     try:
         with open(path) as handle:
@@ -99,20 +99,11 @@ def read_cache(key: str, now: float | None = None) -> bool:
     return 0 <= age < CACHE_SECONDS
 
 
-def _trusted_dir(path: str) -> bool:
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return False
-    return (stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid()
-            and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH))
-
-
 def write_cache(key: str) -> None:
     folder = _cache_dir()
     try:
         os.makedirs(folder, mode=0o700, exist_ok=True)
-        if not _trusted_dir(folder):
+        if not _private(folder, stat.S_IFDIR):
             return
         path = _cache_path(key)
         tmp = f"{path}.{os.getpid()}.tmp"

@@ -1,7 +1,8 @@
-"""How dtlaunch's own SSH and the MPI launcher's ssh reach the hosts. Pure code."""
+"""How dtlaunch's own SSH and the MPI launcher's ssh reach the hosts."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from dtlaunch.errors import UsageError
@@ -33,6 +34,19 @@ class SshOptions:
         if self.config_file:
             args += ["-F", self.config_file]
         return tuple(args)
+
+
+def ssh_options_from(port: int | None, identity: str | None, config: str | None,
+                     timeout: int, accept_new: bool) -> SshOptions:
+    """The command line's SSH options, checked: the files exist and can pass to the launcher."""
+    for value, option in ((identity, "--ssh-identity-file"), (config, "--ssh-config")):
+        if value is not None:
+            check_rsh_arg(value, option)
+            if not os.path.isfile(value):
+                raise UsageError(f"{option}: no such file: {value}")
+    return SshOptions(port=port, identity_file=identity, config_file=config,
+                      connect_timeout=timeout,
+                      host_key_policy="accept-new" if accept_new else "yes")
 
 
 def check_rsh_arg(value: str, option: str) -> str:
