@@ -212,7 +212,7 @@ def doctor(hosts: str | None, hostfile: str | None, iface: str | None, python: s
            connect_timeout: int, accept_new_host_keys: bool, timeout: float | None,
            module: str | None, pairwise: bool, as_json: bool, script: str | None) -> None:
     """Check every host (and this one) before a job: SSH, Open MPI, Python, Horovod, network."""
-    from dtlaunch.doctor import DoctorRequest, build_expectations, run_doctor
+    from dtlaunch.doctor import COMMAND_TIMEOUT, DoctorRequest, build_expectations, run_doctor
     from dtlaunch.hosts import read_hosts
     from dtlaunch.mpi import parse_iface
     from dtlaunch.plan import check_module_name
@@ -231,7 +231,7 @@ def doctor(hosts: str | None, hostfile: str | None, iface: str | None, python: s
                                   parse_iface(iface) if iface is not None else None, pairwise),
         ssh=ssh,
         cwd=os.getcwd(),
-        **({"command_timeout": timeout} if timeout is not None else {}),
+        command_timeout=timeout if timeout is not None else COMMAND_TIMEOUT,
     )
     from dtlaunch.render import Spinner, preload
 

@@ -21,13 +21,16 @@ from dtlaunch.verdict import evaluate
 Progress = Callable[[int, int, str], None]
 
 
+COMMAND_TIMEOUT = 150.0  # seconds a host's checks may run: a cold probe imports torch once
+
+
 @dataclass(frozen=True)
 class DoctorRequest:
     hosts: tuple[str, ...]  # rank hosts as given; empty: this machine only
     expect: Expectations
     ssh: SshOptions = field(default_factory=SshOptions)
     cwd: str = ""
-    command_timeout: float = 150.0  # a cold probe imports torch once per host
+    command_timeout: float = COMMAND_TIMEOUT
 
 
 def probe_args(request: DoctorRequest, host: str | None) -> ProbeArgs:

@@ -31,6 +31,7 @@ from dtlaunch.prober import Prober, Reach, fan_out, local_names, ssh_reach
 
 if TYPE_CHECKING:
     from dtlaunch.mpi import MpiFamily
+    from dtlaunch.plan import RunPlan, RunRequest
     from dtlaunch.report import DoctorReport
 
 CACHE_SECONDS = 300.0
@@ -46,7 +47,7 @@ def _stamp(path: str | None) -> list[Any]:
     return [path, st.st_size, st.st_mtime_ns, st.st_ino]
 
 
-def cache_key(request: Any, hosts: tuple[str, ...], cwd: str) -> str:
+def cache_key(request: RunRequest, hosts: tuple[str, ...], cwd: str) -> str:
     ssh = request.ssh
     watched = [ssh.config_file or "~/.ssh/config", ssh.identity_file, "~/.ssh/known_hosts",
                "~/.ssh/known_hosts2", "/etc/ssh/ssh_known_hosts", request.script, request.python]
@@ -176,7 +177,7 @@ class HostKeyWatch:
         return bool(self.bad)
 
 
-def may_overlap(request: Any, family: MpiFamily = OPEN_MPI) -> bool:
+def may_overlap(request: RunRequest, family: MpiFamily = OPEN_MPI) -> bool:
     """The key check may run alongside the launch only while dtlaunch controls the launcher's
     ssh: extra launcher arguments could weaken its host-key checking."""
     return family.ssh_left_to_dtlaunch(request.mpi_args)
@@ -203,7 +204,7 @@ def failure_message(report: DoctorReport | None, job_started: bool) -> str:
             + f"; {outcome} (fix the problems above, or pass --no-check)")
 
 
-def run_preflight(request: Any, plan: Any, job_started: bool = False,
+def run_preflight(request: RunRequest, plan: RunPlan, job_started: bool = False,
                   reach: Reach | None = None) -> PreflightOutcome:
     """Check what the job needs on every host.
 
