@@ -7,11 +7,14 @@ mpirun (prterun) rejects the single-dash ones, and Open MPI 3 and 4 accept both.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from dtlaunch.failures import Failure, analyze
 from dtlaunch.hosts import format_hosts
 from dtlaunch.mpi import INSTALL_OMPI_HINT, MIN_OMPI, JobSpec, MpiImpl, parse_mpirun_version
-from dtlaunch.output import TagDemux
+
+if TYPE_CHECKING:  # imported when a job runs, not for a dry run
+    from dtlaunch.failures import Failure
+    from dtlaunch.output import TagDemux
 
 DEFAULT_MAJOR = 4  # assumed when the local mpirun cannot be asked (a dry run without one)
 
@@ -78,9 +81,13 @@ class OpenMpi:
         return build_mpirun_argv(spec, launcher)
 
     def new_demux(self) -> TagDemux:
+        from dtlaunch.output import TagDemux
+
         return TagDemux()
 
     def parse_failure(self, lines: Sequence[str], rank_hosts: Sequence[str]) -> Failure | None:
+        from dtlaunch.failures import analyze
+
         return analyze(lines, rank_hosts)
 
     def ssh_left_to_dtlaunch(self, extra_args: Sequence[str]) -> bool:
