@@ -9,22 +9,11 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from dtlaunch.facts import HostFacts, Iface, PythonFacts
 from dtlaunch.mpi import INSTALL_OMPI_HINT, MIN_OMPI, Interfaces
-
-PASS = "pass"
-WARN = "warn"
-FAIL = "fail"
-SKIP = "skip"
-_RANK = {SKIP: 0, PASS: 1, WARN: 2, FAIL: 3}
-
-LAUNCHER = "launcher"
-HOST = "host"
-
-CHECK_NAMES = ("ssh", "mpirun", "open-mpi", "python", "torch", "horovod", "script", "iface",
-               "hostname", "pairwise")
+from dtlaunch.report import FAIL, HOST, LAUNCHER, PASS, SKIP, WARN, CheckResult, Role
 
 UNROUTABLE_PREFIXES = ("lo", "docker", "virbr", "veth", "br-", "cni", "flannel", "tun", "tap")
 
@@ -33,14 +22,6 @@ INSTALL_HOROVOD_HINT = (
     "pip install --no-build-isolation horovod (needs cmake, a C++ compiler, libopenmpi-dev and "
     "torch installed first)"
 )
-
-
-@dataclass(frozen=True)
-class CheckResult:
-    name: str
-    status: str
-    detail: str
-    hint: str = ""
 
 
 @dataclass(frozen=True)
@@ -54,73 +35,6 @@ class Expectations:
     pairwise: bool = False
 
 
-@dataclass(frozen=True)
-class SshProblem:
-    kind: str
-    detail: str
-    hint: str
-
-
-@dataclass(frozen=True)
-class HostOutcome:
-    """What one host gave us: facts, or the reason we could not get them."""
-
-    host: str
-    role: str  # LAUNCHER or HOST
-    facts: HostFacts | None = None
-    problem: SshProblem | None = None
-    seconds: float = 0.0
-    note: str = ""
-    is_rank_host: bool = True
-
-
-@dataclass(frozen=True)
-class HostReport:
-    host: str
-    role: str
-    checks: tuple[CheckResult, ...]
-    versions: tuple[tuple[str, str], ...] = ()
-    seconds: float = 0.0
-    note: str = ""
-    hostname: str = ""
-
-    @property
-    def status(self) -> str:
-        return worst(c.status for c in self.checks)
-
-    def check(self, name: str) -> CheckResult | None:
-        return next((c for c in self.checks if c.name == name), None)
-
-
-@dataclass(frozen=True)
-class DoctorReport:
-    hosts: tuple[HostReport, ...]
-    seconds: float = 0.0
-    columns: tuple[str, ...] = field(default=CHECK_NAMES)
-
-    @property
-    def ok(self) -> bool:
-        return all(h.status != FAIL for h in self.hosts)
-
-    @property
-    def status(self) -> str:
-        return worst(h.status for h in self.hosts)
-
-    def failures(self) -> tuple[tuple[str, CheckResult], ...]:
-        return tuple((h.host, c) for h in self.hosts for c in h.checks if c.status == FAIL)
-
-    def warnings(self) -> tuple[tuple[str, CheckResult], ...]:
-        return tuple((h.host, c) for h in self.hosts for c in h.checks if c.status == WARN)
-
-
-def worst(statuses: object) -> str:
-    result = SKIP
-    for status in statuses:  # type: ignore[attr-defined]
-        if _RANK[status] > _RANK[result]:
-            result = status
-    return result
-
-
 def _path_hint(what: str) -> str:
     return (f"put {what} on the PATH of a non-interactive login: set PATH in ~/.bashrc ABOVE its "
             "'If not running interactively' guard (or in /etc/environment), then check with "
@@ -130,7 +44,7 @@ def _path_hint(what: str) -> str:
 # --- single checks ------------------------------------------------------------------------------
 
 
-def check_mpirun(facts: HostFacts, role: str) -> CheckResult:
+def check_mpirun(facts: HostFacts, role: Role) -> CheckResult:
     missing = [n for n, p in (("mpirun", facts.mpirun), ("orted", facts.orted))
                if p is None and (n == "mpirun" or role == HOST)]
     if missing:
@@ -151,7 +65,7 @@ def check_open_mpi(facts: HostFacts, launcher_version: str | None) -> CheckResul
                            + (f" {impl.version}" if impl.version else "")
                            + "; dtlaunch needs Open MPI >= 3.0",
                            INSTALL_OMPI_HINT + ", and make its mpirun come first on PATH")
-    if impl.version_tuple < MIN_OMPI:
+    if impl.release < MIN_OMPI:
         return CheckResult("open-mpi", FAIL,
                            f"{facts.mpirun} is Open MPI {impl.version}, older than 3.0",
                            "an old Open MPI comes first on PATH: remove it or put the newer one's "
@@ -343,71 +257,3 @@ def check_hostnames(names: Mapping[str, str]) -> dict[str, CheckResult]:
         else:
             results[host] = CheckResult("hostname", PASS, name)
     return results
-
-
-# --- whole report -------------------------------------------------------------------------------
-
-
-def check_host(facts: HostFacts, role: str, expect: Expectations, launcher: HostFacts | None,
-               peers: Sequence[str] = ()) -> tuple[CheckResult, ...]:
-    launcher_mpi = launcher.mpi if launcher is not None else None
-    launcher_version = None
-    if launcher_mpi is not None and launcher_mpi.is_open_mpi:
-        launcher_version = launcher_mpi.version if launcher_mpi.version_tuple >= MIN_OMPI else None
-    launcher_py = launcher.python if launcher is not None else None
-    return (
-        CheckResult("ssh", PASS, "local" if role == LAUNCHER else "ok"),
-        check_mpirun(facts, role),
-        check_open_mpi(facts, launcher_version),
-        check_python(facts.python, expect, launcher_py),
-        check_torch(facts.python, launcher_py),
-        check_horovod(facts.python, launcher_py),
-        check_script(facts, expect),
-        check_iface(facts, expect.iface),
-        check_pairwise(facts, expect, peers if role == HOST else ()),
-    )
-
-
-def versions_of(facts: HostFacts) -> tuple[tuple[str, str], ...]:
-    py = facts.python
-    pairs = [
-        ("open-mpi", facts.mpi.version if facts.mpi and facts.mpi.is_open_mpi else ""),
-        ("mpi", f"{facts.mpi.name} {facts.mpi.version}".strip() if facts.mpi else ""),
-        ("python", py.version),
-        ("torch", py.torch_imported or py.torch_version or ""),
-        ("horovod", py.horovod_imported or py.horovod_version or ""),
-    ]
-    return tuple((k, v) for k, v in pairs if v)
-
-
-def skipped_after_ssh(problem: SshProblem) -> tuple[CheckResult, ...]:
-    rest = [CheckResult(name, SKIP, "not reached") for name in CHECK_NAMES[1:]
-            if name != "hostname"]
-    return (CheckResult("ssh", FAIL, problem.detail, problem.hint), *rest)
-
-
-def evaluate(outcomes: Sequence[HostOutcome], expect: Expectations, seconds: float = 0.0,
-             peers: Sequence[str] = ()) -> DoctorReport:
-    """Every host's facts (or SSH problem) into the doctor's report."""
-    launcher = next((o.facts for o in outcomes if o.role == LAUNCHER and o.facts), None)
-    names = {o.host: o.facts.hostname for o in outcomes
-             if o.facts is not None and o.is_rank_host}
-    hostname_checks = check_hostnames(names)
-    reports: list[HostReport] = []
-    for outcome in outcomes:
-        if outcome.facts is None:
-            problem = outcome.problem or SshProblem("ssh-error", "no answer", "")
-            checks = skipped_after_ssh(problem)
-            versions: tuple[tuple[str, str], ...] = ()
-            hostname = ""
-        else:
-            others = [p for p in peers if p != outcome.host]
-            checks = check_host(outcome.facts, outcome.role, expect, launcher, others)
-            versions = versions_of(outcome.facts)
-            hostname = outcome.facts.hostname
-        hostname_check = hostname_checks.get(
-            outcome.host, CheckResult("hostname", SKIP, hostname or "not a rank host"))
-        checks = (*checks[:8], hostname_check, *checks[8:])
-        reports.append(HostReport(outcome.host, outcome.role, checks, versions, outcome.seconds,
-                                  outcome.note, hostname))
-    return DoctorReport(tuple(reports), seconds)

@@ -6,18 +6,25 @@ the commands that need them, so `dtlaunch --help` stays fast.
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
-import subprocess
 import sys
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any, TypeVar
 
 import click
 
 from dtlaunch import __version__
-from dtlaunch.errors import EXIT_USAGE, DtlaunchError, UsageError
+from dtlaunch.errors import (
+    EXIT_FAILURE,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    DtlaunchError,
+    UsageError,
+)
+from dtlaunch.interrupts import Interrupted, signals_raise
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -29,6 +36,22 @@ def _single(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
             raise UsageError(f"{param.opts[-1] if param.opts else param.name}: given more than once")
         return value[0] if value else None
     return value
+
+
+class _Seconds(click.FloatRange):
+    """A positive, finite number of seconds (inf and nan are refused, not taken as 'never')."""
+
+    def __init__(self) -> None:
+        super().__init__(min=0, min_open=True)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number of seconds", param, ctx)
+        return number
+
+
+SECONDS = _Seconds()
 
 
 def single_option(*decls: str, **kwargs: Any) -> Callable[[F], F]:
@@ -66,74 +89,25 @@ def cli() -> None:
     """Launch Horovod training jobs on Open MPI, checked before they start."""
 
 
-def _read_hosts(hosts: str | None, hostfile: str | None) -> tuple[Any, ...]:
-    from dtlaunch.hosts import parse_hosts, read_hostfile
-
-    if hosts is not None and hostfile is not None:
-        raise UsageError("give either --hosts or --hostfile, not both")
-    if hostfile is not None:
-        return read_hostfile(hostfile)
-    if hosts is not None:
-        return parse_hosts(hosts)
-    return ()
-
-
-def _ssh_options(port: int | None, identity: str | None, config: str | None,
-                 timeout: int, accept_new: bool) -> Any:
-    from dtlaunch.mpi import SshOptions, check_rsh_arg
-
-    for value, option in ((identity, "--ssh-identity-file"), (config, "--ssh-config")):
-        if value is not None:
-            check_rsh_arg(value, option)
-            if not os.path.isfile(value):
-                raise UsageError(f"{option}: no such file: {value}")
-    return SshOptions(
-        port=port,
-        identity_file=identity,
-        config_file=config,
-        connect_timeout=timeout,
-        host_key_policy="accept-new" if accept_new else "yes",
-    )
-
-
-def local_mpi(mpirun: str) -> Any:
-    """Ask the local mpirun what it is; only Open MPI >= 3 is supported."""
-    from dtlaunch.mpi import INSTALL_OMPI_HINT, MIN_OMPI, parse_mpirun_version
-
-    try:
-        out = subprocess.run([mpirun, "--version"], capture_output=True, text=True, timeout=20,
-                             stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise DtlaunchError(f"cannot run {mpirun} --version: {exc}") from None
-    impl = parse_mpirun_version(out.stdout + out.stderr)
-    if not impl.is_open_mpi:
-        raise UsageError(f"{mpirun} is {impl.name}, not Open MPI; dtlaunch needs Open MPI >= 3.0; "
-                         f"{INSTALL_OMPI_HINT}")
-    if impl.version_tuple < MIN_OMPI:
-        raise UsageError(f"{mpirun} is Open MPI {impl.version}; dtlaunch needs >= 3.0; "
-                         f"{INSTALL_OMPI_HINT}")
-    return impl
-
-
-def rsh_agent_command() -> str | None:
-    """dtlaunch's ssh wrapper, which reports a lost host (Open MPI splits this on spaces).
-
-    It runs once per host, so it starts as a bare file with -I -S (no site, no environment):
-    it needs only the standard library, and this saves ~30 ms of CPU per host."""
-    from dtlaunch import rsh
-
-    wrapper = rsh.__file__ or ""
-    if not wrapper.endswith(".py") or any(c.isspace() for c in sys.executable + wrapper):
-        return None
-    return f"{sys.executable} -I -S {wrapper}"
-
-
 def _warn(message: str) -> None:
     click.echo(f"dtlaunch: warning: {message}", err=True)
 
 
 def _note(message: str) -> None:
     click.echo(f"dtlaunch: {message}", err=True)
+
+
+def _event_printer(verbose: bool) -> Callable[[Any], None]:
+    """How the CLI shows a run's events on stderr."""
+    from dtlaunch.session import EventLevel
+
+    def show(event: Any) -> None:
+        if event.level is EventLevel.WARNING:
+            _warn(event.text)
+        elif event.level is EventLevel.NOTE or verbose:
+            _note(event.text)
+
+    return show
 
 
 @cli.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
@@ -147,7 +121,7 @@ def _note(message: str) -> None:
 @single_option("--mpi-args", metavar="ARGS", help="Extra mpirun arguments, split like a shell.")
 @single_option("--output-dir", metavar="DIR", help="Also write each rank's output to DIR/rank.N.log.")
 @single_option("--timeline", metavar="FILE", help="Write a Horovod timeline to FILE.")
-@single_option("--timeout", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
+@single_option("--timeout", type=SECONDS, metavar="SECONDS",
                help="Stop the whole job after this long.")
 @click.option("--tree-spawn", is_flag=True,
               help="Let Open MPI spawn daemons in a tree (needs SSH between every pair of hosts).")
@@ -163,10 +137,13 @@ def run(hosts: str | None, hostfile: str | None, iface: str | None, python: str 
         timeout: float | None, tree_spawn: bool, no_check: bool, dry_run: bool,
         verbose: bool, args: tuple[str, ...]) -> None:
     """Run SCRIPT [ARGS]... (or -m MODULE [ARGS]...) on every host through mpirun."""
+    from dtlaunch import session
+    from dtlaunch.hosts import read_hosts
     from dtlaunch.mpi import parse_iface, split_mpi_args
-    from dtlaunch.plan import RunRequest, plan_run
+    from dtlaunch.plan import RunRequest
+    from dtlaunch.ssh_options import ssh_options_from
 
-    host_list = _read_hosts(hosts, hostfile)
+    host_list = read_hosts(hosts, hostfile)
     script: str | None = None
     if module is None:
         if not args:
@@ -187,59 +164,29 @@ def run(hosts: str | None, hostfile: str | None, iface: str | None, python: str 
         oversubscribe=oversubscribe,
         iface=parse_iface(iface) if iface is not None else None,
         env_items=env_items,
-        ssh=_ssh_options(ssh_port, ssh_identity_file, ssh_config, connect_timeout,
+        ssh=ssh_options_from(ssh_port, ssh_identity_file, ssh_config, connect_timeout,
                          accept_new_host_keys),
         mpi_args=split_mpi_args(mpi_args) if mpi_args else (),
         timeline=timeline,
         tree_spawn=tree_spawn,
-        rsh_agent=rsh_agent_command(),
+        rsh_agent=session.rsh_agent_command(),
     )
-    mpirun = shutil.which("mpirun")
-    if mpirun is None and not dry_run:  # --dry-run still prints the command without one
-        from dtlaunch.mpi import INSTALL_OMPI_HINT
-
-        raise UsageError(f"mpirun not found on PATH; {INSTALL_OMPI_HINT}")
-    ompi_major = local_mpi(mpirun).version_tuple[0] if mpirun else 4
-    plan = plan_run(request, dict(os.environ), mpirun="mpirun", ompi_major=ompi_major,
-                    as_root=os.geteuid() == 0, cpu_count=os.cpu_count() or 1)
-    for message in plan.env.warnings:
-        _warn(message)
+    on_event = _event_printer(verbose)
     if dry_run:
-        click.echo(plan.display())
+        click.echo(session.prepare(request, on_event, dry_run=True).plan.display())
         return
-    watch = None
-    if not no_check:
-        from dtlaunch.preflight import run_preflight
+    outcome = session.launch(session.LaunchRequest(request, check=not no_check, timeout=timeout,
+                                                   output_dir=output_dir), on_event)
+    if outcome.error is not None:
+        if outcome.preflight is not None:
+            from dtlaunch.render import render_report
 
-        watch = run_preflight(request, plan, mpirun=mpirun, verbose=verbose)
-    if verbose:
-        _note("running: " + plan.display())
-    from dtlaunch.launch import execute
-
-    result = execute(
-        (mpirun or "mpirun", *plan.argv[1:]),
-        plan.launcher_env,
-        plan.rank_hosts,
-        timeout=timeout,
-        output_dir=Path(output_dir) if output_dir else None,
-        announce=_note,
-        stop_when=watch.stop_reason if watch is not None else None,
-    )
-    if watch is not None and watch.failed():
-        # A host key changed (or vanished) since the cached pre-flight: the full checks
-        # name the host and the fix, and raise.
-        from dtlaunch.preflight import run_preflight
-
-        run_preflight(request, plan, mpirun=mpirun, verbose=verbose, job_started=True)
-    if result.interrupted_by is not None:
-        from dtlaunch.failures import signal_name
-
-        _note(f"stopped by {signal_name(result.interrupted_by)}; all ranks were told to exit")
-    elif result.timed_out:
-        _note(f"job stopped: it ran longer than --timeout {timeout:g} s")
-    if result.failure is not None and result.exit_code != 0:
-        _note(f"job failed: {result.failure.describe()}")
-    sys.exit(result.exit_code)
+            render_report(outcome.preflight, sys.stderr)
+        raise DtlaunchError(outcome.error)
+    if outcome.result is not None:
+        for line in session.outcome_lines(outcome.result, timeout):
+            _note(line)
+    sys.exit(outcome.exit_code)
 
 
 @cli.command("install-horovod")
@@ -253,8 +200,8 @@ def install_horovod_cmd(force: bool) -> None:
 
 @cli.command()
 @host_options
-@single_option("--timeout", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
-               help="Seconds to wait for each host's SSH connection (default: --connect-timeout).")
+@single_option("--timeout", type=SECONDS, metavar="SECONDS",
+               help="Seconds each host's checks may run once connected (default: 150).")
 @single_option("-m", "module", metavar="MODULE", help="Check that MODULE imports on every host.")
 @click.option("--pairwise", is_flag=True,
               help="Also check SSH from every host to every other (needed by --tree-spawn).")
@@ -265,17 +212,18 @@ def doctor(hosts: str | None, hostfile: str | None, iface: str | None, python: s
            connect_timeout: int, accept_new_host_keys: bool, timeout: float | None,
            module: str | None, pairwise: bool, as_json: bool, script: str | None) -> None:
     """Check every host (and this one) before a job: SSH, Open MPI, Python, Horovod, network."""
-    from dtlaunch.doctor import DoctorRequest, build_expectations, run_doctor
+    from dtlaunch.doctor import COMMAND_TIMEOUT, DoctorRequest, build_expectations, run_doctor
+    from dtlaunch.hosts import read_hosts
     from dtlaunch.mpi import parse_iface
     from dtlaunch.plan import check_module_name
+    from dtlaunch.ssh_options import ssh_options_from
 
-    host_list = _read_hosts(hosts, hostfile)
+    host_list = read_hosts(hosts, hostfile)
     if script is not None and module is not None:
         raise UsageError("doctor: give either SCRIPT or -m MODULE, not both")
     if module is not None:
         check_module_name(module)
-    seconds = int(timeout + 0.999) if timeout is not None else connect_timeout
-    ssh = _ssh_options(ssh_port, ssh_identity_file, ssh_config, max(1, seconds),
+    ssh = ssh_options_from(ssh_port, ssh_identity_file, ssh_config, connect_timeout,
                        accept_new_host_keys)
     request = DoctorRequest(
         hosts=tuple(h.name for h in host_list),
@@ -283,10 +231,12 @@ def doctor(hosts: str | None, hostfile: str | None, iface: str | None, python: s
                                   parse_iface(iface) if iface is not None else None, pairwise),
         ssh=ssh,
         cwd=os.getcwd(),
+        command_timeout=timeout if timeout is not None else COMMAND_TIMEOUT,
     )
     from dtlaunch.render import Spinner, preload
 
-    with Spinner(len(request.hosts) + 1, enabled=not as_json and sys.stderr.isatty()) as spinner:
+    with signals_raise(), Spinner(len(request.hosts) + 1,
+                                  enabled=not as_json and sys.stderr.isatty()) as spinner:
         report = run_doctor(request, progress=spinner.update,
                             while_waiting=None if as_json else preload)
     if as_json:
@@ -297,7 +247,7 @@ def doctor(hosts: str | None, hostfile: str | None, iface: str | None, python: s
         from dtlaunch.render import render_report
 
         render_report(report)
-    sys.exit(0 if report.ok else 1)
+    sys.exit(EXIT_OK if report.ok else EXIT_FAILURE)
 
 
 @cli.command("env-check")
@@ -308,8 +258,9 @@ def env_check(as_json: bool) -> None:
 
     from dtlaunch.envcheck import env_report, evaluate_env, gather_env
 
-    facts = gather_env()
-    items = evaluate_env(facts)
+    with signals_raise():
+        facts, host = gather_env()
+    items = evaluate_env(facts, host)
     report = env_report(facts, items)
     if as_json:
         click.echo(json.dumps(report, indent=2, default=str))
@@ -317,7 +268,7 @@ def env_check(as_json: bool) -> None:
         from dtlaunch.render import render_env
 
         render_env(items)
-    sys.exit(0 if report["ok"] else 1)
+    sys.exit(EXIT_OK if report["ok"] else EXIT_FAILURE)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -332,12 +283,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.exit(exc.exit_code)
     except click.Abort:
         click.echo("dtlaunch: aborted", err=True)
-        sys.exit(130)
+        sys.exit(EXIT_INTERRUPTED)
     except click.ClickException as exc:
         message = exc.format_message().replace("\n", " ")
         click.echo(f"dtlaunch: error: {message}", err=True)
         sys.exit(EXIT_USAGE if isinstance(exc, click.UsageError) else exc.exit_code)
     except KeyboardInterrupt:
-        sys.exit(130)
+        sys.exit(EXIT_INTERRUPTED)
+    except Interrupted as exc:
+        sys.exit(exc.exit_code)
     except BrokenPipeError:
-        sys.exit(1)
+        sys.exit(EXIT_FAILURE)

@@ -1,36 +1,27 @@
-"""Check every host at once: one SSH connection and one remote command per host, in parallel.
+"""Check every host at once: one probe per host through a Prober (SSH by default), in parallel.
 
-The fan-out uses one daemon thread per host (bounded), so the whole check costs about as much as
-the slowest host plus CPU, and Ctrl-C returns at once: open proxies are ended, transports closed.
+The whole check costs about as much as the slowest host plus CPU and never more than one
+overall deadline; Ctrl-C returns at once, and the prober ends whatever it still holds open.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
-import queue
-import socket
-import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from dtlaunch.checks import (
-    HOST,
-    LAUNCHER,
-    DoctorReport,
-    Expectations,
-    HostOutcome,
-    SshProblem,
-    evaluate,
-)
-from dtlaunch.mpi import SshOptions
-from dtlaunch.probe import ProbeArgs, build_remote_command, probe_local
-
-MAX_PARALLEL = 64
-LOCAL_NAMES = frozenset({"localhost", "127.0.0.1", "localhost.localdomain"})
+from dtlaunch.checks import Expectations
+from dtlaunch.probe import ProbeArgs
+from dtlaunch.prober import Reach, Tracker, fan_out, local_names, ssh_reach
+from dtlaunch.report import HOST, LAUNCHER, DoctorReport, HostOutcome, Role, ssh_failed
+from dtlaunch.ssh_options import SshOptions
+from dtlaunch.verdict import evaluate
 
 Progress = Callable[[int, int, str], None]
+
+
+COMMAND_TIMEOUT = 150.0  # seconds a host's checks may run: a cold probe imports torch once
 
 
 @dataclass(frozen=True)
@@ -39,12 +30,7 @@ class DoctorRequest:
     expect: Expectations
     ssh: SshOptions = field(default_factory=SshOptions)
     cwd: str = ""
-    command_timeout: float = 150.0  # a cold probe imports torch once per host
-
-
-def local_names() -> frozenset[str]:
-    name = socket.gethostname()
-    return LOCAL_NAMES | {name, name.split(".")[0]}
+    command_timeout: float = COMMAND_TIMEOUT
 
 
 def probe_args(request: DoctorRequest, host: str | None) -> ProbeArgs:
@@ -60,118 +46,67 @@ def probe_args(request: DoctorRequest, host: str | None) -> ProbeArgs:
     )
 
 
-def probe_remote(host: str, request: DoctorRequest, config: object,
-                 live: set[object], lock: threading.Lock) -> HostOutcome:
-    from dtlaunch.facts import parse_probe_output
-    from dtlaunch.ssh import SshFailure, connect, resolve_target
-
+def _probe_launcher(request: DoctorRequest, name: str, rank: bool, reach: Reach,
+                    tracker: Tracker) -> HostOutcome:
     start = time.monotonic()
     try:
-        target = resolve_target(host, request.ssh, config)
-        conn = connect(target)
-        with lock:
-            live.add(conn)
-        try:
-            result = conn.run_remote(build_remote_command(probe_args(request, host)),
-                                     request.command_timeout)
-        finally:
-            with lock:
-                live.discard(conn)
-            conn.close()
-        facts = parse_probe_output(result.stdout)
-        if not facts.hostname and result.exit_code != 0:
-            tail = (result.stderr.strip().splitlines() or ["no output"])[-1]
-            return HostOutcome(host, HOST, problem=SshProblem(
-                "remote-shell", f"the remote command failed (exit {result.exit_code}): {tail}",
-                "the login shell must be POSIX-like (sh, bash, zsh); try "
-                f"'ssh {host} sh -c true'"), seconds=time.monotonic() - start)
-        return HostOutcome(host, HOST, facts, seconds=time.monotonic() - start,
-                           note=conn.host_key_note)
-    except SshFailure as exc:
-        return HostOutcome(host, HOST, problem=SshProblem(exc.kind, exc.detail, exc.hint),
-                           seconds=time.monotonic() - start)
-    except Exception as exc:  # a bug or an odd server must not hide the other hosts' results
-        return HostOutcome(host, HOST, problem=SshProblem(
-            "ssh-error", f"{type(exc).__name__}: {exc}", f"try 'ssh -v {host} true'"),
-            seconds=time.monotonic() - start)
-
-
-def _probe_launcher(request: DoctorRequest, name: str, rank: bool) -> HostOutcome:
-    start = time.monotonic()
-    try:
-        facts = probe_local(probe_args(request, None), timeout=request.command_timeout)
+        facts = reach.here(probe_args(request, None), request.command_timeout, tracker)
     except Exception as exc:
-        return HostOutcome(name, LAUNCHER, problem=SshProblem(
-            "local", f"the local probe failed: {exc}", "check that 'sh' and the Python work"),
+        return HostOutcome(name, LAUNCHER, problem=ssh_failed(
+            f"the local probe failed: {exc}", "check that 'sh' and the Python work"),
             seconds=time.monotonic() - start, is_rank_host=rank)
     return HostOutcome(name, LAUNCHER, facts, seconds=time.monotonic() - start, is_rank_host=rank)
 
 
+def _no_answer(host: str, role: Role, exc: BaseException | None, seconds: float) -> HostOutcome:
+    if exc is None:
+        problem = ssh_failed(f"no answer within {seconds:g} s", f"try 'ssh -v {host} true'")
+    else:
+        problem = ssh_failed(f"{type(exc).__name__}: {exc}", "")
+    return HostOutcome(host, role, problem=problem, seconds=seconds)
+
+
 def run_doctor(request: DoctorRequest, progress: Progress | None = None,
-               while_waiting: Callable[[], None] | None = None) -> DoctorReport:
-    """Probe every host in parallel. `while_waiting` runs once on this thread after every probe
-    has started (e.g. importing the renderer while the hosts answer)."""
+               while_waiting: Callable[[], None] | None = None,
+               reach: Reach | None = None) -> DoctorReport:
+    """Probe this machine and every host in parallel, within one overall deadline.
+    `while_waiting` runs once on this thread after every probe has started (e.g. importing
+    the renderer while the hosts answer); `reach`: how hosts are reached (default: SSH)."""
     start = time.monotonic()
     here = local_names()
     local_in_list = [h for h in request.hosts if h in here]
     remote = [h for h in request.hosts if h not in here]
     launcher_name = local_in_list[0] if local_in_list else "localhost"
     rank_launcher = bool(local_in_list) or not request.hosts
-    total = len(remote) + 1
-    results: queue.Queue[HostOutcome] = queue.Queue()
-    live: set[object] = set()
-    lock = threading.Lock()
+    ways = reach or ssh_reach(request.ssh)
+    prober = ways.prober()
+    here_probe = Tracker()
 
-    def launch(job: Callable[[], HostOutcome], slots: threading.Semaphore) -> None:
-        def body() -> None:
-            with slots:
-                try:
-                    results.put(job())
-                except BaseException as exc:  # always report, or the waiter would wait forever
-                    problem = SshProblem("ssh-error", str(exc), "")
-                    results.put(HostOutcome("?", HOST, problem=problem))
-        threading.Thread(target=body, daemon=True).start()
+    def work(host: str | None) -> HostOutcome:
+        if host is None:
+            return _probe_launcher(request, launcher_name, rank_launcher, ways, here_probe)
+        return prober.probe(host, probe_args(request, host), request.command_timeout)
 
-    slots = threading.Semaphore(MAX_PARALLEL)
-    launch(lambda: _probe_launcher(request, launcher_name, rank_launcher), threading.Semaphore(1))
-    if remote:
-        from dtlaunch.ssh import load_ssh_config
+    # A connection may take the connect timeout twice (TCP and SSH handshake, then login).
+    seconds = 2 * prober.connect_timeout + request.command_timeout + 5
 
-        config = load_ssh_config(request.ssh.config_file)
-        for host in remote:
-            launch(lambda h=host: probe_remote(h, request, config, live, lock), slots)  # type: ignore[misc]
-    outcomes: dict[str, HostOutcome] = {}
+    def fallback(host: str | None, exc: BaseException | None) -> HostOutcome:
+        if host is None:
+            return _no_answer(launcher_name, LAUNCHER, exc, seconds)
+        return _no_answer(host, HOST, exc, seconds)
+
+    def report(done: int, host: str | None) -> None:
+        if progress is not None:
+            progress(done, len(remote) + 1, launcher_name if host is None else host)
+
+    hosts: list[str | None] = [None, *remote]
     try:
-        if while_waiting is not None:
-            with contextlib.suppress(Exception):
-                while_waiting()
-        while len(outcomes) < total:
-            try:
-                outcome = results.get(timeout=0.1)
-            except queue.Empty:
-                continue
-            outcomes[outcome.host if outcome.host != "?" else f"?{len(outcomes)}"] = outcome
-            if progress is not None:
-                progress(len(outcomes), total, outcome.host)
-    except BaseException:
-        _close_all(live, lock)
-        raise
-    ordered = [outcomes[launcher_name]] + [outcomes[h] for h in remote if h in outcomes]
-    ordered += [o for k, o in outcomes.items() if k.startswith("?")]
-    return evaluate(ordered, request.expect, time.monotonic() - start,
+        outcomes = fan_out(hosts, work, fallback, seconds, report, while_waiting)
+    finally:
+        prober.close()
+        here_probe.close_all()
+    return evaluate(outcomes, request.expect, time.monotonic() - start,
                     peers=remote if request.expect.pairwise else ())
-
-
-def _close_all(live: set[object], lock: threading.Lock) -> None:
-    from dtlaunch.ssh import close_all_proxies
-
-    with lock:
-        conns = list(live)
-        live.clear()
-    for conn in conns:
-        with contextlib.suppress(Exception):
-            conn.close()  # type: ignore[attr-defined]
-    close_all_proxies()
 
 
 def build_expectations(python: str, script: str | None, module: str | None,
@@ -185,7 +120,3 @@ def build_expectations(python: str, script: str | None, module: str | None,
         iface=iface if isinstance(iface, Interfaces) else None,
         pairwise=pairwise,
     )
-
-
-def hosts_of(names: Sequence[str]) -> tuple[str, ...]:
-    return tuple(dict.fromkeys(names))

@@ -13,14 +13,21 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from dtlaunch import __version__
-from dtlaunch.checks import FAIL, INSTALL_HOROVOD_HINT, PASS, UNROUTABLE_PREFIXES, WARN
+from dtlaunch.checks import (
+    UNROUTABLE_PREFIXES,
+    check_horovod,
+    check_mpirun,
+    check_open_mpi,
+    check_torch,
+)
 from dtlaunch.envvars import looks_secret
-from dtlaunch.mpi import INSTALL_OMPI_HINT, MIN_OMPI
+from dtlaunch.facts import HostFacts
+from dtlaunch.report import FAIL, LAUNCHER, PASS, WARN, CheckResult, Status
 
 STEERING_PREFIXES = ("OMPI_", "OPAL_", "PMIX_", "PRTE_", "ORTE_", "NCCL_", "HOROVOD_", "GLOO_",
                      "UCX_", "I_MPI_", "MPICH_", "TORCH_")
@@ -30,11 +37,15 @@ STEERING_NAMES = ("CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "MASTER_ADDR", "MAS
 
 @dataclass(frozen=True)
 class EnvItem:
+    """One row of env-check: a check result under a section."""
+
     section: str
-    name: str
-    value: str
-    status: str = PASS
-    hint: str = ""
+    check: CheckResult
+
+    def to_dict(self) -> dict[str, str]:
+        c = self.check
+        return {"section": self.section, "name": c.name, "value": c.detail, "status": c.status,
+                "hint": c.hint}
 
 
 def _run(argv: list[str], timeout: float = 20.0) -> tuple[int, str]:
@@ -67,7 +78,8 @@ def steering_environment(environ: Mapping[str, str]) -> dict[str, str]:
     return found
 
 
-def gather_env(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+def gather_env(environ: Mapping[str, str] | None = None) -> tuple[dict[str, Any], HostFacts]:
+    """This machine's facts: a JSON-ready document, and the probe's facts the checks judge."""
     from dtlaunch.probe import ProbeArgs, probe_local
 
     environ = dict(os.environ) if environ is None else dict(environ)
@@ -142,77 +154,71 @@ def gather_env(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
                         os.path.join(home, "config")) else None,
                     "known_hosts": os.path.isfile(os.path.join(home, "known_hosts"))}
     facts["environment"] = steering_environment(environ)
-    return facts
+    return facts, host
 
 
-def evaluate_env(facts: Mapping[str, Any]) -> tuple[EnvItem, ...]:
-    """Facts -> report lines, each problem with its fix. Pure."""
+def _judged(section: str, failing_name: str, check: CheckResult,
+            info: Sequence[tuple[str, str]]) -> list[EnvItem]:
+    """The doctor's verdict on this machine: one row with its fix when it fails, else the
+    facts behind it as rows."""
+    if check.status == FAIL:
+        return [EnvItem(section, CheckResult(failing_name, FAIL, check.detail, check.hint))]
+    return [EnvItem(section, CheckResult(name, PASS, value)) for name, value in info]
+
+
+def evaluate_env(facts: Mapping[str, Any], host: HostFacts) -> tuple[EnvItem, ...]:
+    """Facts -> report lines, each problem with its fix. Open MPI, torch and Horovod are
+    judged by the doctor's checks (dtlaunch.checks) on the launcher's own facts. Pure."""
     items: list[EnvItem] = []
-    add = items.append
+
+    def add(section: str, name: str, value: str, status: Status = PASS, hint: str = "") -> None:
+        items.append(EnvItem(section, CheckResult(name, status, value, hint)))
+
     osf = facts["os"]
-    add(EnvItem("os", "system", f"{osf['distribution'] or osf['system']} ({osf['machine']})"))
-    add(EnvItem("os", "kernel", osf["kernel"]))
+    add("os", "system", f"{osf['distribution'] or osf['system']} ({osf['machine']})")
+    add("os", "kernel", osf["kernel"])
     py = facts["python"]
-    add(EnvItem("python", "interpreter", f"{py['version']} {py['executable']}"))
+    add("python", "interpreter", f"{py['version']} {py['executable']}")
     env = py["venv"] or py["conda"]
-    add(EnvItem("python", "environment", env or "system interpreter (no venv)",
-                PASS if env else WARN,
-                "" if env else "use a virtual environment at the same path on every host, so "
-                "'--python' names the same interpreter and packages everywhere"))
-    add(EnvItem("dtlaunch", "version", facts["dtlaunch"]["version"]))
+    add("python", "environment", env or "system interpreter (no venv)", PASS if env else WARN,
+        "" if env else "use a virtual environment at the same path on every host, so "
+        "'--python' names the same interpreter and packages everywhere")
+    add("dtlaunch", "version", facts["dtlaunch"]["version"])
     mpi = facts["openmpi"]
-    if not mpi["mpirun"]:
-        add(EnvItem("open-mpi", "mpirun", "not found on PATH", FAIL, INSTALL_OMPI_HINT))
-    else:
-        add(EnvItem("open-mpi", "mpirun", mpi["mpirun"]))
-        version = mpi.get("version") or ""
-        impl = mpi.get("implementation") or "unknown"
-        parsed = tuple(int(p) for p in re.findall(r"\d+", version)[:2])
-        if impl != "Open MPI" or parsed < MIN_OMPI:
-            add(EnvItem("open-mpi", "version", f"{impl} {version}".strip(), FAIL,
-                        "dtlaunch needs Open MPI >= 3.0; " + INSTALL_OMPI_HINT))
-        else:
-            add(EnvItem("open-mpi", "version", version))
+    items += _judged("open-mpi", "mpirun", check_mpirun(host, LAUNCHER),
+                     [("mpirun", str(mpi["mpirun"]))])
+    if mpi["mpirun"]:
+        items += _judged("open-mpi", "version", check_open_mpi(host, None),
+                         [("version", mpi.get("version") or "")])
         if "btl" in mpi:
-            add(EnvItem("open-mpi", "btl components", ",".join(mpi["btl"]) or "none"))
-            add(EnvItem("open-mpi", "tcp", "yes" if mpi["tcp"] else "missing",
-                        PASS if mpi["tcp"] else FAIL,
-                        "" if mpi["tcp"] else "the TCP BTL is needed between hosts: reinstall "
-                        "Open MPI with its TCP component"))
-            add(EnvItem("open-mpi", "shared memory", "yes" if mpi["shared_memory"] else "missing",
-                        PASS if mpi["shared_memory"] else WARN,
-                        "" if mpi["shared_memory"] else "ranks on one host will talk over TCP "
-                        "(slower); install Open MPI's vader/sm component"))
+            add("open-mpi", "btl components", ",".join(mpi["btl"]) or "none")
+            add("open-mpi", "tcp", "yes" if mpi["tcp"] else "missing",
+                PASS if mpi["tcp"] else FAIL,
+                "" if mpi["tcp"] else "the TCP BTL is needed between hosts: reinstall "
+                "Open MPI with its TCP component")
+            add("open-mpi", "shared memory", "yes" if mpi["shared_memory"] else "missing",
+                PASS if mpi["shared_memory"] else WARN,
+                "" if mpi["shared_memory"] else "ranks on one host will talk over TCP "
+                "(slower); install Open MPI's vader/sm component")
     hvd = facts["horovod"]
-    if hvd["error"] or not hvd["version"]:
-        add(EnvItem("horovod", "import", hvd["error"] or "not installed", FAIL,
-                    INSTALL_HOROVOD_HINT))
-    else:
-        add(EnvItem("horovod", "version", hvd["version"]))
-        add(EnvItem("horovod", "frameworks", ", ".join(hvd["frameworks"]) or "none",
-                    PASS if hvd["frameworks"] else FAIL,
-                    "" if hvd["frameworks"] else INSTALL_HOROVOD_HINT))
-        has_mpi = "MPI" in hvd["controllers"]
-        add(EnvItem("horovod", "controllers", ", ".join(hvd["controllers"]) or "none",
-                    PASS if has_mpi else FAIL, "" if has_mpi else INSTALL_HOROVOD_HINT))
-        add(EnvItem("horovod", "tensor operations", ", ".join(hvd["tensor_ops"]) or "none"))
+    items += _judged("horovod", "import", check_horovod(host.python, None), [
+        ("version", str(hvd["version"])),
+        ("frameworks", ", ".join(hvd["frameworks"]) or "none"),
+        ("controllers", ", ".join(hvd["controllers"]) or "none"),
+        ("tensor operations", ", ".join(hvd["tensor_ops"]) or "none")])
     torch = facts["torch"]
-    if torch["error"] or not torch["version"]:
-        add(EnvItem("torch", "import", torch["error"] or "not installed", FAIL,
-                    f"'{py['executable']} -m pip install torch'"))
-    else:
-        add(EnvItem("torch", "version", torch["version"]))
-        add(EnvItem("torch", "cuda", torch["cuda"] or "none (CPU build)"))
-        add(EnvItem("torch", "nccl", torch["nccl"] or "none"))
+    items += _judged("torch", "import", check_torch(host.python, None), [
+        ("version", str(torch["version"])), ("cuda", torch["cuda"] or "none (CPU build)"),
+        ("nccl", torch["nccl"] or "none")])
     gpus = facts["gpus"]["devices"]
-    add(EnvItem("gpus", "devices", "; ".join(gpus) if gpus else "none found"))
+    add("gpus", "devices", "; ".join(gpus) if gpus else "none found")
     cpu = facts["cpu"]
-    add(EnvItem("cpu", "cores", f"{cpu['usable_cores']} usable, {cpu['logical_cores']} logical"
-                + (f", {cpu['physical_cores']} physical" if cpu["physical_cores"] else "")))
+    add("cpu", "cores", f"{cpu['usable_cores']} usable, {cpu['logical_cores']} logical"
+        + (f", {cpu['physical_cores']} physical" if cpu["physical_cores"] else ""))
     memory = facts["memory"]
     if memory:
-        add(EnvItem("memory", "total", f"{memory['total_bytes'] / 2**30:.1f} GiB "
-                    f"({memory['available_bytes'] / 2**30:.1f} GiB available)"))
+        add("memory", "total", f"{memory['total_bytes'] / 2**30:.1f} GiB "
+            f"({memory['available_bytes'] / 2**30:.1f} GiB available)")
     routable = []
     for iface in facts["interfaces"]:
         state = "up" if iface["up"] else "down"
@@ -221,29 +227,27 @@ def evaluate_env(facts: Mapping[str, Any]) -> tuple[EnvItem, ...]:
         if iface["up"] and not iface["likely_unroutable"] and any(
                 "." in a for a in iface["addresses"]):
             routable.append(iface["name"])
-        add(EnvItem("network", iface["name"], f"{state}; {addresses}{note}"))
+        add("network", iface["name"], f"{state}; {addresses}{note}")
     if not routable:
-        add(EnvItem("network", "routable", "no interface up with an IPv4 address besides "
-                    "loopback/bridges", WARN, "connect a network, or launch on this host only"))
+        add("network", "routable", "no interface up with an IPv4 address besides "
+            "loopback/bridges", WARN, "connect a network, or launch on this host only")
     ssh = facts["ssh"]
     if not ssh["client"]:
-        add(EnvItem("ssh", "client", "not found", FAIL,
-                    "install the OpenSSH client: 'apt-get install openssh-client'"))
+        add("ssh", "client", "not found", FAIL,
+            "install the OpenSSH client: 'apt-get install openssh-client'")
     else:
-        add(EnvItem("ssh", "client", f"{ssh['client']} ({ssh['version']})"))
+        add("ssh", "client", f"{ssh['client']} ({ssh['version']})")
     if not ssh["keys"] and not ssh["agent"]:
-        add(EnvItem("ssh", "keys", "no key in ~/.ssh and no agent", WARN,
-                    "create one with 'ssh-keygen -t ed25519' and install it on every host with "
-                    "'ssh-copy-id HOST'"))
+        add("ssh", "keys", "no key in ~/.ssh and no agent", WARN,
+            "create one with 'ssh-keygen -t ed25519' and install it on every host with "
+            "'ssh-copy-id HOST'")
     else:
-        add(EnvItem("ssh", "keys", ", ".join(ssh["keys"]) + (" + agent" if ssh["agent"] else "")))
+        add("ssh", "keys", ", ".join(ssh["keys"]) + (" + agent" if ssh["agent"] else ""))
     for name, value in facts["environment"].items():
-        add(EnvItem("environment", name, value))
+        add("environment", name, value)
     return tuple(items)
 
 
 def env_report(facts: Mapping[str, Any], items: tuple[EnvItem, ...]) -> dict[str, Any]:
-    from dataclasses import asdict
-
-    return {"ok": all(i.status != FAIL for i in items), **facts,
-            "items": [asdict(i) for i in items]}
+    return {"ok": all(i.check.status != FAIL for i in items), **facts,
+            "items": [i.to_dict() for i in items]}

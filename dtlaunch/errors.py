@@ -2,9 +2,22 @@
 
 from __future__ import annotations
 
+import signal
+
+# dtlaunch's exit statuses, besides the job's own (which it passes on).
 EXIT_OK = 0
-EXIT_FAILURE = 1
-EXIT_USAGE = 2
+EXIT_FAILURE = 1  # a check or the job failed
+EXIT_USAGE = 2  # bad input: nothing was run
+EXIT_TIMEOUT = 124  # the job ran longer than --timeout (as timeout(1) says it)
+
+
+def exit_for_signal(signum: int) -> int:
+    """The shell's convention for a run ended by a signal: 130 for SIGINT, 143 for SIGTERM."""
+    return 128 + signum
+
+
+EXIT_INTERRUPTED = exit_for_signal(signal.SIGINT)  # 130
+EXIT_TERMINATED = exit_for_signal(signal.SIGTERM)  # 143
 
 
 class DtlaunchError(Exception):

@@ -140,12 +140,23 @@ def read_hostfile(path: str) -> tuple[Host, ...]:
     return parse_hostfile_text(text, path)
 
 
+def read_hosts(hosts: str | None, hostfile: str | None) -> tuple[Host, ...]:
+    """`--hosts` or `--hostfile` (not both); neither: no hosts (this machine)."""
+    if hosts is not None and hostfile is not None:
+        raise UsageError("give either --hosts or --hostfile, not both")
+    if hostfile is not None:
+        return read_hostfile(hostfile)
+    if hosts is not None:
+        return parse_hosts(hosts)
+    return ()
+
+
 def total_slots(hosts: Sequence[Host]) -> int:
     return sum(h.slots for h in hosts)
 
 
 def assign_ranks(hosts: Sequence[Host], num_proc: int) -> tuple[str, ...]:
-    """Host of each rank under `-map-by slot`: fill each host's slots in order, then wrap.
+    """Host of each rank under `--map-by slot`: fill each host's slots in order, then wrap.
 
     Wrapping only happens with --oversubscribe; it mirrors Open MPI's round-robin by slot.
     """

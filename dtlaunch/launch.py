@@ -19,13 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from dtlaunch.errors import EXIT_TIMEOUT, exit_for_signal
 from dtlaunch.failures import Failure, analyze
 from dtlaunch.output import Line, TagDemux
 from dtlaunch.rsh import LOST_PREFIX
 
 # After forwarding a signal, how long mpirun gets to take its ranks down before we kill it.
 GRACE_SECONDS = 6.0
-EXIT_TIMEOUT = 124
 
 
 @dataclass(frozen=True)
@@ -193,7 +193,7 @@ def execute(
     exit_code = code if code >= 0 else 128 - code
     failure = analyze(list(out.mpirun_lines), rank_hosts) if code != 0 else None
     if received:
-        return LaunchResult(128 + received[0], failure, interrupted_by=received[0])
+        return LaunchResult(exit_for_signal(received[0]), failure, interrupted_by=received[0])
     if timed_out:
         return LaunchResult(EXIT_TIMEOUT, failure, timed_out=True)
     if stopped_for is not None:

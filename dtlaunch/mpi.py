@@ -1,4 +1,5 @@
-"""Build the mpirun command line (pure) and read Open MPI's version output."""
+"""What every way of starting a job shares: the job's spec, `--iface`, versions, and the
+`MpiFamily` interface that each MPI implementation's launcher fills in (dtlaunch.openmpi). Pure."""
 
 from __future__ import annotations
 
@@ -7,13 +8,20 @@ import re
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+from packaging.version import InvalidVersion, Version
 
 from dtlaunch.envvars import EnvPlan
 from dtlaunch.errors import UsageError
-from dtlaunch.hosts import Host, format_hosts
+from dtlaunch.hosts import Host
+from dtlaunch.ssh_options import SshOptions
+
+if TYPE_CHECKING:
+    from dtlaunch.failures import Failure
+    from dtlaunch.output import Line
 
 MIN_OMPI = (3, 0)
-DEFAULT_OMPI_MAJOR = 4
 INSTALL_OMPI_HINT = (
     "install Open MPI: 'apt-get install openmpi-bin libopenmpi-dev' (Debian/Ubuntu) or "
     "'dnf install openmpi openmpi-devel' (RHEL/Fedora), then make sure mpirun is on PATH"
@@ -60,34 +68,6 @@ def parse_iface(spec: str) -> Interfaces:
 
 
 @dataclass(frozen=True)
-class SshOptions:
-    port: int | None = None
-    identity_file: str | None = None
-    config_file: str | None = None
-    connect_timeout: int = 10
-    # "yes": unknown keys fail; "accept-new": trust on first use (opt-in). Never "no".
-    host_key_policy: str = "yes"
-
-    def ssh_args(self) -> tuple[str, ...]:
-        """Options for OpenSSH as mpirun will call it: never prompt, never hang."""
-        args: list[str] = [
-            "-o", "BatchMode=yes",
-            "-o", f"ConnectTimeout={self.connect_timeout}",
-            "-o", f"StrictHostKeyChecking={self.host_key_policy}",
-            # A dead host during a job ends the ssh link, so mpirun notices and aborts.
-            "-o", "ServerAliveInterval=5",
-            "-o", "ServerAliveCountMax=3",
-        ]  # fmt: skip
-        if self.port is not None:
-            args += ["-p", str(self.port)]
-        if self.identity_file:
-            args += ["-i", self.identity_file]
-        if self.config_file:
-            args += ["-F", self.config_file]
-        return tuple(args)
-
-
-@dataclass(frozen=True)
 class JobSpec:
     hosts: tuple[Host, ...]
     num_proc: int
@@ -98,57 +78,10 @@ class JobSpec:
     as_root: bool = False
     oversubscribe: bool = False
     tree_spawn: bool = False
-    ompi_major: int = DEFAULT_OMPI_MAJOR
+    mpi_version: tuple[int, ...] = ()  # the local launcher's release; (): unknown
     mpi_args: tuple[str, ...] = ()
-    # Command mpirun uses instead of plain ssh (dtlaunch's link watcher); None: plain ssh.
+    # Command the launcher uses instead of plain ssh (dtlaunch's link watcher); None: plain ssh.
     rsh_agent: str | None = None
-
-
-def btl_for(ompi_major: int) -> str:
-    """Point-to-point transports: shared memory within a host, TCP between hosts.
-
-    The shared-memory BTL is `vader` in Open MPI 3 and 4 and `sm` in 5; naming it explicitly
-    (instead of horovodrun's `^openib`) keeps same-host ranks off TCP and never picks up
-    InfiniBand verbs or UCX paths that hang on hosts without them.
-    """
-    return "self,sm,tcp" if ompi_major >= 5 else "self,vader,tcp"
-
-
-def build_mpirun_argv(spec: JobSpec, mpirun: str = "mpirun") -> tuple[str, ...]:
-    """The whole mpirun command line, as an argv tuple (never a shell string)."""
-    argv: list[str] = [mpirun]
-    if spec.as_root:
-        argv.append("--allow-run-as-root")
-    argv += ["--tag-output", "-np", str(spec.num_proc), "-H", format_hosts(spec.hosts)]
-    argv += ["-bind-to", "none", "-map-by", "slot"]
-    if spec.oversubscribe:
-        argv.append("--oversubscribe")
-    argv += ["-mca", "pml", "ob1", "-mca", "btl", btl_for(spec.ompi_major)]
-    if spec.iface is not None:
-        value = spec.iface.mca_value()
-        argv += ["-mca", "btl_tcp_if_include", value, "-mca", "oob_tcp_if_include", value]
-    agent = spec.rsh_agent if spec.rsh_agent and not spec.tree_spawn else "ssh"
-    # Keep each host's daemon attached to its ssh session (Open MPI detaches it by default):
-    # a dead host or sshd then ends that session, which dtlaunch notices, and the daemons'
-    # own error messages reach the user.
-    argv.append("--leave-session-attached")
-    argv += ["-mca", "plm_rsh_agent", agent, "-mca", "plm_rsh_args", " ".join(spec.ssh.ssh_args())]
-    if not spec.tree_spawn:
-        # Only launcher-to-host SSH is needed (and checked by doctor); tree spawn would also
-        # need every host to reach every other host over SSH.
-        argv += ["-mca", "plm_rsh_no_tree_spawn", "1"]
-    for var in spec.env.variables:
-        argv += ["-x", f"{var.name}={var.value}" if var.inline else var.name]
-    argv += spec.mpi_args
-    argv += spec.program
-    return tuple(argv)
-
-
-def check_rsh_arg(value: str, option: str) -> str:
-    """Open MPI splits plm_rsh_args on whitespace, so a path with a space cannot be passed."""
-    if any(c.isspace() for c in value):
-        raise UsageError(f"{option}: {value!r} contains whitespace, which mpirun's ssh options cannot carry")
-    return value
 
 
 def split_mpi_args(text: str) -> tuple[str, ...]:
@@ -167,7 +100,10 @@ def format_command(argv: Sequence[str], env_prefix: Sequence[tuple[str, str]] = 
 
 # --- versions ---------------------------------------------------------------------------------
 
-_OMPI_RE = re.compile(r"\(Open MPI\)\s+(\d+)\.(\d+)(?:\.(\d+))?")
+# Each implementation's `--version` banner; the version text itself is read by `packaging`.
+_OMPI_RE = re.compile(r"\(Open MPI\)\s+(\S+)")
+_INTEL_RE = re.compile(r"Version\s+(\S+)")
+_HYDRA_RE = re.compile(r"Version:\s+(\S+)")
 
 
 @dataclass(frozen=True)
@@ -176,8 +112,12 @@ class MpiImpl:
     version: str  # "4.1.4" or "" when unknown
 
     @property
-    def version_tuple(self) -> tuple[int, ...]:
-        return tuple(int(p) for p in re.findall(r"\d+", self.version)[:3])
+    def release(self) -> tuple[int, ...]:
+        """(4, 1, 4); () when the version is unknown or unreadable."""
+        try:
+            return Version(self.version).release
+        except InvalidVersion:
+            return ()
 
     @property
     def is_open_mpi(self) -> bool:
@@ -185,17 +125,55 @@ class MpiImpl:
 
 
 def parse_mpirun_version(text: str) -> MpiImpl:
-    """Read `mpirun --version` output of any MPI implementation."""
+    """Read the `--version` output of any MPI implementation's launcher."""
     match = _OMPI_RE.search(text)
     if match:
-        return MpiImpl("Open MPI", ".".join(p for p in match.groups() if p is not None))
+        return MpiImpl("Open MPI", match.group(1))
     lowered = text.lower()
     if "intel(r) mpi" in lowered or "intel mpi" in lowered:
-        found = re.search(r"Version\s+(\S+)", text)
+        found = _INTEL_RE.search(text)
         return MpiImpl("Intel MPI", found.group(1) if found else "")
     if "hydra" in lowered or "mpich" in lowered:
-        found = re.search(r"Version:\s+(\S+)", text)
+        found = _HYDRA_RE.search(text)
         return MpiImpl("MPICH", found.group(1) if found else "")
     if "mvapich" in lowered:
         return MpiImpl("MVAPICH", "")
     return MpiImpl("unknown", "")
+
+
+# --- the seam: how a job is started -------------------------------------------------------------
+
+
+class OutputDemux(Protocol):
+    """Turns the launcher's tagged output back into whole lines per rank."""
+
+    def feed(self, line: str, from_stderr: bool = False) -> list[Line]: ...
+
+    def flush(self) -> list[Line]: ...
+
+
+class MpiFamily(Protocol):
+    """One way to start a job (Open MPI's mpirun; Hydra's mpiexec for MPICH and Intel MPI).
+
+    Everything is pure: the argv comes from a JobSpec, and output, failures and versions are
+    read from text. Running it is launch.execute's business."""
+
+    name: str  # "Open MPI"
+    launcher: str  # the program that starts a job: "mpirun"
+    install_hint: str
+
+    def parse_version(self, text: str) -> MpiImpl: ...
+
+    def unsupported(self, impl: MpiImpl, program: str) -> str | None:
+        """Why this launcher cannot be used, or None."""
+        ...
+
+    def build_argv(self, spec: JobSpec, launcher: str) -> tuple[str, ...]: ...
+
+    def new_demux(self) -> OutputDemux: ...
+
+    def parse_failure(self, lines: Sequence[str], rank_hosts: Sequence[str]) -> Failure | None: ...
+
+    def ssh_left_to_dtlaunch(self, extra_args: Sequence[str]) -> bool:
+        """False when the user's extra launcher arguments may change how ssh is run."""
+        ...

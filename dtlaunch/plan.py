@@ -9,13 +9,9 @@ from dataclasses import dataclass, field
 from dtlaunch.envvars import EnvPlan, build_launcher_env, plan_environment
 from dtlaunch.errors import UsageError
 from dtlaunch.hosts import Host, assign_ranks, total_slots
-from dtlaunch.mpi import (
-    Interfaces,
-    JobSpec,
-    SshOptions,
-    build_mpirun_argv,
-    format_command,
-)
+from dtlaunch.mpi import Interfaces, JobSpec, MpiFamily, format_command
+from dtlaunch.openmpi import OPEN_MPI
+from dtlaunch.ssh_options import SshOptions
 
 _MODULE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
@@ -45,6 +41,7 @@ class RunPlan:
     rank_hosts: tuple[str, ...]
     env: EnvPlan
     hosts: tuple[Host, ...]
+    family: MpiFamily = field(default=OPEN_MPI, compare=False)  # how the job is started
 
     def display(self) -> str:
         """Shell-quoted and pasteable; values of secrets never appear in it."""
@@ -90,8 +87,9 @@ def plan_run(
     request: RunRequest,
     environ: Mapping[str, str],
     *,
-    mpirun: str = "mpirun",
-    ompi_major: int = 4,
+    family: MpiFamily = OPEN_MPI,
+    launcher: str | None = None,
+    mpi_version: tuple[int, ...] = (),
     as_root: bool = False,
     cpu_count: int = 1,
 ) -> RunPlan:
@@ -117,15 +115,16 @@ def plan_run(
         as_root=as_root,
         oversubscribe=request.oversubscribe,
         tree_spawn=request.tree_spawn,
-        ompi_major=ompi_major,
+        mpi_version=mpi_version,
         mpi_args=request.mpi_args,
         rsh_agent=request.rsh_agent,
     )
-    argv = build_mpirun_argv(spec, mpirun)
+    argv = family.build_argv(spec, launcher or family.launcher)
     return RunPlan(
         argv=argv,
         launcher_env=build_launcher_env(environ, env),
         rank_hosts=assign_ranks(hosts, num_proc),
         env=env,
         hosts=hosts,
+        family=family,
     )

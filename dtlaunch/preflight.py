@@ -1,6 +1,6 @@
 """`dtlaunch run`'s pre-flight: the doctor's checks for exactly what the job needs.
 
-A launch is refused on any failure, with the same table and fixes as `dtlaunch doctor`.
+A launch is refused on any failure; the caller shows the same table and fixes as `dtlaunch doctor`.
 
 To keep the pre-flight cheap, a successful result is remembered for five minutes in
 `~/.cache/dtlaunch/preflight-<key>.json` (directory 0700, file 0600, owned by the user; anything
@@ -18,14 +18,21 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import os
 import stat
-import sys
 import threading
 import time
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-from dtlaunch.errors import DtlaunchError
+from dtlaunch.openmpi import OPEN_MPI
+from dtlaunch.prober import Prober, Reach, fan_out, local_names, ssh_reach
+
+if TYPE_CHECKING:
+    from dtlaunch.mpi import MpiFamily
+    from dtlaunch.plan import RunPlan, RunRequest
+    from dtlaunch.report import DoctorReport
 
 CACHE_SECONDS = 300.0
 
@@ -40,7 +47,7 @@ def _stamp(path: str | None) -> list[Any]:
     return [path, st.st_size, st.st_mtime_ns, st.st_ino]
 
 
-def cache_key(request: Any, hosts: tuple[str, ...], cwd: str) -> str:
+def cache_key(request: RunRequest, hosts: tuple[str, ...], cwd: str) -> str:
     ssh = request.ssh
     watched = [ssh.config_file or "~/.ssh/config", ssh.identity_file, "~/.ssh/known_hosts",
                "~/.ssh/known_hosts2", "/etc/ssh/ssh_known_hosts", request.script, request.python]
@@ -69,43 +76,35 @@ def _cache_path(key: str) -> str:
     return os.path.join(_cache_dir(), f"preflight-{key[:40]}.json")
 
 
-def _trusted(path: str) -> bool:
-    """Only our own file, not writable by anyone else, counts."""
+def _private(path: str, kind: int) -> bool:
+    """Only our own file or directory (not a link), writable by nobody else, counts."""
     try:
         st = os.lstat(path)
     except OSError:
         return False
-    return (stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid()
+    return (stat.S_IFMT(st.st_mode) == kind and st.st_uid == os.getuid()
             and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH))
 
 
 def read_cache(key: str, now: float | None = None) -> bool:
     path = _cache_path(key)
-    if not _trusted(path) or not _trusted_dir(os.path.dirname(path)):
+    if not _private(path, stat.S_IFREG) or not _private(os.path.dirname(path), stat.S_IFDIR):
         return False
     try:
         with open(path) as handle:
             data = json.load(handle)
-    except (OSError, ValueError):
-        return False
-    age = (now if now is not None else time.time()) - float(data.get("time", 0))
-    return data.get("key") == key and 0 <= age < CACHE_SECONDS
-
-
-def _trusted_dir(path: str) -> bool:
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return False
-    return (stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid()
-            and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH))
+        written = float(data["time"]) if data["key"] == key else math.nan
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        return False  # unreadable or not what we wrote: check again
+    age = (now if now is not None else time.time()) - written
+    return 0 <= age < CACHE_SECONDS
 
 
 def write_cache(key: str) -> None:
     folder = _cache_dir()
     try:
         os.makedirs(folder, mode=0o700, exist_ok=True)
-        if not _trusted_dir(folder):
+        if not _private(folder, stat.S_IFDIR):
             return
         path = _cache_path(key)
         tmp = f"{path}.{os.getpid()}.tmp"
@@ -122,38 +121,21 @@ def drop_cache(key: str) -> None:
         os.unlink(_cache_path(key))
 
 
-def host_key_failures(hosts: tuple[str, ...], ssh: Any) -> dict[str, str]:
-    """Key exchange with every remote host in parallel (no login). Returns host -> failure
-    kind for each host that failed or did not answer in time."""
-    from dtlaunch.doctor import local_names
-    from dtlaunch.ssh import SshFailure, load_ssh_config, resolve_target, verify_host_key
-
+def host_key_failures(hosts: tuple[str, ...], prober: Prober) -> dict[str, str]:
+    """The prober's cheap check (SSH: key exchange, no login) on every remote host in
+    parallel. Returns host -> failure kind for each host that failed or did not answer."""
     remote = [h for h in hosts if h not in local_names()]
     if not remote:
         return {}
-    config = load_ssh_config(ssh.config_file)
-    failed: dict[str, str] = {}
-    lock = threading.Lock()
 
-    def check(host: str) -> None:
-        try:
-            verify_host_key(resolve_target(host, ssh, config))
-        except SshFailure as exc:
-            with lock:
-                failed[host] = exc.kind
-        except Exception:  # any other failure counts as one, not a crash
-            with lock:
-                failed[host] = "error"
+    def fallback(host: str, exc: BaseException | None) -> str | None:
+        return "timeout" if exc is None else "error"  # any crash counts as a failure
 
-    threads = {h: threading.Thread(target=check, args=(h,), daemon=True) for h in remote}
-    for thread in threads.values():
-        thread.start()
-    deadline = time.monotonic() + ssh.connect_timeout + 1
-    for thread in threads.values():
-        thread.join(max(0.0, deadline - time.monotonic()))
-    with lock:
-        late = {h: "timeout" for h, t in threads.items() if t.is_alive() and h not in failed}
-        return {**failed, **late}
+    try:
+        kinds = fan_out(remote, prober.verify, fallback, prober.connect_timeout + 1)
+    finally:
+        prober.close()
+    return {host: kind for host, kind in zip(remote, kinds) if kind is not None}
 
 
 class HostKeyWatch:
@@ -167,17 +149,17 @@ class HostKeyWatch:
     to mpirun's ssh, which meets the same fault and reports it.
     """
 
-    def __init__(self, hosts: tuple[str, ...], ssh: Any) -> None:
-        self._ssh = ssh
+    def __init__(self, hosts: tuple[str, ...], prober: Prober) -> None:
+        self._prober = prober
         self.bad: list[str] = []
         self.done = threading.Event()
         threading.Thread(target=self._run, args=(hosts,), daemon=True).start()
 
     def _run(self, hosts: tuple[str, ...]) -> None:
-        from dtlaunch.ssh import CHANGED_HOST_KEY, UNKNOWN_HOST_KEY
+        from dtlaunch.ssh_errors import CHANGED_HOST_KEY, UNKNOWN_HOST_KEY
 
         try:
-            failures = host_key_failures(hosts, self._ssh)
+            failures = host_key_failures(hosts, self._prober)
             self.bad = sorted(h for h, kind in failures.items()
                               if kind in (CHANGED_HOST_KEY, UNKNOWN_HOST_KEY))
         finally:
@@ -191,24 +173,47 @@ class HostKeyWatch:
 
     def failed(self) -> bool:
         """Waits for the check (bounded by the connect timeout); True if a key was bad."""
-        self.done.wait(self._ssh.connect_timeout + 2)
+        self.done.wait(self._prober.connect_timeout + 2)
         return bool(self.bad)
 
 
-def may_overlap(request: Any) -> bool:
-    """The key check may run alongside mpirun only while dtlaunch controls mpirun's ssh:
-    --mpi-args that set plm_rsh_* could weaken its host-key checking."""
-    return not any("plm_rsh" in arg for arg in request.mpi_args)
+def may_overlap(request: RunRequest, family: MpiFamily = OPEN_MPI) -> bool:
+    """The key check may run alongside the launch only while dtlaunch controls the launcher's
+    ssh: extra launcher arguments could weaken its host-key checking."""
+    return family.ssh_left_to_dtlaunch(request.mpi_args)
 
 
-def run_preflight(request: Any, plan: Any, mpirun: str | None, verbose: bool = False,
-                  job_started: bool = False) -> HostKeyWatch | None:
-    """Check what the job needs on every host; raise DtlaunchError (exit 1) on any failure.
+@dataclass(frozen=True)
+class PreflightOutcome:
+    """What the pre-flight found: the full checks' report, or a cache hit (report None)."""
+
+    report: DoctorReport | None = None
+    watch: HostKeyWatch | None = None  # a cache hit's key check, running alongside the launch
+    message: str = ""  # what happened, for --verbose
+
+    @property
+    def ok(self) -> bool:
+        return self.report is None or self.report.ok
+
+
+def failure_message(report: DoctorReport | None, job_started: bool) -> str:
+    """The one line that ends a run whose pre-flight failed."""
+    bad = sorted({f"{host} ({check.name})" for host, check in report.failures()}) if report else []
+    outcome = "the job was stopped" if job_started else "not launching"
+    return ("pre-flight checks failed: " + ", ".join(bad)
+            + f"; {outcome} (fix the problems above, or pass --no-check)")
+
+
+def run_preflight(request: RunRequest, plan: RunPlan, job_started: bool = False,
+                  reach: Reach | None = None) -> PreflightOutcome:
+    """Check what the job needs on every host.
 
     On a cache hit the host keys still get checked: alongside mpirun when that is safe (the
     returned watch), else here, before the launch. ``job_started``: the watch found a bad key
-    after the launch; the cache is dropped and the full checks run to report it.
+    after the launch; the cache is dropped and the full checks run to report it. ``reach``:
+    how hosts are reached (default: SSH with the request's options).
     """
+    ways = reach or ssh_reach(request.ssh)
     from dtlaunch.doctor import DoctorRequest, build_expectations, run_doctor
 
     hosts = tuple(h.name for h in plan.hosts)
@@ -216,16 +221,12 @@ def run_preflight(request: Any, plan: Any, mpirun: str | None, verbose: bool = F
     use_cache = not job_started and os.environ.get("DTLAUNCH_PREFLIGHT_CACHE", "1") != "0"
     key = cache_key(request, hosts, cwd)
     if use_cache and read_cache(key):
-        if may_overlap(request):
-            if verbose:
-                print("dtlaunch: pre-flight: passed recently (cached); checking host keys "
-                      "while the job starts", file=sys.stderr)
-            return HostKeyWatch(hosts, request.ssh)
-        if not host_key_failures(hosts, request.ssh):
-            if verbose:
-                print("dtlaunch: pre-flight: passed recently (cached); host keys verified",
-                      file=sys.stderr)
-            return None
+        if may_overlap(request, plan.family):
+            return PreflightOutcome(watch=HostKeyWatch(hosts, ways.prober()), message=(
+                "pre-flight: passed recently (cached); checking host keys while the job starts"))
+        if not host_key_failures(hosts, ways.prober()):
+            return PreflightOutcome(
+                message="pre-flight: passed recently (cached); host keys verified")
         drop_cache(key)
     if job_started:
         drop_cache(key)
@@ -236,18 +237,10 @@ def run_preflight(request: Any, plan: Any, mpirun: str | None, verbose: bool = F
         ssh=request.ssh,
         cwd=cwd,
     )
-    report = run_doctor(doctor_request)
-    if report.ok:
-        if use_cache:
-            write_cache(key)
-        if verbose:
-            print(f"dtlaunch: pre-flight: {len(report.hosts)} host(s) ready "
-                  f"({report.seconds:.2f} s)", file=sys.stderr)
-        return None
-    from dtlaunch.render import render_report
-
-    render_report(report, sys.stderr)
-    bad = sorted({f"{host} ({check.name})" for host, check in report.failures()})
-    outcome = "the job was stopped" if job_started else "not launching"
-    raise DtlaunchError("pre-flight checks failed: " + ", ".join(bad)
-                        + f"; {outcome} (fix the problems above, or pass --no-check)")
+    report = run_doctor(doctor_request, reach=ways)
+    if not report.ok:
+        return PreflightOutcome(report)
+    if use_cache:
+        write_cache(key)
+    return PreflightOutcome(report, message=f"pre-flight: {len(report.hosts)} host(s) ready "
+                            f"({report.seconds:.2f} s)")

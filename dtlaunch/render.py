@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import IO, Any
 
-from dtlaunch.checks import FAIL, PASS, SKIP, WARN, DoctorReport
+from dtlaunch.report import FAIL, PASS, SKIP, WARN, DoctorReport
 
 SYMBOLS = {PASS: "pass", WARN: "warn", FAIL: "FAIL", SKIP: "-"}
 STYLES = {PASS: "green", WARN: "yellow", FAIL: "bold red", SKIP: "dim"}
@@ -144,12 +144,14 @@ def render_env(items: Sequence[Any], stream: IO[str] | None = None) -> None:
     for column in ("section", "item", "value", "status"):
         table.add_column(column)
     for item in items:
-        table.add_row(escape(item.section), escape(item.name), escape(item.value),
-                      f"[{STYLES[item.status]}]{SYMBOLS[item.status]}[/]")
+        check = item.check
+        table.add_row(escape(item.section), escape(check.name), escape(check.detail),
+                      f"[{STYLES[check.status]}]{SYMBOLS[check.status]}[/]")
     console.print(table)
     for item in items:
-        if item.status in (FAIL, WARN) and item.hint:
-            word = "[bold red]FAIL[/]" if item.status == FAIL else "[yellow]warn[/]"
-            console.print(f"{word} {escape(item.section)} {escape(item.name)}: "
-                          f"{escape(item.value)}")
-            console.print(f"     [cyan]fix:[/] {escape(item.hint)}")
+        check = item.check
+        if check.status in (FAIL, WARN) and check.hint:
+            word = "[bold red]FAIL[/]" if check.status == FAIL else "[yellow]warn[/]"
+            console.print(f"{word} {escape(item.section)} {escape(check.name)}: "
+                          f"{escape(check.detail)}")
+            console.print(f"     [cyan]fix:[/] {escape(check.hint)}")

@@ -2,22 +2,11 @@
 
 from __future__ import annotations
 
-from dtlaunch.checks import (
-    FAIL,
-    HOST,
-    LAUNCHER,
-    PASS,
-    SKIP,
-    WARN,
-    Expectations,
-    HostOutcome,
-    SshProblem,
-    check_hostnames,
-    check_iface,
-    evaluate,
-)
+from dtlaunch.checks import Expectations, check_hostnames, check_iface
 from dtlaunch.facts import HostFacts, Iface, PythonFacts, parse_ip_output, parse_probe_output
 from dtlaunch.mpi import Interfaces, MpiImpl
+from dtlaunch.report import FAIL, HOST, LAUNCHER, PASS, SKIP, WARN, HostOutcome, ssh_failed
+from dtlaunch.verdict import evaluate
 
 PY = PythonFacts(found=True, executable="/venv/bin/python", version="3.11.7",
                  torch_version="2.13.0", horovod_version="0.28.1", torch_imported="2.13.0",
@@ -143,7 +132,7 @@ def test_hostnames_unique():
 
 def test_ssh_failure_marks_rest_skipped():
     outcomes = [HostOutcome("localhost", LAUNCHER, facts(hostname="launch"), is_rank_host=False),
-                HostOutcome("h2", HOST, problem=SshProblem("refused", "connection refused", "fix"))]
+                HostOutcome("h2", HOST, problem=ssh_failed("connection refused", "fix"))]
     rep = evaluate(outcomes, EXPECT)
     assert not rep.ok
     h2 = rep.hosts[1]

@@ -33,7 +33,7 @@ def test_done_when_dry_run_line(script: Path) -> None:
     line = result.stdout
     assert argv[argv.index("-np") + 1] == "2"
     assert argv[argv.index("-H") + 1] == "host1:1,host2:1"
-    for piece in ("-bind-to none", "-map-by slot", "btl_tcp_if_include ens3",
+    for piece in (" --bind-to none ", " --map-by slot ", "--mca btl_tcp_if_include ens3",
                   "oob_tcp_if_include ens3", "NCCL_SOCKET_IFNAME=ens3"):
         assert piece in line
     assert argv[-2:] == [sys.executable, "train.py"]
@@ -143,6 +143,9 @@ BAD_OTHER = [
     (["doctor", "-H", "a", "--iface", "10.0.0.0/40"], "invalid CIDR"),
     (["doctor", "-H", "a", "-m", "bad-mod"], "not a valid module name"),
     (["doctor", "-H", "a", "--timeout", "0"], "not in the range"),
+    (["doctor", "-H", "a", "--timeout", "inf"], "not a finite number of seconds"),
+    (["doctor", "-H", "a", "--timeout", "nan"], "not a finite number of seconds"),
+    (["run", "--dry-run", "--timeout", "nan", "-H", "a", "{tmp}/hosts"], "not a finite number"),
     (["doctor", "-H", "a", "--ssh-config", "{tmp}/missing"], "no such file"),
     (["doctor", "-H", "a", "-H", "b"], "given more than once"),
     (["doctor", "-H", "a,a"], "more than once"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -52,7 +53,7 @@ def dtlaunch(*args: str, cache: Path | None = None,
 
 def doctor(bed: tb.TestBed, hosts: str, *extra: str, iface: str | None = None):
     result = dtlaunch("doctor", "--json", "-H", hosts, "--ssh-config", str(bed.ssh_config),
-                      "--iface", iface or bed.subnet, "--timeout", "5", *extra)
+                      "--iface", iface or bed.subnet, "--connect-timeout", "5", *extra)
     assert result.returncode in (0, 1), result.stderr
     return result.returncode, json.loads(result.stdout), result
 
@@ -239,3 +240,65 @@ def test_env_check_json_matches_machine() -> None:
     assert doc["horovod"]["version"] == horovod.__version__
     assert doc["torch"]["version"] == md.version("torch")
     assert doc["os"]["kernel"] == os.uname().release
+
+
+def _hung_python(tmp_path: Path) -> Path:
+    """An 'interpreter' that hangs: what a wedged NFS mount or a stuck import looks like."""
+    path = tmp_path / "hung-python"
+    path.write_text("#!/bin/sh\nexec sleep 3171\n")
+    path.chmod(0o755)
+    return path
+
+
+def _hung_pids() -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if (entry / "cmdline").read_bytes() == b"sleep\x003171\x00":
+                    found.append(int(entry.name))
+            except OSError:
+                pass
+    return found
+
+
+def _none_left(within: float = 15.0) -> list[int]:
+    deadline = time.monotonic() + within
+    while _hung_pids() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return _hung_pids()
+
+
+def test_timeout_bounds_a_hung_remote_command_and_ends_it(dbed: tb.TestBed, tmp_path: Path) -> None:
+    python = _hung_python(tmp_path)
+    start = time.monotonic()
+    result = dtlaunch("doctor", "--json", "-H", "h1,h2", "--ssh-config", str(dbed.ssh_config),
+                      "--python", str(python), "--timeout", "3")
+    assert time.monotonic() - start < 30
+    assert result.returncode == 1, result.stderr
+    doc = json.loads(result.stdout)
+    for host in ("h1", "h2"):
+        ssh = check(doc, host, "ssh")
+        assert ssh["status"] == "fail" and "did not finish in 3 s" in ssh["detail"]
+    assert _none_left() == [], "the hung probe was left running"
+
+
+def test_ctrl_c_of_doctor_leaves_nothing_running(dbed: tb.TestBed, tmp_path: Path) -> None:
+    python = _hung_python(tmp_path)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dtlaunch", "doctor", "-H", "h1,h2", "--ssh-config",
+         str(dbed.ssh_config), "--python", str(python)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(ROOT),
+        env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    try:
+        deadline = time.monotonic() + 60
+        while len(_hung_pids()) < 3:  # the launcher's probe and both hosts'
+            assert time.monotonic() < deadline, "the probes never started"
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130
+    assert _none_left() == [], "a probe outlived Ctrl-C"

@@ -10,12 +10,13 @@ from dtlaunch.hosts import Host
 from dtlaunch.mpi import (
     Interfaces,
     JobSpec,
-    SshOptions,
-    build_mpirun_argv,
+    MpiImpl,
     parse_iface,
     parse_mpirun_version,
     split_mpi_args,
 )
+from dtlaunch.openmpi import OPEN_MPI, build_mpirun_argv
+from dtlaunch.ssh_options import SshOptions
 
 SSH_DEFAULT = ("-o BatchMode=yes -o ConnectTimeout=10 -o StrictHostKeyChecking=yes "
                "-o ServerAliveInterval=5 -o ServerAliveCountMax=3")
@@ -32,11 +33,11 @@ def test_two_hosts_iface_name_as_root() -> None:
     )
     assert build_mpirun_argv(spec) == (
         "mpirun", "--allow-run-as-root", "--tag-output", "-np", "2", "-H", "host1:1,host2:1",
-        "-bind-to", "none", "-map-by", "slot", "-mca", "pml", "ob1", "-mca", "btl", "self,vader,tcp",
-        "-mca", "btl_tcp_if_include", "ens3", "-mca", "oob_tcp_if_include", "ens3",
+        "--bind-to", "none", "--map-by", "slot", "--mca", "pml", "ob1", "--mca", "btl", "self,vader,tcp",
+        "--mca", "btl_tcp_if_include", "ens3", "--mca", "oob_tcp_if_include", "ens3",
         "--leave-session-attached",
-        "-mca", "plm_rsh_agent", "ssh", "-mca", "plm_rsh_args", SSH_DEFAULT,
-        "-mca", "plm_rsh_no_tree_spawn", "1",
+        "--mca", "plm_rsh_agent", "ssh", "--mca", "plm_rsh_args", SSH_DEFAULT,
+        "--mca", "plm_rsh_no_tree_spawn", "1",
         "-x", "PATH", "-x", "NCCL_SOCKET_IFNAME=ens3",
         "/venv/bin/python", "train.py", "--lr", "1",
     )
@@ -52,18 +53,18 @@ def test_cidr_ssh_options_open_mpi_5_tree_spawn_non_root() -> None:
                        host_key_policy="accept-new"),
         oversubscribe=True,
         tree_spawn=True,
-        ompi_major=5,
+        mpi_version=(5, 0, 3),
         mpi_args=("--report-bindings",),
         rsh_agent="/venv/bin/python -m dtlaunch.rsh",
     )
     assert build_mpirun_argv(spec, "/opt/ompi/bin/mpirun") == (
         "/opt/ompi/bin/mpirun", "--tag-output", "-np", "6", "-H", "a:4",
-        "-bind-to", "none", "-map-by", "slot", "--oversubscribe",
-        "-mca", "pml", "ob1", "-mca", "btl", "self,sm,tcp",
-        "-mca", "btl_tcp_if_include", "10.0.0.0/24", "-mca", "oob_tcp_if_include", "10.0.0.0/24",
+        "--bind-to", "none", "--map-by", "slot", "--oversubscribe",
+        "--mca", "pml", "ob1", "--mca", "btl", "self,sm,tcp",
+        "--mca", "btl_tcp_if_include", "10.0.0.0/24", "--mca", "oob_tcp_if_include", "10.0.0.0/24",
         "--leave-session-attached",
         # Tree spawn runs the agent on remote hosts too, so it stays plain ssh there.
-        "-mca", "plm_rsh_agent", "ssh", "-mca", "plm_rsh_args",
+        "--mca", "plm_rsh_agent", "ssh", "--mca", "plm_rsh_args",
         "-o BatchMode=yes -o ConnectTimeout=3 -o StrictHostKeyChecking=accept-new "
         "-o ServerAliveInterval=5 -o ServerAliveCountMax=3 -p 2222 -i /k/id -F /k/cfg",
         "--report-bindings", "python", "-m", "pkg.train",
@@ -112,6 +113,39 @@ def test_mpi_args_split_like_a_shell() -> None:
 def test_parse_mpirun_version(text: str, name: str, version: str) -> None:
     impl = parse_mpirun_version(text)
     assert (impl.name, impl.version) == (name, version)
+
+
+@pytest.mark.parametrize(
+    ("version", "release"),
+    [("4.1.4", (4, 1, 4)), ("5.0.0rc12", (5, 0, 0)), ("4.1.5a1", (4, 1, 5)), ("2021.9", (2021, 9)),
+     ("3.0", (3, 0)), ("", ()), ("v4.x-dev", ())],
+)
+def test_versions_are_read_one_way(version: str, release: tuple[int, ...]) -> None:
+    assert MpiImpl("Open MPI", version).release == release
+
+
+def test_open_mpi_family_refuses_what_it_cannot_drive() -> None:
+    assert OPEN_MPI.unsupported(parse_mpirun_version("mpirun (Open MPI) 4.1.4"), "mpirun") is None
+    assert OPEN_MPI.unsupported(parse_mpirun_version("mpirun (Open MPI) 5.0.0rc12"), "m") is None
+    old = OPEN_MPI.unsupported(parse_mpirun_version("mpirun (Open MPI) 2.1.1"), "/o/mpirun")
+    assert old == "/o/mpirun is Open MPI 2.1.1; dtlaunch needs >= 3.0"
+    other = OPEN_MPI.unsupported(MpiImpl("MPICH", "4.0"), "mpirun")
+    assert other == "mpirun is MPICH, not Open MPI; dtlaunch needs Open MPI >= 3.0"
+    assert OPEN_MPI.unsupported(MpiImpl("Open MPI", "junk"), "mpirun") is not None
+
+
+def test_open_mpi_family_reads_its_output_and_failures() -> None:
+    demux = OPEN_MPI.new_demux()
+    lines = demux.feed("[1,0]<stdout>:hello\n")
+    assert [(line.rank, line.text) for line in lines] == [(0, "hello")]
+    failure = OPEN_MPI.parse_failure(
+        ["Process name: [[1234,1],1]", "Exit code:    3"], ["h1", "h2"])
+    assert failure is not None and (failure.rank, failure.host, failure.exit_code) == (1, "h2", 3)
+    assert OPEN_MPI.ssh_left_to_dtlaunch(("--mca", "btl_tcp_eager_limit", "1"))
+    assert not OPEN_MPI.ssh_left_to_dtlaunch(("--mca", "plm_rsh_args", "-o X=y"))
+    argv = OPEN_MPI.build_argv(JobSpec(hosts=(Host("a"),), num_proc=1, program=("p",)), "mpirun")
+    # Open MPI 5's prterun rejects the single-dash long options.
+    assert not {"-bind-to", "-map-by", "-mca"} & set(argv)
 
 
 @given(st.text(max_size=60))

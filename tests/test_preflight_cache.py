@@ -8,8 +8,8 @@ import time
 
 from dtlaunch import preflight
 from dtlaunch.hosts import Host
-from dtlaunch.mpi import SshOptions
 from dtlaunch.plan import RunRequest
+from dtlaunch.ssh_options import SshOptions
 
 
 def request(**kw: object) -> RunRequest:
@@ -55,3 +55,15 @@ def test_key_check_overlaps_the_launch_only_while_dtlaunch_owns_mpiruns_ssh() ->
     assert preflight.may_overlap(request(mpi_args=("-mca", "btl_tcp_eager_limit", "65536")))
     assert not preflight.may_overlap(request(mpi_args=("-mca", "plm_rsh_args", "-o X=y")))
     assert not preflight.may_overlap(request(mpi_args=("--mca", "plm_rsh_agent", "rsh")))
+
+
+def test_a_damaged_cache_file_is_ignored_not_a_crash(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    key = preflight.cache_key(request(), ("h1", "h2"), "/work")
+    preflight.write_cache(key)
+    path = preflight._cache_path(key)
+    for junk in ("[]", '{"time": "abc"}', '{"time": null}', '{"key": 1}', "3", '"x"',
+                 '{"time": "nan", "key": "' + key + '"}', "{"):
+        with open(path, "w") as handle:
+            handle.write(junk)
+        assert preflight.read_cache(key) is False, junk

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import os
 import shlex
+import subprocess
 import sys
+import time
 
-from dtlaunch.probe import ProbeArgs, build_remote_command, probe_local
+from dtlaunch.probe import ProbeArgs, build_remote_command, probe_local, script_text
 
 
 def test_local_probe_reports_this_machine(tmp_path):
@@ -34,4 +36,45 @@ def test_remote_command_quotes_every_piece():
     command = build_remote_command(ProbeArgs(python=nasty, script=nasty, cwd=nasty))
     argv = shlex.split(command)
     assert argv[0:2] == ["sh", "-c"]
-    assert argv[4] == nasty and argv[5] == nasty and argv[7] == nasty
+    probe = argv.index("dtlaunch-probe")
+    assert argv[probe - 3:probe - 1] == ["sh", "-c"]
+    assert argv[probe + 1] == nasty and argv[probe + 2] == nasty and argv[probe + 4] == nasty
+
+
+def tied(*command: str) -> subprocess.Popen[bytes]:
+    """A command run as sshd runs one: its own session, its input a pipe from the client."""
+    return subprocess.Popen(["sh", "-c", script_text("tied.sh"), "dtlaunch-tied", *command],
+                            stdin=subprocess.PIPE, start_new_session=True)
+
+
+def test_a_tied_command_ends_with_everything_it_started_when_its_input_closes(tmp_path):
+    pidfile = tmp_path / "pid"
+    proc = tied("sh", "-c", f"sleep 300 & echo $! > {pidfile}; wait")
+    deadline = time.monotonic() + 30
+    while not pidfile.exists() or not pidfile.read_text().strip():
+        assert time.monotonic() < deadline, "the command never started"
+        time.sleep(0.05)
+    grandchild = int(pidfile.read_text())
+    assert proc.poll() is None  # input still open: it runs on
+    assert proc.stdin is not None
+    proc.stdin.close()  # what sshd does when the client closes the channel
+    assert proc.wait(timeout=10) != 0
+    deadline = time.monotonic() + 10
+    while os.path.exists(f"/proc/{grandchild}") and "Z" not in _state(grandchild):
+        assert time.monotonic() < deadline, "the tied command's child outlived it"
+        time.sleep(0.05)
+
+
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "Z"
+
+
+def test_a_tied_command_that_finishes_returns_its_status_with_input_open():
+    proc = tied("sh", "-c", "echo out; exit 7")
+    assert proc.wait(timeout=10) == 7
+    assert proc.stdin is not None
+    proc.stdin.close()

@@ -9,12 +9,14 @@ import time
 import paramiko
 import pytest
 
-from dtlaunch import ssh
-from dtlaunch.mpi import SshOptions
+from dtlaunch import known_hosts, ssh, ssh_config, ssh_errors, ssh_proxy
+from dtlaunch.ssh_config import SshTarget
+from dtlaunch.ssh_errors import SshFailure
+from dtlaunch.ssh_options import SshOptions
 
 
-def target(port: int, host: str = "127.0.0.1", timeout: float = 1.0, **kw: object) -> ssh.SshTarget:
-    return ssh.SshTarget(alias="node", hostname=host, port=port, user="me",
+def target(port: int, host: str = "127.0.0.1", timeout: float = 1.0, **kw: object) -> SshTarget:
+    return SshTarget(alias="node", hostname=host, port=port, user="me",
                          connect_timeout=timeout, **kw)  # type: ignore[arg-type]
 
 
@@ -25,9 +27,9 @@ def free_port() -> int:
 
 
 def test_closed_port_is_refused():
-    with pytest.raises(ssh.SshFailure) as info:
+    with pytest.raises(SshFailure) as info:
         ssh.connect(target(free_port()))
-    assert info.value.kind == ssh.REFUSED
+    assert info.value.kind == ssh_errors.REFUSED
     assert "start sshd" in info.value.hint
 
 
@@ -37,9 +39,9 @@ def test_silent_listener_is_a_timeout():
     listener.listen(5)
     try:
         start = time.monotonic()
-        with pytest.raises(ssh.SshFailure) as info:
+        with pytest.raises(SshFailure) as info:
             ssh.connect(target(listener.getsockname()[1], timeout=0.5))
-        assert info.value.kind == ssh.TIMEOUT
+        assert info.value.kind == ssh_errors.TIMEOUT
         assert time.monotonic() - start < 3
     finally:
         listener.close()
@@ -57,25 +59,25 @@ def test_not_ssh_server():
 
     threading.Thread(target=answer, daemon=True).start()
     try:
-        with pytest.raises(ssh.SshFailure) as info:
+        with pytest.raises(SshFailure) as info:
             ssh.connect(target(listener.getsockname()[1], timeout=2))
-        assert info.value.kind in (ssh.PROTOCOL, ssh.TIMEOUT)
+        assert info.value.kind in (ssh_errors.PROTOCOL, ssh_errors.TIMEOUT)
     finally:
         listener.close()
 
 
 def test_unresolvable_name():
-    with pytest.raises(ssh.SshFailure) as info:
+    with pytest.raises(SshFailure) as info:
         ssh.connect(target(22, host="no-such-host.invalid"))
-    assert info.value.kind == ssh.UNRESOLVED
+    assert info.value.kind == ssh_errors.UNRESOLVED
     assert "HostName" in info.value.hint
 
 
 def test_proxy_command_that_dies_is_a_proxy_failure():
     t = target(22, proxy_command="sh -c 'echo boom >&2; exit 3'")
-    with pytest.raises(ssh.SshFailure) as info:
+    with pytest.raises(SshFailure) as info:
         ssh.connect(t)
-    assert info.value.kind == ssh.PROXY
+    assert info.value.kind == ssh_errors.PROXY
     assert "boom" in info.value.detail
 
 
@@ -86,15 +88,15 @@ def test_resolve_target_from_config(tmp_path):
         "  IdentitiesOnly yes\n  UserKnownHostsFile /tmp/kh1 /tmp/kh2\n"
         "  ProxyCommand sh -c 'sleep 0.2; exec nc %h %p'\n"
         "Host n2\n  ProxyJump jump1,jump2\n")
-    config = ssh.load_ssh_config(str(config_file))
-    t = ssh.resolve_target("n1", SshOptions(identity_file="/keys/id"), config)
+    config = ssh_config.load_ssh_config(str(config_file))
+    t = ssh_config.resolve_target("n1", SshOptions(identity_file="/keys/id"), config)
     assert (t.hostname, t.user, t.port, t.identities_only) == ("10.0.0.5", "alice", 2222, True)
     assert t.identity_files[0] == "/keys/id" and t.identity_files[1].endswith("/k1")
     assert t.known_hosts_files == ("/tmp/kh1", "/tmp/kh2")
     assert t.known_hosts_name == "[10.0.0.5]:2222"
-    assert ssh.proxy_argv(t) == ("sh", "-c", "sleep 0.2; exec nc 10.0.0.5 2222")
-    t2 = ssh.resolve_target("n2", SshOptions(port=2200, config_file=str(config_file)), config)
-    argv = ssh.proxy_argv(t2)
+    assert ssh_proxy.proxy_argv(t) == ("sh", "-c", "sleep 0.2; exec nc 10.0.0.5 2222")
+    t2 = ssh_config.resolve_target("n2", SshOptions(port=2200, config_file=str(config_file)), config)
+    argv = ssh_proxy.proxy_argv(t2)
     assert argv is not None and argv[-3:] == ("[n2]:2200", "--", "jump2")
     assert "-J" in argv and "jump1" in argv
 
@@ -104,24 +106,24 @@ def test_host_key_verdicts(tmp_path):
     other = paramiko.Ed25519Key.from_private_key_file(str(_keygen(tmp_path, "b")))
     known_file = tmp_path / "known_hosts"
     t = target(22, known_hosts_files=(str(known_file),), global_known_hosts_files=())
-    assert ssh.known_keys(t) == {}
-    assert ssh.check_host_key(t, key, {}) == "unknown"
-    path = ssh.append_known_host(t, key)
+    assert known_hosts.known_keys(t) == {}
+    assert known_hosts.check_host_key(t, key, {}) == "unknown"
+    path = known_hosts.append_known_host(t, key)
     assert path == str(known_file) and (known_file.stat().st_mode & 0o777) == 0o600
-    known = ssh.known_keys(t)
-    assert ssh.check_host_key(t, key, known) == "ok"
-    assert ssh.check_host_key(t, other, known) == "changed"
+    known = known_hosts.known_keys(t)
+    assert known_hosts.check_host_key(t, key, known) == "ok"
+    assert known_hosts.check_host_key(t, other, known) == "changed"
 
 
 def test_preferred_key_types_put_known_first():
     available = ("ssh-ed25519", "ecdsa-sha2-nistp256", "rsa-sha2-512", "rsa-sha2-256")
-    assert ssh.preferred_host_key_types({"ssh-rsa": None}, available)[:2] == (
+    assert known_hosts.preferred_host_key_types({"ssh-rsa": None}, available)[:2] == (
         "rsa-sha2-512", "rsa-sha2-256")
-    assert ssh.preferred_host_key_types({}, available) == available
+    assert known_hosts.preferred_host_key_types({}, available) == available
 
 
 def test_changed_key_hint_warns_of_mitm():
-    hint = ssh.hint_for(ssh.CHANGED_HOST_KEY, target(2222))
+    hint = ssh_errors.hint_for(ssh_errors.CHANGED_HOST_KEY, target(2222))
     assert "MAN-IN-THE-MIDDLE" in hint and "ssh-keygen -R" in hint
 
 
@@ -143,7 +145,7 @@ def test_paramiko_is_imported_without_invoke_unless_a_config_needs_match_exec(tm
     with_exec.write_text("Host node\n  HostName 10.0.0.1\nMatch exec \"true\"\n  User bob\n")
     code = (
         "import sys\n"
-        "from dtlaunch.ssh import load_ssh_config\n"
+        "from dtlaunch.ssh_config import load_ssh_config\n"
         "entry = load_ssh_config(sys.argv[1]).lookup('node')\n"
         "print('invoke' in sys.modules, entry.get('user'), entry['hostname'])\n"
     )

@@ -1,0 +1,98 @@
+"""Open MPI's mpirun: the command line (pure), and how its output, failures and version read.
+
+The long options use the double-dash forms (`--bind-to`, `--map-by`, `--mca`): Open MPI 5's
+mpirun (prterun) rejects the single-dash ones, and Open MPI 3 and 4 accept both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from dtlaunch.hosts import format_hosts
+from dtlaunch.mpi import INSTALL_OMPI_HINT, MIN_OMPI, JobSpec, MpiImpl, parse_mpirun_version
+
+if TYPE_CHECKING:  # imported when a job runs, not for a dry run
+    from dtlaunch.failures import Failure
+    from dtlaunch.output import TagDemux
+
+DEFAULT_MAJOR = 4  # assumed when the local mpirun cannot be asked (a dry run without one)
+
+
+def btl_for(major: int) -> str:
+    """Point-to-point transports: shared memory within a host, TCP between hosts.
+
+    The shared-memory BTL is `vader` in Open MPI 3 and 4 and `sm` in 5; naming it explicitly
+    (instead of horovodrun's `^openib`) keeps same-host ranks off TCP and never picks up
+    InfiniBand verbs or UCX paths that hang on hosts without them.
+    """
+    return "self,sm,tcp" if major >= 5 else "self,vader,tcp"
+
+
+def build_mpirun_argv(spec: JobSpec, mpirun: str = "mpirun") -> tuple[str, ...]:
+    """The whole mpirun command line, as an argv tuple (never a shell string)."""
+    major = spec.mpi_version[0] if spec.mpi_version else DEFAULT_MAJOR
+    argv: list[str] = [mpirun]
+    if spec.as_root:
+        argv.append("--allow-run-as-root")
+    argv += ["--tag-output", "-np", str(spec.num_proc), "-H", format_hosts(spec.hosts)]
+    argv += ["--bind-to", "none", "--map-by", "slot"]
+    if spec.oversubscribe:
+        argv.append("--oversubscribe")
+    argv += ["--mca", "pml", "ob1", "--mca", "btl", btl_for(major)]
+    if spec.iface is not None:
+        value = spec.iface.mca_value()
+        argv += ["--mca", "btl_tcp_if_include", value, "--mca", "oob_tcp_if_include", value]
+    agent = spec.rsh_agent if spec.rsh_agent and not spec.tree_spawn else "ssh"
+    # Keep each host's daemon attached to its ssh session (Open MPI detaches it by default):
+    # a dead host or sshd then ends that session, which dtlaunch notices, and the daemons'
+    # own error messages reach the user.
+    argv.append("--leave-session-attached")
+    argv += ["--mca", "plm_rsh_agent", agent, "--mca", "plm_rsh_args", " ".join(spec.ssh.ssh_args())]
+    if not spec.tree_spawn:
+        # Only launcher-to-host SSH is needed (and checked by doctor); tree spawn would also
+        # need every host to reach every other host over SSH.
+        argv += ["--mca", "plm_rsh_no_tree_spawn", "1"]
+    for var in spec.env.variables:
+        argv += ["-x", f"{var.name}={var.value}" if var.inline else var.name]
+    argv += spec.mpi_args
+    argv += spec.program
+    return tuple(argv)
+
+
+class OpenMpi:
+    """Open MPI >= 3.0 through its mpirun (the MpiFamily that dtlaunch launches with today)."""
+
+    name = "Open MPI"
+    launcher = "mpirun"
+    install_hint = INSTALL_OMPI_HINT
+
+    def parse_version(self, text: str) -> MpiImpl:
+        return parse_mpirun_version(text)
+
+    def unsupported(self, impl: MpiImpl, program: str) -> str | None:
+        if not impl.is_open_mpi:
+            return f"{program} is {impl.name}, not Open MPI; dtlaunch needs Open MPI >= 3.0"
+        if impl.release < MIN_OMPI:
+            return f"{program} is Open MPI {impl.version}; dtlaunch needs >= 3.0"
+        return None
+
+    def build_argv(self, spec: JobSpec, launcher: str) -> tuple[str, ...]:
+        return build_mpirun_argv(spec, launcher)
+
+    def new_demux(self) -> TagDemux:
+        from dtlaunch.output import TagDemux
+
+        return TagDemux()
+
+    def parse_failure(self, lines: Sequence[str], rank_hosts: Sequence[str]) -> Failure | None:
+        from dtlaunch.failures import analyze
+
+        return analyze(lines, rank_hosts)
+
+    def ssh_left_to_dtlaunch(self, extra_args: Sequence[str]) -> bool:
+        """--mpi-args that set plm_rsh_* could weaken mpirun's host-key checking."""
+        return not any("plm_rsh" in arg for arg in extra_args)
+
+
+OPEN_MPI = OpenMpi()

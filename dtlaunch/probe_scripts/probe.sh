@@ -1,0 +1,36 @@
+# dtlaunch's probe: one POSIX sh run per host, through the login shell's environment.
+# $1 python  $2 script  $3 module  $4 working directory  $5 remote_probe.py's text
+# $6 peers (space separated, names already validated)  $7 ssh options for peers
+# $8 imports 0/1  $9 import_probe.py's text
+bounded() {  # a command that may hang (a broken mpirun, a stuck ip) gets 10 s
+  if command -v timeout >/dev/null 2>&1; then timeout 10 "$@"; else "$@"; fi
+}
+cd "$4" 2>/dev/null || true
+echo @@hostname; uname -n
+echo @@path; printf '%s\n' "$PATH"
+echo @@mpirun; command -v mpirun 2>/dev/null
+echo @@orted; command -v orted 2>/dev/null
+echo @@mpirun_version
+if command -v mpirun >/dev/null 2>&1; then bounded mpirun --version 2>&1 | head -n 5; fi
+echo @@ip_link; bounded ip -o link show 2>/dev/null
+echo @@ip_addr; bounded ip -o addr show 2>/dev/null
+echo @@script
+if [ -n "$2" ]; then if [ -f "$2" ]; then echo yes; else echo no; fi; fi
+echo @@python
+found=no
+case "$1" in
+  */*) [ -f "$1" ] && [ -x "$1" ] && found=yes ;;
+  *) command -v "$1" >/dev/null 2>&1 && found=yes ;;
+esac
+if [ "$found" = yes ]; then "$1" -c "$5" "$2" "$3" "$8" "$9" 2>&1 </dev/null
+else echo '{"missing": true, "error": "no such file or not executable"}'; fi
+echo @@peers
+if [ -n "$6" ]; then
+  set -f
+  for peer in $6; do
+    ( msg=$(ssh $7 "$peer" true 2>&1 </dev/null); rc=$?
+      echo "$peer $rc $(printf '%s' "$msg" | tail -n 1)" ) &
+  done
+  wait
+fi
+echo @@end

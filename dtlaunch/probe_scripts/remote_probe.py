@@ -1,0 +1,183 @@
+"""The Python half of the probe: the interpreter `run` will use describes itself.
+
+Runs as `python -c <this file's text> SCRIPT MODULE WANT_IMPORTS IMPORT_PROBE_TEXT` (SCRIPT is
+checked by the shell half) on any
+Python >= 3.6 and prints one JSON document. Versions come from the names of the installed
+*.dist-info folders (cheap); what needs a real import (import_probe.py, about a second of
+CPU) is computed once per host and cached in `~/.cache/dtlaunch/imports-<key>.json`, keyed by
+the interpreter and the installed torch and horovod, so any reinstall recomputes it.
+
+The cache is used only in a directory that is the user's own and writable by nobody else,
+reached without following links, and written through a new file (O_EXCL, O_NOFOLLOW) renamed
+into place: with a shared or hostile XDG_CACHE_HOME the probe computes and does not cache.
+A file lock makes concurrent probes on a shared home directory compute once.
+"""
+
+import contextlib
+import json
+import os
+import stat
+import sys
+from typing import Any, Dict, List, Optional, Tuple
+
+Dists = Dict[str, Tuple[str, str]]
+NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+DIRECTORY = getattr(os, "O_DIRECTORY", 0)
+
+
+def stamp(path: str) -> Optional[int]:
+    try:
+        return os.stat(path).st_mtime_ns
+    except OSError:
+        return None
+
+
+def find_dists(wanted: Tuple[str, ...]) -> Dists:
+    """Installed versions from *.dist-info names on sys.path: importlib.metadata costs ~30 ms."""
+    found: Dists = {}
+    for entry in sys.path:
+        folder = entry or "."
+        try:
+            names = os.listdir(folder)
+        except OSError:
+            continue
+        for name in names:
+            if not name.endswith((".dist-info", ".egg-info")):
+                continue
+            dist, _, version = name.rsplit(".", 1)[0].partition("-")
+            key = dist.lower().replace("-", "_")
+            if key in wanted and key not in found:
+                found[key] = (version.split("-")[0], os.path.join(folder, name))
+    return found
+
+
+def import_key(dists: Dists) -> str:
+    import hashlib
+
+    exe = os.path.realpath(sys.executable)
+    parts: List[Any] = ["probe-3", sys.executable, exe, stamp(exe), sys.version]
+    for name in ("torch", "horovod"):
+        version, path = dists.get(name) or (None, None)
+        parts.append([name, version, path, stamp(path) if path else None])
+        if path:
+            package = os.path.join(os.path.dirname(path), name)
+            parts.append([package, stamp(package), stamp(os.path.join(package, "torch"))])
+    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:32]
+
+
+def compute_imports(code: str) -> Tuple[Dict[str, Any], bool]:
+    import subprocess
+
+    try:
+        done = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, timeout=120)
+    except subprocess.TimeoutExpired:
+        return {"torch_error": "importing torch/horovod took more than 120 s"}, False
+    lines = done.stdout.decode(errors="replace").strip().splitlines()
+    try:
+        return json.loads(lines[-1]), True
+    except (IndexError, ValueError):
+        tail = done.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
+        return {"torch_error": f"import crashed (status {done.returncode}): {tail[0]}"}, False
+
+
+def private(st: os.stat_result, kind: int) -> bool:
+    """Ours, of the expected kind, and writable by no one else."""
+    return (stat.S_IFMT(st.st_mode) == kind and st.st_uid == os.getuid()
+            and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH))
+
+
+def open_cache_dir() -> Optional[int]:
+    """A descriptor of ~/.cache/dtlaunch if it is private (created 0700 when missing)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    folder = os.path.join(base, "dtlaunch")
+    try:
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        fd = os.open(folder, os.O_RDONLY | DIRECTORY | NOFOLLOW)
+    except OSError:
+        return None
+    if private(os.fstat(fd), stat.S_IFDIR):
+        return fd
+    os.close(fd)
+    return None
+
+
+def read_cached(folder: int, name: str) -> Optional[Dict[str, Any]]:
+    try:
+        fd = os.open(name, os.O_RDONLY | NOFOLLOW, dir_fd=folder)
+    except OSError:
+        return None
+    with os.fdopen(fd) as handle:
+        if not private(os.fstat(fd), stat.S_IFREG):
+            return None
+        try:
+            data = json.load(handle)
+        except ValueError:
+            return None
+    return data if isinstance(data, dict) else None
+
+
+def write_cached(folder: int, name: str, facts: Dict[str, Any]) -> None:
+    tmp = f".{name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW, 0o600, dir_fd=folder)
+    with os.fdopen(fd, "w") as handle:
+        json.dump(facts, handle)
+    os.replace(tmp, name, src_dir_fd=folder, dst_dir_fd=folder)
+
+
+def imports(dists: Dists, code: str) -> Tuple[Dict[str, Any], bool]:
+    folder = open_cache_dir()
+    if folder is None:
+        return compute_imports(code)[0], False
+    name = "imports-" + import_key(dists) + ".json"
+    lock = None
+    try:
+        cached = read_cached(folder, name)
+        if cached is not None:
+            return cached, True
+        try:
+            import fcntl
+
+            lock = os.open(name + ".lock", os.O_RDWR | os.O_CREAT | NOFOLLOW, 0o600,
+                           dir_fd=folder)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            cached = read_cached(folder, name)
+            if cached is not None:
+                return cached, True
+        except (OSError, ImportError):
+            pass
+        facts, keep = compute_imports(code)
+        if keep and lock is not None:
+            with contextlib.suppress(OSError):  # no cache is only slower
+                write_cached(folder, name, facts)
+        return facts, False
+    finally:
+        if lock is not None:
+            os.close(lock)
+        os.close(folder)
+
+
+def main() -> None:
+    module, want_imports, code = sys.argv[2], sys.argv[3] == "1", sys.argv[4]
+    version = ".".join(str(v) for v in sys.version_info[:3])
+    out: Dict[str, Any] = {"executable": sys.executable, "version": version}
+    dists = find_dists(("torch", "horovod"))
+    for dist in ("torch", "horovod"):
+        out[dist] = dists[dist][0] if dist in dists else None
+    if module:
+        import importlib.util
+
+        try:
+            out["module_found"] = importlib.util.find_spec(module.split(".")[0]) is not None
+        except Exception:
+            out["module_found"] = False
+    if want_imports:
+        try:
+            out["imports"], out["cached"] = imports(dists, code)
+        except Exception as e:
+            out["imports"] = {"torch_error": f"probe failed: {e}"}
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

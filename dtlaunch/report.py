@@ -1,0 +1,121 @@
+"""One report model for doctor, the run pre-flight and env-check: statuses, a check result
+that carries its fix, and the reports built from them. Pure data."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from dtlaunch.facts import HostFacts
+
+
+class Status(str, Enum):
+    """A check's verdict. A str, so JSON and comparisons with "pass" keep working."""
+
+    PASS = "pass"
+    WARN = "warn"
+    FAIL = "fail"
+    SKIP = "skip"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
+class Role(str, Enum):
+    LAUNCHER = "launcher"  # the machine running dtlaunch
+    HOST = "host"  # a host reached through a Prober
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
+PASS, WARN, FAIL, SKIP = Status.PASS, Status.WARN, Status.FAIL, Status.SKIP
+LAUNCHER, HOST = Role.LAUNCHER, Role.HOST
+_RANK = {SKIP: 0, PASS: 1, WARN: 2, FAIL: 3}
+
+CHECK_NAMES = ("ssh", "mpirun", "open-mpi", "python", "torch", "horovod", "script", "iface",
+               "hostname", "pairwise")
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """One verdict: what was checked, how it went, what was found, and how to fix it."""
+
+    name: str
+    status: Status
+    detail: str
+    hint: str = ""  # the fix, for WARN and FAIL
+
+
+def worst(statuses: Iterable[Status]) -> Status:
+    result = SKIP
+    for status in statuses:
+        if _RANK[status] > _RANK[result]:
+            result = status
+    return result
+
+
+@dataclass(frozen=True)
+class HostOutcome:
+    """What one host gave us: facts, or the failed check that stopped us getting them."""
+
+    host: str
+    role: Role
+    facts: HostFacts | None = None
+    problem: CheckResult | None = None
+    seconds: float = 0.0
+    note: str = ""
+    is_rank_host: bool = True
+
+
+@dataclass(frozen=True)
+class HostReport:
+    host: str
+    role: Role
+    checks: tuple[CheckResult, ...]
+    versions: tuple[tuple[str, str], ...] = ()
+    seconds: float = 0.0
+    note: str = ""
+    hostname: str = ""
+
+    @property
+    def status(self) -> Status:
+        return worst(c.status for c in self.checks)
+
+    def check(self, name: str) -> CheckResult | None:
+        return next((c for c in self.checks if c.name == name), None)
+
+
+@dataclass(frozen=True)
+class DoctorReport:
+    hosts: tuple[HostReport, ...]
+    seconds: float = 0.0
+    columns: tuple[str, ...] = field(default=CHECK_NAMES)
+
+    @property
+    def ok(self) -> bool:
+        return all(h.status != FAIL for h in self.hosts)
+
+    @property
+    def status(self) -> Status:
+        return worst(h.status for h in self.hosts)
+
+    def failures(self) -> tuple[tuple[str, CheckResult], ...]:
+        return tuple((h.host, c) for h in self.hosts for c in h.checks if c.status == FAIL)
+
+    def warnings(self) -> tuple[tuple[str, CheckResult], ...]:
+        return tuple((h.host, c) for h in self.hosts for c in h.checks if c.status == WARN)
+
+
+def ssh_failed(detail: str, hint: str) -> CheckResult:
+    """The ssh check of a host that could not be probed."""
+    return CheckResult("ssh", FAIL, detail, hint)

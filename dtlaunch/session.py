@@ -1,0 +1,171 @@
+"""One run of a job, as a library call: decide the local MPI, plan, pre-flight, execute, re-check.
+
+Nothing here prints. What happens along the way goes to `on_event` (the CLI renders it), and
+what came of the run is returned as a `RunOutcome`, so the whole flow can be driven (and
+tested) without the command line.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from dtlaunch.errors import EXIT_FAILURE, DtlaunchError, UsageError
+from dtlaunch.interrupts import signals_raise
+from dtlaunch.mpi import MpiFamily, MpiImpl
+from dtlaunch.openmpi import OPEN_MPI
+from dtlaunch.plan import RunPlan, RunRequest, plan_run
+
+if TYPE_CHECKING:
+    from dtlaunch.launch import LaunchResult
+    from dtlaunch.prober import Reach
+    from dtlaunch.report import DoctorReport
+
+
+class EventLevel(Enum):
+    NOTE = "note"  # always shown
+    WARNING = "warning"  # always shown, as a warning
+    DETAIL = "detail"  # shown with --verbose
+
+
+@dataclass(frozen=True)
+class Event:
+    level: EventLevel
+    text: str
+
+
+OnEvent = Callable[[Event], None]
+Executor = Callable[..., "LaunchResult"]
+
+
+@dataclass(frozen=True)
+class LaunchRequest:
+    """A run: the plan's input, plus how to run it."""
+
+    run: RunRequest
+    check: bool = True  # run the pre-flight checks first
+    timeout: float | None = None  # stop the whole job after this many seconds
+    output_dir: str | None = None  # also write each rank's output to DIR/rank.N.log
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    plan: RunPlan
+    preflight: DoctorReport | None  # the full checks' report, when they ran
+    result: LaunchResult | None  # None: nothing was launched
+    exit_code: int
+    error: str | None = None  # one line, when the pre-flight stopped the run
+
+
+def local_mpi(family: MpiFamily, program: str) -> MpiImpl:
+    """Ask the local launcher what it is; refuse one that this family cannot drive."""
+    try:
+        out = subprocess.run([program, "--version"], capture_output=True, text=True, timeout=20,
+                             stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise DtlaunchError(f"cannot run {program} --version: {exc}") from None
+    impl = family.parse_version(out.stdout + out.stderr)
+    why = family.unsupported(impl, program)
+    if why is not None:
+        raise UsageError(f"{why}; {family.install_hint}")
+    return impl
+
+
+def rsh_agent_command() -> str | None:
+    """dtlaunch's ssh wrapper, which reports a lost host (Open MPI splits this on spaces).
+
+    It runs once per host, so it starts as a bare file with -I -S (no site, no environment):
+    it needs only the standard library, and this saves ~30 ms of CPU per host."""
+    from dtlaunch import rsh
+
+    wrapper = rsh.__file__ or ""
+    if not wrapper.endswith(".py") or any(c.isspace() for c in sys.executable + wrapper):
+        return None
+    return f"{sys.executable} -I -S {wrapper}"
+
+
+@dataclass(frozen=True)
+class Prepared:
+    plan: RunPlan
+    mpirun: str | None  # the local launcher's path; None only for a dry run without one
+
+
+def prepare(request: RunRequest, on_event: OnEvent, *, dry_run: bool = False,
+            family: MpiFamily = OPEN_MPI, environ: Mapping[str, str] | None = None) -> Prepared:
+    """Find and ask the local launcher, then build the plan. A dry run needs no launcher."""
+    program = shutil.which(family.launcher)
+    if program is None and not dry_run:
+        raise UsageError(f"{family.launcher} not found on PATH; {family.install_hint}")
+    version = local_mpi(family, program).release if program else ()
+    plan = plan_run(request, dict(os.environ) if environ is None else environ, family=family,
+                    mpi_version=version, as_root=os.geteuid() == 0,
+                    cpu_count=os.cpu_count() or 1)
+    for message in plan.env.warnings:
+        on_event(Event(EventLevel.WARNING, message))
+    return Prepared(plan, program)
+
+
+def launch(request: LaunchRequest, on_event: OnEvent, *, executor: Executor | None = None,
+           reach: Reach | None = None) -> RunOutcome:
+    """Pre-flight, execute, and after a host key went bad during the start, check again.
+    `executor` runs the job (default: launch.execute); `reach`: how the checks reach the
+    hosts (default: SSH)."""
+    from dtlaunch.preflight import failure_message, run_preflight
+
+    prepared = prepare(request.run, on_event)
+    plan = prepared.plan
+    watch = None
+    if request.check:
+        with signals_raise():
+            checked = run_preflight(request.run, plan, reach=reach)
+        if checked.message:
+            on_event(Event(EventLevel.DETAIL, checked.message))
+        if not checked.ok:
+            return RunOutcome(plan, checked.report, None, EXIT_FAILURE,
+                              failure_message(checked.report, job_started=False))
+        watch = checked.watch
+    on_event(Event(EventLevel.DETAIL, "running: " + plan.display()))
+    if executor is None:
+        from dtlaunch.launch import execute
+
+        executor = execute
+    result = executor(
+        (prepared.mpirun or plan.family.launcher, *plan.argv[1:]),
+        plan.launcher_env,
+        plan.rank_hosts,
+        timeout=request.timeout,
+        output_dir=Path(request.output_dir) if request.output_dir else None,
+        announce=lambda text: on_event(Event(EventLevel.NOTE, text)),
+        stop_when=watch.stop_reason if watch is not None else None,
+    )
+    if watch is not None and watch.failed():
+        # A host key changed (or vanished) since the cached pre-flight: the full checks
+        # name the host and the fix.
+        with signals_raise():
+            checked = run_preflight(request.run, plan, job_started=True, reach=reach)
+        if not checked.ok:
+            return RunOutcome(plan, checked.report, result, EXIT_FAILURE,
+                              failure_message(checked.report, job_started=True))
+    return RunOutcome(plan, None, result, result.exit_code)
+
+
+def outcome_lines(result: LaunchResult, timeout: float | None) -> Sequence[str]:
+    """What the CLI says when a job ends other than cleanly."""
+    from dtlaunch.failures import signal_name
+
+    lines = []
+    if result.interrupted_by is not None:
+        lines.append(f"stopped by {signal_name(result.interrupted_by)}; "
+                     "all ranks were told to exit")
+    elif result.timed_out:
+        lines.append(f"job stopped: it ran longer than --timeout {timeout or 0:g} s")
+    if result.failure is not None and result.exit_code != 0:
+        lines.append(f"job failed: {result.failure.describe()}")
+    return lines

@@ -1,0 +1,99 @@
+"""The doctor's report from every host's facts: each host judged by dtlaunch.checks against
+the launcher's own facts. Pure code."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from dtlaunch.checks import (
+    Expectations,
+    check_horovod,
+    check_hostnames,
+    check_iface,
+    check_mpirun,
+    check_open_mpi,
+    check_pairwise,
+    check_python,
+    check_script,
+    check_torch,
+)
+from dtlaunch.facts import HostFacts
+from dtlaunch.mpi import MIN_OMPI
+from dtlaunch.report import (
+    CHECK_NAMES,
+    HOST,
+    LAUNCHER,
+    PASS,
+    SKIP,
+    CheckResult,
+    DoctorReport,
+    HostOutcome,
+    HostReport,
+    Role,
+    ssh_failed,
+)
+
+
+def check_host(facts: HostFacts, role: Role, expect: Expectations, launcher: HostFacts | None,
+               peers: Sequence[str] = ()) -> tuple[CheckResult, ...]:
+    launcher_mpi = launcher.mpi if launcher is not None else None
+    launcher_version = None
+    if launcher_mpi is not None and launcher_mpi.is_open_mpi:
+        launcher_version = launcher_mpi.version if launcher_mpi.release >= MIN_OMPI else None
+    launcher_py = launcher.python if launcher is not None else None
+    return (
+        CheckResult("ssh", PASS, "local" if role == LAUNCHER else "ok"),
+        check_mpirun(facts, role),
+        check_open_mpi(facts, launcher_version),
+        check_python(facts.python, expect, launcher_py),
+        check_torch(facts.python, launcher_py),
+        check_horovod(facts.python, launcher_py),
+        check_script(facts, expect),
+        check_iface(facts, expect.iface),
+        check_pairwise(facts, expect, peers if role == HOST else ()),
+    )
+
+
+def versions_of(facts: HostFacts) -> tuple[tuple[str, str], ...]:
+    py = facts.python
+    pairs = [
+        ("open-mpi", facts.mpi.version if facts.mpi and facts.mpi.is_open_mpi else ""),
+        ("mpi", f"{facts.mpi.name} {facts.mpi.version}".strip() if facts.mpi else ""),
+        ("python", py.version),
+        ("torch", py.torch_imported or py.torch_version or ""),
+        ("horovod", py.horovod_imported or py.horovod_version or ""),
+    ]
+    return tuple((k, v) for k, v in pairs if v)
+
+
+def skipped_after_ssh(problem: CheckResult) -> tuple[CheckResult, ...]:
+    rest = [CheckResult(name, SKIP, "not reached") for name in CHECK_NAMES[1:]
+            if name != "hostname"]
+    return (problem, *rest)
+
+
+def evaluate(outcomes: Sequence[HostOutcome], expect: Expectations, seconds: float = 0.0,
+             peers: Sequence[str] = ()) -> DoctorReport:
+    """Every host's facts (or SSH problem) into the doctor's report."""
+    launcher = next((o.facts for o in outcomes if o.role == LAUNCHER and o.facts), None)
+    names = {o.host: o.facts.hostname for o in outcomes
+             if o.facts is not None and o.is_rank_host}
+    hostname_checks = check_hostnames(names)
+    reports: list[HostReport] = []
+    for outcome in outcomes:
+        if outcome.facts is None:
+            problem = outcome.problem or ssh_failed("no answer", "")
+            checks = skipped_after_ssh(problem)
+            versions: tuple[tuple[str, str], ...] = ()
+            hostname = ""
+        else:
+            others = [p for p in peers if p != outcome.host]
+            checks = check_host(outcome.facts, outcome.role, expect, launcher, others)
+            versions = versions_of(outcome.facts)
+            hostname = outcome.facts.hostname
+        hostname_check = hostname_checks.get(
+            outcome.host, CheckResult("hostname", SKIP, hostname or "not a rank host"))
+        checks = (*checks[:8], hostname_check, *checks[8:])
+        reports.append(HostReport(outcome.host, outcome.role, checks, versions, outcome.seconds,
+                                  outcome.note, hostname))
+    return DoctorReport(tuple(reports), seconds)

@@ -1,0 +1,98 @@
+"""env-check judges Open MPI, torch and Horovod with the doctor's own checks."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import dtlaunch_argv
+
+from dtlaunch.checks import check_horovod, check_open_mpi
+from dtlaunch.envcheck import env_report, evaluate_env, gather_env
+from dtlaunch.facts import HostFacts, PythonFacts
+from dtlaunch.mpi import MpiImpl
+from dtlaunch.report import FAIL, PASS
+
+PY = PythonFacts(found=True, executable="/venv/bin/python", version="3.11.7",
+                 torch_version="2.13.0", horovod_version="0.28.1", torch_imported="2.13.0",
+                 horovod_imported="0.28.1", frameworks=("PyTorch",), controllers=("MPI", "Gloo"),
+                 tensor_ops=("MPI", "Gloo"))
+HOST = HostFacts(hostname="me", path="/usr/bin", mpirun="/usr/bin/mpirun", orted="/usr/bin/orted",
+                 mpi=MpiImpl("Open MPI", "4.1.4"), python=PY)
+
+
+@pytest.fixture(scope="module")
+def facts() -> dict[str, Any]:
+    gathered, _ = gather_env()
+    gathered["openmpi"].update({"mpirun": "/usr/bin/mpirun", "version": "4.1.4"})
+    gathered["horovod"].update({"version": "0.28.1", "frameworks": ["PyTorch"],
+                                "controllers": ["MPI", "Gloo"], "tensor_ops": ["MPI", "Gloo"]})
+    gathered["torch"].update({"version": "2.13.0", "cuda": None, "nccl": None})
+    return gathered
+
+
+def rows(items: Any, section: str) -> list[tuple[str, str, str]]:
+    return [(i.check.name, i.check.status, i.check.detail) for i in items if i.section == section]
+
+
+def test_healthy_machine_lists_the_facts(facts: dict[str, Any]) -> None:
+    items = evaluate_env(facts, HOST)
+    assert rows(items, "horovod") == [
+        ("version", PASS, "0.28.1"), ("frameworks", PASS, "PyTorch"),
+        ("controllers", PASS, "MPI, Gloo"), ("tensor operations", PASS, "MPI, Gloo")]
+    assert rows(items, "open-mpi")[:2] == [("mpirun", PASS, "/usr/bin/mpirun"),
+                                           ("version", PASS, "4.1.4")]
+    report = env_report(facts, items)
+    assert {"section": "torch", "name": "version", "value": "2.13.0", "status": "pass",
+            "hint": ""} in report["items"]
+
+
+def test_failures_carry_the_doctors_verdict_and_fix(facts: dict[str, Any]) -> None:
+    mpich = dataclasses.replace(HOST, mpi=MpiImpl("MPICH", "4.0"))
+    no_mpi = dataclasses.replace(HOST, python=dataclasses.replace(PY, controllers=("Gloo",)))
+    for host, section, expected in ((mpich, "open-mpi", check_open_mpi(mpich, None)),
+                                    (no_mpi, "horovod", check_horovod(no_mpi.python, None))):
+        items = evaluate_env(facts, host)
+        failed = [i.check for i in items if i.section == section and i.check.status == FAIL]
+        assert len(failed) == 1
+        assert (failed[0].detail, failed[0].hint) == (expected.detail, expected.hint)
+        assert env_report(facts, items)["ok"] is False
+
+
+def run_env_check(env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(dtlaunch_argv("env-check", "--json"), capture_output=True, text=True,
+                          env=env, timeout=timeout)
+
+
+def test_env_check_with_nothing_on_path_reports_instead_of_crashing() -> None:
+    result = run_env_check({**os.environ, "PATH": "/nonexistent"})
+    assert "Traceback" not in result.stderr
+    assert result.returncode == 1, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["openmpi"]["mpirun"] is None and doc["ok"] is False
+
+
+def test_env_check_with_a_hanging_ip_returns(tmp_path: Path) -> None:
+    fake = tmp_path / "ip"
+    fake.write_text("#!/bin/sh\nexec sleep 3000\n")
+    fake.chmod(0o755)
+    started = time.monotonic()
+    result = run_env_check({**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"})
+    assert time.monotonic() - started < 60
+    assert result.returncode in (0, 1), result.stderr
+    assert json.loads(result.stdout)["interfaces"] == []
+    assert not [p for p in os.listdir("/proc") if p.isdigit() and _cmdline(p) == "sleep 3000"]
+
+
+def _cmdline(pid: str) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            return handle.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return ""

@@ -1,0 +1,91 @@
+"""Nothing is left behind when a check is stopped: proxies end on SIGTERM, SIGHUP and Ctrl-C."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from conftest import dtlaunch_argv
+
+from dtlaunch.prober import Tracker
+from dtlaunch.ssh import connect
+from dtlaunch.ssh_config import SshTarget
+from dtlaunch.ssh_errors import SshFailure
+
+
+def alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def wait_for_pid(path: Path, within: float = 60) -> int:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        text = path.read_text().strip() if path.exists() else ""
+        if text:
+            return int(text)
+        time.sleep(0.05)
+    raise AssertionError("the proxy never started")
+
+
+def gone(pid: int, within: float = 10) -> bool:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if not alive(pid):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_a_tracker_ends_a_proxy_still_in_its_handshake(tmp_path: Path) -> None:
+    pidfile = tmp_path / "proxy.pid"
+    target = SshTarget(alias="node", hostname="127.0.0.1", port=22, user="me", connect_timeout=30,
+                       proxy_command=f"sh -c 'echo $$ > {pidfile}; exec sleep 60'")
+    tracker = Tracker()
+    errors: list[BaseException] = []
+
+    def attempt() -> None:
+        try:
+            connect(target, tracker=tracker)
+        except SshFailure as exc:
+            errors.append(exc)
+
+    worker = threading.Thread(target=attempt, daemon=True)
+    worker.start()
+    pid = wait_for_pid(pidfile)
+    tracker.close_all()
+    assert gone(pid), "the proxy outlived close_all"
+    worker.join(30)
+    assert not worker.is_alive() and errors  # the handshake failed, it did not hang
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
+def test_doctor_stopped_during_a_proxy_handshake_leaves_no_proxy(
+        tmp_path: Path, sig: signal.Signals) -> None:
+    pidfile = tmp_path / "proxy.pid"
+    config = tmp_path / "ssh_config"
+    config.write_text(f"Host node\n  ProxyCommand sh -c 'echo $$ > {pidfile}; exec sleep 60'\n")
+    proc = subprocess.Popen(dtlaunch_argv("doctor", "-H", "node", "--ssh-config", str(config),
+                                          "--connect-timeout", "60", "--json"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": os.getcwd()})
+    try:
+        pid = wait_for_pid(pidfile)
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + sig, err
+    assert "Traceback" not in err
+    assert gone(pid), f"the ProxyCommand outlived dtlaunch after {sig.name}"
+
+
