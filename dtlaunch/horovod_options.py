@@ -15,6 +15,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from dtlaunch.binding import parse_binding_args
 from dtlaunch.errors import UsageError
 from dtlaunch.horovod_config import HorovodConfig
 from dtlaunch.horovod_settings import (
@@ -203,7 +204,7 @@ class HorovodArgs:
     disable_cache: bool = False
     start_timeout: int | None = None
     config_file: str | None = None
-    binding_args: tuple[str, ...] | None = None  # split like a shell; see dtlaunch.binding
+    binding_args: tuple[str, ...] | None = None  # checked by dtlaunch.binding; replaces its default
     prefix_timestamp: bool = False
     given: tuple[str, ...] = field(default=())  # the horovodrun options used, for messages
 
@@ -291,9 +292,7 @@ def _split_binding(text: str) -> tuple[str, ...]:
         words = tuple(shlex.split(text))
     except ValueError as exc:
         raise UsageError(f"--binding-args: cannot split {text!r}: {exc}") from None
-    if not words:
-        raise UsageError("--binding-args: empty; give mpirun binding options, e.g. '-bind-to core'")
-    return words
+    return parse_binding_args(words)
 
 
 def format_check_build(version: str, frameworks: Collection[str], controllers: Collection[str],

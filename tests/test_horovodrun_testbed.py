@@ -1,5 +1,6 @@
-"""On the test bed: docker0 with the same address on every host, the network dtlaunch chooses
-from the hosts' own probe output, and the command forms run by real mpirun on real hosts."""
+"""horovodrun users' jobs on the test bed: docker0 with the same address on every host and the
+network dtlaunch chooses from the hosts' own probe output; the command forms and --binding-args
+run by real mpirun on real hosts."""
 
 from __future__ import annotations
 
@@ -15,8 +16,10 @@ import pytest
 from conftest import SCRIPTS, dtlaunch_argv
 from testbed import DOCKER0_ADDRESS, TestBed
 
+from dtlaunch.binding import DEFAULT_BINDING
 from dtlaunch.command import EXECUTABLE, MODULE, PYTHON, parse_command
 from dtlaunch.facts import HostFacts, parse_probe_output
+from dtlaunch.horovod_options import parse_horovod_args
 from dtlaunch.hosts import Host
 from dtlaunch.mpi import Interfaces, SshOptions
 from dtlaunch.network import choose_network
@@ -126,3 +129,30 @@ def test_command_forms_run_on_every_host(bed: TestBed, tmp_path: Path) -> None:
         if name in ("bash", "relative"):
             assert "wrapped on h1" in done.stdout and "wrapped on h2" in done.stdout
     wait_no_strays(bed)
+
+
+@pytest.mark.parametrize("binding", ["-bind-to core -map-by core", "--bind-to none --map-by socket",
+                                     "-bind-to none -map-by numa -rank-by core"])
+def test_accepted_binding_args_keep_each_rank_on_the_host_dtlaunch_expects(
+    bed: TestBed, tmp_path: Path, binding: str
+) -> None:
+    args = parse_horovod_args({"hvd_binding_args": (binding,)})
+    assert args.binding_args is not None
+    mpirun = shutil.which("mpirun")
+    assert mpirun is not None
+    program = parse_command(["python3", PROBE, "--out", str(tmp_path)], python=sys.executable)
+    plan = plan_run(RunRequest(hosts=(Host("h1", 2), Host("h2", 1), Host("h3", 2)),
+                               python=sys.executable, program=program,
+                               iface=Interfaces(cidrs=(bed.subnet,)),
+                               ssh=SshOptions(config_file=str(bed.ssh_config))),
+                    {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}, mpirun=mpirun,
+                    as_root=os.geteuid() == 0)
+    # Where the CLI will put --binding-args: in place of dtlaunch's default binding.
+    at = plan.argv.index(DEFAULT_BINDING[0])
+    assert plan.argv[at:at + 4] == DEFAULT_BINDING
+    argv = (*plan.argv[:at], *args.binding_args, *plan.argv[at + 4:])
+    done = subprocess.run(argv, env=plan.launcher_env, capture_output=True, text=True, timeout=120,
+                          stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr
+    found = records(tmp_path)
+    assert tuple(found[r]["host"] for r in sorted(found)) == plan.rank_hosts == ("h1", "h1", "h2", "h3", "h3")
