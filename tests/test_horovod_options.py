@@ -430,3 +430,24 @@ def test_check_build_layout_matches_horovodrun(hvd_runner: None, capsys: pytest.
     ours = format_check_build(horovod.__version__, found, [n for n in found if n in ("MPI", "Gloo")],
                               found)
     assert ours == theirs
+
+
+def test_the_guide_names_every_horovodrun_option() -> None:
+    guide = (Path(__file__).parent.parent / "docs" / "horovodrun.md").read_text()
+    missing = [f for o in HOROVOD_OPTIONS for f in o.flags if f"`{f}" not in guide and f"{f}`" not in guide
+               and f"/{f}" not in guide and f"{f}/" not in guide]
+    assert missing == []
+    for setting in SETTINGS:
+        assert setting.env in guide
+
+
+def test_the_options_fit_beside_dtlaunch_run_own() -> None:
+    from dtlaunch.cli import run
+
+    own = {o for p in run.params if not (p.name or "").startswith("hvd_")
+           for o in (*p.opts, *p.secondary_opts)}
+    generated = {f for o in horovod_options() for f in o.flags}
+    assert own & generated <= {"--timeline"}  # dtlaunch's --timeline moves into the table
+    for option in HOROVOD_OPTIONS:
+        if option.kind in (SAME, "alias"):
+            assert set(option.dtlaunch.split("/")) <= own, option
