@@ -213,7 +213,7 @@ def _given(values: Mapping[str, Sequence[Any]], option: HorovodOption) -> tuple[
     raw = values.get(option.param) or ()
     given = tuple(v for v in raw if v is not None and v is not False)
     if len(given) > 1 and not option.repeatable:
-        raise UsageError(f"{option.flags[-1]}: given more than once")
+        raise UsageError(f"{option.name}: given more than once")
     return given
 
 
@@ -285,6 +285,15 @@ def parse_horovod_args(values: Mapping[str, Sequence[Any]], config: HorovodConfi
         prefix_timestamp=bool(launch.get("prefix_timestamp")),
         given=tuple(used),
     )
+
+
+def read_horovod_args(values: Mapping[str, Sequence[Any]],
+                      options: Sequence[HorovodOption] = HOROVOD_OPTIONS) -> HorovodArgs:
+    """parse_horovod_args after reading `--config-file` when one is given (the only I/O here)."""
+    from dtlaunch.horovod_config import read_horovod_config
+
+    paths = _given(values, next(o for o in HOROVOD_OPTIONS if o.dest == "config_file"))
+    return parse_horovod_args(values, read_horovod_config(paths[0]) if paths else None, options)
 
 
 def _split_binding(text: str) -> tuple[str, ...]:

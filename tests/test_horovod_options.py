@@ -30,6 +30,7 @@ from dtlaunch.horovod_options import (
     format_check_build,
     horovod_options,
     parse_horovod_args,
+    read_horovod_args,
 )
 from dtlaunch.horovod_settings import BOOL, FLOAT, INT, LEVEL, LOG_LEVELS, SETTINGS
 
@@ -60,9 +61,7 @@ def dtlaunch_args(argv: list[str]) -> Any:
     @horovod_click_options()
     @click.argument("command", nargs=-1, type=click.UNPROCESSED)
     def run(command: tuple[str, ...], **values: Any) -> None:
-        path = values["hvd_config_file"]
-        config = read_horovod_config(path[0]) if path else None
-        seen["args"] = parse_horovod_args(values, config)
+        seen["args"] = read_horovod_args(values)
 
     run.main([*argv, "python", "train.py"], standalone_mode=False)
     return seen["args"]
@@ -310,7 +309,8 @@ def test_out_of_range_is_refused_like_horovodrun(hvd_runner: None, argv: list[st
     (["--slots-per-host", "4"], "give slots with -H host:N"),
     (["--autotune", "--no-autotune"], "--autotune and --no-autotune contradict each other"),
     (["--log-with-timestamp", "--log-hide-timestamp"], "contradict each other"),
-    (["--timeline", "a.json", "--timeline-filename", "b.json"], "given more than once"),
+    (["--timeline", "a.json", "--timeline-filename", "b.json"], "--timeline-filename/--timeline: given more than once"),
+    (["--config-file", "a.yaml", "--config-file", "b.yaml"], "--config-file: given more than once"),
     (["--fusion-threshold-mb", "1", "--fusion-threshold-mb", "2"], "given more than once"),
     (["--log-level", "LOUD"], "expected one of TRACE"),
     (["--start-timeout", "0"], "at least 1 second"),
