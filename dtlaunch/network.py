@@ -25,6 +25,7 @@ import ipaddress
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from dtlaunch.checks import FAIL, PASS, CheckResult
 from dtlaunch.facts import Iface
 from dtlaunch.mpi import Interfaces
 
@@ -187,3 +188,11 @@ def _with_names(net: Net, owners: Mapping[str, set[str]], hosts: Mapping[str, Se
         gloo_iface=gloo,
         left_out=left_out,
     )
+
+
+def check_network(choice: NetworkChoice) -> CheckResult:
+    """The choice as a doctor/pre-flight result (one row for the whole job)."""
+    if choice.problem:
+        return CheckResult("network", FAIL, choice.problem, choice.fix)
+    return CheckResult("network", PASS, choice.describe() if choice.cidrs else "one machine: "
+                       "nothing to choose")

@@ -8,9 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dtlaunch.checks import FAIL, PASS
 from dtlaunch.facts import Iface, parse_ip_output
 from dtlaunch.mpi import Interfaces
-from dtlaunch.network import LAUNCHER, NetworkChoice, choose_network
+from dtlaunch.network import LAUNCHER, NetworkChoice, check_network, choose_network
 
 LO = Iface("lo", True, ("127.0.0.1/8", "::1/128"))
 
@@ -35,6 +36,8 @@ def test_docker0_with_the_same_address_everywhere_is_left_out() -> None:
         left_out=("172.17.0.0/16 (172.17.0.1 is on h1, h2, h3: docker0)",),
     )
     assert choice.iface == Interfaces(cidrs=("10.0.0.0/24",))
+    assert check_network(choice).status == PASS
+    assert check_network(NetworkChoice()).detail == "one machine: nothing to choose"
     assert choice.env() == (("NCCL_SOCKET_IFNAME", "=eth0"), ("HOROVOD_GLOO_IFACE", "eth0"))
     assert choice.describe() == ("network: 10.0.0.0/24 (h1 eth0, h2 eth0, h3 eth0); not used: "
                                  "172.17.0.0/16 (172.17.0.1 is on h1, h2, h3: docker0)")
@@ -66,6 +69,8 @@ def test_two_real_networks_are_ambiguous() -> None:
         "which one the job should use (h1: eth0 10.0.0.1/24, ib0 10.9.0.1/24; "
         "h2: eth0 10.0.0.2/24, ib0 10.9.0.2/24)")
     assert "--iface 10.0.0.0/24" in choice.fix
+    row = check_network(choice)
+    assert (row.status, row.detail, row.hint) == (FAIL, choice.problem, choice.fix)
     assert choice.describe().startswith("several networks") and "--iface" in choice.describe()
 
 
