@@ -11,7 +11,8 @@ ROOT=$(pwd)
 VENV=${DTLAUNCH_VENV:-$ROOT/.venv}
 TORCH_SPEC=${DTLAUNCH_TORCH:-torch==2.13.0}
 APT_PACKAGES=(openmpi-bin libopenmpi-dev openssh-server openssh-client iproute2 cmake g++ make
-              procps util-linux python3-venv python3-dev ca-certificates)
+              procps util-linux python3-venv python3-dev ca-certificates
+              slurmctld slurmd slurm-client munge)
 
 log() { printf '\033[1mquickstart:\033[0m %s\n' "$*"; }
 

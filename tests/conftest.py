@@ -13,6 +13,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from slurm_bed import SlurmCluster, missing_slurm, start_slurm_cluster
 from testbed import TestBed, build_testbed, missing_requirements
 
 IN_CI = os.environ.get("CI") == "true"
@@ -65,6 +66,27 @@ def make_bed() -> Iterator[Callable[..., TestBed]]:
     finally:
         for testbed in beds:
             testbed.close()
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+    """A real Slurm cluster (munged, slurmctld, one slurmd per host) over its own 3-host bed.
+
+    Every test's tmp_path is visible on every node (the nodes have private /tmp otherwise).
+    """
+    require_testbed()
+    why = missing_slurm()
+    if why:
+        _unavailable(why)
+    testbed = build_testbed(3)
+    try:
+        cluster = start_slurm_cluster(testbed, shared=[tmp_path_factory.getbasetemp()])
+        try:
+            yield cluster
+        finally:
+            cluster.stop()
+    finally:
+        testbed.close()
 
 
 @pytest.fixture

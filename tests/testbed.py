@@ -110,6 +110,40 @@ class TestBed:
         return subprocess.run(self.nsenter_argv(host, argv), capture_output=True, text=True,
                               timeout=timeout, env=dict(env) if env is not None else None)
 
+    def spawn_in(self, host: BedHost | str, argv: Sequence[str], *, private_tmp: bool = False,
+                 keep: Sequence[Path] = (), log: Path | None = None) -> subprocess.Popen[bytes]:
+        """Start a daemon inside the host's network and UTS namespaces (it shows the host's name).
+
+        private_tmp: give it (and its children) a mount namespace of its own with a fresh tmpfs
+        on /tmp, as a real node has; the directories in `keep` (which may lie under /tmp) are
+        bound back in so shared files stay visible. The caller stops the process; close() ends
+        whatever is left in the host's network namespace.
+        """
+        h = self.host(host) if isinstance(host, str) else host
+        inner = list(argv)
+        if private_tmp:
+            # Open each kept directory before the tmpfs hides it, then bind it back by its fd
+            # (a bind mount's source must be in the caller's own mount namespace).
+            n = len(keep)
+            assert n <= 6, "sh names file descriptors 3..9 only"
+            script = "\n".join([
+                *(f'exec {3 + i}<"${{{i + 1}}}"' for i in range(n)),
+                "mount -t tmpfs -o mode=1777 dtlaunch-tmp /tmp",
+                *(f'mkdir -p "${{{i + 1}}}" && mount --no-canonicalize --bind /proc/self/fd/{3 + i} "${{{i + 1}}}"'
+                  f" && exec {3 + i}<&-" for i in range(n)),
+                f"shift {n}",
+                'exec "$@"',
+            ])
+            inner = ["unshare", "--mount", "--propagation", "private", "--", "/bin/sh", "-ec",
+                     script, "sh", *(str(k) for k in keep), *argv]
+        out = open(log, "ab") if log is not None else subprocess.DEVNULL  # noqa: SIM115
+        try:
+            return subprocess.Popen(self.nsenter_argv(h, inner), stdin=subprocess.DEVNULL,
+                                    stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        finally:
+            if log is not None:
+                out.close()  # type: ignore[union-attr]
+
     def pids_in(self, host: BedHost | str) -> list[int]:
         """Every process in the host's network namespace (sshd included)."""
         h = self.host(host) if isinstance(host, str) else host

@@ -28,8 +28,9 @@ if args.horovod:
     rank, size = hvd.rank(), hvd.size()
     total = hvd.allreduce(torch.tensor([float(rank + 1)]), op=hvd.Sum).item()
 else:
-    rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
-    size = int(os.environ["OMPI_COMM_WORLD_SIZE"])
+    # mpirun sets OMPI_COMM_WORLD_*; a direct launch by srun sets SLURM_PROCID/SLURM_NTASKS.
+    rank = int(os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ["SLURM_PROCID"])
+    size = int(os.environ.get("OMPI_COMM_WORLD_SIZE") or os.environ["SLURM_NTASKS"])
     total = None
 
 record = {
