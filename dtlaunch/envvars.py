@@ -28,7 +28,6 @@ ALLOW_NAMES = frozenset(
         "OPENBLAS_NUM_THREADS",
         "OPENBLAS_CORETYPE",
         "OPENBLAS_L2_SIZE",
-        "CUDA_VISIBLE_DEVICES",
         "CUDA_HOME",
         "PYTHONHASHSEED",
         "LANG",
@@ -42,8 +41,11 @@ SECRET_PREFIXES = ("AWS_", "GCP_", "AZURE_", "GOOGLE_APPLICATION_CREDENTIALS")
 
 # What mpirun itself needs in its own environment (not forwarded to remote ranks, but local
 # ranks inherit mpirun's environment, so this set is kept small and secret-free).
+# CUDA_VISIBLE_DEVICES is here, not on the allow-list: GPU numbers and UUIDs are per machine, so
+# the launcher's value reaches only the ranks on the launcher (horovod PR #3865).
 LAUNCHER_NAMES = frozenset(
-    {"HOME", "USER", "LOGNAME", "SHELL", "TMPDIR", "TERM", "SSH_AUTH_SOCK", "HOSTNAME", "TZ"}
+    {"HOME", "USER", "LOGNAME", "SHELL", "TMPDIR", "TERM", "SSH_AUTH_SOCK", "HOSTNAME", "TZ",
+     "CUDA_VISIBLE_DEVICES"}
 )
 LAUNCHER_PREFIXES = ("OMPI_", "OPAL_", "PMIX_", "PRTE_", "ORTE_")
 
@@ -144,3 +146,106 @@ def build_launcher_env(environ: Mapping[str, str], plan: EnvPlan) -> dict[str, s
     for var in plan.variables:
         env[var.name] = var.value
     return env
+
+
+# Set here but not sent, and likely to matter to training: named in one line so nothing is
+# dropped silently. (OMPI_MCA_* are not listed: mpirun forwards them itself.)
+TRAINING_PREFIXES = (
+    "PYTORCH_", "TORCHINDUCTOR_", "TORCHDYNAMO_", "TORCHELASTIC_", "UCX_", "FI_", "PSM2_", "PSM3_",
+    "HCOLL_", "SHARP_", "MLX5_", "IBV_", "TF_", "XLA_", "JAX_", "MKL_", "KMP_", "OMP_", "GOMP_",
+    "OPENBLAS_", "BLIS_", "DNNL_", "ONEDNN_", "CUDA_", "CUDNN_", "CUBLAS_", "NVIDIA_", "NVTE_",
+    "HIP_", "ROCR_", "HSA_", "MIOPEN_", "RCCL_", "I_MPI_", "MPICH_", "MV2_", "HF_", "TRANSFORMERS_",
+    "TOKENIZERS_", "WANDB_", "MLFLOW_", "MALLOC_", "TCMALLOC_",
+)
+TRAINING_NAMES = frozenset({"LD_PRELOAD", "PYTHONWARNINGS", "PYTHONFAULTHANDLER", "PYTHONMALLOC",
+                            "PYTHONNOUSERSITE", "PYTHONUSERBASE", "MASTER_ADDR", "MASTER_PORT"})
+# Deliberately kept home (see LAUNCHER_NAMES), so not worth a note.
+_NOT_NOTED = frozenset({"CUDA_VISIBLE_DEVICES"})
+
+
+def kept_home(environ: Mapping[str, str], plan: EnvPlan) -> tuple[str, ...]:
+    """Training-looking variables set here that the ranks will not get (secrets excluded)."""
+    sent = set(plan.names())
+    return tuple(sorted(
+        n for n in environ
+        if n not in sent and n not in _NOT_NOTED and not looks_secret(n)
+        and (n.startswith(TRAINING_PREFIXES) or n in TRAINING_NAMES)
+    ))
+
+
+def kept_home_note(environ: Mapping[str, str], plan: EnvPlan, limit: int = 8) -> str | None:
+    """One line for the CLI to print, or None."""
+    names = kept_home(environ, plan)
+    if not names:
+        return None
+    shown = ", ".join(names[:limit]) + (f" and {len(names) - limit} more" if len(names) > limit else "")
+    return (f"not sent to the ranks (not on the allow-list): {shown}; send them with -x NAME "
+            "or --env-file FILE")
+
+
+# --- --env-file ---------------------------------------------------------------------------------
+
+MAX_ENV_FILE_BYTES = 1 << 20
+
+
+def _unquote(value: str) -> str:
+    if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+        return value[1:-1]
+    return value
+
+
+def parse_env_file_text(text: str, path: str = "env file",
+                        environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
+    """`--env-file`: `NAME=VALUE` lines into `-x` items, in order.
+
+    Blank lines and lines starting with '#' are skipped; `export NAME=VALUE` is accepted; one
+    pair of matching quotes around a value is removed, nothing else is interpreted (no
+    escapes, no $VARIABLES). A bare `NAME` sends this machine's value, like `-x NAME`; with
+    `environ`, a bare name that is not set is an error here, with its line."""
+    items: list[str] = []
+    first: dict[str, int] = {}
+    for lineno, raw in enumerate(text.splitlines(), start=1):
+        where = f"{path}:{lineno}"
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("export ") and "=" in line:
+            line = line[len("export "):].lstrip()
+        name, sep, value = line.partition("=")
+        if not NAME_RE.match(name):
+            expected = "" if sep else f"expected NAME=VALUE, got {line!r}; "
+            raise UsageError(f"{where}: {expected}invalid variable name {name!r}; names are "
+                             "letters, digits and '_', not starting with a digit")
+        if name in first:
+            raise UsageError(f"{where}: {name} is already set on line {first[name]}")
+        first[name] = lineno
+        if not sep and environ is not None and name not in environ:
+            raise UsageError(f"{where}: {name} is not set here; give it as {name}=VALUE")
+        items.append(f"{name}={_unquote(value)}" if sep else name)
+    return tuple(items)
+
+
+def read_env_file(path: str, environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
+    """Read and parse `--env-file PATH`; every failure is a one-line UsageError."""
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(MAX_ENV_FILE_BYTES + 1)
+    except OSError as exc:
+        raise UsageError(f"--env-file: cannot read {path}: {exc.strerror or exc}") from None
+    if len(data) > MAX_ENV_FILE_BYTES:
+        raise UsageError(f"--env-file: {path} is larger than 1 MiB")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise UsageError(f"{path}:{line}: not valid UTF-8 text") from None
+    if "\x00" in text:
+        raise UsageError(f"--env-file: {path} is a binary file")
+    return parse_env_file_text(text, path, environ)
+
+
+def merge_env_items(from_file: Iterable[str], from_flags: Iterable[str]) -> tuple[str, ...]:
+    """The file's items, then `-x`'s; a name given with -x replaces the file's."""
+    flags = tuple(from_flags)
+    named = {item.partition("=")[0] for item in flags}
+    return tuple(i for i in from_file if i.partition("=")[0] not in named) + flags

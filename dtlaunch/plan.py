@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from dtlaunch.command import Program
+from dtlaunch.command import check_module_name as check_module_name  # re-exported for the CLI
 from dtlaunch.envvars import EnvPlan, build_launcher_env, plan_environment
 from dtlaunch.errors import UsageError
 from dtlaunch.hosts import Host, assign_ranks, total_slots
 from dtlaunch.mpi import Interfaces, JobSpec, MpiFamily, format_command
 from dtlaunch.openmpi import OPEN_MPI
 from dtlaunch.ssh_options import SshOptions
-
-_MODULE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
 
 @dataclass(frozen=True)
@@ -32,6 +31,12 @@ class RunRequest:
     timeline: str | None = None
     tree_spawn: bool = False
     rsh_agent: str | None = None
+    # The ranks' command from dtlaunch.command.parse_command; when set, script/module/args
+    # are not used.
+    program: Program | None = None
+    # Variables dtlaunch sets for every rank besides its own (horovodrun's options, the
+    # network it chose); `-x` still beats them.
+    extra_env: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -46,12 +51,6 @@ class RunPlan:
     def display(self) -> str:
         """Shell-quoted and pasteable; values of secrets never appear in it."""
         return format_command(self.argv)
-
-
-def check_module_name(module: str) -> str:
-    if not _MODULE_RE.match(module):
-        raise UsageError(f"-m: {module!r} is not a valid module name (e.g. package.module)")
-    return module
 
 
 def resolve_hosts(hosts: tuple[Host, ...], num_proc: int | None, cpu_count: int) -> tuple[Host, ...]:
@@ -76,6 +75,8 @@ def choose_num_proc(hosts: tuple[Host, ...], num_proc: int | None, oversubscribe
 
 
 def build_program(request: RunRequest) -> tuple[str, ...]:
+    if request.program is not None:
+        return request.program.argv
     if request.module is not None:
         return (request.python, "-m", check_module_name(request.module), *request.args)
     if request.script is None:
@@ -104,6 +105,7 @@ def plan_run(
         fixed["HOROVOD_GLOO_IFACE"] = request.iface.names[0]
     if request.timeline:
         fixed["HOROVOD_TIMELINE"] = request.timeline
+    fixed.update(request.extra_env)
     env = plan_environment(environ, request.env_items, fixed)
     spec = JobSpec(
         hosts=hosts,

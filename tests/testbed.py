@@ -259,8 +259,28 @@ class TestBed:
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 
-def build_testbed(n: int, sshd_extra: Mapping[str, Sequence[str]] | None = None) -> TestBed:
-    """Build n hosts named h1..hn. The caller must close() it (or use `testbed()`)."""
+# What every Docker host carries: a bridge with the same address (Docker's default) and, while a
+# container runs, a veth port in it, which gives the bridge a carrier.
+DOCKER0_ADDRESS = "172.17.0.1/16"
+
+
+def _add_docker0(netns: str) -> None:
+    for argv in (["ip", "link", "add", "docker0", "type", "bridge"],
+                 ["ip", "addr", "add", DOCKER0_ADDRESS, "dev", "docker0"],
+                 ["ip", "link", "add", "vethc0", "type", "veth", "peer", "name", "vethc1"],
+                 ["ip", "link", "set", "vethc0", "master", "docker0"],
+                 ["ip", "link", "set", "vethc0", "up"],
+                 ["ip", "link", "set", "vethc1", "up"],
+                 ["ip", "link", "set", "docker0", "up"]):
+        _run("ip", "netns", "exec", netns, *argv)
+
+
+def build_testbed(n: int, sshd_extra: Mapping[str, Sequence[str]] | None = None,
+                  docker0: bool = False) -> TestBed:
+    """Build n hosts named h1..hn. The caller must close() it (or use `testbed()`).
+
+    docker0: give every host a bridge `docker0` with the same 172.17.0.1/16, as Docker does
+    (inside each host's namespace; removed with it)."""
     tag = secrets.token_hex(3)
     subnet = _pick_subnet()
     addrs = list(subnet.hosts())
@@ -299,6 +319,8 @@ def build_testbed(n: int, sshd_extra: Mapping[str, Sequence[str]] | None = None)
                          ["ip", "link", "set", "eth0", "up"],
                          ["ip", "link", "set", "lo", "up"]):
                 _run("ip", "netns", "exec", h.netns, *argv)
+            if docker0:
+                _add_docker0(h.netns)
             _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(h.host_key))
             h.authorized_keys.write_text(client_pub)
             known.append(f"{h.name},{h.address} {h.host_key.with_suffix('.pub').read_text()}")
@@ -326,8 +348,9 @@ def build_testbed(n: int, sshd_extra: Mapping[str, Sequence[str]] | None = None)
 
 
 @contextlib.contextmanager
-def testbed(n: int, sshd_extra: Mapping[str, Sequence[str]] | None = None) -> Iterator[TestBed]:
-    bed = build_testbed(n, sshd_extra)
+def testbed(n: int, sshd_extra: Mapping[str, Sequence[str]] | None = None,
+            docker0: bool = False) -> Iterator[TestBed]:
+    bed = build_testbed(n, sshd_extra, docker0)
     try:
         yield bed
     finally:

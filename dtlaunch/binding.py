@@ -1,0 +1,75 @@
+"""horovodrun's `--binding-args`: mpirun's binding and mapping options instead of dtlaunch's
+`-bind-to none -map-by slot`. Pure code.
+
+dtlaunch must know which host runs each rank (it tags output `[rank@host]` and names a failed
+rank's host), and it computes that from the slots in slot order. So only options that keep
+slot order are taken: binding (`-bind-to` anything), and mapping or ranking by an object inside
+a host (slot, core, socket, numa, ...), which Open MPI still fills host by host up to each host's
+slots (measured on the test bed with Open MPI 4.1). Options that spread ranks across hosts
+(`-map-by node`, `:span`, `ppr:N:node`, `-npernode`, rankfiles) are refused with the fix:
+place ranks with the slots in `-H host:N`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from dtlaunch.errors import UsageError
+
+DEFAULT_BINDING = ("-bind-to", "none", "-map-by", "slot")
+# Objects inside one host: mapping or ranking by them keeps Open MPI's host-by-host order.
+_IN_HOST = ("slot", "hwthread", "core", "l1cache", "l2cache", "l3cache", "socket", "numa", "board",
+            "package")
+_MAP_MODIFIER = re.compile(r"^(pe=\d+|pe-list=[\d,-]+|oversubscribe|nooversubscribe|display|"
+                           r"displaydevel|inherit|noinherit|hwtcpus|fill)$", re.IGNORECASE)
+_VALUE_OPTIONS = {"bind-to", "map-by", "rank-by", "cpus-per-proc", "cpus-per-rank", "cpu-list"}
+_FLAGS = {"report-bindings", "use-hwthread-cpus", "bind-to-core", "bind-to-socket", "bind-to-none"}
+_REFUSED = {"npernode", "npersocket", "pernode", "rankfile", "rf", "nolocal"}
+_DTLAUNCH_SETS = {"host", "H", "np", "n", "hostfile", "machinefile"}
+FIX = ("dtlaunch must know which host runs each rank; place ranks with the slots in -H host:N "
+       "(filled in order)")
+
+
+def _check_placement(option: str, value: str) -> None:
+    head, *modifiers = re.split(r"[:,]", value)
+    if head.lower() == "ppr" or head.lower() == "node" or head.lower() not in _IN_HOST:
+        raise UsageError(f"--binding-args: {option} {value} spreads ranks across hosts or is not "
+                         f"known to keep slot order; {FIX}")
+    if option.endswith("map-by"):
+        bad = [m for m in modifiers if not _MAP_MODIFIER.match(m)]
+    else:
+        bad = [m for m in modifiers if m.lower() not in ("fill",)]
+    if bad:
+        raise UsageError(f"--binding-args: {option} {value}: modifier {bad[0]!r} may change which "
+                         f"host runs each rank; {FIX}")
+
+
+def parse_binding_args(words: Sequence[str]) -> tuple[str, ...]:
+    """Check `--binding-args` (already split) and return it for mpirun's line, unchanged."""
+    if not words:
+        raise UsageError("--binding-args: empty; give mpirun binding options, e.g. '-bind-to core'")
+    i = 0
+    while i < len(words):
+        word = words[i]
+        name = word.lstrip("-")
+        if not word.startswith("-") or not name:
+            raise UsageError(f"--binding-args: unexpected {word!r}; expected mpirun options such as "
+                             "-bind-to core -map-by socket")
+        if name in _DTLAUNCH_SETS:
+            raise UsageError(f"--binding-args: {word}: dtlaunch sets the hosts and -np itself "
+                             "(-H, --hostfile, -np)")
+        if name in _REFUSED:
+            raise UsageError(f"--binding-args: {word} changes which host runs each rank; {FIX}")
+        if name in _FLAGS:
+            i += 1
+            continue
+        if name not in _VALUE_OPTIONS:
+            raise UsageError(f"--binding-args: {word} is not a binding or mapping option; put "
+                             "other mpirun options in --mpi-args")
+        if i + 1 >= len(words) or words[i + 1].startswith("-"):
+            raise UsageError(f"--binding-args: {word} needs a value")
+        if name in ("map-by", "rank-by"):
+            _check_placement(word, words[i + 1])
+        i += 2
+    return tuple(words)

@@ -1,0 +1,155 @@
+"""NVIDIA GPUs on the hosts: what nvidia-smi says, slots from them, mismatches. Pure code.
+
+The probe (side effects, elsewhere) runs on each host, with a timeout:
+    nvidia-smi --query-gpu=index,name,uuid,driver_version,memory.total --format=csv,noheader
+    nvidia-smi          (only its header: the driver and the highest CUDA it supports)
+`parse_gpu_facts` reads both; `gpu_slots` gives hosts without explicit slots one slot per GPU
+(Horovod's one process per GPU); `check_gpus` compares hosts and returns one result with a fix
+per mismatch (driver, CUDA, NCCL, GPU count).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+
+from dtlaunch.checks import FAIL, PASS, SKIP, WARN, CheckResult
+from dtlaunch.hosts import Host
+
+QUERY_ARGS = ("--query-gpu=index,name,uuid,driver_version,memory.total", "--format=csv,noheader")
+_HEADER_RE = re.compile(r"Driver Version:\s*([0-9][0-9.]*).*?CUDA Version:\s*([0-9][0-9.]*|N/A)")
+_MIB_RE = re.compile(r"^(\d+)\s*MiB$")
+
+
+@dataclass(frozen=True)
+class Gpu:
+    index: int
+    name: str
+    uuid: str
+    driver: str
+    memory_mib: int | None = None
+
+
+@dataclass(frozen=True)
+class GpuFacts:
+    """One host's GPUs. `smi`: nvidia-smi was found; `error`: it was found but failed."""
+
+    smi: bool = False
+    gpus: tuple[Gpu, ...] = ()
+    driver: str | None = None
+    cuda: str | None = None  # the highest CUDA version the driver supports
+    error: str = ""
+
+    @property
+    def count(self) -> int:
+        return len(self.gpus)
+
+
+def _error_line(text: str) -> str:
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    return lines[0] if lines else "no output"
+
+
+def parse_gpu_query(text: str) -> tuple[tuple[Gpu, ...], str]:
+    """The CSV lines of the query into GPUs; text that is not such lines is an error message."""
+    gpus: list[Gpu] = []
+    for line in text.strip().splitlines():
+        if not line.strip():
+            continue
+        head, _, rest = line.partition(",")
+        # The name may hold commas; the three last fields do not.
+        fields = [f.strip() for f in rest.rsplit(",", 3)]
+        if not head.strip().isdigit() or len(fields) != 4 or not fields[1].startswith(("GPU-", "MIG-")):
+            return (), _error_line(text)
+        memory = _MIB_RE.match(fields[3])
+        gpus.append(Gpu(int(head), fields[0], fields[1], fields[2],
+                        int(memory.group(1)) if memory else None))
+    return tuple(gpus), ""
+
+
+def parse_smi_header(text: str) -> tuple[str | None, str | None]:
+    """(driver, CUDA) from the banner of plain `nvidia-smi`."""
+    match = _HEADER_RE.search(text)
+    if not match:
+        return None, None
+    return match.group(1), None if match.group(2) == "N/A" else match.group(2)
+
+
+def parse_gpu_facts(query: str | None, header: str | None = None) -> GpuFacts:
+    """query/header: the two outputs; None: nvidia-smi is not on this host."""
+    if query is None:
+        return GpuFacts()
+    gpus, error = parse_gpu_query(query)
+    if error == "No devices were found":
+        return GpuFacts(smi=True)
+    driver, cuda = parse_smi_header(header or "")
+    drivers = sorted({g.driver for g in gpus})
+    return GpuFacts(True, gpus, driver or (drivers[0] if drivers else None), cuda, error)
+
+
+def gpu_slots(hosts: Sequence[Host], gpus: Mapping[str, GpuFacts],
+              slots_given: Collection[str]) -> tuple[Host, ...]:
+    """One slot per GPU on hosts whose slots the user did not give; the others are kept."""
+    return tuple(Host(h.name, gpus[h.name].count)
+                 if h.name not in slots_given and h.name in gpus and gpus[h.name].count else h
+                 for h in hosts)
+
+
+def _versions(values: Mapping[str, str | None]) -> str:
+    by_version: dict[str, list[str]] = {}
+    for host, version in values.items():
+        by_version.setdefault(version or "none", []).append(host)
+    return ", ".join(f"{v} on {', '.join(hs)}" for v, hs in sorted(by_version.items()))
+
+
+def _major_minor(version: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in re.findall(r"\d+", version)[:2])
+
+
+def check_gpus(gpus: Mapping[str, GpuFacts], torch_cuda: Mapping[str, str | None] | None = None,
+               nccl: Mapping[str, str | None] | None = None) -> tuple[CheckResult, ...]:
+    """Compare the hosts' GPUs, drivers, CUDA and NCCL (torch's, from the probe's facts)."""
+    torch_cuda, nccl = torch_cuda or {}, nccl or {}
+    with_gpus = {h: f for h, f in gpus.items() if f.count}
+    results: list[CheckResult] = []
+    for host, facts in gpus.items():
+        if facts.error:
+            results.append(CheckResult("gpus", FAIL, f"{host}: nvidia-smi failed: {facts.error}",
+                                       "load the NVIDIA driver on that host (after a driver upgrade, "
+                                       "'Driver/library version mismatch' needs a reboot)"))
+    if not with_gpus:
+        return tuple(results) or (CheckResult("gpus", SKIP, "no NVIDIA GPU on any host"),)
+    without = [h for h, f in gpus.items() if not f.count and not f.error]
+    if without:
+        results.append(CheckResult("gpus", WARN, f"no NVIDIA GPU on {', '.join(without)} while "
+                                   f"{', '.join(with_gpus)} have some",
+                                   "leave those hosts out, or give every host's slots explicitly"))
+    counts = {h: str(f.count) for h, f in with_gpus.items()}
+    if len(set(counts.values())) > 1:
+        results.append(CheckResult("gpus", WARN, f"GPUs per host differ: {_versions(counts)}",
+                                   "give the slots explicitly (-H h1:4,h2:4) for the same number "
+                                   "of ranks on every host (hierarchical operations need it)"))
+    drivers = {h: f.driver for h, f in with_gpus.items()}
+    if len(set(drivers.values())) > 1:
+        results.append(CheckResult("gpus", WARN, f"NVIDIA drivers differ: {_versions(drivers)}",
+                                   "install the same driver version on every host"))
+    for host, facts in with_gpus.items():
+        built = torch_cuda.get(host)
+        if built and facts.cuda and _major_minor(built) > _major_minor(facts.cuda):
+            results.append(CheckResult("gpus", FAIL, f"{host}: PyTorch is built for CUDA {built} "
+                                       f"but the driver supports CUDA {facts.cuda} at most",
+                                       f"upgrade the NVIDIA driver on {host}, or install a PyTorch "
+                                       f"built for CUDA {facts.cuda} or older"))
+    for what, values in (("CUDA builds of PyTorch", torch_cuda), ("NCCL versions", nccl)):
+        seen = {h: v for h, v in values.items() if h in with_gpus}
+        if len(set(seen.values())) > 1:
+            results.append(CheckResult("gpus", FAIL, f"{what} differ: {_versions(seen)}",
+                                       "install the same PyTorch build on every host: ranks with "
+                                       "different NCCL versions hang or fail in their first "
+                                       "allreduce"))
+    if not results:
+        first = next(iter(with_gpus.values()))
+        results.append(CheckResult("gpus", PASS, f"{first.count} x {first.gpus[0].name} per host, "
+                                   f"driver {first.driver}, CUDA {first.cuda or '?'}"))
+    return tuple(results)

@@ -1,0 +1,137 @@
+"""GPU facts from recorded nvidia-smi output, slots per GPU, and cross-host mismatches."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dtlaunch.checks import FAIL, PASS, SKIP, WARN
+from dtlaunch.gpus import (
+    Gpu,
+    GpuFacts,
+    check_gpus,
+    gpu_slots,
+    parse_gpu_facts,
+    parse_gpu_query,
+    parse_smi_header,
+)
+from dtlaunch.hosts import Host
+
+# Recorded shapes of `nvidia-smi --query-gpu=index,name,uuid,driver_version,memory.total
+# --format=csv,noheader` and of the banner of plain `nvidia-smi` (driver 550 and 470 layouts).
+H100_QUERY = "".join(
+    f"{i}, NVIDIA H100 80GB HBM3, GPU-5e2c6e36-8c3a-3b8f-1f7a-6d2f4e1c9a0{i}, 550.54.15, 81559 MiB\n"
+    for i in range(8))
+H100_HEADER = """\
+Thu Mar 14 09:12:44 2024
++-----------------------------------------------------------------------------------------+
+| NVIDIA-SMI 550.54.15              Driver Version: 550.54.15      CUDA Version: 12.4     |
+|-----------------------------------------+------------------------+----------------------+
+| GPU  Name                 Persistence-M | Bus-Id          Disp.A | Volatile Uncorr. ECC |
+"""
+A100_QUERY = """\
+0, NVIDIA A100-SXM4-40GB, GPU-1a2b3c4d-0000-1111-2222-333344445555, 535.129.03, 40960 MiB
+1, NVIDIA A100-SXM4-40GB, GPU-1a2b3c4d-0000-1111-2222-333344445556, 535.129.03, 40960 MiB
+2, NVIDIA A100-SXM4-40GB, GPU-1a2b3c4d-0000-1111-2222-333344445557, 535.129.03, 40960 MiB
+3, NVIDIA A100-SXM4-40GB, GPU-1a2b3c4d-0000-1111-2222-333344445558, 535.129.03, 40960 MiB
+"""
+A100_HEADER = """\
++---------------------------------------------------------------------------------------+
+| NVIDIA-SMI 535.129.03             Driver Version: 535.129.03   CUDA Version: 12.2     |
+"""
+V100_QUERY = "0, Tesla V100-SXM2-16GB, GPU-0c9d8e7f-aaaa-bbbb-cccc-ddddeeeeffff, 470.182.03, 16160 MiB\n"
+V100_HEADER = """\
++-----------------------------------------------------------------------------+
+| NVIDIA-SMI 470.182.03   Driver Version: 470.182.03   CUDA Version: 11.4     |
+|-------------------------------+----------------------+----------------------+
+"""
+NO_DRIVER = ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. Make sure "
+             "that the latest NVIDIA driver is installed and running.\n\n")
+MISMATCH = "Failed to initialize NVML: Driver/library version mismatch\nNVML library version: 550.54\n"
+
+
+def test_h100_host() -> None:
+    facts = parse_gpu_facts(H100_QUERY, H100_HEADER)
+    assert facts.smi and facts.count == 8 and not facts.error
+    assert facts.gpus[3] == Gpu(3, "NVIDIA H100 80GB HBM3", "GPU-5e2c6e36-8c3a-3b8f-1f7a-6d2f4e1c9a03",
+                                "550.54.15", 81559)
+    assert (facts.driver, facts.cuda) == ("550.54.15", "12.4")
+
+
+def test_headers_of_several_driver_generations() -> None:
+    assert parse_smi_header(A100_HEADER) == ("535.129.03", "12.2")
+    assert parse_smi_header(V100_HEADER) == ("470.182.03", "11.4")
+    assert parse_smi_header("| NVIDIA-SMI 550.54.15   Driver Version: 550.54.15   CUDA Version: N/A |") == ("550.54.15", None)
+    assert parse_smi_header("garbage") == (None, None)
+
+
+def test_failures_and_absence() -> None:
+    assert parse_gpu_facts(None) == GpuFacts()
+    assert parse_gpu_facts("No devices were found\n") == GpuFacts(smi=True)
+    broken = parse_gpu_facts(NO_DRIVER, NO_DRIVER)
+    assert broken.error.startswith("NVIDIA-SMI has failed because it couldn't communicate")
+    assert parse_gpu_facts(MISMATCH).error == "Failed to initialize NVML: Driver/library version mismatch"
+    # A name with a comma, and memory the driver does not report.
+    gpus, error = parse_gpu_query("0, Acme, Accelerator X, GPU-11, 550.1, [N/A]\n")
+    assert not error and gpus == (Gpu(0, "Acme, Accelerator X", "GPU-11", "550.1", None),)
+    # Without the banner, the driver comes from the query.
+    assert parse_gpu_facts(V100_QUERY).driver == "470.182.03"
+
+
+GPU = st.builds(Gpu, st.integers(0, 15), st.from_regex(r"[A-Za-z][A-Za-z0-9 ,-]{0,20}[A-Za-z0-9]", fullmatch=True),
+                st.from_regex(r"GPU-[0-9a-f-]{8,36}", fullmatch=True),
+                st.from_regex(r"[0-9]{3}\.[0-9]{1,3}(\.[0-9]{2})?", fullmatch=True),
+                st.one_of(st.none(), st.integers(1, 200000)))
+
+
+@settings(deadline=None)  # a loaded machine is no failure
+@given(st.lists(GPU, max_size=8))
+def test_query_round_trip(gpus: list[Gpu]) -> None:
+    text = "".join(f"{g.index}, {g.name}, {g.uuid}, {g.driver}, "
+                   f"{'[N/A]' if g.memory_mib is None else f'{g.memory_mib} MiB'}\n" for g in gpus)
+    assert parse_gpu_query(text) == (tuple(gpus), "")
+
+
+def test_slots_per_gpu_where_none_were_given() -> None:
+    facts = {"h1": parse_gpu_facts(H100_QUERY, H100_HEADER), "h2": parse_gpu_facts(A100_QUERY, A100_HEADER),
+             "h3": GpuFacts(smi=False)}
+    hosts = (Host("h1"), Host("h2", 2), Host("h3"))
+    assert gpu_slots(hosts, facts, slots_given={"h2"}) == (Host("h1", 8), Host("h2", 2), Host("h3"))
+    assert gpu_slots(hosts, facts, slots_given=()) == (Host("h1", 8), Host("h2", 4), Host("h3"))
+
+
+def statuses(results: tuple[object, ...]) -> list[tuple[str, str]]:
+    return [(r.status, r.detail) for r in results]  # type: ignore[attr-defined]
+
+
+def test_a_uniform_cluster_passes() -> None:
+    facts = {h: parse_gpu_facts(H100_QUERY, H100_HEADER) for h in ("h1", "h2")}
+    result = check_gpus(facts, {"h1": "12.1", "h2": "12.1"}, {"h1": "2.18.1", "h2": "2.18.1"})
+    assert statuses(result) == [(PASS, "8 x NVIDIA H100 80GB HBM3 per host, driver 550.54.15, CUDA 12.4")]
+    assert check_gpus({"h1": GpuFacts(), "h2": GpuFacts(smi=True)})[0].status == SKIP
+
+
+def test_mismatches_each_have_a_fix() -> None:
+    facts = {"h1": parse_gpu_facts(H100_QUERY, H100_HEADER), "h2": parse_gpu_facts(A100_QUERY, A100_HEADER),
+             "h3": parse_gpu_facts(V100_QUERY, V100_HEADER), "h4": GpuFacts(),
+             "h5": parse_gpu_facts(MISMATCH, MISMATCH)}
+    results = check_gpus(facts, {"h1": "12.1", "h2": "12.1", "h3": "12.1"},
+                         {"h1": "2.18.1", "h2": "2.18.1", "h3": "2.19.3"})
+    assert statuses(results) == [
+        (FAIL, "h5: nvidia-smi failed: Failed to initialize NVML: Driver/library version mismatch"),
+        (WARN, "no NVIDIA GPU on h4 while h1, h2, h3 have some"),
+        (WARN, "GPUs per host differ: 1 on h3, 4 on h2, 8 on h1"),
+        (WARN, "NVIDIA drivers differ: 470.182.03 on h3, 535.129.03 on h2, 550.54.15 on h1"),
+        (FAIL, "h3: PyTorch is built for CUDA 12.1 but the driver supports CUDA 11.4 at most"),
+        (FAIL, "NCCL versions differ: 2.18.1 on h1, h2, 2.19.3 on h3"),
+    ]
+    assert all(r.hint for r in results)
+
+
+@pytest.mark.parametrize(("built", "driver", "ok"), [("12.1", "12.4", True), ("12.4", "12.4", True),
+                                                     ("12.10", "12.9", False), ("11.8", "12.2", True)])
+def test_cuda_runtime_against_driver(built: str, driver: str, ok: bool) -> None:
+    header = f"| NVIDIA-SMI 1.0   Driver Version: 560.1   CUDA Version: {driver}     |"
+    results = check_gpus({"h1": parse_gpu_facts(V100_QUERY, header)}, {"h1": built})
+    assert (results[0].status == PASS) == ok

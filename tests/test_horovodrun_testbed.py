@@ -1,0 +1,158 @@
+"""horovodrun users' jobs on the test bed: docker0 with the same address on every host and the
+network dtlaunch chooses from the hosts' own probe output; the command forms and --binding-args
+run by real mpirun on real hosts."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import SCRIPTS, dtlaunch_argv
+from testbed import DOCKER0_ADDRESS, TestBed
+
+from dtlaunch.binding import DEFAULT_BINDING
+from dtlaunch.command import EXECUTABLE, MODULE, PYTHON, parse_command
+from dtlaunch.facts import HostFacts, parse_probe_output
+from dtlaunch.horovod_options import parse_horovod_args
+from dtlaunch.hosts import Host
+from dtlaunch.mpi import Interfaces, SshOptions
+from dtlaunch.network import choose_network
+from dtlaunch.plan import RunRequest, plan_run
+from dtlaunch.probe import ProbeArgs, build_remote_command, probe_local
+
+pytestmark = pytest.mark.testbed
+PROBE = str(SCRIPTS / "rank_probe.py")
+
+
+def probe_over_ssh(bed: TestBed, host: str) -> HostFacts:
+    """The probe doctor runs on every host, over the same kind of ssh login."""
+    command = build_remote_command(ProbeArgs(python=sys.executable, imports=False))
+    done = subprocess.run(bed.ssh_argv(host, command), capture_output=True, text=True, timeout=60,
+                          stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr
+    return parse_probe_output(done.stdout)
+
+
+def records(out: Path) -> dict[int, dict]:
+    return {int(p.name.split(".")[1]): json.loads(p.read_text()) for p in out.glob("rank.*.json")}
+
+
+def wait_no_strays(bed: TestBed, within: float = 15.0) -> None:
+    deadline = time.monotonic() + within
+    while any(bed.stray_pids(h) for h in bed.hosts):
+        assert time.monotonic() < deadline, {h.name: bed.stray_pids(h) for h in bed.hosts}
+        time.sleep(0.2)
+
+
+def test_docker0_on_every_host_hangs_without_a_network_and_runs_on_the_chosen_one(
+    make_bed: object, horovod: None, tmp_path: Path
+) -> None:
+    bed: TestBed = make_bed(2, docker0=True)  # type: ignore[operator]
+    facts = {h.name: probe_over_ssh(bed, h.name) for h in bed.hosts}
+    for host in facts.values():
+        assert host.ifaces is not None
+        assert any(i.name == "docker0" and DOCKER0_ADDRESS in i.addresses for i in host.ifaces)
+    launcher = probe_local(ProbeArgs(python=sys.executable, imports=False)).ifaces
+    choice = choose_network({name: f.ifaces for name, f in facts.items()}, launcher)
+    print(choice.describe())
+    assert choice.ok, choice.problem
+    assert choice.cidrs == (bed.subnet,)
+    assert dict(choice.names) == {"h1": ("eth0",), "h2": ("eth0",)}
+    assert choice.left_out == ("172.17.0.0/16 (172.17.0.1 is on h1, h2: docker0)",)
+
+    def run(out: Path, *extra: str, timeout: str) -> subprocess.CompletedProcess[str]:
+        out.mkdir()
+        argv = dtlaunch_argv("run", "--no-check", "-H", "h1:1,h2:1", "--ssh-config",
+                             str(bed.ssh_config), "--timeout", timeout, *extra,
+                             PROBE, "--out", str(out), "--horovod")
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": "7"}
+        return subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env)
+
+    # Control: with nothing chosen, Open MPI wires ranks through docker0 and never finishes.
+    hung = run(tmp_path / "hung", timeout="25")
+    assert hung.returncode == 124, hung.stderr
+    assert "ran longer than --timeout" in hung.stderr
+    wait_no_strays(bed)
+
+    env_items = [f"{k}={v}" for k, v in choice.env()]
+    done = run(tmp_path / "chosen", "--iface", choice.cidrs[0],
+               *(w for item in env_items for w in ("-x", item)), timeout="240")
+    assert done.returncode == 0, done.stderr
+    found = records(tmp_path / "chosen")
+    assert {r["host"] for r in found.values()} == {"h1", "h2"}
+    assert all(r["allreduce_sum"] == 3.0 for r in found.values())  # 1 + 2
+    for rank in found.values():
+        assert rank["env"]["NCCL_SOCKET_IFNAME"] == "=eth0"
+        assert rank["env"]["HOROVOD_GLOO_IFACE"] == "eth0"
+        # The launcher's GPU list never reaches another host.
+        assert "CUDA_VISIBLE_DEVICES" not in rank["env"]
+    wait_no_strays(bed)
+
+
+def test_command_forms_run_on_every_host(bed: TestBed, tmp_path: Path) -> None:
+    """`python3 SCRIPT`, a wrapper script (by name and by relative path) and `-m`, each on two
+    hosts through real mpirun: the program is found on the hosts as mpirun finds it."""
+    wrapper = tmp_path / "wrap.sh"
+    wrapper.write_text('#!/bin/sh\necho "wrapped on $(hostname)"\nexec "$@"\n')
+    wrapper.chmod(0o755)
+    mpirun = shutil.which("mpirun")
+    assert mpirun is not None
+    forms = {
+        "python": (["python3", PROBE], {}),
+        "bash": (["bash", str(wrapper), sys.executable, PROBE], {}),
+        "relative": (["./wrap.sh", "python3", PROBE], {}),
+        "module": ([], {"module": "rank_probe"}),
+    }
+    expected_form = {"python": PYTHON, "bash": EXECUTABLE, "relative": EXECUTABLE, "module": MODULE}
+    environ = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": os.environ.get("HOME", "/root"),
+               "PYTHONPATH": str(SCRIPTS)}
+    for name, (words, kw) in forms.items():
+        out = tmp_path / name
+        out.mkdir()
+        program = parse_command([*words, "--out", str(out)], python=sys.executable,
+                                is_file=os.path.isfile, **kw)  # type: ignore[arg-type]
+        assert program.form == expected_form[name]
+        plan = plan_run(RunRequest(hosts=(Host("h1"), Host("h2")), python=sys.executable,
+                                   program=program, iface=Interfaces(cidrs=(bed.subnet,)),
+                                   ssh=SshOptions(config_file=str(bed.ssh_config))),
+                        environ, mpirun=mpirun, as_root=os.geteuid() == 0)
+        done = subprocess.run(plan.argv, env=plan.launcher_env, cwd=tmp_path, capture_output=True,
+                              text=True, timeout=120, stdin=subprocess.DEVNULL)
+        assert done.returncode == 0, (name, done.stderr)
+        assert [r["host"] for _, r in sorted(records(out).items())] == ["h1", "h2"], name
+        if name in ("bash", "relative"):
+            assert "wrapped on h1" in done.stdout and "wrapped on h2" in done.stdout
+    wait_no_strays(bed)
+
+
+@pytest.mark.parametrize("binding", ["-bind-to core -map-by core", "--bind-to none --map-by socket",
+                                     "-bind-to none -map-by numa -rank-by core"])
+def test_accepted_binding_args_keep_each_rank_on_the_host_dtlaunch_expects(
+    bed: TestBed, tmp_path: Path, binding: str
+) -> None:
+    args = parse_horovod_args({"hvd_binding_args": (binding,)})
+    assert args.binding_args is not None
+    mpirun = shutil.which("mpirun")
+    assert mpirun is not None
+    program = parse_command(["python3", PROBE, "--out", str(tmp_path)], python=sys.executable)
+    plan = plan_run(RunRequest(hosts=(Host("h1", 2), Host("h2", 1), Host("h3", 2)),
+                               python=sys.executable, program=program,
+                               iface=Interfaces(cidrs=(bed.subnet,)),
+                               ssh=SshOptions(config_file=str(bed.ssh_config))),
+                    {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}, mpirun=mpirun,
+                    as_root=os.geteuid() == 0)
+    # Where the CLI will put --binding-args: in place of dtlaunch's default binding.
+    at = plan.argv.index(DEFAULT_BINDING[0])
+    assert plan.argv[at:at + 4] == DEFAULT_BINDING
+    argv = (*plan.argv[:at], *args.binding_args, *plan.argv[at + 4:])
+    done = subprocess.run(argv, env=plan.launcher_env, capture_output=True, text=True, timeout=120,
+                          stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr
+    found = records(tmp_path)
+    assert tuple(found[r]["host"] for r in sorted(found)) == plan.rank_hosts == ("h1", "h1", "h2", "h3", "h3")
