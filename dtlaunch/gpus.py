@@ -14,8 +14,8 @@ import re
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
-from dtlaunch.checks import FAIL, PASS, SKIP, WARN, CheckResult
 from dtlaunch.hosts import Host
+from dtlaunch.report import FAIL, PASS, SKIP, WARN, CheckResult
 
 QUERY_ARGS = ("--query-gpu=index,name,uuid,driver_version,memory.total", "--format=csv,noheader")
 _HEADER_RE = re.compile(r"Driver Version:\s*([0-9][0-9.]*).*?CUDA Version:\s*([0-9][0-9.]*|N/A)")

@@ -25,9 +25,9 @@ import ipaddress
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from dtlaunch.checks import FAIL, PASS, CheckResult
 from dtlaunch.facts import Iface
 from dtlaunch.mpi import Interfaces
+from dtlaunch.report import FAIL, PASS, CheckResult
 
 HOST_LOCAL_PREFIXES = ("docker", "virbr", "veth", "br-", "cni", "podman", "lxcbr", "lxdbr")
 LAUNCHER = "this machine"
