@@ -30,7 +30,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .checkpoint import Position, next_epoch, resume, save_checkpoint
+from .checkpoint import Position, checkpoint, next_epoch, start
 from .comm import get_comm
 from .config import CONFIGS, Config, learning_rate
 from .data import (
@@ -251,17 +251,6 @@ def train_epoch(job: Job, pos: Position, lr: float, args: argparse.Namespace,
     return completed
 
 
-def checkpoint(job: Job, pos: Position, path: str) -> None:
-    """Every rank calls this at the same step (it gathers the LSTM state); rank 0 writes."""
-    seconds = save_checkpoint(job, pos, path)
-    where = (f"end of epoch {pos.epoch}" if pos.epoch_step == 0
-             else f"epoch {pos.epoch + 1} step {pos.epoch_step}")
-    job.report.emit(
-        f"checkpoint at {where} ({pos.step} steps) written in {seconds:.2f}s",
-        {"event": "checkpoint", "epoch": pos.epoch + 1, "epoch_step": pos.epoch_step,
-         "step": pos.step, "seconds": seconds})
-
-
 @torch.no_grad()
 def evaluate(job: Job, ids: np.ndarray, num_streams: int) -> float:
     """Perplexity over every target of ``ids``; streams are shared out over the ranks."""
@@ -321,46 +310,6 @@ def build_job(args: argparse.Namespace, comm: Any, corpus: Corpus) -> Job:
                train=torch.from_numpy(np.ascontiguousarray(matrix)), streams=streams,
                loss_scale=loss_scale, report=Reporter(comm.rank() == 0, args.metrics),
                seed=args.seed)
-
-
-def restart_count() -> int | None:
-    """``DTLAUNCH_RESTART_COUNT`` as set by ``dtlaunch run --max-restarts``: logged only;
-    whether to resume is decided by --resume, never by this."""
-    try:
-        return int(os.environ["DTLAUNCH_RESTART_COUNT"])
-    except (KeyError, ValueError):
-        return None
-
-
-def start(args: argparse.Namespace, job: Job) -> Position:
-    """Resume or start afresh, then give every rank rank 0's weights and optimizer state."""
-    comm, cfg = job.comm, job.config
-    began = time.perf_counter()
-    resumed = resume(job, args.checkpoint, args.resume) if args.checkpoint else None
-    comm.broadcast_parameters(job.model.state_dict(), root_rank=0)
-    comm.broadcast_optimizer_state(job.optimizer, root_rank=0)
-    restarts = restart_count()
-    job.report.emit(
-        f"config {cfg.name}: {comm.size()} rank(s), global batch {cfg.batch_size}, "
-        f"{torch.get_num_threads()} thread(s) per rank"
-        + (f", restart {restarts}" if restarts else ""),
-        {"event": "start", "config": cfg.name, "ranks": comm.size(),
-         "batch_size": cfg.batch_size, "threads": torch.get_num_threads(),
-         "restart_count": restarts})
-    if resumed is None:
-        if args.resume:
-            job.report.emit(f"no checkpoint at {args.checkpoint}: starting from the beginning",
-                            {"event": "fresh_start"})
-        return Position()
-    pos, info = resumed
-    job.report.emit(
-        f"resumed from {args.checkpoint}: epoch {pos.epoch + 1} step {pos.epoch_step} "
-        f"({pos.step} steps done), written by {info['ranks_before']} rank(s); read in "
-        f"{info['load_s']:.2f}s, ready in {time.perf_counter() - began:.2f}s",
-        {"event": "resume", "epoch": pos.epoch + 1, "epoch_step": pos.epoch_step,
-         "step": pos.step, "ranks_before": info["ranks_before"], "ranks": comm.size(),
-         "load_s": info["load_s"], "ready_s": time.perf_counter() - began})
-    return pos
 
 
 def run(args: argparse.Namespace, comm: Any) -> None:
