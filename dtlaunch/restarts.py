@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from dtlaunch.errors import UsageError
+from dtlaunch.errors import DtlaunchError, UsageError
 from dtlaunch.failures import Failure, signal_name
 from dtlaunch.hosts import Host, total_slots
 
@@ -79,7 +79,7 @@ def outcome_from_launch(result: LaunchResult) -> AttemptOutcome:
 
 @dataclass(frozen=True)
 class Stop:
-    kind: str  # finished | interrupted | timeout | no-restarts-left | repeated | no-hosts | min-np
+    kind: str  # finished interrupted timeout no-restarts-left repeated no-hosts min-np recheck-error
     reason: str
 
 
@@ -237,7 +237,8 @@ def run_with_restarts(
 
     ``run_attempt(hosts, np, restart_count)`` runs one attempt to its end, handling signals
     itself (an interrupt comes back as ``interrupted_by``). ``recheck(hosts)`` returns the hosts
-    that fail the pre-flight (name -> why); a KeyboardInterrupt there counts as SIGINT.
+    that fail the pre-flight (name -> why); a KeyboardInterrupt there counts as SIGINT, and a
+    DtlaunchError (a failure that must stop everything, like a changed host key) ends the loop.
     ``sleep(seconds)`` waits, returning at once with the signal number if one arrives (or is
     already pending; it is also called with 0 before every restart to ask).
     """
@@ -282,6 +283,8 @@ def run_with_restarts(
             failing = dict(recheck(remaining)) if remaining else {}
         except KeyboardInterrupt:
             return finish(Stop("interrupted", "stopped by SIGINT"), EXIT_SIGNAL_BASE + 2)
+        except DtlaunchError as exc:  # e.g. a changed host key: nothing more should run
+            return finish(Stop("recheck-error", f"re-check failed: {exc}"), outcome.exit_code)
         recheck_s = clock() - check_started
         on_event(RestartEvent("recheck-end", clock(), f"re-check done in {recheck_s:.1f} s",
                               {"failing": dict(failing), "seconds": recheck_s}))

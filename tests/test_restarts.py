@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dtlaunch.errors import UsageError
+from dtlaunch.errors import DtlaunchError, UsageError
 from dtlaunch.failures import Failure
 from dtlaunch.hosts import Host
 from dtlaunch.restart_report import build_report_json, build_report_lines
@@ -54,6 +54,7 @@ class Cluster:
     failing: dict[str, str] = field(default_factory=dict)  # what every re-check reports
     sleep_signal: int | None = None
     recheck_interrupts: bool = False
+    recheck_raises: str | None = None
     now: float = 1_700_000_000.0
     attempts: list[tuple[tuple[str, ...], int, int]] = field(default_factory=list)
     rechecked: list[tuple[str, ...]] = field(default_factory=list)
@@ -68,6 +69,8 @@ class Cluster:
         self.rechecked.append(tuple(h.name for h in hosts))
         if self.recheck_interrupts:
             raise KeyboardInterrupt
+        if self.recheck_raises:
+            raise DtlaunchError(self.recheck_raises)
         self.now += 2.0
         return {h.name: why for h in hosts for name, why in self.failing.items() if h.name == name}
 
@@ -167,6 +170,13 @@ def test_an_interrupt_during_the_recheck_stops() -> None:
     fake = Cluster([exited(3), OK], recheck_interrupts=True)
     report = fake.run(max_restarts=5)
     assert len(fake.attempts) == 1 and report.exit_code == 130
+
+
+def test_a_recheck_that_must_stop_everything_ends_the_loop_with_the_last_status() -> None:
+    fake = Cluster([exited(3), OK], recheck_raises="host key of h2 changed")
+    report = fake.run(max_restarts=5)
+    assert len(fake.attempts) == 1 and report.exit_code == 3
+    assert report.stop.kind == "recheck-error" and "host key of h2 changed" in report.stop.reason
 
 
 def test_the_sleep_is_asked_for_a_pending_signal_even_without_a_delay() -> None:

@@ -219,8 +219,9 @@ def restart_count() -> int | None:
         return None
 
 
-def start(args: argparse.Namespace, job: Job) -> Position:
-    """Resume or start afresh, then give every rank rank 0's weights and optimizer state."""
+def start(args: argparse.Namespace, job: Job, timing: dict[str, Any] | None = None) -> Position:
+    """Resume or start afresh, then give every rank rank 0's weights and optimizer state.
+    ``timing`` (when the ranks came up, how long the data took) goes into the start record."""
     comm, cfg = job.comm, job.config
     began = time.perf_counter()
     resumed = resume(job, args.checkpoint, args.resume) if args.checkpoint else None
@@ -233,7 +234,7 @@ def start(args: argparse.Namespace, job: Job) -> Position:
         + (f", restart {restarts}" if restarts else ""),
         {"event": "start", "config": cfg.name, "ranks": comm.size(),
          "batch_size": cfg.batch_size, "threads": torch.get_num_threads(),
-         "restart_count": restarts})
+         "restart_count": restarts, **(timing or {})})
     if resumed is None:
         if args.resume:
             job.report.emit(f"no checkpoint at {args.checkpoint}: starting from the beginning",

@@ -312,16 +312,18 @@ def build_job(args: argparse.Namespace, comm: Any, corpus: Corpus) -> Job:
                seed=args.seed)
 
 
-def run(args: argparse.Namespace, comm: Any) -> None:
+def run(args: argparse.Namespace, comm: Any, up_at: float | None = None) -> None:
     torch.set_num_threads(args.threads or default_threads(comm))
+    loading = time.perf_counter()
     corpus = shared_corpus(comm, args.data_path)
+    timing = {"up_at": up_at, "data_s": time.perf_counter() - loading}
     job = build_job(args, comm, corpus)
     rank, cfg = comm.rank(), job.config
     if args.dump_shard:
         write_rank_file(args.dump_shard, rank, {
             "rank": rank, "size": comm.size(), "streams": list(job.streams),
             "first_tokens": job.train[:8].T.tolist()})
-    pos = start(args, job)
+    pos = start(args, job, timing)
 
     progress, epoch_times = Progress(), []
     max_epochs = args.max_epochs if args.max_epochs is not None else cfg.max_max_epoch
@@ -372,8 +374,9 @@ def shown(value: float, digits: int = 2, unit: str = "") -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     comm = get_comm()
+    up_at = time.time()  # modules imported and Horovod initialised: for recovery timings
     try:
-        run(args, comm)
+        run(args, comm, up_at)
     except DataError as exc:
         if comm.rank() == 0:
             print(f"ptb_lm: error: {exc}", file=sys.stderr, flush=True)
