@@ -128,6 +128,11 @@ def _event_printer(verbose: bool) -> Callable[[Any], None]:
 @click.option("--no-check", is_flag=True, help="Skip the pre-flight checks.")
 @click.option("--dry-run", is_flag=True, help="Print the mpirun command and exit.")
 @click.option("-v", "--verbose", is_flag=True, help="Print the command before running it.")
+@single_option("--max-restarts", type=int, metavar="N",
+               help="Start a failed job again up to N times, without the hosts that failed.")
+@single_option("--min-np", type=int, metavar="N", help="With --max-restarts: fewest processes to go on with.")
+@single_option("--restart-delay", type=SECONDS, metavar="SECONDS",
+               help="With --max-restarts: wait this long before each restart.")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def run(hosts: str | None, hostfile: str | None, iface: str | None, python: str | None,
         ssh_port: int | None, ssh_identity_file: str | None, ssh_config: str | None,
@@ -135,7 +140,8 @@ def run(hosts: str | None, hostfile: str | None, iface: str | None, python: str 
         oversubscribe: bool, env_items: tuple[str, ...], module: str | None,
         mpi_args: str | None, output_dir: str | None, timeline: str | None,
         timeout: float | None, tree_spawn: bool, no_check: bool, dry_run: bool,
-        verbose: bool, args: tuple[str, ...]) -> None:
+        verbose: bool, max_restarts: int | None, min_np: int | None, restart_delay: float | None,
+        args: tuple[str, ...]) -> None:
     """Run SCRIPT [ARGS]... (or -m MODULE [ARGS]...) on every host through mpirun."""
     from dtlaunch import session
     from dtlaunch.hosts import read_hosts
@@ -175,8 +181,17 @@ def run(hosts: str | None, hostfile: str | None, iface: str | None, python: str 
     if dry_run:
         click.echo(session.prepare(request, on_event, dry_run=True).plan.display())
         return
-    outcome = session.launch(session.LaunchRequest(request, check=not no_check, timeout=timeout,
-                                                   output_dir=output_dir), on_event)
+    launch_request = session.LaunchRequest(request, check=not no_check, timeout=timeout,
+                                           output_dir=output_dir)
+    if max_restarts is None and (min_np is not None or restart_delay is not None):
+        raise UsageError("--min-np and --restart-delay go with --max-restarts N")
+    if max_restarts is not None:
+        from dtlaunch.restart_session import launch_with_restarts
+        from dtlaunch.restarts import RestartPolicy
+
+        policy = RestartPolicy(max_restarts, min_np or 1, restart_delay or 0.0, oversubscribe)
+        sys.exit(launch_with_restarts(launch_request, policy, on_event).exit_code)
+    outcome = session.launch(launch_request, on_event)
     if outcome.error is not None:
         if outcome.preflight is not None:
             from dtlaunch.render import render_report

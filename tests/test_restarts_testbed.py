@@ -1,14 +1,12 @@
 """`dtlaunch run --max-restarts` on the real test bed (issue 13's "done when").
 
-These run once the restart loop (dtlaunch.restarts) is wired into `dtlaunch run`; until then
-they are skipped with that reason. They rely only on exit statuses, the ranks' own files,
+They rely only on exit statuses, the ranks' own files,
 `--output-dir/attempts.json` and the processes left on the hosts, not on wording.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import time
@@ -25,15 +23,7 @@ from testbed import TestBed
 PROBE = str(SCRIPTS / "restart_probe.py")
 
 
-def _wired() -> bool:
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    out = subprocess.run(dtlaunch_argv("run", "--help"), capture_output=True, text=True,
-                         timeout=60, env=env)
-    return "--max-restarts" in out.stdout
-
-
-pytestmark = [pytest.mark.testbed,
-              pytest.mark.skipif(not _wired(), reason="dtlaunch run has no --max-restarts yet")]
+pytestmark = pytest.mark.testbed
 
 
 def restart_argv(bed: TestBed, hosts: str, out: Path, *args: str,
