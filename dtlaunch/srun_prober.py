@@ -22,7 +22,7 @@ from dtlaunch.slurm import build_srun_probe_argv, parse_srun_labeled, parse_srun
 # The probe needs PATH (the interpreter, mpirun) and HOME (its import cache).
 EXPORT = ("PATH", "HOME")
 CONNECT_TIMEOUT = 30.0  # srun's own start of a step (slurmctld, then the node's slurmd)
-LAUNCH_PATH = "launch path: srun"
+PATH = "srun"  # the ssh column says how the node was reached
 
 
 class _Step:
@@ -43,7 +43,7 @@ class _Step:
 
 def _failed(host: str, detail: str, hint: str, start: float) -> HostOutcome:
     return HostOutcome(host, HOST, problem=ssh_failed(detail, hint),
-                       seconds=time.monotonic() - start, note=LAUNCH_PATH)
+                       seconds=time.monotonic() - start, path=PATH)
 
 
 class SrunProber:
@@ -88,7 +88,7 @@ class SrunProber:
                 (err.strip().splitlines() or [f"srun exit {proc.returncode}"])[-1])
             return _failed(host, f"the probe did not run through srun: {why}",
                            f"try 'srun -w {host} -N1 sh -c true' inside this allocation", start)
-        return HostOutcome(host, HOST, facts, seconds=time.monotonic() - start, note=LAUNCH_PATH)
+        return HostOutcome(host, HOST, facts, seconds=time.monotonic() - start, path=PATH)
 
     def verify(self, host: str) -> str | None:
         return None  # no host keys: Slurm authenticates with munge
