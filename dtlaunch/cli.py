@@ -194,6 +194,21 @@ def run(hosts: str | None, hostfile: str | None, iface: str | None, python: str 
     sys.exit(outcome.exit_code)
 
 
+@cli.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def submit(args: tuple[str, ...]) -> None:
+    """Submit a Slurm batch job that runs dtlaunch run: [SBATCH OPTIONS] [--dry-run] -- [RUN ARGS]."""
+    from dtlaunch.submit import output_path, plan_submit, submit_batch
+
+    plan = plan_submit(args)
+    if plan.dry_run:
+        click.echo(plan.script, nl=False)
+        return
+    with signals_raise():
+        job = submit_batch(plan)
+    click.echo(f"submitted Slurm job {job}; output: {output_path(plan.output, job, os.getcwd())}")
+
+
 @cli.command("install-horovod")
 @click.option("--force", is_flag=True, help="Rebuild even if a cached wheel exists.")
 def install_horovod_cmd(force: bool) -> None:

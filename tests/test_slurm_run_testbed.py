@@ -173,3 +173,27 @@ def test_doctor_checks_exactly_the_allocated_nodes_through_srun(slurm_cluster: S
         assert checks["script"]["status"] == "fail", checks
         assert checks["script"]["hint"]
     slurm_cluster.wait_idle(60)
+
+
+def test_submit_runs_every_rank_and_completes(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    proc = slurm_cluster.run(*dtlaunch_argv(
+        "submit", "-N", "2", "--job-name", "dtl submit", "-o", str(tmp_path / "job-%j.out"),
+        "--", "--no-check", "--iface", slurm_cluster.bed.subnet, "-np", "4",
+        PROBE, "--out", str(tmp_path)), timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    words = proc.stdout.split()
+    job = words[words.index("job") + 1].rstrip(";")
+    assert proc.stdout.strip().endswith(str(tmp_path / f"job-{job}.out"))
+    state = ""
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        show = slurm_cluster.run("scontrol", "show", "job", job, timeout=30).stdout
+        state = next((w.split("=", 1)[1] for w in show.split() if w.startswith("JobState=")), "")
+        if state not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", ""):
+            break
+        time.sleep(0.5)
+    text = (tmp_path / f"job-{job}.out").read_text()
+    assert state == "COMPLETED", text
+    for rank in range(4):
+        assert f"rank {rank} of 4 on h" in text, text
+    slurm_cluster.wait_idle(60)
