@@ -112,3 +112,14 @@ def test_bad_cluster_input_exits_2(tmp_path: Path, env: dict[str, str], args: tu
 def test_doctor_outside_allocation_refuses_launcher_slurm(tmp_path: Path) -> None:
     result = dtl(tmp_path, {}, "doctor", "--launcher", "slurm")
     assert result.returncode == 2 and "--launcher slurm" in result.stderr
+
+
+def test_pbs_nodefile_gives_hosts_over_ssh(tmp_path: Path) -> None:
+    nodefile = tmp_path / "nodes"
+    nodefile.write_text("n1\nn1\nn2\nn2\n")
+    result = dtl(tmp_path, {"PBS_NODEFILE": str(nodefile), "PBS_JOBID": "77.server"},
+                 "run", "--dry-run", "train.py")
+    assert result.returncode == 0, result.stderr
+    assert "hosts from PBS job 77.server: n1:2,n2:2; launcher ssh" in result.stderr
+    argv = shlex.split(result.stdout)
+    assert argv[argv.index("-H") + 1] == "n1:2,n2:2" and "plm_rsh_agent" in argv
