@@ -79,11 +79,15 @@ def test_run_places_ranks_on_the_allocated_nodes_and_allreduces(
 
 
 def test_rank_failure_names_rank_and_node(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    """-H picks allocated nodes; --output-dir keeps each rank's lines on the launcher."""
+    logs = tmp_path / "logs"
     proc = slurm_cluster.run(*salloc(2, "dtl-fail"), *dtlaunch_argv(
         "run", "--no-check", "--iface", slurm_cluster.bed.subnet, "-np", "2", "-H", "h1:1,h2:1",
-        PROBE, "--out", str(tmp_path), "--exit-rank", "1", "--exit-code", "3"), timeout=180)
+        "--output-dir", str(logs), PROBE, "--out", str(tmp_path), "--exit-rank", "1",
+        "--exit-code", "3"), timeout=180)
     assert proc.returncode != 0
     assert "rank 1 on host h2 exited with code 3" in proc.stderr, proc.stderr
+    assert "rank 1 of 2 on h2" in (logs / "rank.1.log").read_text()
     slurm_cluster.wait_idle(60)
 
 
@@ -124,19 +128,20 @@ def _finish(proc: subprocess.Popen[str]) -> tuple[int, str]:
     return proc.returncode, err
 
 
-def test_sigint_exits_130_and_leaves_nothing_on_any_node(
-    slurm_cluster: SlurmCluster, tmp_path: Path
+@pytest.mark.parametrize(("sig", "expected"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_signal_exits_128_plus_and_leaves_nothing_on_any_node(
+    slurm_cluster: SlurmCluster, tmp_path: Path, sig: signal.Signals, expected: int
 ) -> None:
-    proc = _start_sleeping_job(slurm_cluster, tmp_path, "dtl-sigint")
+    proc = _start_sleeping_job(slurm_cluster, tmp_path, f"dtl-{sig.name}")
     try:
         dtlaunch = [p for p in _children(proc.pid)
                     if b"dtlaunch" in Path(f"/proc/{p}/cmdline").read_bytes()]
         assert len(dtlaunch) == 1
-        os.kill(dtlaunch[0], signal.SIGINT)
+        os.kill(dtlaunch[0], sig)
         assert wait_gone(slurm_cluster, str(tmp_path), 10) == []
     finally:
         code, err = _finish(proc)
-    assert code == 130, err
+    assert code == expected, err
     slurm_cluster.wait_idle(60)
 
 
