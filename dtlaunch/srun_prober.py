@@ -30,10 +30,10 @@ class _Step:
         self.proc = proc
 
     def close(self) -> None:
-        """srun cancels its step on SIGTERM; a second signal or SIGKILL would orphan it."""
+        """srun cancels its step on SIGTERM (one signal: a second one within a second detaches it)."""
         if self.proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
-                self.proc.terminate()
+                os.killpg(self.proc.pid, signal.SIGTERM)
             try:
                 self.proc.wait(timeout=15)
             except subprocess.TimeoutExpired:
