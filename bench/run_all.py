@@ -22,6 +22,7 @@ import doctor_fanout
 import launch_overhead
 import ptb_ceiling
 import ptb_scaling
+import recovery_time
 import startup
 from common import RESULTS, loadavg, log, machine_info, md_table
 
@@ -30,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="fewer repetitions and hosts")
     parser.add_argument("--only", default="startup,launch,doctor",
-                        help="comma-separated figures: startup, launch, doctor, ptb")
+                        help="comma-separated figures: startup, launch, doctor, ptb, recovery")
     parser.add_argument("--ptb", action="store_true", help="also the PTB scaling and ceiling figures (long)")
     parser.add_argument("--baseline", metavar="REV",
                         help="also measure dtlaunch as of git revision REV (before/after)")
@@ -63,6 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     if "ptb" in only:
         sections.append(ptb_scaling.main([]))
         sections.append(ptb_ceiling.main([]))
+    if "recovery" in only:
+        sections.append(recovery_time.main(["--reps", "1" if args.quick else "3"]))
     minutes = (time.monotonic() - started) / 60
     info = machine_info()
     command = "sudo " + " ".join(shlex.quote(a) for a in ["python", "bench/run_all.py", *sys.argv[1:]])

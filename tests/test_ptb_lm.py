@@ -242,10 +242,12 @@ def test_single_process_training_reduces_loss(tmp_path: Path) -> None:
     assert len(ppl) == 3 and ppl[0] > ppl[-1]  # type: ignore[operator]
     assert ppl[-1] < 1500  # type: ignore[operator]
     state = torch.load(ckpt, weights_only=True)
-    assert state["next_epoch"] == 0 and state["config"] == "small"
-    resumed = run_module("--data-path", str(PTB_DIR), "--max-steps", "1", "--no-eval",
+    assert state["config"]["name"] == "small" and state["ranks"] == 1
+    assert (state["position"]["epoch"], state["position"]["step"]) == (0, 30)
+    resumed = run_module("--data-path", str(PTB_DIR), "--max-steps", "31", "--no-eval",
                          "--checkpoint", str(ckpt), "--resume")
-    assert resumed.returncode == 0 and "resuming from" in resumed.stdout
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resumed from" in resumed.stdout and "steps 31 " in resumed.stdout
 
 
 @needs_ptb

@@ -237,6 +237,16 @@ class TestBed:
         _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(h.host_key))
         self.start_sshd(h)
 
+    def veth(self, host: BedHost | str) -> str:
+        """The bridge-side end of the host's link (its eth0 is the other end)."""
+        h = self.host(host) if isinstance(host, str) else host
+        return f"dtv{self.bridge[len('dtb'):]}{self.hosts.index(h) + 1}"
+
+    def set_link(self, host: BedHost | str, up: bool) -> None:
+        """Take the host's link down: it stops answering without closing anything, as a
+        machine that lost power would. ``up=True`` brings it back."""
+        _run("ip", "link", "set", self.veth(host), "up" if up else "down")
+
     def ssh_argv(self, host: str, *command: str) -> list[str]:
         return ["ssh", "-F", str(self.ssh_config), host, *command]
 

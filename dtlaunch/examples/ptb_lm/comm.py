@@ -38,6 +38,9 @@ class SingleProcess:
     def allreduce(self, tensor: Any, op: Any = None, name: Any = None) -> Any:
         return tensor
 
+    def allgather(self, tensor: Any, name: Any = None) -> Any:
+        return tensor
+
     def DistributedOptimizer(self, optimizer: Any, named_parameters: Any = None) -> Any:
         return optimizer
 

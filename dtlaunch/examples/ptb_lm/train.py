@@ -30,6 +30,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .checkpoint import Position, checkpoint, next_epoch, start
 from .comm import get_comm
 from .config import CONFIGS, Config, learning_rate
 from .data import (
@@ -42,7 +43,7 @@ from .data import (
     steps_per_epoch,
     stream_matrix,
 )
-from .model import PTBModel, State
+from .model import PTBModel, State, StreamNoise
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -60,8 +61,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="torch threads per rank (default: CPUs / ranks on this host)")
     p.add_argument("--log-interval", type=int, help="steps between reports (default: epoch/10)")
     p.add_argument("--metrics", help="JSON-lines metrics file (rank 0)")
-    p.add_argument("--checkpoint", help="checkpoint file, written by rank 0 after each epoch")
-    p.add_argument("--resume", action="store_true", help="resume from --checkpoint if present")
+    p.add_argument("--hidden-size", type=int, help="LSTM and embedding size (default: config)")
+    p.add_argument("--keep-prob", type=float, help="1 - dropout (default: config)")
+    p.add_argument("--checkpoint", metavar="FILE",
+                   help="written by rank 0 after each epoch, every --checkpoint-every steps and "
+                        "where --max-steps stops; on a filesystem the next rank 0 can read")
+    p.add_argument("--checkpoint-every", type=int, metavar="K",
+                   help="also write the checkpoint every K training steps")
+    p.add_argument("--resume", nargs="?", const="required", choices=("required", "auto"),
+                   help="continue from --checkpoint with any number of ranks; 'auto': only if "
+                        "it exists, else start from the beginning (for dtlaunch --max-restarts)")
     p.add_argument("--dense-grads", action="store_true",
                    help="dense embedding gradients (default sparse: less to exchange)")
     p.add_argument("--no-eval", action="store_true", help="skip validation and test")
@@ -70,6 +79,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.resume and not args.checkpoint:
         p.error("--resume needs --checkpoint FILE")
+    if args.checkpoint_every is not None and not args.checkpoint:
+        p.error("--checkpoint-every needs --checkpoint FILE")
+    if args.checkpoint_every is not None and args.checkpoint_every < 1:
+        p.error("--checkpoint-every must be at least 1")
+    if args.keep_prob is not None and not 0.0 < args.keep_prob <= 1.0:
+        p.error("--keep-prob must be in (0, 1]")
+    if args.hidden_size is not None and args.hidden_size < 1:
+        p.error("--hidden-size must be at least 1")
     return args
 
 
@@ -85,6 +102,7 @@ class Job:
     streams: range
     loss_scale: float
     report: Reporter
+    seed: int = 0
 
 
 class Reporter:
@@ -103,6 +121,7 @@ class Reporter:
         if self.file:
             clean = {k: None if isinstance(v, float) and math.isnan(v) else v
                      for k, v in record.items()}  # NaN is not valid JSON
+            clean.setdefault("time", time.time())  # lines up with the launcher's timestamps
             self.file.write(json.dumps(clean) + "\n")
             self.file.flush()
 
@@ -170,14 +189,16 @@ def clipped_step(optimizer: Any, params: Sequence[torch.Tensor], max_norm: float
 
 @dataclass
 class Progress:
-    step: int = 0  # training steps in this run, for --max-steps
-    words: int = 0  # global words trained in this run
+    """This attempt's throughput (a resumed run reports its own speed)."""
+
+    words: int = 0  # global words trained
     seconds: float = 0.0
 
 
-def train_epoch(job: Job, epoch: int, lr: float, args: argparse.Namespace,
-                progress: Progress) -> tuple[float, bool]:
-    """One epoch (or until --max-steps); returns (train perplexity, epoch completed)."""
+def train_epoch(job: Job, pos: Position, lr: float, args: argparse.Namespace,
+                progress: Progress) -> bool:
+    """Train ``pos.epoch`` from ``pos.epoch_step`` to its end (or until --max-steps),
+    updating ``pos`` as it goes; returns whether the epoch was completed."""
     cfg, model, T = job.config, job.model, job.config.num_steps
     for group in job.optimizer.param_groups:
         group["lr"] = lr
@@ -186,44 +207,48 @@ def train_epoch(job: Job, epoch: int, lr: float, args: argparse.Namespace,
     n_steps = steps_per_epoch(job.train.shape[0], T)
     interval = args.log_interval or max(1, n_steps // 10)
     global_batch = cfg.batch_size
-    state = model.initial_state(job.train.shape[1])
-    epoch_loss = interval_loss = 0.0
-    epoch_tokens = interval_tokens = 0
+    state = pos.hidden if pos.hidden is not None else model.initial_state(job.train.shape[1])
     start = tick = time.perf_counter()
+    ticked_at = pos.epoch_step
     completed = True
-    for i in range(n_steps):
-        if args.max_steps is not None and progress.step >= args.max_steps:
+    for i in range(pos.epoch_step, n_steps):
+        if args.max_steps is not None and pos.step >= args.max_steps:
             completed = False
             break
         inputs = job.train[i * T : (i + 1) * T]
         targets = job.train[i * T + 1 : (i + 1) * T + 1].reshape(-1)
-        logits, state = model(inputs, detach(state))
+        noise = StreamNoise(job.seed, pos.step, job.streams, global_batch)
+        logits, state = model(inputs, detach(state), noise)
         loss_sum = F.cross_entropy(logits, targets, reduction="sum")
         job.optimizer.zero_grad()
         (loss_sum * job.loss_scale).backward()
         clipped_step(job.optimizer, params, cfg.max_grad_norm)
-        interval_loss += loss_sum.item()
-        interval_tokens += targets.numel()
-        progress.step += 1
+        pos.interval_loss += loss_sum.item()
+        pos.interval_tokens += targets.numel()
+        pos.step, pos.epoch_step, pos.hidden = pos.step + 1, i + 1, detach(state)
+        progress.words += global_batch * T
         if (i + 1) % interval == 0:
-            loss, tokens = allreduce_sum(job.comm, [interval_loss, interval_tokens])
+            loss, tokens = allreduce_sum(job.comm, [pos.interval_loss, pos.interval_tokens])
             now = time.perf_counter()
-            words_per_sec = interval * global_batch * T / (now - tick)
+            words_per_sec = (i + 1 - ticked_at) * global_batch * T / (now - tick)
             job.report.emit(
-                f"epoch {epoch + 1} step {i + 1}/{n_steps} ppl {math.exp(loss / tokens):.2f} "
+                f"epoch {pos.epoch + 1} step {i + 1}/{n_steps} ppl {math.exp(loss / tokens):.2f} "
                 f"words/s {words_per_sec:,.0f} lr {lr:.4g}",
-                {"event": "progress", "epoch": epoch + 1, "epoch_step": i + 1,
-                 "step": progress.step, "words_per_sec": words_per_sec,
+                {"event": "progress", "epoch": pos.epoch + 1, "epoch_step": i + 1,
+                 "step": pos.step, "words_per_sec": words_per_sec,
                  "train_ppl": math.exp(loss / tokens), "lr": lr},
             )
-            epoch_loss, epoch_tokens = epoch_loss + loss, epoch_tokens + int(tokens)
-            interval_loss, interval_tokens, tick = 0.0, 0, now
-    loss, tokens = allreduce_sum(job.comm, [interval_loss, interval_tokens])
-    epoch_loss, epoch_tokens = epoch_loss + loss, epoch_tokens + int(tokens)
-    steps_done = epoch_tokens // (global_batch * T)
-    progress.words += steps_done * global_batch * T
+            pos.epoch_loss, pos.epoch_tokens = pos.epoch_loss + loss, pos.epoch_tokens + int(tokens)
+            pos.interval_loss, pos.interval_tokens, tick, ticked_at = 0.0, 0, now, i + 1
+        if args.checkpoint_every and pos.step % args.checkpoint_every == 0:
+            checkpoint(job, pos, args.checkpoint)
+    loss, tokens = allreduce_sum(job.comm, [pos.interval_loss, pos.interval_tokens])
+    pos.train_ppl = math.exp((pos.epoch_loss + loss) / max(pos.epoch_tokens + tokens, 1))
+    if completed:
+        pos.epoch_loss, pos.epoch_tokens = pos.epoch_loss + loss, pos.epoch_tokens + int(tokens)
+        pos.interval_loss, pos.interval_tokens = 0.0, 0
     progress.seconds += time.perf_counter() - start
-    return math.exp(epoch_loss / max(epoch_tokens, 1)), completed
+    return completed
 
 
 @torch.no_grad()
@@ -246,51 +271,6 @@ def evaluate(job: Job, ids: np.ndarray, num_streams: int) -> float:
     return math.exp(total_loss / total_tokens)
 
 
-def save_checkpoint(job: Job, path: str, next_epoch: int, seed: int) -> None:
-    """Rank 0 only; written to a temporary name first so a crash never leaves half a file."""
-    if job.comm.rank() != 0:
-        return
-    state = {"model": job.model.state_dict(), "optimizer": job.optimizer.state_dict(),
-             "next_epoch": next_epoch, "config": job.config.name, "seed": seed,
-             "rng": torch.get_rng_state()}
-    tmp = f"{path}.tmp"
-    torch.save(state, tmp)
-    os.replace(tmp, path)
-
-
-def load_checkpoint(job: Job, path: str) -> int:
-    """Restore model, optimizer and RNG from ``path`` (rank 0); returns the next epoch."""
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-        if state["config"] != job.config.name:
-            raise DataError(f"checkpoint {path} is for config {state['config']!r}")
-        job.model.load_state_dict(state["model"])
-        job.optimizer.load_state_dict(state["optimizer"])
-        torch.set_rng_state(state["rng"])
-        return int(state["next_epoch"])
-    except DataError:
-        raise
-    except Exception as exc:  # any unreadable checkpoint: report it, do not hang the others
-        raise DataError(f"cannot resume from {path}: {exc}".splitlines()[0]) from None
-
-
-def resume(job: Job, path: str, seed: int) -> int:
-    """Rank 0 loads the checkpoint; the caller broadcasts weights. Returns the next epoch."""
-    outcome: tuple[int, str | None] = (0, None)
-    if job.comm.rank() == 0 and Path(path).is_file():
-        try:
-            outcome = (load_checkpoint(job, path), None)
-            print(f"resuming from {path} at epoch {outcome[0] + 1}", flush=True)
-        except DataError as exc:
-            outcome = (0, str(exc))
-    next_epoch, error = job.comm.broadcast_object(outcome, root_rank=0)
-    if error:  # every rank fails alike
-        raise DataError(error)
-    if job.comm.rank() != 0:  # fresh, distinct dropout masks on the other ranks
-        torch.manual_seed(seed + job.comm.rank() + 7919 * next_epoch)
-    return int(next_epoch)
-
-
 def write_rank_file(prefix: str, rank: int, record: dict[str, Any]) -> None:
     Path(f"{prefix}.rank{rank}").write_text(json.dumps(record) + "\n")
 
@@ -303,16 +283,20 @@ def dump_params(prefix: str, rank: int, model: PTBModel) -> None:
             "numel": flat.numel(), "sum": float(flat.double().sum())})
 
 
-def build_job(args: argparse.Namespace, comm: Any, corpus: Corpus) -> Job:
+def build_config(args: argparse.Namespace, vocab_size: int) -> Config:
     config = CONFIGS[args.config]
-    if args.batch_size:
-        config = replace(config, batch_size=args.batch_size)
-    config = replace(config, vocab_size=len(corpus.words))
+    overrides = {"batch_size": args.batch_size, "hidden_size": args.hidden_size,
+                 "keep_prob": args.keep_prob}
+    config = replace(config, **{k: v for k, v in overrides.items() if v is not None})
+    return replace(config, vocab_size=vocab_size)
+
+
+def build_job(args: argparse.Namespace, comm: Any, corpus: Corpus) -> Job:
+    config = build_config(args, len(corpus.words))
     streams = shard_range(config.batch_size, comm.rank(), comm.size())
     matrix = stream_matrix(corpus.train, config.batch_size)[:, streams.start : streams.stop]
     torch.manual_seed(args.seed)
     model = PTBModel(config, sparse=not args.dense_grads)
-    torch.manual_seed(args.seed + comm.rank())  # dropout masks differ between ranks
     optimizer = comm.DistributedOptimizer(
         torch.optim.SGD(model.parameters(), lr=config.learning_rate),
         named_parameters=model.named_parameters(),
@@ -324,48 +308,48 @@ def build_job(args: argparse.Namespace, comm: Any, corpus: Corpus) -> Job:
     loss_scale = comm.size() / config.batch_size
     return Job(comm=comm, config=config, model=model, optimizer=optimizer,
                train=torch.from_numpy(np.ascontiguousarray(matrix)), streams=streams,
-               loss_scale=loss_scale, report=Reporter(comm.rank() == 0, args.metrics))
+               loss_scale=loss_scale, report=Reporter(comm.rank() == 0, args.metrics),
+               seed=args.seed)
 
 
-def run(args: argparse.Namespace, comm: Any) -> None:
+def run(args: argparse.Namespace, comm: Any, up_at: float | None = None) -> None:
     torch.set_num_threads(args.threads or default_threads(comm))
+    loading = time.perf_counter()
     corpus = shared_corpus(comm, args.data_path)
+    timing = {"up_at": up_at, "data_s": time.perf_counter() - loading}
     job = build_job(args, comm, corpus)
     rank, cfg = comm.rank(), job.config
-    next_epoch = resume(job, args.checkpoint, args.seed) if args.resume else 0
-    comm.broadcast_parameters(job.model.state_dict(), root_rank=0)
-    comm.broadcast_optimizer_state(job.optimizer, root_rank=0)
     if args.dump_shard:
         write_rank_file(args.dump_shard, rank, {
             "rank": rank, "size": comm.size(), "streams": list(job.streams),
             "first_tokens": job.train[:8].T.tolist()})
-    job.report.emit(
-        f"config {cfg.name}: {comm.size()} rank(s), global batch {cfg.batch_size}, "
-        f"{torch.get_num_threads()} thread(s) per rank", {"event": "start", "config": cfg.name,
-        "ranks": comm.size(), "batch_size": cfg.batch_size, "threads": torch.get_num_threads()})
+    pos = start(args, job, timing)
 
     progress, epoch_times = Progress(), []
-    train_ppl = valid_ppl = float("nan")
     max_epochs = args.max_epochs if args.max_epochs is not None else cfg.max_max_epoch
-    for epoch in range(next_epoch, max_epochs):
-        if args.max_steps is not None and progress.step >= args.max_steps:
+    while pos.epoch < max_epochs:
+        if args.max_steps is not None and pos.step >= args.max_steps:
             break
-        lr = learning_rate(cfg, epoch)
-        started = time.perf_counter()
-        train_ppl, completed = train_epoch(job, epoch, lr, args, progress)
-        if completed:
-            epoch_times.append(time.perf_counter() - started)
-            if not args.no_eval:
-                valid_ppl = evaluate(job, corpus.valid, args.eval_batch_size)
-            job.report.emit(
-                f"epoch {epoch + 1} done: lr {lr:.4g} train ppl {train_ppl:.2f} "
-                f"valid ppl {valid_ppl:.2f} time {epoch_times[-1]:.1f}s",
-                {"event": "epoch", "epoch": epoch + 1, "lr": lr, "train_ppl": train_ppl,
-                 "valid_ppl": valid_ppl, "epoch_time_s": epoch_times[-1]})
+        lr = learning_rate(cfg, pos.epoch)
+        whole, started = pos.epoch_step == 0, time.perf_counter()
+        if not train_epoch(job, pos, lr, args, progress):
+            if args.checkpoint and not (args.checkpoint_every
+                                        and pos.step % args.checkpoint_every == 0):
+                checkpoint(job, pos, args.checkpoint)  # where --max-steps stopped
+            break
+        epoch_time = time.perf_counter() - started
+        if whole:  # an epoch begun by an earlier attempt has no meaningful time
+            epoch_times.append(epoch_time)
+        if not args.no_eval:
+            pos.valid_ppl = evaluate(job, corpus.valid, args.eval_batch_size)
+        job.report.emit(
+            f"epoch {pos.epoch + 1} done: lr {lr:.4g} train ppl {pos.train_ppl:.2f} "
+            f"valid ppl {pos.valid_ppl:.2f} time {epoch_time:.1f}s",
+            {"event": "epoch", "epoch": pos.epoch + 1, "lr": lr, "train_ppl": pos.train_ppl,
+             "valid_ppl": pos.valid_ppl, "epoch_time_s": epoch_time})
+        pos = next_epoch(pos)
         if args.checkpoint:
-            save_checkpoint(job, args.checkpoint, epoch + 1 if completed else epoch, args.seed)
-        if not completed:
-            break
+            checkpoint(job, pos, args.checkpoint)
 
     test_ppl = float("nan") if args.no_eval else evaluate(
         job, corpus.test, args.eval_batch_size)
@@ -374,11 +358,11 @@ def run(args: argparse.Namespace, comm: Any) -> None:
     words_per_sec = progress.words / progress.seconds if progress.seconds else 0.0
     mean_epoch = sum(epoch_times) / len(epoch_times) if epoch_times else float("nan")
     job.report.emit(
-        f"final: train ppl {shown(train_ppl)} valid ppl {shown(valid_ppl)} "
-        f"test ppl {shown(test_ppl)} steps {progress.step} "
+        f"final: train ppl {shown(pos.train_ppl)} valid ppl {shown(pos.valid_ppl)} "
+        f"test ppl {shown(test_ppl)} steps {pos.step} "
         f"epoch time {shown(mean_epoch, 1, 's')} words/s {words_per_sec:,.0f}",
-        {"event": "final", "train_ppl": train_ppl, "valid_ppl": valid_ppl,
-         "test_ppl": test_ppl, "steps": progress.step, "epoch_time_s": mean_epoch,
+        {"event": "final", "train_ppl": pos.train_ppl, "valid_ppl": pos.valid_ppl,
+         "test_ppl": test_ppl, "steps": pos.step, "epoch_time_s": mean_epoch,
          "words_per_sec": words_per_sec})
 
 
@@ -390,8 +374,9 @@ def shown(value: float, digits: int = 2, unit: str = "") -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     comm = get_comm()
+    up_at = time.time()  # modules imported and Horovod initialised: for recovery timings
     try:
-        run(args, comm)
+        run(args, comm, up_at)
     except DataError as exc:
         if comm.rank() == 0:
             print(f"ptb_lm: error: {exc}", file=sys.stderr, flush=True)

@@ -1,0 +1,23 @@
+"""A rank for the --max-restarts tests: records which attempt it ran in, then behaves as told.
+
+Writes OUT/attempt<DTLAUNCH_RESTART_COUNT>.rank<rank> (its host). Modes: fail-once (rank 1
+exits 3 in the first attempt), always-fail (rank 0 exits 1), hang-first (the first attempt's
+ranks sleep until stopped), ok.
+"""
+
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+out, mode = Path(sys.argv[1]), sys.argv[2]
+rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
+count = int(os.environ.get("DTLAUNCH_RESTART_COUNT", "-1"))
+(out / f"attempt{count}.rank{rank}").write_text(f"{socket.gethostname()} {os.getpid()}\n")
+if mode == "fail-once" and count == 0 and rank == 1:
+    sys.exit(3)
+if mode == "always-fail" and rank == 0:
+    sys.exit(1)
+if mode == "hang-first" and count == 0:
+    time.sleep(600)
