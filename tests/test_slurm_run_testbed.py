@@ -11,6 +11,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -201,4 +202,22 @@ def test_submit_runs_every_rank_and_completes(slurm_cluster: SlurmCluster, tmp_p
     assert state == "COMPLETED", text
     for rank in range(4):
         assert f"rank {rank} of 4 on h" in text, text
+    slurm_cluster.wait_idle(60)
+
+
+def test_doctor_names_a_node_missing_the_interpreter(slurm_cluster: SlurmCluster) -> None:
+    """--python in the launcher's private /tmp: every node lacks it and is named with the fix."""
+    with tempfile.TemporaryDirectory(prefix="dtl-python-") as where:
+        python = Path(where) / "python3"
+        python.symlink_to(sys.executable)
+        proc = slurm_cluster.run(*salloc(2, "dtl-doctor-py"), *dtlaunch_argv(
+            "doctor", "--json", "--python", str(python)), timeout=300)
+    assert proc.returncode == 1, proc.stderr
+    report = json.loads(proc.stdout)
+    nodes = [h for h in report["hosts"] if h["role"] == "host"]
+    assert len(nodes) == 2
+    for entry in nodes:
+        check = next(c for c in entry["checks"] if c["name"] == "python")
+        assert check["status"] == "fail" and str(python) in check["detail"] + check["hint"], check
+        assert check["hint"]
     slurm_cluster.wait_idle(60)
