@@ -77,6 +77,10 @@ def host_options(func: F) -> F:
                       show_default="10", help="Seconds to wait for each SSH connection."),
         click.option("--accept-new-host-keys", is_flag=True,
                      help="Trust host keys seen for the first time (changed keys still fail)."),
+        single_option("--launcher", type=click.Choice(["auto", "ssh", "slurm"]),
+                      default=("auto",), show_default="auto",
+                      help="How hosts are reached: ssh, or slurm (srun, inside a Slurm job; "
+                      "auto picks it there)."),
     ]
     for decorator in reversed(decorators):
         func = decorator(func)
@@ -136,7 +140,7 @@ def _event_printer(verbose: bool) -> Callable[[Any], None]:
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def run(hosts: str | None, hostfile: str | None, iface: str | None, python: str | None,
         ssh_port: int | None, ssh_identity_file: str | None, ssh_config: str | None,
-        connect_timeout: int, accept_new_host_keys: bool, num_proc: int | None,
+        connect_timeout: int, accept_new_host_keys: bool, launcher: str, num_proc: int | None,
         oversubscribe: bool, env_items: tuple[str, ...], module: str | None,
         mpi_args: str | None, output_dir: str | None, timeline: str | None,
         timeout: float | None, tree_spawn: bool, no_check: bool, dry_run: bool,
@@ -176,6 +180,7 @@ def run(hosts: str | None, hostfile: str | None, iface: str | None, python: str 
         timeline=timeline,
         tree_spawn=tree_spawn,
         rsh_agent=session.rsh_agent_command(),
+        launcher=launcher,
     )
     on_event = _event_printer(verbose)
     if dry_run:
@@ -204,6 +209,21 @@ def run(hosts: str | None, hostfile: str | None, iface: str | None, python: str 
     sys.exit(outcome.exit_code)
 
 
+@cli.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def submit(args: tuple[str, ...]) -> None:
+    """Submit a Slurm batch job that runs dtlaunch run: [SBATCH OPTIONS] [--dry-run] -- [RUN ARGS]."""
+    from dtlaunch.submit import output_path, plan_submit, submit_batch
+
+    plan = plan_submit(args)
+    if plan.dry_run:
+        click.echo(plan.script, nl=False)
+        return
+    with signals_raise():
+        job = submit_batch(plan)
+    click.echo(f"submitted Slurm job {job}; output: {output_path(plan.output, job, os.getcwd())}")
+
+
 @cli.command("install-horovod")
 @click.option("--force", is_flag=True, help="Rebuild even if a cached wheel exists.")
 def install_horovod_cmd(force: bool) -> None:
@@ -224,16 +244,19 @@ def install_horovod_cmd(force: bool) -> None:
 @click.argument("script", required=False)
 def doctor(hosts: str | None, hostfile: str | None, iface: str | None, python: str | None,
            ssh_port: int | None, ssh_identity_file: str | None, ssh_config: str | None,
-           connect_timeout: int, accept_new_host_keys: bool, timeout: float | None,
+           connect_timeout: int, accept_new_host_keys: bool, launcher: str, timeout: float | None,
            module: str | None, pairwise: bool, as_json: bool, script: str | None) -> None:
     """Check every host (and this one) before a job: SSH, Open MPI, Python, Horovod, network."""
     from dtlaunch.doctor import COMMAND_TIMEOUT, DoctorRequest, build_expectations, run_doctor
     from dtlaunch.hosts import read_hosts
     from dtlaunch.mpi import parse_iface
     from dtlaunch.plan import check_module_name
+    from dtlaunch.session import doctor_placement
     from dtlaunch.ssh_options import ssh_options_from
 
-    host_list = read_hosts(hosts, hostfile)
+    host_names, reach, source = doctor_placement(read_hosts(hosts, hostfile), launcher)
+    if source and not as_json:
+        _note(source)
     if script is not None and module is not None:
         raise UsageError("doctor: give either SCRIPT or -m MODULE, not both")
     if module is not None:
@@ -241,7 +264,7 @@ def doctor(hosts: str | None, hostfile: str | None, iface: str | None, python: s
     ssh = ssh_options_from(ssh_port, ssh_identity_file, ssh_config, connect_timeout,
                        accept_new_host_keys)
     request = DoctorRequest(
-        hosts=tuple(h.name for h in host_list),
+        hosts=host_names,
         expect=build_expectations(python or sys.executable, script, module,
                                   parse_iface(iface) if iface is not None else None, pairwise),
         ssh=ssh,
@@ -253,7 +276,7 @@ def doctor(hosts: str | None, hostfile: str | None, iface: str | None, python: s
     with signals_raise(), Spinner(len(request.hosts) + 1,
                                   enabled=not as_json and sys.stderr.isatty()) as spinner:
         report = run_doctor(request, progress=spinner.update,
-                            while_waiting=None if as_json else preload)
+                            while_waiting=None if as_json else preload, reach=reach)
     if as_json:
         from dtlaunch.render import report_to_json
 

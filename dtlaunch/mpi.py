@@ -82,6 +82,8 @@ class JobSpec:
     mpi_args: tuple[str, ...] = ()
     # Command the launcher uses instead of plain ssh (dtlaunch's link watcher); None: plain ssh.
     rsh_agent: str | None = None
+    # Inside a Slurm job: Open MPI's plm slurm starts the daemons with srun (no ssh at all).
+    slurm: bool = False
 
 
 def split_mpi_args(text: str) -> tuple[str, ...]:

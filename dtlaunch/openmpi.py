@@ -43,21 +43,32 @@ def build_mpirun_argv(spec: JobSpec, mpirun: str = "mpirun") -> tuple[str, ...]:
     if spec.iface is not None:
         value = spec.iface.mca_value()
         argv += ["--mca", "btl_tcp_if_include", value, "--mca", "oob_tcp_if_include", value]
-    agent = spec.rsh_agent if spec.rsh_agent and not spec.tree_spawn else "ssh"
-    # Keep each host's daemon attached to its ssh session (Open MPI detaches it by default):
-    # a dead host or sshd then ends that session, which dtlaunch notices, and the daemons'
-    # own error messages reach the user.
-    argv.append("--leave-session-attached")
-    argv += ["--mca", "plm_rsh_agent", agent, "--mca", "plm_rsh_args", " ".join(spec.ssh.ssh_args())]
-    if not spec.tree_spawn:
-        # Only launcher-to-host SSH is needed (and checked by doctor); tree spawn would also
-        # need every host to reach every other host over SSH.
-        argv += ["--mca", "plm_rsh_no_tree_spawn", "1"]
+    if spec.slurm:
+        # srun starts one daemon per node inside the job's allocation; srun's exit (and
+        # scancel) ends them. No ssh options apply.
+        argv += ["--mca", "plm", "slurm"]
+    else:
+        argv += _rsh_args(spec)
     for var in spec.env.variables:
         argv += ["-x", f"{var.name}={var.value}" if var.inline else var.name]
     argv += spec.mpi_args
     argv += spec.program
     return tuple(argv)
+
+
+def _rsh_args(spec: JobSpec) -> list[str]:
+    args: list[str] = []
+    agent = spec.rsh_agent if spec.rsh_agent and not spec.tree_spawn else "ssh"
+    # Keep each host's daemon attached to its ssh session (Open MPI detaches it by default):
+    # a dead host or sshd then ends that session, which dtlaunch notices, and the daemons'
+    # own error messages reach the user.
+    args.append("--leave-session-attached")
+    args += ["--mca", "plm_rsh_agent", agent, "--mca", "plm_rsh_args", " ".join(spec.ssh.ssh_args())]
+    if not spec.tree_spawn:
+        # Only launcher-to-host SSH is needed (and checked by doctor); tree spawn would also
+        # need every host to reach every other host over SSH.
+        args += ["--mca", "plm_rsh_no_tree_spawn", "1"]
+    return args
 
 
 class OpenMpi:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from dtlaunch.allocation import slurm_launch_env
 from dtlaunch.command import Program
 from dtlaunch.command import check_module_name as check_module_name  # re-exported for the CLI
 from dtlaunch.envvars import EnvPlan, build_launcher_env, plan_environment
@@ -37,6 +38,9 @@ class RunRequest:
     # Variables dtlaunch sets for every rank besides its own (horovodrun's options, the
     # network it chose); `-x` still beats them.
     extra_env: tuple[tuple[str, str], ...] = ()
+    # How mpirun starts its daemons: "ssh", "slurm" (srun, inside a Slurm job) or "auto"
+    # (slurm inside a Slurm job); session.prepare resolves "auto".
+    launcher: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -120,11 +124,16 @@ def plan_run(
         mpi_version=mpi_version,
         mpi_args=request.mpi_args,
         rsh_agent=request.rsh_agent,
+        slurm=request.launcher == "slurm",
     )
     argv = family.build_argv(spec, launcher or family.launcher)
+    launcher_env = build_launcher_env(environ, env)
+    if spec.slurm:
+        # Open MPI's plm slurm reads the job from these and starts its daemons with srun.
+        launcher_env.update(slurm_launch_env(environ))
     return RunPlan(
         argv=argv,
-        launcher_env=build_launcher_env(environ, env),
+        launcher_env=launcher_env,
         rank_hosts=assign_ranks(hosts, num_proc),
         env=env,
         hosts=hosts,

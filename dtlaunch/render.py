@@ -31,6 +31,7 @@ def report_to_dict(report: DoctorReport) -> dict[str, Any]:
         "ok": report.ok,
         "seconds": round(report.seconds, 3),
         "checks": list(report.columns),
+        "ssh_label": report.ssh_label,
         "hosts": [
             {
                 "host": h.host,
@@ -77,7 +78,7 @@ def render_report(report: DoctorReport, stream: IO[str] | None = None) -> None:
     table = Table(title=None, show_lines=False, pad_edge=False)
     table.add_column("host", no_wrap=True)
     for name in report.columns:
-        table.add_column(name, justify="center")
+        table.add_column(report.ssh_label if name == "ssh" else name, justify="center")
     table.add_column("time", justify="right")
     for host in report.hosts:
         label = host.host + (" (launcher)" if host.role == "launcher" else "")

@@ -75,6 +75,7 @@ class HostOutcome:
     seconds: float = 0.0
     note: str = ""
     is_rank_host: bool = True
+    path: str = ""  # how the host was reached, when not over SSH (e.g. "srun")
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,7 @@ class DoctorReport:
     hosts: tuple[HostReport, ...]
     seconds: float = 0.0
     columns: tuple[str, ...] = field(default=CHECK_NAMES)
+    ssh_label: str = "ssh"  # the ssh column's heading ("launch path" when reached through srun)
 
     @property
     def ok(self) -> bool:

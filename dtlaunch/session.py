@@ -24,6 +24,7 @@ from dtlaunch.openmpi import OPEN_MPI
 from dtlaunch.plan import RunPlan, RunRequest, plan_run
 
 if TYPE_CHECKING:
+    from dtlaunch.hosts import Host
     from dtlaunch.launch import LaunchResult
     from dtlaunch.prober import Reach
     from dtlaunch.report import DoctorReport
@@ -95,21 +96,52 @@ def rsh_agent_command() -> str | None:
 class Prepared:
     plan: RunPlan
     mpirun: str | None  # the local launcher's path; None only for a dry run without one
+    request: RunRequest | None = None  # hosts, -np and launcher resolved (allocation)
+    source: str = ""  # where the hosts came from
 
 
 def prepare(request: RunRequest, on_event: OnEvent, *, dry_run: bool = False,
             family: MpiFamily = OPEN_MPI, environ: Mapping[str, str] | None = None) -> Prepared:
-    """Find and ask the local launcher, then build the plan. A dry run needs no launcher."""
+    """Find and ask the local launcher, then build the plan. A dry run needs no launcher.
+
+    Inside a scheduler's allocation the hosts come from it unless given (see cluster.py)."""
+    from dtlaunch.allocation import detect
+    from dtlaunch.cluster import plan_allocation
+
+    env = dict(os.environ) if environ is None else environ
+    placement = plan_allocation(request, detect(env), request.launcher)
+    request = placement.request
+    if placement.allocation is not None:  # outside one, the hosts are what was typed
+        on_event(Event(EventLevel.NOTE if dry_run else EventLevel.DETAIL, placement.source))
     program = shutil.which(family.launcher)
     if program is None and not dry_run:
         raise UsageError(f"{family.launcher} not found on PATH; {family.install_hint}")
     version = local_mpi(family, program).release if program else ()
-    plan = plan_run(request, dict(os.environ) if environ is None else environ, family=family,
-                    mpi_version=version, as_root=os.geteuid() == 0,
+    plan = plan_run(request, env, family=family, mpi_version=version, as_root=os.geteuid() == 0,
                     cpu_count=os.cpu_count() or 1)
     for message in plan.env.warnings:
         on_event(Event(EventLevel.WARNING, message))
-    return Prepared(plan, program)
+    return Prepared(plan, program, request, placement.source)
+
+
+def doctor_placement(hosts: Sequence[Host], launcher: str = "auto",
+                     environ: Mapping[str, str] | None = None,
+                     ) -> tuple[tuple[str, ...], Reach | None, str]:
+    """Which hosts doctor checks and how: inside a Slurm job with no -H, exactly the allocated
+    nodes through srun. Returns the host names, the Reach (None: SSH) and where they came from."""
+    from dtlaunch.allocation import detect
+    from dtlaunch.cluster import plan_allocation
+
+    placement = plan_allocation(RunRequest(hosts=tuple(hosts), python=sys.executable,
+                                           launcher=launcher),
+                                detect(dict(os.environ) if environ is None else environ), launcher)
+    names = tuple(h.name for h in placement.request.hosts)
+    source = placement.source if placement.allocation is not None else ""
+    if placement.request.launcher != "slurm":
+        return names, None, source
+    from dtlaunch.srun_prober import srun_reach
+
+    return names, srun_reach(), source
 
 
 def launch(request: LaunchRequest, on_event: OnEvent, *, executor: Executor | None = None,
@@ -121,10 +153,15 @@ def launch(request: LaunchRequest, on_event: OnEvent, *, executor: Executor | No
 
     prepared = prepare(request.run, on_event)
     plan = prepared.plan
+    run_request = prepared.request or request.run
+    if reach is None and run_request.launcher == "slurm":
+        from dtlaunch.srun_prober import srun_reach
+
+        reach = srun_reach()
     watch = None
     if request.check:
         with signals_raise():
-            checked = run_preflight(request.run, plan, reach=reach)
+            checked = run_preflight(run_request, plan, reach=reach)
         if checked.message:
             on_event(Event(EventLevel.DETAIL, checked.message))
         if not checked.ok:
@@ -149,7 +186,7 @@ def launch(request: LaunchRequest, on_event: OnEvent, *, executor: Executor | No
         # A host key changed (or vanished) since the cached pre-flight: the full checks
         # name the host and the fix.
         with signals_raise():
-            checked = run_preflight(request.run, plan, job_started=True, reach=reach)
+            checked = run_preflight(run_request, plan, job_started=True, reach=reach)
         if not checked.ok:
             return RunOutcome(plan, checked.report, result, EXIT_FAILURE,
                               failure_message(checked.report, job_started=True))

@@ -35,14 +35,14 @@ from dtlaunch.report import (
 
 
 def check_host(facts: HostFacts, role: Role, expect: Expectations, launcher: HostFacts | None,
-               peers: Sequence[str] = ()) -> tuple[CheckResult, ...]:
+               peers: Sequence[str] = (), path: str = "") -> tuple[CheckResult, ...]:
     launcher_mpi = launcher.mpi if launcher is not None else None
     launcher_version = None
     if launcher_mpi is not None and launcher_mpi.is_open_mpi:
         launcher_version = launcher_mpi.version if launcher_mpi.release >= MIN_OMPI else None
     launcher_py = launcher.python if launcher is not None else None
     return (
-        CheckResult("ssh", PASS, "local" if role == LAUNCHER else "ok"),
+        CheckResult("ssh", PASS, "local" if role == LAUNCHER else (path or "ok")),
         check_mpirun(facts, role),
         check_open_mpi(facts, launcher_version),
         check_python(facts.python, expect, launcher_py),
@@ -88,7 +88,8 @@ def evaluate(outcomes: Sequence[HostOutcome], expect: Expectations, seconds: flo
             hostname = ""
         else:
             others = [p for p in peers if p != outcome.host]
-            checks = check_host(outcome.facts, outcome.role, expect, launcher, others)
+            checks = check_host(outcome.facts, outcome.role, expect, launcher, others,
+                                outcome.path)
             versions = versions_of(outcome.facts)
             hostname = outcome.facts.hostname
         hostname_check = hostname_checks.get(
@@ -96,4 +97,5 @@ def evaluate(outcomes: Sequence[HostOutcome], expect: Expectations, seconds: flo
         checks = (*checks[:8], hostname_check, *checks[8:])
         reports.append(HostReport(outcome.host, outcome.role, checks, versions, outcome.seconds,
                                   outcome.note, hostname))
-    return DoctorReport(tuple(reports), seconds)
+    label = "launch path" if any(o.path for o in outcomes) else "ssh"
+    return DoctorReport(tuple(reports), seconds, ssh_label=label)
