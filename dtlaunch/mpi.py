@@ -82,6 +82,8 @@ class JobSpec:
     mpi_args: tuple[str, ...] = ()
     # Command the launcher uses instead of plain ssh (dtlaunch's link watcher); None: plain ssh.
     rsh_agent: str | None = None
+    # --binding-args (checked by dtlaunch.binding); None: dtlaunch's default binding.
+    binding: tuple[str, ...] | None = None
 
 
 def split_mpi_args(text: str) -> tuple[str, ...]:

@@ -37,6 +37,7 @@ class RunRequest:
     # Variables dtlaunch sets for every rank besides its own (horovodrun's options, the
     # network it chose); `-x` still beats them.
     extra_env: tuple[tuple[str, str], ...] = ()
+    binding: tuple[str, ...] | None = None  # --binding-args; None: dtlaunch's default
 
 
 @dataclass(frozen=True)
@@ -120,6 +121,7 @@ def plan_run(
         mpi_version=mpi_version,
         mpi_args=request.mpi_args,
         rsh_agent=request.rsh_agent,
+        binding=request.binding,
     )
     argv = family.build_argv(spec, launcher or family.launcher)
     return RunPlan(

@@ -23,7 +23,7 @@ import os
 import stat
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from dtlaunch.openmpi import OPEN_MPI
@@ -47,16 +47,26 @@ def _stamp(path: str | None) -> list[Any]:
     return [path, st.st_size, st.st_mtime_ns, st.st_ino]
 
 
+def checked_program(request: RunRequest) -> tuple[str | None, str | None, str | None]:
+    """The interpreter (None: the command names none), script and module the checks look at."""
+    program = request.program
+    if program is None:
+        return request.python, request.script, request.module
+    return program.python, program.script, program.module
+
+
 def cache_key(request: RunRequest, hosts: tuple[str, ...], cwd: str) -> str:
     ssh = request.ssh
+    python, script, module = checked_program(request)
     watched = [ssh.config_file or "~/.ssh/config", ssh.identity_file, "~/.ssh/known_hosts",
-               "~/.ssh/known_hosts2", "/etc/ssh/ssh_known_hosts", request.script, request.python]
+               "~/.ssh/known_hosts2", "/etc/ssh/ssh_known_hosts", script, python]
     material = {
-        "version": 1,
+        "version": 2,
         "hosts": hosts,
-        "python": request.python,
-        "script": os.path.abspath(request.script) if request.script else None,
-        "module": request.module,
+        "python": python,
+        "script": os.path.abspath(script) if script else None,
+        "module": module,
+        "program": list(request.program.argv) if request.program else None,
         "iface": [list(request.iface.names), list(request.iface.cidrs)] if request.iface else None,
         "ssh": [ssh.port, ssh.identity_file, ssh.config_file, ssh.host_key_policy],
         "tree_spawn": request.tree_spawn,
@@ -205,20 +215,24 @@ def failure_message(report: DoctorReport | None, job_started: bool) -> str:
 
 
 def run_preflight(request: RunRequest, plan: RunPlan, job_started: bool = False,
-                  reach: Reach | None = None) -> PreflightOutcome:
+                  reach: Reach | None = None, use_cache: bool = True,
+                  command_timeout: float | None = None) -> PreflightOutcome:
     """Check what the job needs on every host.
 
     On a cache hit the host keys still get checked: alongside mpirun when that is safe (the
     returned watch), else here, before the launch. ``job_started``: the watch found a bad key
     after the launch; the cache is dropped and the full checks run to report it. ``reach``:
-    how hosts are reached (default: SSH with the request's options).
+    how hosts are reached (default: SSH with the request's options). ``use_cache`` False
+    (`--disable-cache`): always the full checks; ``command_timeout`` (`--start-timeout`):
+    seconds each host's checks may run.
     """
     ways = reach or ssh_reach(request.ssh)
-    from dtlaunch.doctor import DoctorRequest, build_expectations, run_doctor
+    from dtlaunch.doctor import COMMAND_TIMEOUT, DoctorRequest, build_expectations, run_doctor
 
     hosts = tuple(h.name for h in plan.hosts)
     cwd = os.getcwd()
-    use_cache = not job_started and os.environ.get("DTLAUNCH_PREFLIGHT_CACHE", "1") != "0"
+    use_cache = (use_cache and not job_started
+                 and os.environ.get("DTLAUNCH_PREFLIGHT_CACHE", "1") != "0")
     key = cache_key(request, hosts, cwd)
     if use_cache and read_cache(key):
         if may_overlap(request, plan.family):
@@ -230,12 +244,15 @@ def run_preflight(request: RunRequest, plan: RunPlan, job_started: bool = False,
         drop_cache(key)
     if job_started:
         drop_cache(key)
+    python, script, module = checked_program(request)
+    expect = build_expectations(python or request.python, script, module, request.iface,
+                                pairwise=request.tree_spawn)
     doctor_request = DoctorRequest(
         hosts=hosts,
-        expect=build_expectations(request.python, request.script, request.module,
-                                  request.iface, pairwise=request.tree_spawn),
+        expect=replace(expect, check_python=python is not None),
         ssh=request.ssh,
         cwd=cwd,
+        command_timeout=command_timeout if command_timeout is not None else COMMAND_TIMEOUT,
     )
     report = run_doctor(doctor_request, reach=ways)
     if not report.ok:

@@ -17,6 +17,7 @@ from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from dtlaunch.envvars import kept_home_note
 from dtlaunch.errors import EXIT_FAILURE, DtlaunchError, UsageError
 from dtlaunch.interrupts import signals_raise
 from dtlaunch.mpi import MpiFamily, MpiImpl
@@ -53,6 +54,8 @@ class LaunchRequest:
     check: bool = True  # run the pre-flight checks first
     timeout: float | None = None  # stop the whole job after this many seconds
     output_dir: str | None = None  # also write each rank's output to DIR/rank.N.log
+    use_cache: bool = True  # False (--disable-cache): the full pre-flight checks every time
+    start_timeout: float | None = None  # seconds each host's pre-flight checks may run
 
 
 @dataclass(frozen=True)
@@ -104,11 +107,14 @@ def prepare(request: RunRequest, on_event: OnEvent, *, dry_run: bool = False,
     if program is None and not dry_run:
         raise UsageError(f"{family.launcher} not found on PATH; {family.install_hint}")
     version = local_mpi(family, program).release if program else ()
-    plan = plan_run(request, dict(os.environ) if environ is None else environ, family=family,
-                    mpi_version=version, as_root=os.geteuid() == 0,
+    env = dict(os.environ) if environ is None else environ
+    plan = plan_run(request, env, family=family, mpi_version=version, as_root=os.geteuid() == 0,
                     cpu_count=os.cpu_count() or 1)
     for message in plan.env.warnings:
         on_event(Event(EventLevel.WARNING, message))
+    kept = kept_home_note(env, plan.env)
+    if kept is not None:
+        on_event(Event(EventLevel.NOTE, kept))
     return Prepared(plan, program)
 
 
@@ -124,7 +130,8 @@ def launch(request: LaunchRequest, on_event: OnEvent, *, executor: Executor | No
     watch = None
     if request.check:
         with signals_raise():
-            checked = run_preflight(request.run, plan, reach=reach)
+            checked = run_preflight(request.run, plan, reach=reach, use_cache=request.use_cache,
+                                    command_timeout=request.start_timeout)
         if checked.message:
             on_event(Event(EventLevel.DETAIL, checked.message))
         if not checked.ok:
@@ -149,7 +156,8 @@ def launch(request: LaunchRequest, on_event: OnEvent, *, executor: Executor | No
         # A host key changed (or vanished) since the cached pre-flight: the full checks
         # name the host and the fix.
         with signals_raise():
-            checked = run_preflight(request.run, plan, job_started=True, reach=reach)
+            checked = run_preflight(request.run, plan, job_started=True, reach=reach,
+                                    command_timeout=request.start_timeout)
         if not checked.ok:
             return RunOutcome(plan, checked.report, result, EXIT_FAILURE,
                               failure_message(checked.report, job_started=True))
