@@ -276,6 +276,7 @@ def doctor(hosts: str | None, hostfile: str | None, iface: str | None, python: s
         ssh=ssh,
         cwd=os.getcwd(),
         command_timeout=timeout if timeout is not None else COMMAND_TIMEOUT,
+        choose_network=iface is None,
     )
     from dtlaunch.render import Spinner, preload
 

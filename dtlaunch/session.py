@@ -12,7 +12,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -98,6 +98,15 @@ def rsh_agent_command() -> str | None:
 class Prepared:
     plan: RunPlan
     mpirun: str | None  # the local launcher's path; None only for a dry run without one
+    mpi_version: tuple[int, ...] = ()
+
+
+def replan(request: RunRequest, prepared: Prepared, environ: Mapping[str, str] | None = None,
+           ) -> RunPlan:
+    """The plan again for a changed request (the network the pre-flight chose)."""
+    return plan_run(request, dict(os.environ) if environ is None else environ,
+                    family=prepared.plan.family, mpi_version=prepared.mpi_version,
+                    as_root=os.geteuid() == 0, cpu_count=os.cpu_count() or 1)
 
 
 def prepare(request: RunRequest, on_event: OnEvent, *, dry_run: bool = False,
@@ -115,7 +124,7 @@ def prepare(request: RunRequest, on_event: OnEvent, *, dry_run: bool = False,
     kept = kept_home_note(env, plan.env)
     if kept is not None:
         on_event(Event(EventLevel.NOTE, kept))
-    return Prepared(plan, program)
+    return Prepared(plan, program, version)
 
 
 def launch(request: LaunchRequest, on_event: OnEvent, *, executor: Executor | None = None,
@@ -138,6 +147,12 @@ def launch(request: LaunchRequest, on_event: OnEvent, *, executor: Executor | No
             return RunOutcome(plan, checked.report, None, EXIT_FAILURE,
                               failure_message(checked.report, job_started=False))
         watch = checked.watch
+        choice = checked.network
+        if choice is not None and choice.iface is not None and request.run.iface is None:
+            run = replace(request.run, iface=choice.iface,
+                          extra_env=(*choice.env(), *request.run.extra_env))
+            plan = replan(run, prepared)
+            on_event(Event(EventLevel.NOTE, choice.describe()))
     on_event(Event(EventLevel.DETAIL, "running: " + plan.display()))
     if executor is None:
         from dtlaunch.launch import execute

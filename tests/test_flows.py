@@ -35,6 +35,18 @@ PY = PythonFacts(found=True, executable=sys.executable, version="3.11.7",
 SCRIPT = str(Path(__file__).resolve())
 
 
+@pytest.fixture(autouse=True)
+def _no_kept_home_note(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This machine's training variables would add a kept-home note to every run's events."""
+    import os
+
+    from dtlaunch.envvars import EnvPlan, kept_home
+
+    for name in kept_home(os.environ, EnvPlan(())):
+        monkeypatch.delenv(name)
+
+
+
 def facts(name: str) -> HostFacts:
     return HostFacts(hostname=name, path="/usr/bin", mpirun="/usr/bin/mpirun",
                      orted="/usr/bin/orted", mpi=MpiImpl("Open MPI", "4.1.4"),
