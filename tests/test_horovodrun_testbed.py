@@ -139,7 +139,8 @@ def test_command_forms_run_on_every_host(bed: TestBed, tmp_path: Path) -> None:
         "relative": ["./wrap.sh", sys.executable, PROBE],
         "module": ["-m", "rank_probe"],
     }
-    env = {**os.environ, "PYTHONPATH": str(SCRIPTS), "XDG_CACHE_HOME": str(cache)}
+    path = os.pathsep.join(p for p in (str(SCRIPTS), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "PYTHONPATH": path, "XDG_CACHE_HOME": str(cache)}
     for name, words in forms.items():
         out = tmp_path / name
         out.mkdir()
