@@ -176,7 +176,10 @@ def run(ctx: click.Context, /, hosts: str | None, hostfile: str | None, iface: s
 
     hvd = read_horovod_args(horovod)
     if hvd.check_build:
-        click.echo(_check_build())
+        from dtlaunch.run_args import check_build_text
+
+        with signals_raise():
+            click.echo(check_build_text())
         return
     known = [o for p in ctx.command.params if isinstance(p, click.Option) and not p.hidden
              for o in p.opts]
@@ -216,21 +219,6 @@ def run(ctx: click.Context, /, hosts: str | None, hostfile: str | None, iface: s
         for line in session.outcome_lines(outcome.result, timeout):
             _note(line)
     sys.exit(outcome.exit_code)
-
-
-def _check_build() -> str:
-    """horovodrun's --check-build, from what env-check knows of this machine's Horovod."""
-    from dtlaunch.envcheck import gather_env
-    from dtlaunch.horovod_options import format_check_build
-
-    with signals_raise():
-        _, facts = gather_env()
-    py = facts.python
-    version = py.horovod_imported or py.horovod_version
-    if version is None:
-        raise DtlaunchError(f"--check-build: horovod is not installed for {py.executable}; "
-                            "see dtlaunch install-horovod")
-    return format_check_build(version, py.frameworks, py.controllers, py.tensor_ops)
 
 
 @cli.command("install-horovod")

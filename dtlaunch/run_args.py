@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from dtlaunch.command import parse_command
 from dtlaunch.envvars import merge_env_items, read_env_file
-from dtlaunch.errors import UsageError
+from dtlaunch.errors import DtlaunchError, UsageError
 from dtlaunch.horovod_options import HorovodArgs
 from dtlaunch.hosts import Host
 from dtlaunch.mpi import Interfaces, parse_iface, split_mpi_args
@@ -86,3 +86,17 @@ def build_run_request(run: RunArgs, hvd: HorovodArgs, words: tuple[str, ...],
         extra_env=hvd.env,
         binding=hvd.binding_args,
     )
+
+
+def check_build_text() -> str:
+    """horovodrun's --check-build, from what env-check knows of this machine's Horovod."""
+    from dtlaunch.envcheck import gather_env
+    from dtlaunch.horovod_options import format_check_build
+
+    _, facts = gather_env()
+    py = facts.python
+    version = py.horovod_imported or py.horovod_version
+    if version is None:
+        raise DtlaunchError(f"--check-build: horovod is not installed for {py.executable}; "
+                            "see dtlaunch install-horovod")
+    return format_check_build(version, py.frameworks, py.controllers, py.tensor_ops)
