@@ -109,6 +109,15 @@ def test_docker0_on_every_host_hangs_without_a_network_and_runs_on_the_chosen_on
         assert "CUDA_VISIBLE_DEVICES" not in rank["env"]
     wait_no_strays(bed)
 
+    # doctor without --iface shows the network the job would use.
+    doc = subprocess.run(dtlaunch_argv("doctor", "--json", "-H", "h1,h2", "--ssh-config",
+                                       str(bed.ssh_config)),
+                         capture_output=True, text=True, timeout=300)
+    assert doc.returncode == 0, doc.stdout + doc.stderr
+    (row,) = json.loads(doc.stdout)["job"]
+    assert row["name"] == "network" and row["status"] == "pass"
+    assert row["detail"].startswith(f"network: {bed.subnet} (h1 eth0, h2 eth0)")
+
     # The user's command: no --iface; the pre-flight chooses the same network and says so.
     chosen = run(tmp_path / "auto", timeout="240", check="")
     assert chosen.returncode == 0, chosen.stderr
@@ -139,15 +148,16 @@ def test_command_forms_run_on_every_host(bed: TestBed, tmp_path: Path) -> None:
         "relative": ["./wrap.sh", sys.executable, PROBE],
         "module": ["-m", "rank_probe"],
     }
-    path = os.pathsep.join(p for p in (str(SCRIPTS), os.environ.get("PYTHONPATH", "")) if p)
-    env = {**os.environ, "PYTHONPATH": path, "XDG_CACHE_HOME": str(cache)}
+    env = {**os.environ, "XDG_CACHE_HOME": str(cache)}
     for name, words in forms.items():
         out = tmp_path / name
         out.mkdir()
         argv = dtlaunch_argv("run", "-H", "h1,h2", "--iface", bed.subnet, "--ssh-config",
                              str(bed.ssh_config), "--disable-cache", "--timeout", "120", *words,
                              "--out", str(out))
-        done = subprocess.run(argv, env=env, cwd=tmp_path, capture_output=True, text=True,
+        # -m finds the module from the working directory, on the hosts as in the pre-flight.
+        cwd = SCRIPTS if name == "module" else tmp_path
+        done = subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True,
                               timeout=300, stdin=subprocess.DEVNULL)
         assert done.returncode == 0, (name, done.stderr)
         assert [r["host"] for _, r in sorted(records(out).items())] == ["h1", "h2"], name
