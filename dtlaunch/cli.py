@@ -264,7 +264,7 @@ def doctor(hosts: str | None, hostfile: str | None, iface: str | None, python: s
         ssh=ssh,
         cwd=os.getcwd(),
         command_timeout=timeout if timeout is not None else COMMAND_TIMEOUT,
-        choose_network=iface is None,
+        choose_network=iface is None and len(host_list) > 1,  # as run's pre-flight
     )
     from dtlaunch.render import Spinner, preload
 
