@@ -33,6 +33,7 @@ class Expectations:
     module: str | None = None
     iface: Interfaces | None = None
     pairwise: bool = False
+    check_python: bool = True  # False: the command names no interpreter
 
 
 def _path_hint(what: str) -> str:

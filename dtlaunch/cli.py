@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any, TypeVar
 
 import click
@@ -64,14 +64,16 @@ def host_options(func: F) -> F:
     decorators = [
         single_option("-H", "--hosts", "hosts", metavar="HOST[:SLOTS],...",
                       help="Hosts and slots, e.g. host1:2,host2:4 (slots default to 1)."),
-        single_option("--hostfile", metavar="FILE",
+        single_option("-hostfile", "--hostfile", "hostfile", metavar="FILE",
                       help="Open MPI style hostfile: 'host slots=N' or 'host:N' lines."),
         single_option("--iface", metavar="NAMES|CIDR",
                       help="Network to use: interface names (eth0,ib0) or a subnet (10.0.0.0/24)."),
         single_option("--python", metavar="PATH",
                       help="Interpreter for the ranks (default: the one running dtlaunch)."),
-        single_option("--ssh-port", type=click.IntRange(1, 65535), help="SSH port on every host."),
-        single_option("--ssh-identity-file", metavar="FILE", help="SSH private key to use."),
+        single_option("-p", "--ssh-port", "ssh_port", type=click.IntRange(1, 65535),
+                      help="SSH port on every host."),
+        single_option("-i", "--ssh-identity-file", "ssh_identity_file", metavar="FILE",
+                      help="SSH private key to use."),
         single_option("--ssh-config", metavar="FILE", help="OpenSSH config file (default ~/.ssh/config)."),
         single_option("--connect-timeout", type=click.IntRange(1, 600), default=(10,),
                       show_default="10", help="Seconds to wait for each SSH connection."),
@@ -85,6 +87,32 @@ def host_options(func: F) -> F:
     for decorator in reversed(decorators):
         func = decorator(func)
     return func
+
+
+def horovod_click_options(exclude_flags: tuple[str, ...] = ()) -> Callable[[F], F]:
+    """Declare horovodrun's options (dtlaunch.horovod_options' table) on a click command.
+
+    Each is `multiple` so a repeat reaches the table's parser, which refuses it."""
+    from dtlaunch.horovod_options import horovod_options
+    from dtlaunch.horovod_settings import BOOL, FLOAT, INT
+
+    def decorate(func: F) -> F:
+        for option in reversed(horovod_options(exclude_flags)):
+            common: dict[str, Any] = {"multiple": True, "hidden": option.hidden,
+                                      "help": option.help or None}
+            if option.value == BOOL:
+                func = click.option(*option.flags, option.param, is_flag=True, **common)(func)
+            else:
+                kind = {INT: int, FLOAT: float}.get(option.value, str)
+                func = click.option(*option.flags, option.param, type=kind, nargs=option.nargs,
+                                    metavar=option.metavar or None, **common)(func)
+        return func
+
+    return decorate
+
+
+# Spellings dtlaunch's own run options take (restarts), so the table's refusals give way.
+RUN_OWN_FLAGS = ("--min-np",)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -121,10 +149,11 @@ def _event_printer(verbose: bool) -> Callable[[Any], None]:
 @click.option("--oversubscribe", is_flag=True, help="Allow more processes than slots.")
 @click.option("-x", "--env", "env_items", multiple=True, metavar="NAME[=VALUE]",
               help="Export a variable to every rank (repeatable).")
+@single_option("--env-file", metavar="FILE",
+               help="Export the NAME=VALUE lines of FILE to every rank (-x beats the file).")
 @single_option("-m", "module", metavar="MODULE", help="Run a module, like python -m.")
 @single_option("--mpi-args", metavar="ARGS", help="Extra mpirun arguments, split like a shell.")
 @single_option("--output-dir", metavar="DIR", help="Also write each rank's output to DIR/rank.N.log.")
-@single_option("--timeline", metavar="FILE", help="Write a Horovod timeline to FILE.")
 @single_option("--timeout", type=SECONDS, metavar="SECONDS",
                help="Stop the whole job after this long.")
 @click.option("--tree-spawn", is_flag=True,
@@ -137,57 +166,61 @@ def _event_printer(verbose: bool) -> Callable[[Any], None]:
 @single_option("--min-np", type=int, metavar="N", help="With --max-restarts: fewest processes to go on with.")
 @single_option("--restart-delay", type=SECONDS, metavar="SECONDS",
                help="With --max-restarts: wait this long before each restart.")
+@horovod_click_options(RUN_OWN_FLAGS)
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def run(hosts: str | None, hostfile: str | None, iface: str | None, python: str | None,
-        ssh_port: int | None, ssh_identity_file: str | None, ssh_config: str | None,
-        connect_timeout: int, accept_new_host_keys: bool, launcher: str, num_proc: int | None,
-        oversubscribe: bool, env_items: tuple[str, ...], module: str | None,
-        mpi_args: str | None, output_dir: str | None, timeline: str | None,
-        timeout: float | None, tree_spawn: bool, no_check: bool, dry_run: bool,
-        verbose: bool, max_restarts: int | None, min_np: int | None, restart_delay: float | None,
-        args: tuple[str, ...]) -> None:
-    """Run SCRIPT [ARGS]... (or -m MODULE [ARGS]...) on every host through mpirun."""
+@click.pass_context
+def run(ctx: click.Context, /, hosts: str | None, hostfile: str | None, iface: str | None,
+        python: str | None, ssh_port: int | None, ssh_identity_file: str | None,
+        ssh_config: str | None, connect_timeout: int, accept_new_host_keys: bool, launcher: str,
+        num_proc: int | None, oversubscribe: bool, env_items: tuple[str, ...],
+        env_file: str | None, module: str | None, mpi_args: str | None, output_dir: str | None,
+        timeout: float | None, tree_spawn: bool, no_check: bool, dry_run: bool, verbose: bool,
+        max_restarts: int | None, min_np: int | None, restart_delay: float | None,
+        args: tuple[str, ...], **horovod: Any) -> None:
+    """Run a command on every host through mpirun: SCRIPT.py [ARGS], -m MODULE [ARGS],
+    python SCRIPT.py [ARGS] or any EXECUTABLE [ARGS] (horovodrun's options work too)."""
     from dtlaunch import session
+    from dtlaunch.horovod_options import read_horovod_args
     from dtlaunch.hosts import read_hosts
-    from dtlaunch.mpi import parse_iface, split_mpi_args
-    from dtlaunch.plan import RunRequest
+    from dtlaunch.run_args import RunArgs, build_run_request, resolve_output_dir
     from dtlaunch.ssh_options import ssh_options_from
 
-    host_list = read_hosts(hosts, hostfile)
-    script: str | None = None
-    if module is None:
-        if not args:
-            raise UsageError("run: missing SCRIPT (or -m MODULE); e.g. dtlaunch run -H h1,h2 train.py")
-        script, args = args[0], args[1:]
-        if not os.path.isfile(script):
-            raise UsageError(f"run: script not found: {script}")
-    interpreter = python or sys.executable
-    if python is not None and not (os.path.isabs(python) or shutil.which(python)):
-        raise UsageError(f"--python: {python} is not an absolute path or a command on PATH")
-    request = RunRequest(
-        hosts=host_list,
-        python=interpreter,
-        script=script,
-        module=module,
-        args=args,
+    hvd = read_horovod_args(horovod)
+    if hvd.check_build:
+        from dtlaunch.run_args import check_build_text
+
+        with signals_raise():
+            click.echo(check_build_text())
+        return
+    known = [o for p in ctx.command.params if isinstance(p, click.Option) and not p.hidden
+             for o in p.opts]
+    request = build_run_request(RunArgs(
+        hosts=read_hosts(hosts, hostfile),
+        python=python,
+        default_python=sys.executable,
+        ssh=ssh_options_from(ssh_port, ssh_identity_file, ssh_config, connect_timeout,
+                             accept_new_host_keys),
+        iface=iface,
         num_proc=num_proc,
         oversubscribe=oversubscribe,
-        iface=parse_iface(iface) if iface is not None else None,
         env_items=env_items,
-        ssh=ssh_options_from(ssh_port, ssh_identity_file, ssh_config, connect_timeout,
-                         accept_new_host_keys),
-        mpi_args=split_mpi_args(mpi_args) if mpi_args else (),
-        timeline=timeline,
+        env_file=env_file,
+        module=module,
+        mpi_args=mpi_args,
         tree_spawn=tree_spawn,
         rsh_agent=session.rsh_agent_command(),
-        launcher=launcher,
-    )
+    ), hvd, args, known)
+    request = replace(request, launcher=launcher)
+    output_dir = resolve_output_dir(output_dir, hvd)
     on_event = _event_printer(verbose)
     if dry_run:
         click.echo(session.prepare(request, on_event, dry_run=True).plan.display())
         return
-    launch_request = session.LaunchRequest(request, check=not no_check, timeout=timeout,
-                                           output_dir=output_dir)
+    launch_request = session.LaunchRequest(
+        request, check=not no_check, timeout=timeout, output_dir=output_dir,
+        use_cache=not hvd.disable_cache,
+        start_timeout=float(hvd.start_timeout) if hvd.start_timeout is not None else None,
+    )
     if max_restarts is None and (min_np is not None or restart_delay is not None):
         raise UsageError("--min-np and --restart-delay go with --max-restarts N")
     if max_restarts is not None:
@@ -270,6 +303,7 @@ def doctor(hosts: str | None, hostfile: str | None, iface: str | None, python: s
         ssh=ssh,
         cwd=os.getcwd(),
         command_timeout=timeout if timeout is not None else COMMAND_TIMEOUT,
+        choose_network=iface is None and len(host_names) > 1,  # as run's pre-flight
     )
     from dtlaunch.render import Spinner, preload
 

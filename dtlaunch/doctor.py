@@ -9,9 +9,10 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from dtlaunch.checks import Expectations
+from dtlaunch.network import NetworkChoice, check_network, choose_from_outcomes
 from dtlaunch.probe import ProbeArgs
 from dtlaunch.prober import Reach, Tracker, fan_out, local_names, ssh_reach
 from dtlaunch.report import HOST, LAUNCHER, DoctorReport, HostOutcome, Role, ssh_failed
@@ -31,6 +32,8 @@ class DoctorRequest:
     ssh: SshOptions = field(default_factory=SshOptions)
     cwd: str = ""
     command_timeout: float = COMMAND_TIMEOUT
+    # No --iface: choose the network the hosts share (dtlaunch.network) and report it.
+    choose_network: bool = False
 
 
 def probe_args(request: DoctorRequest, host: str | None) -> ProbeArgs:
@@ -69,6 +72,13 @@ def _no_answer(host: str, role: Role, exc: BaseException | None, seconds: float)
 def run_doctor(request: DoctorRequest, progress: Progress | None = None,
                while_waiting: Callable[[], None] | None = None,
                reach: Reach | None = None) -> DoctorReport:
+    """The doctor's report (see doctor_and_network)."""
+    return doctor_and_network(request, progress, while_waiting, reach)[0]
+
+
+def doctor_and_network(request: DoctorRequest, progress: Progress | None = None,
+                       while_waiting: Callable[[], None] | None = None,
+                       reach: Reach | None = None) -> tuple[DoctorReport, NetworkChoice | None]:
     """Probe this machine and every host in parallel, within one overall deadline.
     `while_waiting` runs once on this thread after every probe has started (e.g. importing
     the renderer while the hosts answer); `reach`: how hosts are reached (default: SSH)."""
@@ -105,8 +115,14 @@ def run_doctor(request: DoctorRequest, progress: Progress | None = None,
     finally:
         prober.close()
         here_probe.close_all()
-    return evaluate(outcomes, request.expect, time.monotonic() - start,
-                    peers=remote if request.expect.pairwise else ())
+    judged = evaluate(outcomes, request.expect, time.monotonic() - start,
+                      peers=remote if request.expect.pairwise else ())
+    choice = None
+    if request.choose_network and request.expect.iface is None:
+        choice = choose_from_outcomes(outcomes)
+        if choice is not None:
+            judged = replace(judged, job=(check_network(choice),))
+    return judged, choice
 
 
 def build_expectations(python: str, script: str | None, module: str | None,

@@ -84,6 +84,8 @@ class JobSpec:
     rsh_agent: str | None = None
     # Inside a Slurm job: Open MPI's plm slurm starts the daemons with srun (no ssh at all).
     slurm: bool = False
+    # --binding-args (checked by dtlaunch.binding); None: dtlaunch's default binding.
+    binding: tuple[str, ...] | None = None
 
 
 def split_mpi_args(text: str) -> tuple[str, ...]:

@@ -24,10 +24,12 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from dtlaunch.facts import Iface
 from dtlaunch.mpi import Interfaces
-from dtlaunch.report import FAIL, PASS, CheckResult
+from dtlaunch.report import FAIL, PASS, CheckResult, HostOutcome
+from dtlaunch.report import LAUNCHER as LAUNCHER_ROLE
 
 HOST_LOCAL_PREFIXES = ("docker", "virbr", "veth", "br-", "cni", "podman", "lxcbr", "lxdbr")
 LAUNCHER = "this machine"
@@ -196,3 +198,38 @@ def check_network(choice: NetworkChoice) -> CheckResult:
         return CheckResult("network", FAIL, choice.problem, choice.fix)
     return CheckResult("network", PASS, choice.describe() if choice.cidrs else "one machine: "
                        "nothing to choose")
+
+
+def choose_from_outcomes(outcomes: Sequence[HostOutcome]) -> NetworkChoice | None:
+    """choose_network over a doctor run's probes. None when a host has no facts (its SSH
+    failure already stops the job) or when no remote host takes part."""
+    if any(o.facts is None for o in outcomes):
+        return None
+    hosts = {o.host: o.facts.ifaces for o in outcomes if o.facts is not None and o.is_rank_host}
+    launcher = next((o.facts.ifaces for o in outcomes if o.facts is not None
+                     and o.role == LAUNCHER_ROLE and not o.is_rank_host), None)
+    if not any(o.role != LAUNCHER_ROLE for o in outcomes):
+        return None  # this machine alone: nothing to choose
+    return choose_network(hosts, launcher)
+
+
+def choice_to_json(choice: NetworkChoice) -> dict[str, Any]:
+    return {"cidrs": list(choice.cidrs), "names": [[h, list(n)] for h, n in choice.names],
+            "nccl_ifname": choice.nccl_ifname, "gloo_iface": choice.gloo_iface,
+            "left_out": list(choice.left_out)}
+
+
+def choice_from_json(data: Any) -> NetworkChoice | None:
+    """A cached choice; None when the data is not what choice_to_json wrote."""
+    try:
+        choice = NetworkChoice(
+            cidrs=tuple(str(c) for c in data["cidrs"]),
+            names=tuple((str(h), tuple(str(n) for n in ns)) for h, ns in data["names"]),
+            nccl_ifname=None if data["nccl_ifname"] is None else str(data["nccl_ifname"]),
+            gloo_iface=None if data["gloo_iface"] is None else str(data["gloo_iface"]),
+            left_out=tuple(str(x) for x in data["left_out"]))
+        for cidr in choice.cidrs:
+            ipaddress.IPv4Network(cidr)
+    except (KeyError, TypeError, ValueError):
+        return None
+    return choice

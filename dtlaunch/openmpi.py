@@ -36,7 +36,7 @@ def build_mpirun_argv(spec: JobSpec, mpirun: str = "mpirun") -> tuple[str, ...]:
     if spec.as_root:
         argv.append("--allow-run-as-root")
     argv += ["--tag-output", "-np", str(spec.num_proc), "-H", format_hosts(spec.hosts)]
-    argv += ["--bind-to", "none", "--map-by", "slot"]
+    argv += spec.binding if spec.binding is not None else ("--bind-to", "none", "--map-by", "slot")
     if spec.oversubscribe:
         argv.append("--oversubscribe")
     argv += ["--mca", "pml", "ob1", "--mca", "btl", btl_for(major)]

@@ -41,6 +41,7 @@ class RunRequest:
     # How mpirun starts its daemons: "ssh", "slurm" (srun, inside a Slurm job) or "auto"
     # (slurm inside a Slurm job); session.prepare resolves "auto".
     launcher: str = "auto"
+    binding: tuple[str, ...] | None = None  # --binding-args; None: dtlaunch's default
 
 
 @dataclass(frozen=True)
@@ -125,6 +126,7 @@ def plan_run(
         mpi_args=request.mpi_args,
         rsh_agent=request.rsh_agent,
         slurm=request.launcher == "slurm",
+        binding=request.binding,
     )
     argv = family.build_argv(spec, launcher or family.launcher)
     launcher_env = build_launcher_env(environ, env)

@@ -23,7 +23,7 @@ import os
 import stat
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from dtlaunch.openmpi import OPEN_MPI
@@ -31,6 +31,7 @@ from dtlaunch.prober import Prober, Reach, fan_out, local_names, ssh_reach
 
 if TYPE_CHECKING:
     from dtlaunch.mpi import MpiFamily
+    from dtlaunch.network import NetworkChoice
     from dtlaunch.plan import RunPlan, RunRequest
     from dtlaunch.report import DoctorReport
 
@@ -47,16 +48,26 @@ def _stamp(path: str | None) -> list[Any]:
     return [path, st.st_size, st.st_mtime_ns, st.st_ino]
 
 
+def checked_program(request: RunRequest) -> tuple[str | None, str | None, str | None]:
+    """The interpreter (None: the command names none), script and module the checks look at."""
+    program = request.program
+    if program is None:
+        return request.python, request.script, request.module
+    return program.python, program.script, program.module
+
+
 def cache_key(request: RunRequest, hosts: tuple[str, ...], cwd: str) -> str:
     ssh = request.ssh
+    python, script, module = checked_program(request)
     watched = [ssh.config_file or "~/.ssh/config", ssh.identity_file, "~/.ssh/known_hosts",
-               "~/.ssh/known_hosts2", "/etc/ssh/ssh_known_hosts", request.script, request.python]
+               "~/.ssh/known_hosts2", "/etc/ssh/ssh_known_hosts", script, python]
     material = {
-        "version": 1,
+        "version": 2,
         "hosts": hosts,
-        "python": request.python,
-        "script": os.path.abspath(request.script) if request.script else None,
-        "module": request.module,
+        "python": python,
+        "script": os.path.abspath(script) if script else None,
+        "module": module,
+        "program": list(request.program.argv) if request.program else None,
         "iface": [list(request.iface.names), list(request.iface.cidrs)] if request.iface else None,
         "ssh": [ssh.port, ssh.identity_file, ssh.config_file, ssh.host_key_policy],
         "tree_spawn": request.tree_spawn,
@@ -87,20 +98,25 @@ def _private(path: str, kind: int) -> bool:
 
 
 def read_cache(key: str, now: float | None = None) -> bool:
+    return cached_entry(key, now) is not None
+
+
+def cached_entry(key: str, now: float | None = None) -> dict[str, Any] | None:
+    """The fresh cache entry for `key` (with the network chosen then), or None."""
     path = _cache_path(key)
     if not _private(path, stat.S_IFREG) or not _private(os.path.dirname(path), stat.S_IFDIR):
-        return False
+        return None
     try:
         with open(path) as handle:
             data = json.load(handle)
         written = float(data["time"]) if data["key"] == key else math.nan
     except (OSError, ValueError, KeyError, TypeError, IndexError):
-        return False  # unreadable or not what we wrote: check again
+        return None  # unreadable or not what we wrote: check again
     age = (now if now is not None else time.time()) - written
-    return 0 <= age < CACHE_SECONDS
+    return data if 0 <= age < CACHE_SECONDS and isinstance(data, dict) else None
 
 
-def write_cache(key: str) -> None:
+def write_cache(key: str, network: dict[str, Any] | None = None) -> None:
     folder = _cache_dir()
     try:
         os.makedirs(folder, mode=0o700, exist_ok=True)
@@ -110,7 +126,7 @@ def write_cache(key: str) -> None:
         tmp = f"{path}.{os.getpid()}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "w") as handle:
-            json.dump({"key": key, "time": time.time()}, handle)
+            json.dump({"key": key, "time": time.time(), "network": network}, handle)
         os.replace(tmp, path)
     except OSError:
         pass  # no cache is only slower
@@ -189,6 +205,7 @@ class PreflightOutcome:
 
     report: DoctorReport | None = None
     watch: HostKeyWatch | None = None  # a cache hit's key check, running alongside the launch
+    network: NetworkChoice | None = None  # the network chosen for a run without --iface
     message: str = ""  # what happened, for --verbose
 
     @property
@@ -205,42 +222,59 @@ def failure_message(report: DoctorReport | None, job_started: bool) -> str:
 
 
 def run_preflight(request: RunRequest, plan: RunPlan, job_started: bool = False,
-                  reach: Reach | None = None) -> PreflightOutcome:
+                  reach: Reach | None = None, use_cache: bool = True,
+                  command_timeout: float | None = None) -> PreflightOutcome:
     """Check what the job needs on every host.
 
     On a cache hit the host keys still get checked: alongside mpirun when that is safe (the
     returned watch), else here, before the launch. ``job_started``: the watch found a bad key
     after the launch; the cache is dropped and the full checks run to report it. ``reach``:
-    how hosts are reached (default: SSH with the request's options).
+    how hosts are reached (default: SSH with the request's options). ``use_cache`` False
+    (`--disable-cache`): always the full checks; ``command_timeout`` (`--start-timeout`):
+    seconds each host's checks may run.
     """
     ways = reach or ssh_reach(request.ssh)
-    from dtlaunch.doctor import DoctorRequest, build_expectations, run_doctor
+    from dtlaunch.doctor import (
+        COMMAND_TIMEOUT,
+        DoctorRequest,
+        build_expectations,
+        doctor_and_network,
+    )
+    from dtlaunch.network import choice_from_json, choice_to_json
 
     hosts = tuple(h.name for h in plan.hosts)
     cwd = os.getcwd()
-    use_cache = not job_started and os.environ.get("DTLAUNCH_PREFLIGHT_CACHE", "1") != "0"
+    use_cache = (use_cache and not job_started
+                 and os.environ.get("DTLAUNCH_PREFLIGHT_CACHE", "1") != "0")
     key = cache_key(request, hosts, cwd)
-    if use_cache and read_cache(key):
+    entry = cached_entry(key) if use_cache else None
+    if entry is not None:
+        network = choice_from_json(entry.get("network")) if entry.get("network") else None
         if may_overlap(request, plan.family):
-            return PreflightOutcome(watch=HostKeyWatch(hosts, ways.prober()), message=(
-                "pre-flight: passed recently (cached); checking host keys while the job starts"))
+            return PreflightOutcome(watch=HostKeyWatch(hosts, ways.prober()), network=network,
+                                    message=("pre-flight: passed recently (cached); checking "
+                                             "host keys while the job starts"))
         if not host_key_failures(hosts, ways.prober()):
-            return PreflightOutcome(
-                message="pre-flight: passed recently (cached); host keys verified")
+            return PreflightOutcome(network=network, message=(
+                "pre-flight: passed recently (cached); host keys verified"))
         drop_cache(key)
     if job_started:
         drop_cache(key)
+    python, script, module = checked_program(request)
+    expect = build_expectations(python or request.python, script, module, request.iface,
+                                pairwise=request.tree_spawn)
     doctor_request = DoctorRequest(
         hosts=hosts,
-        expect=build_expectations(request.python, request.script, request.module,
-                                  request.iface, pairwise=request.tree_spawn),
+        expect=replace(expect, check_python=python is not None),
         ssh=request.ssh,
         cwd=cwd,
+        command_timeout=command_timeout if command_timeout is not None else COMMAND_TIMEOUT,
+        choose_network=request.iface is None and len(hosts) > 1,
     )
-    report = run_doctor(doctor_request, reach=ways)
+    report, network = doctor_and_network(doctor_request, reach=ways)
     if not report.ok:
         return PreflightOutcome(report)
     if use_cache:
-        write_cache(key)
-    return PreflightOutcome(report, message=f"pre-flight: {len(report.hosts)} host(s) ready "
-                            f"({report.seconds:.2f} s)")
+        write_cache(key, choice_to_json(network) if network is not None else None)
+    return PreflightOutcome(report, network=network, message=(
+        f"pre-flight: {len(report.hosts)} host(s) ready ({report.seconds:.2f} s)"))

@@ -32,6 +32,8 @@ def report_to_dict(report: DoctorReport) -> dict[str, Any]:
         "seconds": round(report.seconds, 3),
         "checks": list(report.columns),
         "ssh_label": report.ssh_label,
+        "job": [{"name": c.name, "status": c.status, "detail": c.detail, "hint": c.hint}
+                for c in report.job],
         "hosts": [
             {
                 "host": h.host,
@@ -95,6 +97,9 @@ def render_report(report: DoctorReport, stream: IO[str] | None = None) -> None:
             console.print(f"[dim]{escape(host.host)}: {escape(versions)}[/]")
         if host.note:
             console.print(f"[yellow]{escape(host.host)}: {escape(host.note)}[/]")
+    for check in report.job:
+        if check.status not in (FAIL, WARN):
+            console.print(f"[dim]{check.name}: {escape(check.detail)}[/]")
     for host_name, check in (*report.failures(), *report.warnings()):
         word = "[bold red]FAIL[/]" if check.status == FAIL else "[yellow]warn[/]"
         console.print(f"{word} [bold]{escape(host_name)}[/] {check.name}: {escape(check.detail)}")

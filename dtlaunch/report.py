@@ -96,26 +96,32 @@ class HostReport:
         return next((c for c in self.checks if c.name == name), None)
 
 
+JOB = "all hosts"  # the host column of a check about the whole job (the network)
+
+
 @dataclass(frozen=True)
 class DoctorReport:
     hosts: tuple[HostReport, ...]
     seconds: float = 0.0
     columns: tuple[str, ...] = field(default=CHECK_NAMES)
     ssh_label: str = "ssh"  # the ssh column's heading ("launch path" when reached through srun)
+    job: tuple[CheckResult, ...] = ()  # checks of the whole job, e.g. the network it uses
 
     @property
     def ok(self) -> bool:
-        return all(h.status != FAIL for h in self.hosts)
+        return all(h.status != FAIL for h in self.hosts) and all(c.status != FAIL for c in self.job)
 
     @property
     def status(self) -> Status:
-        return worst(h.status for h in self.hosts)
+        return worst([*(h.status for h in self.hosts), *(c.status for c in self.job)])
 
     def failures(self) -> tuple[tuple[str, CheckResult], ...]:
-        return tuple((h.host, c) for h in self.hosts for c in h.checks if c.status == FAIL)
+        return (tuple((h.host, c) for h in self.hosts for c in h.checks if c.status == FAIL)
+                + tuple((JOB, c) for c in self.job if c.status == FAIL))
 
     def warnings(self) -> tuple[tuple[str, CheckResult], ...]:
-        return tuple((h.host, c) for h in self.hosts for c in h.checks if c.status == WARN)
+        return (tuple((h.host, c) for h in self.hosts for c in h.checks if c.status == WARN)
+                + tuple((JOB, c) for c in self.job if c.status == WARN))
 
 
 def ssh_failed(detail: str, hint: str) -> CheckResult:

@@ -12,11 +12,12 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from dtlaunch.envvars import kept_home_note
 from dtlaunch.errors import EXIT_FAILURE, DtlaunchError, UsageError
 from dtlaunch.interrupts import signals_raise
 from dtlaunch.mpi import MpiFamily, MpiImpl
@@ -54,6 +55,8 @@ class LaunchRequest:
     check: bool = True  # run the pre-flight checks first
     timeout: float | None = None  # stop the whole job after this many seconds
     output_dir: str | None = None  # also write each rank's output to DIR/rank.N.log
+    use_cache: bool = True  # False (--disable-cache): the full pre-flight checks every time
+    start_timeout: float | None = None  # seconds each host's pre-flight checks may run
 
 
 @dataclass(frozen=True)
@@ -98,6 +101,15 @@ class Prepared:
     mpirun: str | None  # the local launcher's path; None only for a dry run without one
     request: RunRequest | None = None  # hosts, -np and launcher resolved (allocation)
     source: str = ""  # where the hosts came from
+    mpi_version: tuple[int, ...] = ()
+
+
+def replan(request: RunRequest, prepared: Prepared, environ: Mapping[str, str] | None = None,
+           ) -> RunPlan:
+    """The plan again for a changed request (the network the pre-flight chose)."""
+    return plan_run(request, dict(os.environ) if environ is None else environ,
+                    family=prepared.plan.family, mpi_version=prepared.mpi_version,
+                    as_root=os.geteuid() == 0, cpu_count=os.cpu_count() or 1)
 
 
 def prepare(request: RunRequest, on_event: OnEvent, *, dry_run: bool = False,
@@ -121,7 +133,10 @@ def prepare(request: RunRequest, on_event: OnEvent, *, dry_run: bool = False,
                     cpu_count=os.cpu_count() or 1)
     for message in plan.env.warnings:
         on_event(Event(EventLevel.WARNING, message))
-    return Prepared(plan, program, request, placement.source)
+    kept = kept_home_note(env, plan.env)
+    if kept is not None:
+        on_event(Event(EventLevel.NOTE, kept))
+    return Prepared(plan, program, request, placement.source, version)
 
 
 def doctor_placement(hosts: Sequence[Host], launcher: str = "auto",
@@ -161,13 +176,20 @@ def launch(request: LaunchRequest, on_event: OnEvent, *, executor: Executor | No
     watch = None
     if request.check:
         with signals_raise():
-            checked = run_preflight(run_request, plan, reach=reach)
+            checked = run_preflight(run_request, plan, reach=reach, use_cache=request.use_cache,
+                                    command_timeout=request.start_timeout)
         if checked.message:
             on_event(Event(EventLevel.DETAIL, checked.message))
         if not checked.ok:
             return RunOutcome(plan, checked.report, None, EXIT_FAILURE,
                               failure_message(checked.report, job_started=False))
         watch = checked.watch
+        choice = checked.network
+        if choice is not None and choice.iface is not None and run_request.iface is None:
+            run = replace(run_request, iface=choice.iface,
+                          extra_env=(*choice.env(), *run_request.extra_env))
+            plan = replan(run, prepared)
+            on_event(Event(EventLevel.NOTE, choice.describe()))
     on_event(Event(EventLevel.DETAIL, "running: " + plan.display()))
     if executor is None:
         from dtlaunch.launch import execute
@@ -186,7 +208,8 @@ def launch(request: LaunchRequest, on_event: OnEvent, *, executor: Executor | No
         # A host key changed (or vanished) since the cached pre-flight: the full checks
         # name the host and the fix.
         with signals_raise():
-            checked = run_preflight(run_request, plan, job_started=True, reach=reach)
+            checked = run_preflight(run_request, plan, job_started=True, reach=reach,
+                                    command_timeout=request.start_timeout)
         if not checked.ok:
             return RunOutcome(plan, checked.report, result, EXIT_FAILURE,
                               failure_message(checked.report, job_started=True))

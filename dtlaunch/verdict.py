@@ -41,13 +41,18 @@ def check_host(facts: HostFacts, role: Role, expect: Expectations, launcher: Hos
     if launcher_mpi is not None and launcher_mpi.is_open_mpi:
         launcher_version = launcher_mpi.version if launcher_mpi.release >= MIN_OMPI else None
     launcher_py = launcher.python if launcher is not None else None
+    if expect.check_python:
+        python: tuple[CheckResult, ...] = (check_python(facts.python, expect, launcher_py),
+                                           check_torch(facts.python, launcher_py),
+                                           check_horovod(facts.python, launcher_py))
+    else:  # an executable that names no interpreter: nothing Python to check
+        python = tuple(CheckResult(name, SKIP, "not a Python command")
+                       for name in ("python", "torch", "horovod"))
     return (
         CheckResult("ssh", PASS, "local" if role == LAUNCHER else (path or "ok")),
         check_mpirun(facts, role),
         check_open_mpi(facts, launcher_version),
-        check_python(facts.python, expect, launcher_py),
-        check_torch(facts.python, launcher_py),
-        check_horovod(facts.python, launcher_py),
+        *python,
         check_script(facts, expect),
         check_iface(facts, expect.iface),
         check_pairwise(facts, expect, peers if role == HOST else ()),

@@ -59,6 +59,77 @@ def test_module_mode(script: Path) -> None:
                                                "--config", "small"]
 
 
+
+def test_horovodrun_options_and_spellings_reach_the_mpirun_line(script: Path) -> None:
+    config = script.parent / "horovod.yaml"
+    config.write_text("params:\n  fusion_threshold_mb: 8\n  cycle_time_ms: 2\n")
+    result = dtl("run", "--dry-run", "-hostfile", str(_hostfile(script)), "-p", "2222",
+                 "--network-interface", "ens3", "--config-file", str(config),
+                 "--fusion-threshold-mb", "32", "--timeline", "t.json", "--tcp",
+                 "--binding-args", "--bind-to core --map-by socket",
+                 "python", "train.py", "--lr", "1", cwd=script.parent)
+    assert result.returncode == 0, result.stderr
+    argv = shlex.split(result.stdout)
+    assert argv[argv.index("-H") + 1] == "h1:2,h2:2"
+    assert "-p 2222" in argv[argv.index("plm_rsh_args") + 1]
+    assert argv[argv.index("btl_tcp_if_include") + 1] == "ens3"
+    for var in ("HOROVOD_FUSION_THRESHOLD=33554432", "HOROVOD_CYCLE_TIME=2",
+                "HOROVOD_TIMELINE=t.json", "NCCL_IB_DISABLE=1"):  # a flag beats the file
+        assert var in argv
+    bind = argv.index("--bind-to")
+    assert argv[bind:bind + 4] == ["--bind-to", "core", "--map-by", "socket"]
+    assert "none" not in argv[bind:bind + 4]
+    assert argv[-4:] == ["python", "train.py", "--lr", "1"]  # horovodrun's form, as given
+
+
+def _hostfile(script: Path) -> Path:
+    path = script.parent / "hosts.txt"
+    path.write_text("h1 slots=2\nh2:2\n")
+    return path
+
+
+@pytest.mark.parametrize(("words", "tail"), [
+    (["bash", "run.sh", "--x"], ["bash", "run.sh", "--x"]),
+    (["numactl", "--interleave=all", "python3", "train.py"],
+     ["numactl", "--interleave=all", "python3", "train.py"]),
+    (["train.py", "a"], [sys.executable, "train.py", "a"]),
+])
+def test_command_forms(script: Path, words: list[str], tail: list[str]) -> None:
+    result = dtl("run", "--dry-run", "-H", "h1,h2", *words, cwd=script.parent)
+    assert result.returncode == 0, result.stderr
+    assert shlex.split(result.stdout)[-len(tail):] == tail
+
+
+def test_env_file_and_the_kept_home_note(script: Path) -> None:
+    env_file = script.parent / "job.env"
+    env_file.write_text("# for the job\nDATA_DIR=/data\nLR=0.1\n")
+    env = {**os.environ, "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    env.pop("TF_CLI_CONFIG_FILE", None)
+    result = dtl("run", "--dry-run", "-H", "h1", "--env-file", str(env_file), "-x", "LR=0.2",
+                 str(script), env=env)
+    assert result.returncode == 0, result.stderr
+    argv = shlex.split(result.stdout)
+    assert "DATA_DIR=/data" in argv and "LR=0.2" in argv and "LR=0.1" not in argv
+    notes = [line for line in result.stderr.splitlines() if "not sent to the ranks" in line]
+    assert len(notes) == 1 and "PYTORCH_CUDA_ALLOC_CONF" in notes[0]
+    assert "expandable_segments" not in result.stderr  # names only, never values
+
+
+def test_check_build_prints_horovods_build_without_a_command() -> None:
+    pytest.importorskip("horovod")
+    result = dtl("run", "--check-build")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("Horovod v") and "[X] PyTorch" in result.stdout
+    assert "Available Controllers:" in result.stdout
+
+
+def test_run_help_lists_horovodrun_options() -> None:
+    result = dtl("run", "--help")
+    assert result.returncode == 0
+    for flag in ("--fusion-threshold-mb", "--config-file", "--env-file", "-hostfile",
+                 "--network-interface", "--check-build"):
+        assert flag in result.stdout
+
 BAD_RUN = [
     (["-H", "host1:x"], "slots must be a positive whole number"),
     (["-H", ":2"], "empty host name"),
@@ -86,7 +157,31 @@ BAD_RUN = [
     (["--ssh-identity-file", "{tmp}/nokey"], "no such file"),
     (["--timeout", "-1"], "-1"),
     (["--python", "relative/python"], "not an absolute path"),
-    (["--no-such-flag"], None),  # an unknown option before SCRIPT is taken as the script name
+    (["--no-such-flag"], "unknown option --no-such-flag"),
+    # horovodrun's options and spellings
+    (["--iface", "eth0", "--network-interface", "eth1"], "name the same thing"),
+    (["--output-dir", "d", "--output-filename", "e"], "name the same thing"),
+    (["--gloo"], "MPI controller through Open MPI only"),
+    (["--min-num-proc", "2"], "elastic mode"),
+    (["--fusion-threshold-mb", "x"], "'x' is not a valid integer"),
+    (["--fusion-threshold-mb", "1", "--fusion-threshold-mb", "2"], "given more than once"),
+    (["--hierarchical-allreduce", "--no-hierarchical-allreduce"], "contradict each other"),
+    (["--log-level", "loud"], "expected one of TRACE"),
+    (["--start-timeout", "0"], "at least 1 second"),
+    (["--prefix-output-with-timestamp"], "not supported by dtlaunch yet"),
+    (["--config-file", "{tmp}/bad.yaml"], "bad.yaml:3:1: malformed YAML"),
+    (["--config-file", "{tmp}/typo.yaml"], "unknown key 'parms'"),
+    (["--config-file", "{tmp}/missing.yaml"], "--config-file: cannot read"),
+    (["--binding-args", "-map-by node"], "spreads ranks across hosts"),
+    (["--binding-args", "-H a"], "dtlaunch sets the hosts"),
+    (["--timeline", "a", "--timeline-filename", "b"], "given more than once"),
+    (["-p", "0"], "0 is not in the range"),
+    (["-i", "{tmp}/nokey"], "no such file"),
+    (["-hostfile", "{tmp}/missing"], "cannot read"),
+    (["--env-file", "{tmp}/missing"], "--env-file: cannot read"),
+    (["--env-file", "{tmp}/junk"], "junk:1: invalid variable name"),
+    (["--env-file", "{tmp}/hosts", "--env-file", "{tmp}/hosts"], "given more than once"),
+    (["--python", sys.executable, "python"], "the command names its interpreter"),
 ]
 
 
@@ -95,6 +190,8 @@ def test_bad_run_input(args: list[str], message: str | None, script: Path, tmp_p
     (tmp_path / "hosts").write_text("a\n")
     (tmp_path / "junk").write_text("a slots=1\nb !!!\n")
     (tmp_path / "binary").write_bytes(b"a\n\xff\n")
+    (tmp_path / "bad.yaml").write_text("params:\n  fusion_threshold_mb: [1\n")
+    (tmp_path / "typo.yaml").write_text("parms:\n  cycle_time_ms: 1\n")
     full = [a.format(tmp=tmp_path) for a in args]
     result = dtl("run", "--dry-run", *full, str(script))
     assert result.returncode == 2, result.stdout + result.stderr
@@ -108,7 +205,7 @@ def test_bad_run_input(args: list[str], message: str | None, script: Path, tmp_p
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["run"], "missing SCRIPT"),
+        (["run"], "missing the command"),
         (["run", "no_such_script.py"], "script not found"),
         (["run", "-m", "bad-module!"], "not a valid module name"),
         (["run", "-m", "1x"], "not a valid module name"),

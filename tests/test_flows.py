@@ -8,6 +8,7 @@ import shutil
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -15,16 +16,17 @@ import pytest
 
 from dtlaunch import preflight, session
 from dtlaunch.checks import Expectations
+from dtlaunch.command import parse_command
 from dtlaunch.doctor import DoctorRequest, run_doctor
 from dtlaunch.facts import HostFacts, Iface, PythonFacts
 from dtlaunch.failures import Failure
 from dtlaunch.hosts import Host
 from dtlaunch.launch import LaunchResult
-from dtlaunch.mpi import MpiImpl
+from dtlaunch.mpi import MpiImpl, parse_iface
 from dtlaunch.plan import RunRequest, plan_run
 from dtlaunch.probe import ProbeArgs
 from dtlaunch.prober import Reach, Tracker
-from dtlaunch.report import FAIL, HOST, PASS, CheckResult, HostOutcome, ssh_failed
+from dtlaunch.report import FAIL, HOST, PASS, SKIP, CheckResult, HostOutcome, ssh_failed
 from dtlaunch.ssh_errors import CHANGED_HOST_KEY
 from dtlaunch.ssh_options import SshOptions
 
@@ -33,6 +35,18 @@ PY = PythonFacts(found=True, executable=sys.executable, version="3.11.7",
                  horovod_imported="0.28.1", frameworks=("PyTorch",), controllers=("MPI", "Gloo"),
                  tensor_ops=("MPI", "Gloo"), module_found=True)
 SCRIPT = str(Path(__file__).resolve())
+
+
+@pytest.fixture(autouse=True)
+def _no_kept_home_note(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This machine's training variables would add a kept-home note to every run's events."""
+    import os
+
+    from dtlaunch.envvars import EnvPlan, kept_home
+
+    for name in kept_home(os.environ, EnvPlan(())):
+        monkeypatch.delenv(name)
+
 
 
 def facts(name: str) -> HostFacts:
@@ -230,3 +244,126 @@ def test_run_with_a_dead_host_launches_nothing(cache: Path) -> None:
     assert not list(cache.glob("dtlaunch/preflight-*.json"))  # a failure is never cached
 
 
+
+
+# --- the network chosen when no --iface is given ------------------------------------------------
+
+def on_net(name: str, address: str, *extra: Iface) -> HostFacts:
+    """A host on 10.1.2.0/24 that also carries docker0's 172.17.0.1, like every Docker host."""
+    return replace(facts(name), ifaces=(Iface("lo", True, ("127.0.0.1/8",)),
+                                        Iface("eth0", True, (f"{address}/24",)),
+                                        Iface("docker0", True, ("172.17.0.1/16",)), *extra))
+
+
+class RecordingJob:
+    def __init__(self) -> None:
+        self.argv: list[tuple[str, ...]] = []
+
+    def __call__(self, argv: Any, env: Any, rank_hosts: Any, **kw: Any) -> LaunchResult:
+        self.argv.append(tuple(argv))
+        return LaunchResult(0, None)
+
+
+def docker_world() -> FakeWorld:
+    world = FakeWorld(h1=on_net("h1", "10.1.2.11"), h2=on_net("h2", "10.1.2.12"))
+    world.here = lambda *a: on_net("launcher", "10.1.2.1")  # type: ignore[method-assign]
+    return world
+
+
+@needs_mpirun
+def test_run_without_iface_uses_the_shared_network_not_docker0_and_caches_it(cache: Path) -> None:
+    world, job = docker_world(), RecordingJob()
+    events: list[session.Event] = []
+    launch = session.LaunchRequest(run_request())
+    first = session.launch(launch, events.append, executor=job, reach=world.reach())
+    assert first.exit_code == 0 and first.preflight is None
+    argv = job.argv[0]
+    assert argv[argv.index("btl_tcp_if_include") + 1] == "10.1.2.0/24"
+    assert argv[argv.index("oob_tcp_if_include") + 1] == "10.1.2.0/24"
+    assert "NCCL_SOCKET_IFNAME==eth0" in argv and "HOROVOD_GLOO_IFACE=eth0" in argv
+    notes = [e.text for e in events if e.level is session.EventLevel.NOTE]
+    assert notes[0].startswith("network: 10.1.2.0/24 (h1 eth0, h2 eth0); not used: 172.17.0.0/16")
+    # A cache hit reuses the choice without probing again.
+    events.clear()
+    second = session.launch(launch, events.append, executor=job, reach=world.reach())
+    assert second.exit_code == 0 and sorted(world.probed) == ["h1", "h2"]
+    assert job.argv[1] == argv
+    assert any(e.text.startswith("network: 10.1.2.0/24") for e in events)
+
+
+@needs_mpirun
+def test_iface_and_no_check_choose_nothing(cache: Path) -> None:
+    world, job = docker_world(), RecordingJob()
+    events: list[session.Event] = []
+    for launch in (session.LaunchRequest(run_request(iface=parse_iface("eth0"))),
+                   session.LaunchRequest(run_request(), check=False)):
+        session.launch(launch, events.append, executor=job, reach=world.reach())
+    assert not any(e.text.startswith("network:") for e in events)
+    given, unchecked = job.argv
+    assert given[given.index("btl_tcp_if_include") + 1] == "eth0"
+    assert "btl_tcp_if_include" not in unchecked
+
+
+@needs_mpirun
+def test_no_shared_network_refuses_with_each_hosts_interfaces(cache: Path) -> None:
+    world, job = docker_world(), RecordingJob()
+    world.hosts["h2"] = on_net("h2", "10.1.2.12", Iface("ib0", True, ("192.168.9.2/24",)))
+    world.hosts["h1"] = on_net("h1", "10.1.2.11", Iface("ib0", True, ("192.168.9.1/24",)))
+    world.here = lambda *a: on_net(  # type: ignore[method-assign]
+        "launcher", "10.1.2.1", Iface("ib0", True, ("192.168.9.254/24",)))
+    outcome = session.launch(session.LaunchRequest(run_request(), use_cache=False),
+                             lambda e: None, executor=job, reach=world.reach())
+    assert job.argv == [] and outcome.exit_code == 1 and outcome.preflight is not None
+    assert outcome.error is not None and outcome.error.startswith(
+        "pre-flight checks failed: all hosts (network); not launching")
+    (_where, check), = outcome.preflight.failures()
+    assert check.status == FAIL and "several networks connect every host" in check.detail
+    assert "h1: " in check.hint or "h1: " in check.detail
+    assert "--iface" in check.hint
+    assert not list(cache.glob("dtlaunch/preflight-*.json"))
+
+
+def test_doctor_shows_the_chosen_network() -> None:
+    world = docker_world()
+    request = DoctorRequest(hosts=("h1", "h2"), expect=Expectations(python=sys.executable),
+                            ssh=SshOptions(connect_timeout=1), command_timeout=30,
+                            choose_network=True)
+    report = run_doctor(request, reach=world.reach())
+    assert report.ok and [c.name for c in report.job] == ["network"]
+    assert report.job[0].detail.startswith("network: 10.1.2.0/24 (h1 eth0, h2 eth0)")
+
+
+# --- what the pre-flight checks of each command form ---------------------------------------------
+
+def test_an_executable_without_an_interpreter_skips_the_python_checks(cache: Path) -> None:
+    world = FakeWorld(h1=facts("h1"), h2=facts("h2"))
+    world.hosts["h2"] = replace(facts("h2"), python=PythonFacts(found=False, error="no such file"))
+    program = parse_command(("./train", "--epochs", "1"), python=sys.executable)
+    request = run_request(script=None, program=program)
+    plan = plan_run(request, {"PATH": "/usr/bin"})
+    checked = preflight.run_preflight(request, plan, reach=world.reach())
+    assert checked.ok and checked.report is not None
+    h2 = next(h for h in checked.report.hosts if h.host == "h2")
+    assert h2.check("python") == CheckResult("python", SKIP, "not a Python command")
+    # The same host fails once the command names an interpreter.
+    program = parse_command(("python", SCRIPT), python=sys.executable)
+    request = run_request(script=None, program=program)
+    checked = preflight.run_preflight(request, plan_run(request, {"PATH": "/usr/bin"}),
+                                      reach=world.reach())
+    assert not checked.ok
+    assert [h for h, c in checked.report.failures()] == ["h2"]  # type: ignore[union-attr]
+
+
+def test_disable_cache_and_start_timeout(cache: Path) -> None:
+    world = FakeWorld(h1=facts("h1"), h2=facts("h2"))
+    request = run_request()
+    plan = plan_run(request, {"PATH": "/usr/bin"})
+    assert preflight.run_preflight(request, plan, reach=world.reach()).ok
+    again = preflight.run_preflight(request, plan, reach=world.reach(), use_cache=False)
+    assert again.report is not None and world.probed.count("h1") == 2
+    world.silent.add("h2")
+    start = time.monotonic()
+    late = preflight.run_preflight(request, plan, reach=world.reach(), use_cache=False,
+                                   command_timeout=1)
+    world.release.set()
+    assert not late.ok and time.monotonic() - start < 30

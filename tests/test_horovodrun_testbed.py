@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -16,14 +16,9 @@ import pytest
 from conftest import SCRIPTS, dtlaunch_argv
 from testbed import DOCKER0_ADDRESS, TestBed
 
-from dtlaunch.binding import DEFAULT_BINDING
-from dtlaunch.command import EXECUTABLE, MODULE, PYTHON, parse_command
 from dtlaunch.facts import HostFacts, parse_probe_output
 from dtlaunch.horovod_options import parse_horovod_args
-from dtlaunch.hosts import Host
-from dtlaunch.mpi import Interfaces, SshOptions
 from dtlaunch.network import choose_network
-from dtlaunch.plan import RunRequest, plan_run
 from dtlaunch.probe import ProbeArgs, build_remote_command, probe_local
 
 pytestmark = pytest.mark.testbed
@@ -33,10 +28,20 @@ PROBE = str(SCRIPTS / "rank_probe.py")
 def probe_over_ssh(bed: TestBed, host: str) -> HostFacts:
     """The probe doctor runs on every host, over the same kind of ssh login."""
     command = build_remote_command(ProbeArgs(python=sys.executable, imports=False))
-    done = subprocess.run(bed.ssh_argv(host, command), capture_output=True, text=True, timeout=60,
-                          stdin=subprocess.DEVNULL)
-    assert done.returncode == 0, done.stderr
-    return parse_probe_output(done.stdout)
+    # The probe ends when its input closes (tied.sh), so its input stays open until it is done.
+    with subprocess.Popen(bed.ssh_argv(host, command), stdin=subprocess.PIPE,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+        timer = threading.Timer(60, proc.kill)
+        timer.start()
+        try:
+            assert proc.stdout is not None and proc.stderr is not None
+            out, err = proc.stdout.read(), proc.stderr.read()
+            code = proc.wait()
+        finally:
+            timer.cancel()
+            proc.kill()
+    assert code == 0, err
+    return parse_probe_output(out)
 
 
 def records(out: Path) -> dict[int, dict]:
@@ -66,12 +71,16 @@ def test_docker0_on_every_host_hangs_without_a_network_and_runs_on_the_chosen_on
     assert dict(choice.names) == {"h1": ("eth0",), "h2": ("eth0",)}
     assert choice.left_out == ("172.17.0.0/16 (172.17.0.1 is on h1, h2: docker0)",)
 
-    def run(out: Path, *extra: str, timeout: str) -> subprocess.CompletedProcess[str]:
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o700)
+
+    def run(out: Path, *extra: str, timeout: str,
+            check: str = "--no-check") -> subprocess.CompletedProcess[str]:
         out.mkdir()
-        argv = dtlaunch_argv("run", "--no-check", "-H", "h1:1,h2:1", "--ssh-config",
-                             str(bed.ssh_config), "--timeout", timeout, *extra,
+        argv = dtlaunch_argv("run", *([check] if check else []), "-H", "h1:1,h2:1",
+                             "--ssh-config", str(bed.ssh_config), "--timeout", timeout, *extra,
                              PROBE, "--out", str(out), "--horovod")
-        env = {**os.environ, "CUDA_VISIBLE_DEVICES": "7"}
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": "7", "XDG_CACHE_HOME": str(cache)}
         return subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env)
 
     # Control: with nothing chosen, Open MPI wires ranks through docker0 and never finishes.
@@ -94,36 +103,56 @@ def test_docker0_on_every_host_hangs_without_a_network_and_runs_on_the_chosen_on
         assert "CUDA_VISIBLE_DEVICES" not in rank["env"]
     wait_no_strays(bed)
 
+    # doctor without --iface shows the network the job would use.
+    doc = subprocess.run(dtlaunch_argv("doctor", "--json", "-H", "h1,h2", "--ssh-config",
+                                       str(bed.ssh_config)),
+                         capture_output=True, text=True, timeout=300)
+    assert doc.returncode == 0, doc.stdout + doc.stderr
+    (row,) = json.loads(doc.stdout)["job"]
+    assert row["name"] == "network" and row["status"] == "pass"
+    assert row["detail"].startswith(f"network: {bed.subnet} (h1 eth0, h2 eth0)")
+
+    # The user's command: no --iface; the pre-flight chooses the same network and says so.
+    chosen = run(tmp_path / "auto", timeout="240", check="")
+    assert chosen.returncode == 0, chosen.stderr
+    assert f"dtlaunch: network: {bed.subnet} (h1 eth0, h2 eth0)" in chosen.stderr
+    found = records(tmp_path / "auto")
+    assert {r["host"] for r in found.values()} == {"h1", "h2"}
+    assert all(r["allreduce_sum"] == 3.0 for r in found.values())
+    assert all(r["env"]["NCCL_SOCKET_IFNAME"] == "=eth0" for r in found.values())
+    # A cached pre-flight reuses the choice.
+    again = run(tmp_path / "again", timeout="240", check="")
+    assert again.returncode == 0, again.stderr
+    assert f"dtlaunch: network: {bed.subnet}" in again.stderr
+    wait_no_strays(bed)
+
 
 def test_command_forms_run_on_every_host(bed: TestBed, tmp_path: Path) -> None:
-    """`python3 SCRIPT`, a wrapper script (by name and by relative path) and `-m`, each on two
-    hosts through real mpirun: the program is found on the hosts as mpirun finds it."""
+    """horovodrun's `python SCRIPT`, a wrapper script (by name and by relative path) and `-m`,
+    each on two hosts through `dtlaunch run` with its pre-flight: the program is found on the
+    hosts as mpirun finds it, and the pre-flight checks the interpreter the command names."""
     wrapper = tmp_path / "wrap.sh"
     wrapper.write_text('#!/bin/sh\necho "wrapped on $(hostname)"\nexec "$@"\n')
     wrapper.chmod(0o755)
-    mpirun = shutil.which("mpirun")
-    assert mpirun is not None
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o700)
     forms = {
-        "python": (["python3", PROBE], {}),
-        "bash": (["bash", str(wrapper), sys.executable, PROBE], {}),
-        "relative": (["./wrap.sh", "python3", PROBE], {}),
-        "module": ([], {"module": "rank_probe"}),
+        "python": [sys.executable, PROBE],
+        "bash": ["bash", str(wrapper), sys.executable, PROBE],
+        "relative": ["./wrap.sh", sys.executable, PROBE],
+        "module": ["-m", "rank_probe"],
     }
-    expected_form = {"python": PYTHON, "bash": EXECUTABLE, "relative": EXECUTABLE, "module": MODULE}
-    environ = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": os.environ.get("HOME", "/root"),
-               "PYTHONPATH": str(SCRIPTS)}
-    for name, (words, kw) in forms.items():
+    env = {**os.environ, "XDG_CACHE_HOME": str(cache)}
+    for name, words in forms.items():
         out = tmp_path / name
         out.mkdir()
-        program = parse_command([*words, "--out", str(out)], python=sys.executable,
-                                is_file=os.path.isfile, **kw)  # type: ignore[arg-type]
-        assert program.form == expected_form[name]
-        plan = plan_run(RunRequest(hosts=(Host("h1"), Host("h2")), python=sys.executable,
-                                   program=program, iface=Interfaces(cidrs=(bed.subnet,)),
-                                   ssh=SshOptions(config_file=str(bed.ssh_config))),
-                        environ, mpirun=mpirun, as_root=os.geteuid() == 0)
-        done = subprocess.run(plan.argv, env=plan.launcher_env, cwd=tmp_path, capture_output=True,
-                              text=True, timeout=120, stdin=subprocess.DEVNULL)
+        argv = dtlaunch_argv("run", "-H", "h1,h2", "--iface", bed.subnet, "--ssh-config",
+                             str(bed.ssh_config), "--disable-cache", "--timeout", "120", *words,
+                             "--out", str(out))
+        # -m finds the module from the working directory, on the hosts as in the pre-flight.
+        cwd = SCRIPTS if name == "module" else tmp_path
+        done = subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True,
+                              timeout=300, stdin=subprocess.DEVNULL)
         assert done.returncode == 0, (name, done.stderr)
         assert [r["host"] for _, r in sorted(records(out).items())] == ["h1", "h2"], name
         if name in ("bash", "relative"):
@@ -138,21 +167,14 @@ def test_accepted_binding_args_keep_each_rank_on_the_host_dtlaunch_expects(
 ) -> None:
     args = parse_horovod_args({"hvd_binding_args": (binding,)})
     assert args.binding_args is not None
-    mpirun = shutil.which("mpirun")
-    assert mpirun is not None
-    program = parse_command(["python3", PROBE, "--out", str(tmp_path)], python=sys.executable)
-    plan = plan_run(RunRequest(hosts=(Host("h1", 2), Host("h2", 1), Host("h3", 2)),
-                               python=sys.executable, program=program,
-                               iface=Interfaces(cidrs=(bed.subnet,)),
-                               ssh=SshOptions(config_file=str(bed.ssh_config))),
-                    {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}, mpirun=mpirun,
-                    as_root=os.geteuid() == 0)
-    # Where the CLI will put --binding-args: in place of dtlaunch's default binding.
-    at = plan.argv.index(DEFAULT_BINDING[0])
-    assert plan.argv[at:at + 4] == DEFAULT_BINDING
-    argv = (*plan.argv[:at], *args.binding_args, *plan.argv[at + 4:])
-    done = subprocess.run(argv, env=plan.launcher_env, capture_output=True, text=True, timeout=120,
+    argv = dtlaunch_argv("run", "--no-check", "-v", "-H", "h1:2,h2:1,h3:2", "--iface", bed.subnet,
+                         "--ssh-config", str(bed.ssh_config), f"--binding-args={binding}",
+                         "--timeout", "120", sys.executable, PROBE, "--out", str(tmp_path))
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300,
                           stdin=subprocess.DEVNULL)
     assert done.returncode == 0, done.stderr
+    # The binding replaced dtlaunch's default on mpirun's line (printed by -v).
+    line = next(x for x in done.stderr.splitlines() if x.startswith("dtlaunch: running: "))
+    assert " ".join(args.binding_args) in line and "--bind-to none --map-by slot" not in line
     found = records(tmp_path)
-    assert tuple(found[r]["host"] for r in sorted(found)) == plan.rank_hosts == ("h1", "h1", "h2", "h3", "h3")
+    assert tuple(found[r]["host"] for r in sorted(found)) == ("h1", "h1", "h2", "h3", "h3")

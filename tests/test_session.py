@@ -19,6 +19,18 @@ from dtlaunch.plan import RunRequest
 needs_mpirun = pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs mpirun")
 
 
+@pytest.fixture(autouse=True)
+def _no_kept_home_note(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This machine's training variables would add a kept-home note to every run's events."""
+    import os
+
+    from dtlaunch.envvars import EnvPlan, kept_home
+
+    for name in kept_home(os.environ, EnvPlan(())):
+        monkeypatch.delenv(name)
+
+
+
 def request(tmp_path: Path, **kw: Any) -> RunRequest:
     script = tmp_path / "train.py"
     script.write_text("print(1)\n")
