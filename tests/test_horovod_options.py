@@ -442,12 +442,14 @@ def test_the_guide_names_every_horovodrun_option() -> None:
 
 
 def test_the_options_fit_beside_dtlaunch_run_own() -> None:
-    from dtlaunch.cli import run
+    from dtlaunch.cli import RUN_OWN_FLAGS, run
 
     own = {o for p in run.params if not (p.name or "").startswith("hvd_")
            for o in (*p.opts, *p.secondary_opts)}
     generated = {f for o in horovod_options() for f in o.flags}
-    assert own & generated <= {"--timeline"}  # dtlaunch's --timeline moves into the table
+    # dtlaunch's --timeline moves into the table; its own --min-np (restarts) replaces
+    # horovodrun's elastic one, with the same meaning: fewest processes to go on with.
+    assert own & generated <= {"--timeline", *RUN_OWN_FLAGS}
     for option in HOROVOD_OPTIONS:
         if option.kind in (SAME, "alias"):
             assert set(option.dtlaunch.split("/")) <= own, option
