@@ -15,6 +15,7 @@ import hostlist
 
 from dtlaunch.errors import UsageError
 from dtlaunch.hosts import Host, format_hosts, parse_host_entry
+from dtlaunch.textfile import read_small_text
 
 SLURM, PBS, LSF = "Slurm", "PBS", "LSF"
 
@@ -192,20 +193,7 @@ def parse_lsf(environ: Mapping[str, str], hostfile_text: str | None) -> Allocati
 
 def read_allocation_file(path: str, var: str) -> str:
     """Read a file named by the scheduler's environment; failures are UsageErrors naming both."""
-    try:
-        with open(path, "rb") as handle:
-            data = handle.read(MAX_ALLOCATION_FILE_BYTES + 1)
-    except OSError as exc:
-        raise UsageError(f"{var}: cannot read {path}: {exc.strerror or exc}") from None
-    if len(data) > MAX_ALLOCATION_FILE_BYTES:
-        raise UsageError(f"{var}: {path} is larger than 16 MiB; is it really a node file?")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise UsageError(f"{var}: {path} is not UTF-8 text") from None
-    if "\x00" in text:
-        raise UsageError(f"{var}: {path} is a binary file, not a node file")
-    return text
+    return read_small_text(path, var, MAX_ALLOCATION_FILE_BYTES, "a node file")
 
 
 Reader = Callable[[str, str], str]

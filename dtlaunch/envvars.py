@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from dtlaunch.errors import UsageError
+from dtlaunch.textfile import read_small_text
 
 NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -227,20 +228,7 @@ def parse_env_file_text(text: str, path: str = "env file",
 
 def read_env_file(path: str, environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
     """Read and parse `--env-file PATH`; every failure is a one-line UsageError."""
-    try:
-        with open(path, "rb") as handle:
-            data = handle.read(MAX_ENV_FILE_BYTES + 1)
-    except OSError as exc:
-        raise UsageError(f"--env-file: cannot read {path}: {exc.strerror or exc}") from None
-    if len(data) > MAX_ENV_FILE_BYTES:
-        raise UsageError(f"--env-file: {path} is larger than 1 MiB")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = data[: exc.start].count(b"\n") + 1
-        raise UsageError(f"{path}:{line}: not valid UTF-8 text") from None
-    if "\x00" in text:
-        raise UsageError(f"--env-file: {path} is a binary file")
+    text = read_small_text(path, "--env-file", MAX_ENV_FILE_BYTES, "an env file")
     return parse_env_file_text(text, path, environ)
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from dtlaunch.errors import UsageError
 from dtlaunch.horovod_settings import SETTINGS, Setting
+from dtlaunch.textfile import read_small_text
 
 SECTIONS: dict[str, dict[str, Setting]] = {}
 for _setting in SETTINGS:
@@ -138,16 +139,5 @@ def parse_horovod_config(text: str, source: str = "config file") -> HorovodConfi
 
 def read_horovod_config(path: str) -> HorovodConfig:
     """Read and parse `--config-file PATH`; every failure is a one-line UsageError."""
-    try:
-        with open(path, "rb") as handle:
-            data = handle.read(MAX_CONFIG_BYTES + 1)
-    except OSError as exc:
-        raise UsageError(f"--config-file: cannot read {path}: {exc.strerror or exc}") from None
-    if len(data) > MAX_CONFIG_BYTES:
-        raise UsageError(f"--config-file: {path} is larger than 1 MiB; is it really a config file?")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = data[: exc.start].count(b"\n") + 1
-        raise UsageError(f"{path}:{line}: not valid UTF-8 text") from None
+    text = read_small_text(path, "--config-file", MAX_CONFIG_BYTES, "a config file")
     return parse_horovod_config(text, path)

@@ -8,6 +8,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from dtlaunch.errors import UsageError
+from dtlaunch.textfile import read_small_text
 
 # Slots per host beyond this are certainly a typo (no machine has a million cores).
 MAX_SLOTS = 4096
@@ -123,21 +124,8 @@ MAX_HOSTFILE_BYTES = 1 << 20
 
 def read_hostfile(path: str) -> tuple[Host, ...]:
     """Read and parse a hostfile; every failure is a one-line UsageError."""
-    try:
-        with open(path, "rb") as handle:
-            data = handle.read(MAX_HOSTFILE_BYTES + 1)
-    except OSError as exc:
-        raise UsageError(f"--hostfile: cannot read {path}: {exc.strerror or exc}") from None
-    if len(data) > MAX_HOSTFILE_BYTES:
-        raise UsageError(f"--hostfile: {path} is larger than 1 MiB; is it really a hostfile?")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = data[: exc.start].count(b"\n") + 1
-        raise UsageError(f"{path}:{line}: not valid UTF-8 text") from None
-    if "\x00" in text:
-        raise UsageError(f"--hostfile: {path} is a binary file, not a hostfile")
-    return parse_hostfile_text(text, path)
+    return parse_hostfile_text(read_small_text(path, "--hostfile", MAX_HOSTFILE_BYTES, "a hostfile"),
+                               path)
 
 
 def read_hosts(hosts: str | None, hostfile: str | None) -> tuple[Host, ...]:

@@ -221,7 +221,7 @@ def test_reader_names_variable_and_file(tmp_path: Path) -> None:
         read_allocation_file(str(binary), "LSB_DJOB_HOSTFILE")
     latin = tmp_path / "latin"
     latin.write_bytes(b"caf\xe9\n")
-    with pytest.raises(UsageError, match=r"^PBS_NODEFILE: .* is not UTF-8 text"):
+    with pytest.raises(UsageError, match=r"^PBS_NODEFILE: .*: not valid UTF-8 text"):
         read_allocation_file(str(latin), "PBS_NODEFILE")
     good = tmp_path / "nodes"
     good.write_text("n1\nn1\nn2\n")

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -104,3 +105,10 @@ def test_parsers_never_crash(text: str) -> None:
             parse(text)
         except UsageError as exc:
             assert "\n" not in str(exc)
+
+
+def test_a_fifo_given_as_hostfile_is_refused_not_waited_on(tmp_path: Path) -> None:
+    fifo = tmp_path / "hosts.fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(UsageError, match=r"^--hostfile: .*hosts.fifo is not a regular file$"):
+        read_hostfile(str(fifo))
