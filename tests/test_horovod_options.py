@@ -2,7 +2,7 @@
 
 The oracle is the installed Horovod itself: `horovod.runner.launch.parse_args` then
 `config_parser.set_env_from_args`, run on the same command line and the same YAML file.
-`horovod_click_options` below is how the CLI declares the options (click stays in the CLI).
+`horovod_click_options` (dtlaunch.cli_options) is how the CLI declares the options.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from dtlaunch.cli_options import horovod_click_options
 from dtlaunch.errors import UsageError
 from dtlaunch.horovod_config import SECTIONS, parse_horovod_config, read_horovod_config
 from dtlaunch.horovod_options import (
@@ -33,24 +34,6 @@ from dtlaunch.horovod_options import (
     read_horovod_args,
 )
 from dtlaunch.horovod_settings import BOOL, FLOAT, INT, LEVEL, LOG_LEVELS, SETTINGS
-
-
-def horovod_click_options(exclude_flags: tuple[str, ...] = ()) -> Callable[[Any], Any]:
-    """Declare every horovodrun option on a click command (the CLI's code, kept in step)."""
-
-    def decorate(func: Any) -> Any:
-        for option in reversed(horovod_options(exclude_flags)):
-            common: dict[str, Any] = {"multiple": True, "hidden": option.hidden,
-                                      "help": option.help or None}
-            if option.value == BOOL:
-                func = click.option(*option.flags, option.param, is_flag=True, **common)(func)
-            else:
-                kind = {INT: int, FLOAT: float}.get(option.value, str)
-                func = click.option(*option.flags, option.param, type=kind, nargs=option.nargs,
-                                    metavar=option.metavar or None, **common)(func)
-        return func
-
-    return decorate
 
 
 def dtlaunch_args(argv: list[str]) -> Any:
@@ -442,7 +425,8 @@ def test_the_guide_names_every_horovodrun_option() -> None:
 
 
 def test_the_options_fit_beside_dtlaunch_run_own() -> None:
-    from dtlaunch.cli import RUN_OWN_FLAGS, run
+    from dtlaunch.cli import run
+    from dtlaunch.cli_options import RUN_OWN_FLAGS
 
     own = {o for p in run.params if not (p.name or "").startswith("hvd_")
            for o in (*p.opts, *p.secondary_opts)}
