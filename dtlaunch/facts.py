@@ -45,6 +45,7 @@ class PythonFacts:
     controllers: tuple[str, ...] = ()
     tensor_ops: tuple[str, ...] = ()
     import_cached: bool = False
+    import_cache_problem: str = ""  # why the import cache could not be used on that host
     module_found: bool | None = None
 
     @property
@@ -147,6 +148,7 @@ def parse_python_json(text: str) -> PythonFacts:
         controllers=names("controllers"),
         tensor_ops=names("tensor_ops"),
         import_cached=bool(data.get("cached", False)),
+        import_cache_problem=str(data.get("cache_problem") or "")[:300],
         module_found=data.get("module_found"),
     )
 

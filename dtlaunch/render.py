@@ -43,6 +43,7 @@ def report_to_dict(report: DoctorReport) -> dict[str, Any]:
                 "seconds": round(h.seconds, 3),
                 "versions": dict(h.versions),
                 "note": h.note,
+                "warnings": list(h.warnings),
                 "checks": [asdict(c) for c in h.checks],
             }
             for h in report.hosts
@@ -97,6 +98,8 @@ def render_report(report: DoctorReport, stream: IO[str] | None = None) -> None:
             console.print(f"[dim]{escape(host.host)}: {escape(versions)}[/]")
         if host.note:
             console.print(f"[yellow]{escape(host.host)}: {escape(host.note)}[/]")
+        for warning in host.warnings:
+            console.print(f"[yellow]{escape(host.host)}: warning: {escape(warning)}[/]")
     for check in report.job:
         if check.status not in (FAIL, WARN):
             console.print(f"[dim]{check.name}: {escape(check.detail)}[/]")

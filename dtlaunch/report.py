@@ -87,6 +87,7 @@ class HostReport:
     seconds: float = 0.0
     note: str = ""
     hostname: str = ""
+    warnings: tuple[str, ...] = ()  # one line each, beside the checks (a cache not used)
 
     @property
     def status(self) -> Status:

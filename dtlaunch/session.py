@@ -180,6 +180,8 @@ def launch(request: LaunchRequest, on_event: OnEvent, *, executor: Executor | No
                                     command_timeout=request.start_timeout)
         if checked.message:
             on_event(Event(EventLevel.DETAIL, checked.message))
+        for warning in checked.warnings:
+            on_event(Event(EventLevel.WARNING, warning))
         if not checked.ok:
             return RunOutcome(plan, checked.report, None, EXIT_FAILURE,
                               failure_message(checked.report, job_started=False))

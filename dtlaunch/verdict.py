@@ -91,16 +91,19 @@ def evaluate(outcomes: Sequence[HostOutcome], expect: Expectations, seconds: flo
             checks = skipped_after_ssh(problem)
             versions: tuple[tuple[str, str], ...] = ()
             hostname = ""
+            warnings: tuple[str, ...] = ()
         else:
             others = [p for p in peers if p != outcome.host]
             checks = check_host(outcome.facts, outcome.role, expect, launcher, others,
                                 outcome.path)
             versions = versions_of(outcome.facts)
             hostname = outcome.facts.hostname
+            cache = outcome.facts.python.import_cache_problem
+            warnings = (f"import cache not used: {cache}",) if cache else ()
         hostname_check = hostname_checks.get(
             outcome.host, CheckResult("hostname", SKIP, hostname or "not a rank host"))
         checks = (*checks[:8], hostname_check, *checks[8:])
         reports.append(HostReport(outcome.host, outcome.role, checks, versions, outcome.seconds,
-                                  outcome.note, hostname))
+                                  outcome.note, hostname, warnings))
     label = "launch path" if any(o.path for o in outcomes) else "ssh"
     return DoctorReport(tuple(reports), seconds, ssh_label=label)

@@ -367,3 +367,38 @@ def test_disable_cache_and_start_timeout(cache: Path) -> None:
                                    command_timeout=1)
     world.release.set()
     assert not late.ok and time.monotonic() - start < 30
+
+
+# --- caches that cannot be used are named, once -------------------------------------------------
+
+@needs_mpirun
+def test_a_preflight_cache_directory_others_can_write_is_not_used_and_says_so(cache: Path) -> None:
+    folder = cache / "dtlaunch"
+    folder.mkdir()
+    folder.chmod(0o777)
+    world, job = FakeWorld(h1=facts("h1"), h2=facts("h2")), RecordingJob()
+    events: list[session.Event] = []
+    launch = session.LaunchRequest(run_request())
+    for _ in range(2):
+        assert session.launch(launch, events.append, executor=job,
+                              reach=world.reach()).exit_code == 0
+    warnings = [e.text for e in events if e.level is session.EventLevel.WARNING]
+    assert len(warnings) == 2 and warnings[0] == warnings[1]
+    assert warnings[0] == (f"pre-flight cache not used: {folder} is writable by its group or "
+                           "others (chmod 700 it)")
+    assert list(folder.iterdir()) == []
+    assert sorted(world.probed) == ["h1", "h1", "h2", "h2"]  # full checks both times
+
+
+@needs_mpirun
+def test_a_hosts_import_cache_problem_is_one_warning(cache: Path) -> None:
+    problem = "/home/me/.cache/dtlaunch is owned by uid 1000, not by you (uid 0)"
+    h2 = replace(facts("h2"), python=replace(PY, import_cache_problem=problem))
+    world, job = FakeWorld(h1=facts("h1"), h2=h2), RecordingJob()
+    events: list[session.Event] = []
+    assert session.launch(session.LaunchRequest(run_request()), events.append, executor=job,
+                          reach=world.reach()).exit_code == 0
+    warnings = [e.text for e in events if e.level is session.EventLevel.WARNING]
+    assert warnings == [f"h2: import cache not used: {problem}"]
+    report = doctor(world, "h1", "h2")
+    assert report.ok and report.hosts[2].warnings == (f"import cache not used: {problem}",)
