@@ -58,25 +58,39 @@ class RunPlan:
         return format_command(self.argv)
 
 
-def resolve_hosts(hosts: tuple[Host, ...], num_proc: int | None, cpu_count: int) -> tuple[Host, ...]:
-    """No hosts given: this machine, one slot per core (or -np slots)."""
+# More processes than this is a typo, not a job (and would cost gigabytes to plan).
+MAX_NUM_PROC = 1_000_000
+
+
+def resolve_hosts(hosts: tuple[Host, ...], cpu_count: int) -> tuple[Host, ...]:
+    """No hosts given: this machine, one slot per core."""
     if hosts:
         return hosts
-    return (Host("localhost", max(num_proc or 0, cpu_count, 1)),)
+    return (Host("localhost", max(cpu_count, 1)),)
 
 
-def choose_num_proc(hosts: tuple[Host, ...], num_proc: int | None, oversubscribe: bool) -> int:
+def choose_num_proc(hosts: tuple[Host, ...], num_proc: int | None, oversubscribe: bool,
+                    local: bool = False) -> int:
+    """-np, or all the slots. More than the slots needs --oversubscribe, on this machine
+    (`local`: no hosts given, one slot per core) as on hosts."""
     slots = total_slots(hosts)
-    if num_proc is None:
-        return slots
-    if num_proc < 1:
+    if num_proc is not None and num_proc < 1:
         raise UsageError(f"-np: must be at least 1, got {num_proc}")
-    if num_proc > slots and not oversubscribe:
+    chosen = slots if num_proc is None else num_proc
+    if chosen > MAX_NUM_PROC:
+        what = f"{chosen} processes" if num_proc is not None else f"all {chosen} slots"
+        raise UsageError(f"-np: {what} is more than the {MAX_NUM_PROC} dtlaunch starts")
+    if chosen > slots and not oversubscribe:
+        if local:
+            raise UsageError(
+                f"-np: {chosen} processes but this machine has only {slots} cores (one slot "
+                "each without -H); pass --oversubscribe to run more processes than cores"
+            )
         raise UsageError(
-            f"-np: {num_proc} processes but the hosts have only {slots} slots; "
+            f"-np: {chosen} processes but the hosts have only {slots} slots; "
             "add slots (host:N) or pass --oversubscribe"
         )
-    return num_proc
+    return chosen
 
 
 def build_program(request: RunRequest) -> tuple[str, ...]:
@@ -99,8 +113,9 @@ def plan_run(
     as_root: bool = False,
     cpu_count: int = 1,
 ) -> RunPlan:
-    hosts = resolve_hosts(request.hosts, request.num_proc, cpu_count)
-    num_proc = choose_num_proc(hosts, request.num_proc, request.oversubscribe)
+    hosts = resolve_hosts(request.hosts, cpu_count)
+    num_proc = choose_num_proc(hosts, request.num_proc, request.oversubscribe,
+                               local=not request.hosts)
     program = build_program(request)
     fixed: dict[str, str] = {"PYTHONUNBUFFERED": "1"}
     if request.iface is not None and request.iface.names:

@@ -146,6 +146,11 @@ BAD_RUN = [
     (["--hostfile", "{tmp}/binary"], "not valid UTF-8"),
     (["-np", "0", "-H", "a"], "at least 1"),
     (["-np", "3", "-H", "a:2"], "only 2 slots"),
+    (["-np", "2000000", "-H", "a", "--oversubscribe"], "more than the 1000000 dtlaunch starts"),
+    (["-H", ",".join(f"h{i}:4096" for i in range(300))], "all 1228800 slots is more than"),
+    (["--output-dir", "{tmp}/hosts"], "{tmp}/hosts exists and is not a directory"),
+    (["--output-dir", "{tmp}/hosts/logs"], "which is not a directory"),
+    (["--output-filename", "{tmp}/hosts"], "--output-filename: {tmp}/hosts exists and is not"),
     (["-np", "x"], "'x' is not a valid integer"),
     (["-x", "A-B"], "invalid variable name"),
     (["-x", "BASH_FUNC_x%%=1"], "invalid variable name"),
@@ -199,7 +204,31 @@ def test_bad_run_input(args: list[str], message: str | None, script: Path, tmp_p
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("dtlaunch: error: ")
     if message:
-        assert message in lines[0]
+        assert message.format(tmp=tmp_path) in lines[0]
+
+
+def test_more_processes_than_cores_here_needs_oversubscribe(script: Path) -> None:
+    cores = os.cpu_count() or 1
+    result = dtl("run", "--dry-run", "-np", str(cores + 1), str(script))
+    assert result.returncode == 2, result.stdout
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"dtlaunch: error: -np: {cores + 1} processes but this machine has only {cores} cores "
+        "(one slot each without -H); pass --oversubscribe to run more processes than cores")
+    result = dtl("run", "--dry-run", "-np", str(cores + 1), "--oversubscribe", str(script))
+    assert result.returncode == 0, result.stderr
+    argv = shlex.split(result.stdout)
+    assert argv[argv.index("-np") + 1] == str(cores + 1)
+    assert argv[argv.index("-H") + 1] == f"localhost:{cores}" and "--oversubscribe" in argv
+
+
+def test_an_output_dir_that_is_a_file_is_refused_before_the_preflight(script: Path,
+                                                                       tmp_path: Path) -> None:
+    taken = tmp_path / "taken"
+    taken.write_text("")
+    result = dtl("run", "-H", "no-such-host.invalid", "--output-dir", str(taken), str(script))
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines() == [
+        f"dtlaunch: error: --output-dir: {taken} exists and is not a directory"]
 
 
 @pytest.mark.parametrize(
