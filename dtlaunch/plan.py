@@ -42,6 +42,9 @@ class RunRequest:
     # (slurm inside a Slurm job); session.prepare resolves "auto".
     launcher: str = "auto"
     binding: tuple[str, ...] | None = None  # --binding-args; None: dtlaunch's default
+    # Names whose -x NAME=VALUE was typed on dtlaunch's command line (a secret's value there
+    # deserves a warning: it stays in dtlaunch's process entry while the job runs).
+    typed_env: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -126,7 +129,7 @@ def plan_run(
     if request.timeline:
         fixed["HOROVOD_TIMELINE"] = request.timeline
     fixed.update(request.extra_env)
-    env = plan_environment(environ, request.env_items, fixed)
+    env = plan_environment(environ, request.env_items, fixed, typed=request.typed_env)
     spec = JobSpec(
         hosts=hosts,
         num_proc=num_proc,

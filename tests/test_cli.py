@@ -52,6 +52,23 @@ def test_dry_run_masks_secrets_and_never_prints_values(script: Path) -> None:
     assert result.stderr.count("looks like a secret") == 2
 
 
+def test_a_typed_secret_value_is_warned_about_once_and_kept_off_mpiruns_line(
+        script: Path, tmp_path: Path) -> None:
+    result = dtl("run", "--dry-run", "-H", "h1", "-x", "AWS_SECRET_ACCESS_KEY=aws-s3cr3t",
+                 str(script))
+    assert result.returncode == 0, result.stderr
+    assert "s3cr3t" not in result.stdout + result.stderr
+    assert "AWS_SECRET_ACCESS_KEY" in shlex.split(result.stdout)  # -x NAME: by name only
+    warned = [line for line in result.stderr.splitlines() if "AWS_SECRET_ACCESS_KEY" in line]
+    assert len(warned) == 1 and warned[0].startswith("dtlaunch: warning: ")
+    assert "typed on the command line" in warned[0] and "--env-file" in warned[0]
+    env_file = tmp_path / "secrets.env"
+    env_file.write_text("AWS_SECRET_ACCESS_KEY=aws-s3cr3t\n")
+    result = dtl("run", "--dry-run", "-H", "h1", "--env-file", str(env_file), str(script))
+    assert result.returncode == 0 and "s3cr3t" not in result.stdout + result.stderr
+    assert "looks like a secret" in result.stderr and "typed on" not in result.stderr
+
+
 def test_module_mode(script: Path) -> None:
     result = dtl("run", "--dry-run", "-np", "2", "-m", "dtlaunch.examples.ptb_lm", "--config", "small")
     assert result.returncode == 0, result.stderr
