@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dtlaunch import __version__
+from dtlaunch.bounded import run_bounded
 from dtlaunch.checks import (
     UNROUTABLE_PREFIXES,
     check_horovod,
@@ -50,11 +51,9 @@ class EnvItem:
 
 def _run(argv: list[str], timeout: float = 20.0) -> tuple[int, str]:
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
-                              stdin=subprocess.DEVNULL)
+        return run_bounded(argv, timeout)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return -1, str(exc)
-    return done.returncode, done.stdout + done.stderr
 
 
 def parse_ompi_info(text: str) -> dict[str, list[str]]:

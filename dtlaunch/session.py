@@ -70,12 +70,13 @@ class RunOutcome:
 
 def local_mpi(family: MpiFamily, program: str) -> MpiImpl:
     """Ask the local launcher what it is; refuse one that this family cannot drive."""
+    from dtlaunch.bounded import run_bounded
+
     try:
-        out = subprocess.run([program, "--version"], capture_output=True, text=True, timeout=20,
-                             stdin=subprocess.DEVNULL)
+        _, out = run_bounded([program, "--version"], timeout=20)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise DtlaunchError(f"cannot run {program} --version: {exc}") from None
-    impl = family.parse_version(out.stdout + out.stderr)
+    impl = family.parse_version(out)
     why = family.unsupported(impl, program)
     if why is not None:
         raise UsageError(f"{why}; {family.install_hint}")
