@@ -199,6 +199,11 @@ class HostKeyWatch:
             return f"host key check failed for {', '.join(self.bad)}: stopping the job"
         return None
 
+    def stop(self) -> None:
+        """The job was stopped (a signal): end the check now, with its connections and
+        proxies, instead of waiting out a slow handshake."""
+        self._prober.close()
+
     def failed(self) -> bool:
         """Waits for the check (bounded by the connect timeout); True if a key was bad."""
         self.done.wait(self._prober.connect_timeout + 2)

@@ -198,16 +198,23 @@ def launch(request: LaunchRequest, on_event: OnEvent, *, executor: Executor | No
         from dtlaunch.launch import execute
 
         executor = execute
-    result = executor(
-        (prepared.mpirun or plan.family.launcher, *plan.argv[1:]),
-        plan.launcher_env,
-        plan.rank_hosts,
-        timeout=request.timeout,
-        output_dir=Path(request.output_dir) if request.output_dir else None,
-        announce=lambda text: on_event(Event(EventLevel.NOTE, text)),
-        stop_when=watch.stop_reason if watch is not None else None,
-    )
-    if watch is not None and watch.failed():
+    try:
+        result = executor(
+            (prepared.mpirun or plan.family.launcher, *plan.argv[1:]),
+            plan.launcher_env,
+            plan.rank_hosts,
+            timeout=request.timeout,
+            output_dir=Path(request.output_dir) if request.output_dir else None,
+            announce=lambda text: on_event(Event(EventLevel.NOTE, text)),
+            stop_when=watch.stop_reason if watch is not None else None,
+        )
+    except BaseException:
+        if watch is not None:
+            watch.stop()
+        raise
+    if watch is not None and result.interrupted_by is not None:
+        watch.stop()  # the user stopped the job: no re-check, and no proxy left waiting
+    elif watch is not None and watch.failed():
         # A host key changed (or vanished) since the cached pre-flight: the full checks
         # name the host and the fix.
         with signals_raise():

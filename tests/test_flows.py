@@ -402,3 +402,49 @@ def test_a_hosts_import_cache_problem_is_one_warning(cache: Path) -> None:
     assert warnings == [f"h2: import cache not used: {problem}"]
     report = doctor(world, "h1", "h2")
     assert report.ok and report.hosts[2].warnings == (f"import cache not used: {problem}",)
+
+
+class HangingKeyCheck(FakeProber):
+    """A host whose key check never completes (a ProxyCommand stuck in its handshake) until
+    the prober is closed, as SshProber.close ends its proxies."""
+
+    def __init__(self, world: FakeWorld) -> None:
+        super().__init__(world)
+        self.ended = threading.Event()
+        self.connect_timeout = 60
+        self.closed_by: threading.Thread | None = None
+
+    def verify(self, host: str) -> str | None:
+        self.world.verified.append(host)
+        self.ended.wait(120)
+        return None
+
+    def close(self) -> None:
+        super().close()
+        if not self.ended.is_set():
+            self.closed_by = threading.current_thread()
+        self.ended.set()
+
+
+@needs_mpirun
+def test_a_job_stopped_by_a_signal_ends_the_key_check_still_running(cache: Path) -> None:
+    world = FakeWorld(h1=facts("h1"), h2=facts("h2"))
+    launch = session.LaunchRequest(run_request())
+    assert session.launch(launch, lambda e: None, executor=RecordingJob(),
+                          reach=world.reach()).exit_code == 0  # the cached success
+    hanging: list[HangingKeyCheck] = []
+
+    def prober() -> HangingKeyCheck:
+        hanging.append(HangingKeyCheck(world))
+        return hanging[-1]
+
+    def stopped_job(argv: Any, env: Any, rank_hosts: Any, **kw: Any) -> LaunchResult:
+        while len(world.verified) < 2:  # both key checks are under way
+            time.sleep(0.01)
+        return LaunchResult(143, None, interrupted_by=15)
+
+    outcome = session.launch(launch, lambda e: None, executor=stopped_job,
+                             reach=Reach(prober=prober, here=world.here))
+    assert outcome.exit_code == 143
+    # Ended by the launch as soon as the job stopped, not by the check's own deadline.
+    assert len(hanging) == 1 and hanging[0].closed_by is threading.main_thread()
