@@ -271,8 +271,12 @@ def run_preflight(request: RunRequest, plan: RunPlan, job_started: bool = False,
         use_cache = False
         warnings.append(f"pre-flight cache not used: {problem}")
     entry = cached_entry(key) if use_cache else None
+    network = None
+    if entry is not None and entry.get("network") is not None:
+        network = choice_from_json(entry["network"])
+        if network is None:
+            entry = None  # damaged: check again (and write it anew), never run without a network
     if entry is not None:
-        network = choice_from_json(entry.get("network")) if entry.get("network") else None
         if may_overlap(request, plan.family):
             return PreflightOutcome(watch=HostKeyWatch(hosts, ways.prober()), network=network,
                                     message=("pre-flight: passed recently (cached); checking "

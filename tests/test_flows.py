@@ -4,6 +4,7 @@ The test bed (test_doctor_testbed.py) runs the same flows for real."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 import threading
@@ -448,3 +449,19 @@ def test_a_job_stopped_by_a_signal_ends_the_key_check_still_running(cache: Path)
     assert outcome.exit_code == 143
     # Ended by the launch as soon as the job stopped, not by the check's own deadline.
     assert len(hanging) == 1 and hanging[0].closed_by is threading.main_thread()
+
+
+def test_a_cached_network_that_is_damaged_is_a_cache_miss(cache: Path) -> None:
+    world = docker_world()
+    request = run_request()
+    plan = plan_run(request, {"PATH": "/usr/bin"})
+    assert preflight.run_preflight(request, plan, reach=world.reach()).network is not None
+    [path] = cache.glob("dtlaunch/preflight-*.json")
+    entry = json.loads(path.read_text())
+    for damaged in ({"cidrs": "10.1.2.0/24"}, ["10.1.2.0/24"], {**entry["network"], "cidrs": ["x"]}):
+        path.write_text(json.dumps({**entry, "network": damaged}))
+        world.probed.clear()
+        again = preflight.run_preflight(request, plan, reach=world.reach())
+        assert again.report is not None and sorted(world.probed) == ["h1", "h2"]
+        assert again.network is not None and again.network.cidrs == ("10.1.2.0/24",)
+        assert json.loads(path.read_text())["network"] == entry["network"]  # written anew
