@@ -242,10 +242,11 @@ def test_env_check_json_matches_machine() -> None:
     assert doc["os"]["kernel"] == os.uname().release
 
 
-def _hung_python(tmp_path: Path) -> Path:
+def _hung_python(tmp_path: Path, ignores_term: bool = False) -> Path:
     """An 'interpreter' that hangs: what a wedged NFS mount or a stuck import looks like."""
     path = tmp_path / "hung-python"
-    path.write_text("#!/bin/sh\nexec sleep 3171\n")
+    trap = "trap '' TERM\n" if ignores_term else ""
+    path.write_text(f"#!/bin/sh\n{trap}exec sleep 3171\n")
     path.chmod(0o755)
     return path
 
@@ -283,8 +284,10 @@ def test_timeout_bounds_a_hung_remote_command_and_ends_it(dbed: tb.TestBed, tmp_
     assert _none_left() == [], "the hung probe was left running"
 
 
-def test_ctrl_c_of_doctor_leaves_nothing_running(dbed: tb.TestBed, tmp_path: Path) -> None:
-    python = _hung_python(tmp_path)
+@pytest.mark.parametrize("ignores_term", [False, True], ids=["hung", "hung-ignoring-sigterm"])
+def test_ctrl_c_of_doctor_leaves_nothing_running(dbed: tb.TestBed, tmp_path: Path,
+                                                 ignores_term: bool) -> None:
+    python = _hung_python(tmp_path, ignores_term)
     proc = subprocess.Popen(
         [sys.executable, "-m", "dtlaunch", "doctor", "-H", "h1,h2", "--ssh-config",
          str(dbed.ssh_config), "--python", str(python)],

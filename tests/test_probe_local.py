@@ -65,6 +65,23 @@ def test_a_tied_command_ends_with_everything_it_started_when_its_input_closes(tm
         time.sleep(0.05)
 
 
+def test_a_tied_command_that_ignores_sigterm_is_killed_when_its_input_closes(tmp_path):
+    pidfile = tmp_path / "pid"
+    proc = tied("sh", "-c", f"trap '' TERM; sleep 300 & echo $! > {pidfile}; wait")
+    deadline = time.monotonic() + 30
+    while not pidfile.exists() or not pidfile.read_text().strip():
+        assert time.monotonic() < deadline, "the command never started"
+        time.sleep(0.05)
+    stubborn = int(pidfile.read_text())
+    assert proc.stdin is not None
+    proc.stdin.close()
+    proc.wait(timeout=10)
+    deadline = time.monotonic() + 15
+    while os.path.exists(f"/proc/{stubborn}") and "Z" not in _state(stubborn):
+        assert time.monotonic() < deadline, "a child that ignores SIGTERM outlived its channel"
+        time.sleep(0.05)
+
+
 def _state(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/stat") as handle:
