@@ -4,6 +4,7 @@ The test bed (test_doctor_testbed.py) runs the same flows for real."""
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
 import sys
@@ -27,6 +28,7 @@ from dtlaunch.mpi import MpiImpl, parse_iface
 from dtlaunch.plan import RunRequest, plan_run
 from dtlaunch.probe import ProbeArgs
 from dtlaunch.prober import Reach, Tracker
+from dtlaunch.render import render_report, report_to_json
 from dtlaunch.report import FAIL, HOST, PASS, SKIP, CheckResult, HostOutcome, ssh_failed
 from dtlaunch.ssh_errors import CHANGED_HOST_KEY
 from dtlaunch.ssh_options import SshOptions
@@ -403,6 +405,12 @@ def test_a_hosts_import_cache_problem_is_one_warning(cache: Path) -> None:
     assert warnings == [f"h2: import cache not used: {problem}"]
     report = doctor(world, "h1", "h2")
     assert report.ok and report.hosts[2].warnings == (f"import cache not used: {problem}",)
+    shown = io.StringIO()
+    render_report(report, shown)
+    assert [line for line in shown.getvalue().splitlines() if "import cache" in line] == [
+        f"h2: warning: import cache not used: {problem}"]
+    assert json.loads(report_to_json(report))["hosts"][2]["warnings"] == list(
+        report.hosts[2].warnings)
 
 
 class HangingKeyCheck(FakeProber):
