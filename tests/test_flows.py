@@ -394,6 +394,22 @@ def test_a_preflight_cache_directory_others_can_write_is_not_used_and_says_so(ca
 
 
 @needs_mpirun
+def test_this_machines_cache_directory_is_named_once_for_both_caches(cache: Path) -> None:
+    folder = cache / "dtlaunch"
+    folder.mkdir()
+    folder.chmod(0o777)
+    problem = f"{folder} is writable by its group or others (chmod 700 it)"
+    world, job = FakeWorld(h1=facts("h1")), RecordingJob()
+    world.here = lambda *a: replace(  # type: ignore[method-assign]
+        facts("launcher"), python=replace(PY, import_cache_problem=problem))
+    events: list[session.Event] = []
+    request = session.LaunchRequest(run_request(hosts=(Host("h1"), Host("localhost"))))
+    assert session.launch(request, events.append, executor=job, reach=world.reach()).exit_code == 0
+    warnings = [e.text for e in events if e.level is session.EventLevel.WARNING]
+    assert warnings == [f"pre-flight cache not used: {problem}"]
+
+
+@needs_mpirun
 def test_a_hosts_import_cache_problem_is_one_warning(cache: Path) -> None:
     problem = "/home/me/.cache/dtlaunch is owned by uid 1000, not by you (uid 0)"
     h2 = replace(facts("h2"), python=replace(PY, import_cache_problem=problem))
