@@ -148,9 +148,15 @@ def assign_ranks(hosts: Sequence[Host], num_proc: int) -> tuple[str, ...]:
 
     Wrapping only happens with --oversubscribe; it mirrors Open MPI's round-robin by slot.
     """
-    if not hosts:
+    if not hosts or num_proc < 1:
         return ()
-    order = [h.name for h in hosts for _ in range(h.slots)]
+    # Only the slots that get a rank are listed (a big hostfile with -np 1 costs nothing).
+    wanted = min(num_proc, total_slots(hosts))
+    order: list[str] = []
+    for host in hosts:
+        order.extend([host.name] * min(host.slots, wanted - len(order)))
+        if len(order) == wanted:
+            break
     return tuple(order[i % len(order)] for i in range(num_proc))
 
 
