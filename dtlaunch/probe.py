@@ -25,6 +25,7 @@ import shlex
 import shutil
 import signal
 import subprocess
+import time
 from dataclasses import dataclass
 from importlib import resources
 
@@ -33,6 +34,7 @@ from dtlaunch.facts import HostFacts, parse_probe_output
 from dtlaunch.prober import Tracker
 
 SCRIPTS = "dtlaunch.probe_scripts"
+END_MARK = b"\n@@end\n"  # the probe's last line (probe.sh)
 LOCAL_SHELL = "/bin/sh" if os.path.exists("/bin/sh") else (shutil.which("sh") or "sh")
 
 
@@ -103,12 +105,29 @@ def probe_local(args: ProbeArgs, timeout: float = 180.0,
         if tracker is not None:
             tracker.add(session)
     try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        raise DtlaunchError(f"the local probe did not finish in {timeout:g} s") from None
+        out = _read_until_done(proc, timeout)
     finally:
         session.close()
         if tracker is not None:
             tracker.discard(session)
-        proc.communicate()
+        proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()  # not read to its end: a daemon may hold it open for ever
     return parse_probe_output(out.decode(errors="replace"))
+
+
+def _read_until_done(proc: subprocess.Popen[bytes], timeout: float) -> bytes:
+    """The probe's output, once the shell has exited and printed its last section (a process
+    it started that left its session may keep the pipe open: its end is not waited for)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            out, _ = proc.communicate(timeout=max(0.0, min(left, 1.0)))
+            return out
+        except subprocess.TimeoutExpired as exc:
+            partial = exc.output or b""
+            if proc.poll() is not None and END_MARK in partial:
+                return partial
+            if left <= 0:
+                raise DtlaunchError(f"the local probe did not finish in {timeout:g} s") from None

@@ -6,6 +6,7 @@ import os
 import shlex
 import subprocess
 import sys
+import threading
 import time
 
 from dtlaunch.probe import ProbeArgs, build_remote_command, probe_local, script_text
@@ -95,3 +96,36 @@ def test_a_tied_command_that_finishes_returns_its_status_with_input_open():
     assert proc.wait(timeout=10) == 7
     assert proc.stdin is not None
     proc.stdin.close()
+
+
+def _pids_of(cmdline: bytes) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as handle:
+                    if handle.read() == cmdline:
+                        found.append(int(entry))
+            except OSError:
+                pass
+    return found
+
+
+def test_a_daemon_left_by_the_interpreter_does_not_hold_the_local_probe(tmp_path):
+    """An interpreter wrapper that leaves a daemon (own session, our pipe as its stdout): the
+    probe is read to its last section, not to an end of file that never comes."""
+    wrapper = tmp_path / "python"
+    wrapper.write_text(f"#!/bin/sh\nsetsid sleep 3174 &\nexec {sys.executable} \"$@\"\n")
+    wrapper.chmod(0o755)
+    got: list[object] = []
+    worker = threading.Thread(target=lambda: got.append(probe_local(
+        ProbeArgs(python=str(wrapper), imports=False), timeout=60)), daemon=True)
+    try:
+        worker.start()
+        worker.join(120)
+        assert not worker.is_alive(), "the local probe waited on the daemon's pipe"
+        [facts] = got
+        assert facts.python.found and not facts.python.error  # type: ignore[attr-defined]
+    finally:
+        for pid in _pids_of(b"sleep\x003174\x00"):
+            os.kill(pid, 9)
