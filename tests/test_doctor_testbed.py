@@ -305,3 +305,26 @@ def test_ctrl_c_of_doctor_leaves_nothing_running(dbed: tb.TestBed, tmp_path: Pat
             proc.kill()
     assert proc.returncode == 130
     assert _none_left() == [], "a probe outlived Ctrl-C"
+
+
+def test_a_daemon_left_by_the_interpreter_does_not_hold_the_probe(dbed: tb.TestBed,
+                                                                  tmp_path: Path) -> None:
+    """An interpreter wrapper that leaves a daemon behind (its own session, the channel as its
+    output): the probe is complete once its shell exited with its last section, not when the
+    channel's output closes (never, here), so no false 'did not finish'."""
+    wrapper = tmp_path / "python"
+    wrapper.write_text(f"#!/bin/sh\nsetsid sleep 3175 &\nexec {sys.executable} \"$@\"\n")
+    wrapper.chmod(0o755)
+    try:
+        _, doc, result = doctor(dbed, "h1,h2", "--python", str(wrapper), "--timeout", "40")
+        for host in ("h1", "h2"):
+            assert check(doc, host, "ssh")["status"] == "pass", result.stdout
+            assert check(doc, host, "python")["status"] == "pass", result.stdout
+    finally:
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    if (entry / "cmdline").read_bytes() == b"sleep\x003175\x00":
+                        os.kill(int(entry.name), signal.SIGKILL)
+                except OSError:
+                    pass
