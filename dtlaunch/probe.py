@@ -51,6 +51,7 @@ class ProbeArgs:
     peers: tuple[str, ...] = ()
     peer_ssh_args: tuple[str, ...] = ()
     imports: bool = True
+    gpu_timeout: float = 10.0  # seconds nvidia-smi may take before the host's GPUs count as hung
 
     def positional(self) -> tuple[str, ...]:
         return (
@@ -63,6 +64,7 @@ class ProbeArgs:
             " ".join(self.peer_ssh_args),
             "1" if self.imports else "0",
             script_text("import_probe.py"),
+            str(max(1, round(self.gpu_timeout * 1000))),
         )
 
 
