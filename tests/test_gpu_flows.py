@@ -177,3 +177,20 @@ def test_cpu_only_doctor_has_no_gpu_rows() -> None:
     no_driver = GpuFacts(smi=True, note="nvidia-smi found but no NVIDIA driver loaded")
     report = doctor(FakeWorld(h1=replace(facts("h1"), gpus=no_driver), h2=facts("h2")), "h1", "h2")
     assert report.ok and [c.status for c in report.job] == ["skip"]
+
+
+def test_dry_run_says_where_the_slots_come_from(tmp_path: Path) -> None:
+    import subprocess
+
+    from conftest import dtlaunch_argv
+
+    script = tmp_path / "train.py"
+    script.write_text("print(1)\n")
+    result = subprocess.run(dtlaunch_argv("run", "--dry-run", "-H", "h1,h2:2", str(script)),
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and "-H h1:1,h2:2" in result.stdout
+    assert ("dtlaunch: slots: 1 on h1 (none given; a dry run does not probe the hosts; a checked "
+            "run gives hosts with NVIDIA GPUs one slot per GPU)") in result.stderr
+    written = subprocess.run(dtlaunch_argv("run", "--dry-run", "-H", "h1:1,h2:2", str(script)),
+                             capture_output=True, text=True, timeout=60)
+    assert "slots" not in written.stderr

@@ -220,3 +220,30 @@ def test_slots_pending_and_their_text() -> None:
                                                 ("-1", 0), ("0,-1,2", 1), ("0,1,2,3,4,5,6,7,8", 8)])
 def test_cuda_visible_devices_limits_this_machines_gpus(value: str, visible: int) -> None:
     assert visible_devices(value, 8) == visible
+
+
+# --- which slots were written -----------------------------------------------------------------
+
+def test_written_slots_are_told_apart_from_the_stand_in_one() -> None:
+    from dtlaunch.hosts import parse_hostfile_text
+
+    assert [h.slots_given for h in parse_hosts("h1,h2:2,h3:1")] == [False, True, True]
+    hostfile = parse_hostfile_text("h1\nh2 slots=4\nh3:2\nh4 max_slots=8\n")
+    assert [(h.slots, h.slots_given) for h in hostfile] == [(1, False), (4, True), (2, True),
+                                                            (1, False)]
+    assert Host("h1", 1, slots_given=False) == Host("h1")  # equality ignores where 1 came from
+
+
+def test_a_slurm_job_without_task_counts_leaves_the_slots_to_the_gpus() -> None:
+    from dtlaunch.allocation import parse_slurm
+    from dtlaunch.cluster import plan_allocation
+    from dtlaunch.plan import RunRequest
+
+    bare = parse_slurm({"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-2]"})
+    assert [h.slots_given for h in bare.hosts] == [False, False]
+    placed = plan_allocation(RunRequest(hosts=(), python="python3"), bare, "auto")
+    assert placed.request.num_proc is None and slots_pending(placed.request.hosts)
+    tasks = parse_slurm({"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-2]",
+                         "SLURM_TASKS_PER_NODE": "4(x2)"})
+    assert all(h.slots_given for h in tasks.hosts)
+    assert plan_allocation(RunRequest(hosts=(), python="python3"), tasks, "auto").request.num_proc == 8
