@@ -14,6 +14,9 @@ operations) are computed once per host in a subprocess and cached in
 `~/.cache/dtlaunch/imports-<key>.json` (mode 0600), keyed by the interpreter and the mtimes and
 versions of the installed torch and horovod packages, so any reinstall recomputes them. A file
 lock makes concurrent probes on a shared home directory compute them once.
+
+`nvidia-smi` (NVIDIA GPUs) starts beside the rest of the probe and is given up on after
+`gpu_timeout` seconds; where it is not installed nothing runs.
 """
 
 from __future__ import annotations
