@@ -1,11 +1,14 @@
 """NVIDIA GPUs on the hosts: what nvidia-smi says, slots from them, mismatches. Pure code.
 
-The probe (side effects, elsewhere) runs on each host, with a timeout:
+The probe (probe_scripts/probe.sh) runs on each host, beside its other work and given up on
+after a deadline (a hung nvidia-smi is a fact, never a hang; no nvidia-smi costs nothing):
     nvidia-smi --query-gpu=index,name,uuid,driver_version,memory.total --format=csv,noheader
     nvidia-smi          (only its header: the driver and the highest CUDA it supports)
-`parse_gpu_facts` reads both; `gpu_slots` gives hosts without explicit slots one slot per GPU
-(Horovod's one process per GPU); `check_gpus` compares hosts and returns one result with a fix
-per mismatch (driver, CUDA, NCCL, GPU count).
+`parse_gpu_probe` reads its sections into `GpuFacts` (HostFacts.gpus); `check_gpus` compares
+the rank hosts and returns one result with a fix per mismatch (driver, CUDA, NCCL, GPU count),
+which doctor shows as rows of the whole job (verdict.gpu_checks); `choose_slots` gives hosts
+whose slots were not written (Host.slots_given) one slot per GPU (Horovod's one process per
+GPU) once the run's pre-flight, or its cache, has counted them (session.launch).
 """
 
 from __future__ import annotations

@@ -141,7 +141,7 @@ def prepare(request: RunRequest, on_event: OnEvent, *, dry_run: bool = False,
                     cpu_count=os.cpu_count() or 1)
     if pending and not defer_slots:
         text = unchecked_slots_text(request.hosts, "a dry run does not probe the hosts"
-                                    if dry_run else "no pre-flight")
+                                    if dry_run else "planned without the pre-flight")
         if text is not None:
             on_event(Event(EventLevel.NOTE if dry_run and request.hosts else EventLevel.DETAIL,
                            text))

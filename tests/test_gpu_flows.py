@@ -105,7 +105,7 @@ def test_no_check_keeps_one_slot_and_says_why(cache: Path) -> None:
     world, events = gpu_world(), []
     _, job = launch(world, events, hosts=parse_hosts("h1,h2"), check=False)
     assert hosts_arg(job.argv[0]) == ("h1:1,h2:1", "2") and world.probed == []
-    assert any(e.text.startswith("slots: 1 on h1, h2 (none given; no pre-flight") for e in events)
+    assert any(e.text.startswith("slots: 1 on h1, h2 (none given; planned without the pre-flight") for e in events)
 
 
 @needs_mpirun
