@@ -132,8 +132,10 @@ def cached_entry(key: str, now: float | None = None) -> dict[str, Any] | None:
     return data if 0 <= age < CACHE_SECONDS and isinstance(data, dict) else None
 
 
-def write_cache(key: str, network: dict[str, Any] | None = None) -> None:
-    data = json.dumps({"key": key, "time": time.time(), "network": network}).encode()
+def write_cache(key: str, network: dict[str, Any] | None = None,
+                gpus: dict[str, int] | None = None) -> None:
+    data = json.dumps({"key": key, "time": time.time(), "network": network,
+                       "gpus": gpus}).encode()
     try:
         with private_dir(_cache_dir()) as folder:
             write_private(folder, _cache_name(key), data)
@@ -224,6 +226,7 @@ class PreflightOutcome:
     watch: HostKeyWatch | None = None  # a cache hit's key check, running alongside the launch
     network: NetworkChoice | None = None  # the network chosen for a run without --iface
     message: str = ""  # what happened, for --verbose
+    gpus: dict[str, int] | None = None  # NVIDIA GPUs per host (None: not known)
     warnings: tuple[str, ...] = ()  # one line each (a cache that could not be used)
 
     @property
@@ -258,6 +261,7 @@ def run_preflight(request: RunRequest, plan: RunPlan, job_started: bool = False,
         build_expectations,
         doctor_and_network,
     )
+    from dtlaunch.gpus import slots_pending
     from dtlaunch.network import choice_from_json, choice_to_json
 
     hosts = tuple(h.name for h in plan.hosts)
@@ -271,19 +275,23 @@ def run_preflight(request: RunRequest, plan: RunPlan, job_started: bool = False,
         use_cache = False
         warnings.append(f"pre-flight cache not used: {problem}")
     entry = cached_entry(key) if use_cache else None
+    if entry is not None and gpus_from_json(entry.get("gpus")) is None and slots_pending(
+            request.hosts):
+        entry = None  # written before GPUs were cached: the slots need the full checks
     network = None
     if entry is not None and entry.get("network") is not None:
         network = choice_from_json(entry["network"])
         if network is None:
             entry = None  # damaged: check again (and write it anew), never run without a network
     if entry is not None:
+        gpus = gpus_from_json(entry.get("gpus"))
         if may_overlap(request, plan.family):
             return PreflightOutcome(watch=HostKeyWatch(hosts, ways.prober()), network=network,
                                     message=("pre-flight: passed recently (cached); checking "
-                                             "host keys while the job starts"))
+                                             "host keys while the job starts"), gpus=gpus)
         if not host_key_failures(hosts, ways.prober()):
             return PreflightOutcome(network=network, message=(
-                "pre-flight: passed recently (cached); host keys verified"))
+                "pre-flight: passed recently (cached); host keys verified"), gpus=gpus)
         drop_cache(key)
     if job_started:
         drop_cache(key)
@@ -304,7 +312,16 @@ def run_preflight(request: RunRequest, plan: RunPlan, job_started: bool = False,
                  if problem is None or problem not in text]
     if not report.ok:
         return PreflightOutcome(report, warnings=tuple(warnings))
+    gpus = {h.host: h.gpus.count for h in report.hosts if h.gpus is not None}
     if use_cache:
-        write_cache(key, choice_to_json(network) if network is not None else None)
+        write_cache(key, choice_to_json(network) if network is not None else None, gpus)
     return PreflightOutcome(report, network=network, warnings=tuple(warnings), message=(
-        f"pre-flight: {len(report.hosts)} host(s) ready ({report.seconds:.2f} s)"))
+        f"pre-flight: {len(report.hosts)} host(s) ready ({report.seconds:.2f} s)"), gpus=gpus)
+
+
+def gpus_from_json(value: Any) -> dict[str, int] | None:
+    """The GPU counts a cache entry holds; anything else (an older entry) is not known."""
+    if not isinstance(value, dict):
+        return None
+    counts = {str(k): v for k, v in value.items() if isinstance(v, int) and v >= 0}
+    return counts if len(counts) == len(value) else None
