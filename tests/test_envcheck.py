@@ -99,13 +99,13 @@ def _cmdline(pid: str) -> str:
 
 
 def test_env_check_ends_a_hung_tool_with_everything_it_started(tmp_path: Path) -> None:
-    """A wrapper script whose child hangs (what a wedged driver makes of `nvidia-smi`): the
+    """A wrapper script whose child hangs (`ssh -V` here; ompi_info goes the same way): the
     child must not outlive env-check (ending only the script would leave it running)."""
-    fake = tmp_path / "nvidia-smi"
-    fake.write_text("#!/bin/sh\nsleep 3002\necho 'GPU 0: never'\n")
+    fake = tmp_path / "ssh"
+    fake.write_text("#!/bin/sh\nsleep 3002\necho 'OpenSSH_never'\n")
     fake.chmod(0o755)
     result = run_env_check({**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"})
     assert result.returncode in (0, 1), result.stderr
     doc = json.loads(result.stdout)
-    assert doc["gpus"]["nvidia_smi"] == str(fake) and doc["gpus"]["devices"] == []
+    assert doc["ssh"]["client"] == str(fake) and "timed out" in doc["ssh"]["version"]
     assert not [p for p in os.listdir("/proc") if p.isdigit() and _cmdline(p) == "sleep 3002"]
