@@ -1,9 +1,9 @@
-"""Run a short local command (`ompi_info`, `nvidia-smi -L`, `mpirun --version`) within a time
-limit, leaving nothing behind.
+"""Run a short local command (`ompi_info`, `ssh -V`, `mpirun --version`) within a time limit,
+leaving nothing behind.
 
 The command runs in a session of its own: at the deadline the whole session is killed, not
-only the command, so a wrapper script's children (a hung `nvidia-smi` under a shell script)
-neither outlive dtlaunch nor keep its pipe open. Whatever the command left running in its
+only the command, so a wrapper script's children (a hung tool under a shell script) neither
+outlive dtlaunch nor keep its pipe open. Whatever the command left running in its
 group after it exited is ended too.
 """
 
