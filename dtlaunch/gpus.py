@@ -239,13 +239,13 @@ def choose_slots(hosts: Sequence[Host], counts: Mapping[str, int], num_proc: int
     """One slot per GPU where no slots were written; written slots always win.
 
     `counts`: GPUs per host name from the pre-flight; no hosts means this machine (`here`),
-    whose one-slot-per-core default becomes one slot per GPU (still at least -np)."""
+    whose one-slot-per-core default becomes one slot per GPU. More processes than slots need
+    --oversubscribe here as on hosts (plan.choose_num_proc): `num_proc` changes nothing."""
     if not hosts:
         n = counts.get(here, 0)
         if not n:
             return SlotChoice((), False, "slots: this machine, one per core (no NVIDIA GPU)")
-        return SlotChoice((Host(here, max(n, num_proc or 0)),), True,
-                          f"slots: this machine, one per NVIDIA GPU ({n})")
+        return SlotChoice((Host(here, n),), True, f"slots: this machine, one per NVIDIA GPU ({n})")
     chosen: list[Host] = []
     from_gpus: list[str] = []
     standing_in: list[str] = []

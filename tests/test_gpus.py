@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dtlaunch.checks import FAIL, PASS, SKIP, WARN
+from dtlaunch.errors import UsageError
 from dtlaunch.gpus import (
     Gpu,
     GpuFacts,
@@ -24,6 +25,7 @@ from dtlaunch.gpus import (
     visible_devices,
 )
 from dtlaunch.hosts import Host, parse_hosts
+from dtlaunch.plan import RunRequest, plan_run
 
 # Recorded shapes of `nvidia-smi --query-gpu=index,name,uuid,driver_version,memory.total
 # --format=csv,noheader` and of the banner of plain `nvidia-smi` (driver 550 and 470 layouts).
@@ -204,7 +206,13 @@ def test_slots_come_from_gpus_only_where_none_were_written() -> None:
 
 def test_this_machine_gets_one_slot_per_gpu_and_at_least_np() -> None:
     assert choose_slots((), {"localhost": 4}, None).hosts == (Host("localhost", 4),)
-    assert choose_slots((), {"localhost": 4}, 6).hosts == (Host("localhost", 6),)
+    # -np 6 on 4 GPUs: still 4 slots, so the plan asks for --oversubscribe (not a silent 6).
+    assert choose_slots((), {"localhost": 4}, 6).hosts == (Host("localhost", 4),)
+    with pytest.raises(UsageError, match="-np: 6 processes but the hosts have only 4 slots"):
+        plan_run(RunRequest(hosts=(Host("localhost", 4),), python="python3", script="t.py",
+                            num_proc=6), {})
+    assert plan_run(RunRequest(hosts=(Host("localhost", 4),), python="python3", script="t.py",
+                               num_proc=6, oversubscribe=True), {}).rank_hosts == ("localhost",) * 6
     assert not choose_slots((), {"localhost": 0}, None).changed
 
 
