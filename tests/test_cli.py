@@ -164,6 +164,8 @@ BAD_RUN = [
     (["-np", "0", "-H", "a"], "at least 1"),
     (["-np", "3", "-H", "a:2"], "only 2 slots"),
     (["-np", "2000000", "-H", "a", "--oversubscribe"], "more than the 1000000 dtlaunch starts"),
+    (["-np", "1000000000", "--oversubscribe"], "1000000000 processes is more than the 1000000"),
+    (["--output-dir", ""], "--output-dir: empty path"),
     (["-H", ",".join(f"h{i}:4096" for i in range(300))], "all 1228800 slots is more than"),
     (["--output-dir", "{tmp}/hosts"], "{tmp}/hosts exists and is not a directory"),
     (["--output-dir", "{tmp}/hosts/logs"], "which is not a directory"),
