@@ -307,9 +307,7 @@ def run_preflight(request: RunRequest, plan: RunPlan, job_started: bool = False,
         choose_network=request.iface is None and len(hosts) > 1,
     )
     report, network = doctor_and_network(doctor_request, reach=ways)
-    # A host's import cache problem that is this machine's cache directory's is said once.
-    warnings += [f"{host.host}: {text}" for host in report.hosts for text in host.warnings
-                 if problem is None or problem not in text]
+    warnings += report.warning_lines(said=problem)
     if not report.ok:
         return PreflightOutcome(report, warnings=tuple(warnings))
     gpus = {h.host: h.gpus.count for h in report.hosts if h.gpus is not None}

@@ -126,6 +126,20 @@ class DoctorReport:
         return (tuple((h.host, c) for h in self.hosts for c in h.checks if c.status == WARN)
                 + tuple((JOB, c) for c in self.job if c.status == WARN))
 
+    def warning_lines(self, said: str | None = None, shown: int = 8) -> list[str]:
+        """The hosts' own warnings (HostReport.warnings), one line per distinct text (a shared
+        home gives every host the same one); one holding `said` (already said) is left out."""
+        by_text: dict[str, list[str]] = {}
+        for host in self.hosts:
+            for text in host.warnings:
+                if said is None or said not in text:
+                    by_text.setdefault(text, []).append(host.host)
+        lines = []
+        for text, names in by_text.items():
+            more = f" and {len(names) - shown} more" if len(names) > shown else ""
+            lines.append(f"{', '.join(names[:shown])}{more}: {text}")
+        return lines
+
 
 def ssh_failed(detail: str, hint: str) -> CheckResult:
     """The ssh check of a host that could not be probed."""

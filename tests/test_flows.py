@@ -427,6 +427,13 @@ def test_a_hosts_import_cache_problem_is_one_warning(cache: Path) -> None:
         f"h2: warning: import cache not used: {problem}"]
     assert json.loads(report_to_json(report))["hosts"][2]["warnings"] == list(
         report.hosts[2].warnings)
+    # A shared home: every host has the same problem, said once.
+    world.hosts = {f"h{i}": replace(h2, hostname=f"h{i}") for i in range(1, 13)}
+    events.clear()
+    request = session.LaunchRequest(run_request(hosts=tuple(Host(f"h{i}") for i in range(1, 13))))
+    assert session.launch(request, events.append, executor=job, reach=world.reach()).exit_code == 0
+    warnings = [e.text for e in events if e.level is session.EventLevel.WARNING]
+    assert warnings == [f"h1, h2, h3, h4, h5, h6, h7, h8 and 4 more: import cache not used: {problem}"]
 
 
 class HangingKeyCheck(FakeProber):
