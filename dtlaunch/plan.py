@@ -11,6 +11,7 @@ from dtlaunch.command import check_module_name as check_module_name  # re-export
 from dtlaunch.envvars import EnvPlan, build_launcher_env, plan_environment
 from dtlaunch.errors import UsageError
 from dtlaunch.hosts import Host, assign_ranks, total_slots
+from dtlaunch.mca import refuse_insecure
 from dtlaunch.mpi import Interfaces, JobSpec, MpiFamily, format_command
 from dtlaunch.openmpi import OPEN_MPI
 from dtlaunch.ssh_options import SshOptions
@@ -52,10 +53,12 @@ class RunPlan:
     env: EnvPlan
     hosts: tuple[Host, ...]
     family: MpiFamily = field(default=OPEN_MPI, compare=False)  # how the job is started
+    # Variables the launcher needs beyond the ranks' (dtlaunch's ssh options): shown first.
+    shown_env: tuple[tuple[str, str], ...] = ()
 
     def display(self) -> str:
         """Shell-quoted and pasteable; values of secrets never appear in it."""
-        return format_command(self.argv)
+        return format_command(self.argv, self.shown_env)
 
 
 def resolve_hosts(hosts: tuple[Host, ...], num_proc: int | None, cpu_count: int) -> tuple[Host, ...]:
@@ -111,6 +114,7 @@ def plan_run(
     if request.timeline:
         fixed["HOROVOD_TIMELINE"] = request.timeline
     fixed.update(request.extra_env)
+    refuse_insecure(request.mpi_args, environ)
     env = plan_environment(environ, request.env_items, fixed)
     spec = JobSpec(
         hosts=hosts,
@@ -130,6 +134,8 @@ def plan_run(
     )
     argv = family.build_argv(spec, launcher or family.launcher)
     launcher_env = build_launcher_env(environ, env)
+    own = family.launcher_env(spec)
+    launcher_env.update(own)
     if spec.slurm:
         # Open MPI's plm slurm reads the job from these and starts its daemons with srun.
         launcher_env.update(slurm_launch_env(environ))
@@ -140,4 +146,5 @@ def plan_run(
         env=env,
         hosts=hosts,
         family=family,
+        shown_env=tuple(own.items()),
     )

@@ -23,6 +23,7 @@ import os
 import stat
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -195,10 +196,12 @@ class HostKeyWatch:
         return bool(self.bad)
 
 
-def may_overlap(request: RunRequest, family: MpiFamily = OPEN_MPI) -> bool:
+def may_overlap(request: RunRequest, family: MpiFamily = OPEN_MPI,
+                launcher_env: Mapping[str, str] | None = None) -> bool:
     """The key check may run alongside the launch only while dtlaunch controls the launcher's
-    ssh: extra launcher arguments could weaken its host-key checking."""
-    return family.ssh_left_to_dtlaunch(request.mpi_args)
+    ssh: extra launcher arguments or MCA variables could weaken its host-key checking."""
+    env = os.environ if launcher_env is None else launcher_env
+    return family.ssh_left_to_dtlaunch(request.mpi_args, env)
 
 
 @dataclass(frozen=True)
@@ -258,7 +261,7 @@ def run_preflight(request: RunRequest, plan: RunPlan, job_started: bool = False,
     if entry is not None:
         network = choice_from_json(entry.get("network")) if entry.get("network") else None
         gpus = gpus_from_json(entry.get("gpus"))
-        if may_overlap(request, plan.family):
+        if may_overlap(request, plan.family, plan.launcher_env):
             return PreflightOutcome(watch=HostKeyWatch(hosts, ways.prober()), network=network,
                                     message=("pre-flight: passed recently (cached); checking "
                                              "host keys while the job starts"), gpus=gpus)

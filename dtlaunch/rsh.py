@@ -1,20 +1,41 @@
-"""mpirun's SSH agent: runs ssh, and says so when the link to a host is lost.
+"""mpirun's SSH agent: runs ssh with dtlaunch's options, and says so when the link to a host
+is lost.
+
+The ssh options (identity file, config file, port, ...) come from the environment
+(`DTLAUNCH_SSH_ARGS`, a JSON list), never from mpirun's `plm_rsh_args`: Open MPI copies its MCA
+parameters onto each daemon's command line inside double quotes, where a remote shell would
+expand `$(...)` in a file name.
 
 Open MPI ignores an ssh link that dies after its daemon started, so a host whose sshd dies
-mid-job would leave the job hanging. ssh exits 255 exactly when the connection fails; this
-wrapper then prints one line that dtlaunch watches for, and dtlaunch stops the job.
+mid-job would leave the job hanging. ssh exits 255 both when the connection fails and when the
+remote command itself exits 255, so ssh logs (-v -E) to a private file: a connection whose
+remote exit status (or signal) arrived was not lost. Only a lost one gets the line that
+dtlaunch watches for, and dtlaunch stops the job. ssh's own messages (not its debug lines) are
+passed on to stderr as before.
+
+Standard library only, and no dtlaunch imports: it starts with -I -S, once per host.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
 import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+import tempfile
+from collections.abc import Mapping, Sequence
 
 LOST_PREFIX = "dtlaunch-rsh: lost the SSH connection to host "
+SSH_ARGS_ENV = "DTLAUNCH_SSH_ARGS"
 # OpenSSH options that take a value (from ssh(1)); the first other word is the host.
 _WITH_VALUE = set("BbcDEeFIiJLlmOopQRSWw")
+# What `ssh -v` logs about the remote command's end; a lost connection logs neither.
+_REMOTE_ENDED = ("rtype exit-status ", "rtype exit-signal ")
+# Lines that only -v adds (besides "debugN:"), left out of what is passed on.
+_VERBOSE_ONLY = ("debug1: ", "debug2: ", "debug3: ", "Authenticated to ", "Transferred: ",
+                 "Bytes per second: ", "OpenSSH_")
 
 
 def find_host(args: Sequence[str]) -> str:
@@ -30,19 +51,54 @@ def find_host(args: Sequence[str]) -> str:
     return "?"
 
 
+def ssh_options(environ: Mapping[str, str]) -> list[str]:
+    """dtlaunch's ssh options from the environment; none when unset or unreadable."""
+    try:
+        value = json.loads(environ.get(SSH_ARGS_ENV, "[]"))
+    except ValueError:
+        return []
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        return []
+    return value
+
+
+def link_lost(code: int, log: str) -> bool:
+    """ssh's 255 means a lost connection only if the remote command's end never arrived."""
+    return code == 255 and not any(mark in log for mark in _REMOTE_ENDED)
+
+
+def messages(log: str) -> str:
+    """ssh's own messages from its -v log: what it would have printed without -v -E."""
+    return "".join(line for line in log.splitlines(keepends=True)
+                   if not line.startswith(_VERBOSE_ONLY))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    proc = subprocess.Popen(["ssh", *args])
+    handle, log_path = tempfile.mkstemp(prefix="dtlaunch-ssh-", suffix=".log")
+    os.close(handle)
+    try:
+        try:
+            proc = subprocess.Popen(["ssh", "-v", "-E", log_path, *ssh_options(os.environ), *args])
+        except OSError as exc:
+            sys.stderr.write(f"dtlaunch-rsh: cannot run ssh: {exc.strerror}\n")
+            return 127
 
-    def forward(signum: int, _frame: object) -> None:
-        proc.send_signal(signum)
+        def forward(signum: int, _frame: object) -> None:
+            proc.send_signal(signum)
 
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, forward)
-    code = proc.wait()
-    if code == 255:
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, forward)
+        code = proc.wait()
+        with open(log_path, encoding="utf-8", errors="replace") as log_file:
+            log = log_file.read()
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(log_path)
+    sys.stderr.write(messages(log))
+    if link_lost(code, log):
         sys.stderr.write(f"{LOST_PREFIX}{find_host(args)} (ssh exit status 255)\n")
-        sys.stderr.flush()
+    sys.stderr.flush()
     return code if code >= 0 else 128 - code
 
 
