@@ -4,8 +4,12 @@ ssh's exit 255 is a lost link only when it is one; a missing program is named. P
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+from pathlib import Path
 
 import pytest
+from conftest import dtlaunch_argv
 
 from dtlaunch import preflight, rsh
 from dtlaunch.errors import UsageError
@@ -187,3 +191,16 @@ def test_a_missing_program_names_host_rank_and_program(
     assert failure is not None and (failure.rank, failure.host) == (rank, host)
     assert failure.describe() == (f"rank {rank} could not start on host {host}: {program} was "
                                   "not found or is not executable there")
+
+
+@pytest.mark.parametrize("environ", [{}, {"OMPI_MCA_orte_rsh_agent": "ssh -o StrictHostKeyChecking=no"}])
+def test_no_check_still_refuses_an_agent_that_accepts_any_key(tmp_path: Path,
+                                                              environ: dict[str, str]) -> None:
+    script = tmp_path / "t.py"
+    script.write_text("")
+    mpi_args = () if environ else ("--mpi-args", "-mca orte_rsh_agent 'ssh -o StrictHostKeyChecking=no'")
+    result = subprocess.run(
+        dtlaunch_argv("run", "--no-check", "-H", "h1:1", *mpi_args, str(script)),
+        capture_output=True, text=True, timeout=60, env={**os.environ, **environ})
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and "StrictHostKeyChecking=no" in result.stderr
