@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from conftest import SCRIPTS, dtlaunch_argv
+from slurm_bed import SlurmCluster
 from testbed import TestBed
 
 from dtlaunch.rsh import LOST_PREFIX, SSH_ARGS_ENV
@@ -148,3 +149,46 @@ def test_a_missing_interpreter_names_host_rank_and_program(bed: TestBed, tmp_pat
     assert last.startswith("dtlaunch: job failed: rank "), result.stderr
     assert "/nonexistent/python3 was not found or is not executable there" in last
     assert " on host h1" in last or " on host h2" in last
+
+
+def _pids_with(marker: str) -> list[int]:
+    """Every live process on the machine (launcher and all nodes) whose argv holds marker."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if marker.encode() in (entry / "cmdline").read_bytes() and alive(int(entry.name)):
+                    found.append(int(entry.name))
+    return found
+
+
+def test_killing_dtlaunch_inside_slurm_leaves_nothing(slurm_cluster: SlurmCluster,
+                                                      tmp_path: Path) -> None:
+    """--launcher slurm: mpirun's daemons come from srun; SIGKILL of dtlaunch ends them all."""
+    marker = str(tmp_path)
+    argv = ["salloc", "--nodes=2", "--job-name=dtl-lifeline", *dtlaunch_argv(
+        "run", "--no-check", "--iface", slurm_cluster.bed.subnet, "-np", "2", "-H", "h1:1,h2:1",
+        PROBE, "--out", marker, "--sleep", "300")]
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env=slurm_cluster.env(),
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while len(records(tmp_path)) < 2:
+            assert time.monotonic() < deadline and proc.poll() is None, "ranks did not start"
+            time.sleep(0.3)
+        argvs = {p: Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0") for p in _pids_with(marker)}
+        launcher = [p for p, a in argvs.items() if a[1:3] == [b"-m", b"dtlaunch"]]
+        assert len(launcher) == 1, argvs
+        mpirun = [p for p, a in argvs.items() if os.path.basename(a[0]) == b"mpirun"]
+        assert mpirun, "mpirun not found"
+        os.kill(launcher[0], signal.SIGKILL)
+        deadline = time.monotonic() + 20
+        while (left := _pids_with(marker)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert left == [], "mpirun, srun or ranks outlived dtlaunch"
+    finally:
+        with contextlib.suppress(OSError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    slurm_cluster.wait_idle(60)
