@@ -124,7 +124,7 @@ def execute(
         output_dir.mkdir(parents=True, exist_ok=True)
     out = _Output(rank_hosts, output_dir)
     received: list[int] = []
-    command, lifeline_read, lifeline_write = guarded_argv(argv)
+    command, lifeline_read, lifeline_write = guarded_argv(list(argv))
     try:
         proc = subprocess.Popen(
             command,

@@ -11,19 +11,18 @@ session, and exits. Remote daemons end when mpirun's ssh links (or srun) end.
 While dtlaunch lives, the guard stays in mpirun's process group, so dtlaunch's final kill of
 that group ends it too; it also leaves as soon as mpirun is gone. It never outlives the job.
 
-Standard library only, and no dtlaunch imports: it starts with -I -S, once per job.
+Standard library only, and no dtlaunch imports: it starts with -I -S, once per job, and
+imports little (no contextlib, no collections) to start fast.
 """
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import os
 import select
 import signal
 import sys
 import time
-from collections.abc import Sequence
 
 GRACE_SECONDS = 5.0  # mpirun's time to take its ranks down after dtlaunch died
 _PR_SET_PDEATHSIG = 1
@@ -47,17 +46,17 @@ def session_members(sid: int) -> list[int]:
     return found
 
 
-def _kill_all(pids: Sequence[int], signum: int) -> None:
-    for pid in pids:
-        with contextlib.suppress(OSError):
-            os.kill(pid, signum)
+def _kill(pid: int, signum: int) -> None:
+    try:  # noqa: SIM105 (contextlib costs this start-up more than it saves)
+        os.kill(pid, signum)
+    except OSError:  # already gone
+        pass
 
 
 def stop_session(leader: int, signal_leader: bool, grace: float = GRACE_SECONDS) -> None:
     """mpirun (the session's leader) first, gently; then everything left in its session."""
     if signal_leader:
-        with contextlib.suppress(OSError):
-            os.kill(leader, signal.SIGTERM)
+        _kill(leader, signal.SIGTERM)
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline and leader in session_members(leader):
         time.sleep(0.1)
@@ -65,7 +64,8 @@ def stop_session(leader: int, signal_leader: bool, grace: float = GRACE_SECONDS)
         left = session_members(leader)
         if not left:
             return
-        _kill_all(left, signal.SIGKILL)
+        for pid in left:
+            _kill(pid, signal.SIGKILL)
         time.sleep(0.05)
 
 
@@ -95,7 +95,7 @@ def _set_pdeathsig(signum: int) -> bool:
         return False
 
 
-def guarded_argv(argv: Sequence[str]) -> tuple[list[str], int, int]:
+def guarded_argv(argv: list[str]) -> tuple[list[str], int, int]:
     """The command that starts ``argv`` under a guard, and the pipe's (read, write) ends: pass
     the read end to the child (pass_fds) and close it here; keep the write end open (and
     never inherited: os.pipe's ends are close-on-exec) for as long as the job runs."""
@@ -104,7 +104,7 @@ def guarded_argv(argv: Sequence[str]) -> tuple[list[str], int, int]:
     return [*wrapper, str(read_end), str(os.getpid()), "--", *argv], read_end, write_end
 
 
-def main(argv: Sequence[str]) -> int:
+def main(argv: list[str]) -> int:
     if len(argv) < 4 or argv[2] != "--":
         sys.stderr.write("usage: lifeline.py FD PARENT_PID -- PROGRAM [ARG...]\n")
         return 2

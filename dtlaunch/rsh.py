@@ -24,7 +24,7 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
+import time
 from collections.abc import Mapping, Sequence
 
 LOST_PREFIX = "dtlaunch-rsh: lost the SSH connection to host "
@@ -73,10 +73,30 @@ def messages(log: str) -> str:
                    if not line.startswith(_VERBOSE_ONLY))
 
 
+def _private_log() -> tuple[str, int]:
+    """A new empty file only this user can read, and a descriptor to read it later
+    (tempfile would cost this start-up ~10 ms)."""
+    folder = os.environ.get("TMPDIR") or "/tmp"
+    while True:
+        path = os.path.join(folder, f"dtlaunch-ssh-{os.getpid()}-{os.urandom(6).hex()}.log")
+        try:
+            return path, os.open(path, os.O_RDONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        except FileExistsError:
+            continue
+
+
+def _unlink_once_open(path: str, fd: int, proc: subprocess.Popen[bytes]) -> None:
+    """ssh writes its version line as soon as it opens the log: from then on the name can go,
+    so nothing is left behind even if this wrapper is killed."""
+    while proc.poll() is None and os.fstat(fd).st_size == 0:
+        time.sleep(0.005)
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    handle, log_path = tempfile.mkstemp(prefix="dtlaunch-ssh-", suffix=".log")
-    os.close(handle)
+    log_path, log_fd = _private_log()
     try:
         try:
             proc = subprocess.Popen(["ssh", "-v", "-E", log_path, *ssh_options(os.environ), *args])
@@ -89,10 +109,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, forward)
+        _unlink_once_open(log_path, log_fd, proc)
         code = proc.wait()
-        with open(log_path, encoding="utf-8", errors="replace") as log_file:
+        with os.fdopen(log_fd, encoding="utf-8", errors="replace", closefd=False) as log_file:
             log = log_file.read()
     finally:
+        os.close(log_fd)
         with contextlib.suppress(OSError):
             os.unlink(log_path)
     sys.stderr.write(messages(log))
