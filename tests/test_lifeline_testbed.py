@@ -112,6 +112,16 @@ def test_hostile_ssh_paths_work_and_nothing_is_evaluated_remotely(
     assert refused.stderr.count("\n") == 1 and "cannot carry safely" in refused.stderr
 
 
+def test_tree_spawn_with_plain_paths_still_runs(bed: TestBed, tmp_path: Path) -> None:
+    result = subprocess.run(
+        dtlaunch_argv("run", "--no-check", "--tree-spawn", "-H", "h1:1,h2:1,h3:1", "--iface",
+                      bed.subnet, "--ssh-config", str(bed.ssh_config), "--ssh-identity-file",
+                      str(bed.client_key), PROBE, "--out", str(tmp_path)),
+        capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert {r["host"] for r in records(tmp_path).values()} == {"h1", "h2", "h3"}
+
+
 def _rsh(bed: TestBed, *command: str) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT),
            SSH_ARGS_ENV: json.dumps(["-F", str(bed.ssh_config), "-o", "BatchMode=yes",
