@@ -81,7 +81,7 @@ def guard(fd: int, leader: int, pdeathsig: bool) -> None:
         ready, _, _ = select.select([fd], [], [], 0.5)
         if ready and not os.read(fd, 64):
             # dtlaunch is gone. With PR_SET_PDEATHSIG the kernel has already sent mpirun
-            # its SIGTERM; a second one would make Open MPI's mpirun quit without cleaning up.
+            # its SIGTERM; a second signal can cut mpirun's orderly shutdown short.
             stop_session(leader, signal_leader=not pdeathsig)
             return
 

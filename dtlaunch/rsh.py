@@ -73,16 +73,16 @@ def messages(log: str) -> str:
                    if not line.startswith(_VERBOSE_ONLY))
 
 
-def _private_log() -> tuple[str, int]:
+def _private_log() -> tuple[str, int] | None:
     """A new empty file only this user can read, and a descriptor to read it later
-    (tempfile would cost this start-up ~10 ms)."""
-    folder = os.environ.get("TMPDIR") or "/tmp"
-    while True:
-        path = os.path.join(folder, f"dtlaunch-ssh-{os.getpid()}-{os.urandom(6).hex()}.log")
+    (tempfile would cost this start-up ~10 ms); None if no temporary folder takes one."""
+    for folder in dict.fromkeys((os.environ.get("TMPDIR") or "/tmp", "/tmp")):
+        path = os.path.join(folder, f"dtlaunch-ssh-{os.getpid()}-{os.urandom(8).hex()}.log")
         try:
             return path, os.open(path, os.O_RDONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        except FileExistsError:
+        except OSError:
             continue
+    return None
 
 
 def _unlink_once_open(path: str, fd: int, proc: subprocess.Popen[bytes]) -> None:
@@ -94,31 +94,39 @@ def _unlink_once_open(path: str, fd: int, proc: subprocess.Popen[bytes]) -> None
         os.unlink(path)
 
 
+def _read_log(log: tuple[str, int]) -> str:
+    path, fd = log
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+    with os.fdopen(fd, encoding="utf-8", errors="replace") as handle:
+        return handle.read()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    log_path, log_fd = _private_log()
+    log = _private_log()
+    verbose = ["-v", "-E", log[0]] if log is not None else []
     try:
-        try:
-            proc = subprocess.Popen(["ssh", "-v", "-E", log_path, *ssh_options(os.environ), *args])
-        except OSError as exc:
-            sys.stderr.write(f"dtlaunch-rsh: cannot run ssh: {exc.strerror}\n")
-            return 127
+        proc = subprocess.Popen(["ssh", *verbose, *ssh_options(os.environ), *args])
+    except OSError as exc:
+        if log is not None:
+            _read_log(log)
+        sys.stderr.write(f"dtlaunch-rsh: cannot run ssh: {exc.strerror}\n")
+        return 127
 
-        def forward(signum: int, _frame: object) -> None:
-            proc.send_signal(signum)
+    def forward(signum: int, _frame: object) -> None:
+        proc.send_signal(signum)
 
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-            signal.signal(sig, forward)
-        _unlink_once_open(log_path, log_fd, proc)
-        code = proc.wait()
-        with os.fdopen(log_fd, encoding="utf-8", errors="replace", closefd=False) as log_file:
-            log = log_file.read()
-    finally:
-        os.close(log_fd)
-        with contextlib.suppress(OSError):
-            os.unlink(log_path)
-    sys.stderr.write(messages(log))
-    if link_lost(code, log):
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, forward)
+    if log is not None:
+        _unlink_once_open(log[0], log[1], proc)
+    code = proc.wait()
+    text = _read_log(log) if log is not None else None
+    if text is not None:
+        sys.stderr.write(messages(text))
+    # Without a log (no temporary folder), every 255 counts as lost, as ssh(1) documents it.
+    if code == 255 and (text is None or link_lost(code, text)):
         sys.stderr.write(f"{LOST_PREFIX}{find_host(args)} (ssh exit status 255)\n")
     sys.stderr.flush()
     return code if code >= 0 else 128 - code
