@@ -11,6 +11,7 @@ from dtlaunch.command import check_module_name as check_module_name  # re-export
 from dtlaunch.envvars import EnvPlan, build_launcher_env, plan_environment
 from dtlaunch.errors import UsageError
 from dtlaunch.hosts import Host, assign_ranks, total_slots
+from dtlaunch.mca import refuse_insecure
 from dtlaunch.mpi import Interfaces, JobSpec, MpiFamily, format_command
 from dtlaunch.openmpi import OPEN_MPI
 from dtlaunch.ssh_options import SshOptions
@@ -55,10 +56,12 @@ class RunPlan:
     env: EnvPlan
     hosts: tuple[Host, ...]
     family: MpiFamily = field(default=OPEN_MPI, compare=False)  # how the job is started
+    # Variables the launcher needs beyond the ranks' (dtlaunch's ssh options): shown first.
+    shown_env: tuple[tuple[str, str], ...] = ()
 
     def display(self) -> str:
         """Shell-quoted and pasteable; values of secrets never appear in it."""
-        return format_command(self.argv)
+        return format_command(self.argv, self.shown_env)
 
 
 # More processes than this is a typo, not a job (and would cost gigabytes to plan).
@@ -129,6 +132,7 @@ def plan_run(
     if request.timeline:
         fixed["HOROVOD_TIMELINE"] = request.timeline
     fixed.update(request.extra_env)
+    refuse_insecure(request.mpi_args, environ)
     env = plan_environment(environ, request.env_items, fixed, typed=request.typed_env)
     spec = JobSpec(
         hosts=hosts,
@@ -148,6 +152,8 @@ def plan_run(
     )
     argv = family.build_argv(spec, launcher or family.launcher)
     launcher_env = build_launcher_env(environ, env)
+    own = family.launcher_env(spec)
+    launcher_env.update(own)
     if spec.slurm:
         # Open MPI's plm slurm reads the job from these and starts its daemons with srun.
         launcher_env.update(slurm_launch_env(environ))
@@ -158,4 +164,5 @@ def plan_run(
         env=env,
         hosts=hosts,
         family=family,
+        shown_env=tuple(own.items()),
     )

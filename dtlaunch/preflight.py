@@ -23,6 +23,7 @@ import math
 import os
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -212,10 +213,12 @@ class HostKeyWatch:
         return bool(self.bad)
 
 
-def may_overlap(request: RunRequest, family: MpiFamily = OPEN_MPI) -> bool:
+def may_overlap(request: RunRequest, family: MpiFamily = OPEN_MPI,
+                launcher_env: Mapping[str, str] | None = None) -> bool:
     """The key check may run alongside the launch only while dtlaunch controls the launcher's
-    ssh: extra launcher arguments could weaken its host-key checking."""
-    return family.ssh_left_to_dtlaunch(request.mpi_args)
+    ssh: extra launcher arguments or MCA variables could weaken its host-key checking."""
+    env = os.environ if launcher_env is None else launcher_env
+    return family.ssh_left_to_dtlaunch(request.mpi_args, env)
 
 
 @dataclass(frozen=True)
@@ -285,7 +288,7 @@ def run_preflight(request: RunRequest, plan: RunPlan, job_started: bool = False,
             entry = None  # damaged: check again (and write it anew), never run without a network
     if entry is not None:
         gpus = gpus_from_json(entry.get("gpus"))
-        if may_overlap(request, plan.family):
+        if may_overlap(request, plan.family, plan.launcher_env):
             return PreflightOutcome(watch=HostKeyWatch(hosts, ways.prober()), network=network,
                                     message=("pre-flight: passed recently (cached); checking "
                                              "host keys while the job starts"), gpus=gpus)

@@ -90,9 +90,11 @@ def rsh_agent_command() -> str | None:
     It runs once per host, so it starts as a bare file with -I -S (no site, no environment):
     it needs only the standard library, and this saves ~30 ms of CPU per host."""
     from dtlaunch import rsh
+    from dtlaunch.ssh_options import rsh_safe
 
     wrapper = rsh.__file__ or ""
-    if not wrapper.endswith(".py") or any(c.isspace() for c in sys.executable + wrapper):
+    # The agent's command reaches each daemon's command line (and a remote shell) too.
+    if not wrapper.endswith(".py") or not (rsh_safe(sys.executable) and rsh_safe(wrapper)):
         return None
     return f"{sys.executable} -I -S {wrapper}"
 
