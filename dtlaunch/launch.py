@@ -10,19 +10,17 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from dtlaunch.errors import EXIT_TIMEOUT, exit_for_signal
+from dtlaunch.errors import EXIT_TIMEOUT, DtlaunchError, exit_for_signal
 from dtlaunch.failures import Failure, analyze
-from dtlaunch.output import Line, TagDemux
-from dtlaunch.rsh import LOST_PREFIX
+from dtlaunch.job_output import JobOutput
+from dtlaunch.mpi import OutputDemux
 
 # After forwarding a signal, how long mpirun gets to take its ranks down before we kill it.
 GRACE_SECONDS = 6.0
@@ -36,60 +34,14 @@ class LaunchResult:
     timed_out: bool = False
 
 
-class _Output:
-    """Prints rank lines with a short `[rank@host]` prefix and keeps mpirun's own lines."""
-
-    def __init__(self, rank_hosts: Sequence[str], output_dir: Path | None) -> None:
-        self.rank_hosts = rank_hosts
-        self.lock = threading.Lock()
-        self.demux = TagDemux()
-        self.mpirun_lines: deque[str] = deque(maxlen=400)
-        self.files: dict[str, IO[str]] = {}
-        self.output_dir = output_dir
-        self.lost_host: str | None = None
-
-    def _log(self, key: str, text: str) -> None:
-        if self.output_dir is None:
-            return
-        handle = self.files.get(key)
-        if handle is None:
-            handle = open(self.output_dir / f"{key}.log", "a", encoding="utf-8")  # noqa: SIM115
-            self.files[key] = handle
-        handle.write(text + "\n")
-        handle.flush()
-
-    def _emit(self, line: Line) -> None:
-        stream = sys.stdout if line.stream == "stdout" else sys.stderr
-        if line.rank is None:
-            if line.text.startswith(LOST_PREFIX) and self.lost_host is None:
-                self.lost_host = line.text[len(LOST_PREFIX):].split()[0]
-            self.mpirun_lines.append(line.text)
-            sys.stderr.write(line.text + "\n")
-            sys.stderr.flush()
-            self._log("mpirun", line.text)
-            return
-        host = self.rank_hosts[line.rank] if line.rank < len(self.rank_hosts) else "?"
-        stream.write(f"[{line.rank}@{host}] {line.text}\n")
-        stream.flush()
-        self._log(f"rank.{line.rank}", line.text)
-
-    def feed(self, raw: bytes, from_stderr: bool) -> None:
-        text = raw.decode("utf-8", errors="replace")
-        with self.lock:
-            for line in self.demux.feed(text, from_stderr):
-                self._emit(line)
-
-    def close(self) -> None:
-        with self.lock:
-            for line in self.demux.flush():
-                self._emit(line)
-        for handle in self.files.values():
-            handle.close()
-
-
 def _pump(pipe: IO[bytes], sink: Callable[[bytes], None]) -> None:
-    for raw in iter(pipe.readline, b""):
-        sink(raw)
+    """Pass on whatever the pipe has, as it comes (no waiting for a newline)."""
+    fd = pipe.fileno()
+    while True:
+        data = os.read(fd, 1 << 16)
+        if not data:
+            break
+        sink(data)
     pipe.close()
 
 
@@ -115,12 +67,19 @@ def execute(
     output_dir: Path | None = None,
     announce: Callable[[str], None] = lambda msg: None,
     stop_when: Callable[[], str | None] | None = None,
+    new_demux: Callable[[str], OutputDemux] | None = None,
+    prefix_timestamp: bool = False,
 ) -> LaunchResult:
     """Run mpirun to the end. ``stop_when`` is polled while it runs: a returned reason stops
-    the job (used by the pre-flight's host-key check that runs alongside the start)."""
+    the job (used by the pre-flight's host-key check that runs alongside the start).
+    ``new_demux(stream)`` reads the launcher's output (default: Open MPI's tagged records)."""
     if output_dir is not None:
-        output_dir.mkdir(parents=True, exist_ok=True)
-    out = _Output(rank_hosts, output_dir)
+        try:
+            output_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise DtlaunchError(f"--output-dir: cannot create {output_dir}: "
+                                f"{exc.strerror or exc}") from None
+    out = JobOutput(rank_hosts, output_dir, timestamps=prefix_timestamp, new_demux=new_demux)
     received: list[int] = []
     proc = subprocess.Popen(
         list(argv),
@@ -160,7 +119,12 @@ def execute(
     threading.Thread(target=reap, daemon=True).start()
     try:
         while not finished.wait(0.1):
+            out.tick()
             now = time.monotonic()
+            if out.broken_pipe and signal.SIGPIPE not in received:
+                # dtlaunch's reader went away (`| head`): stop quietly, as SIGPIPE would.
+                received.append(signal.SIGPIPE)
+                _signal(proc, signal.SIGTERM)
             if deadline is not None and now >= deadline and not timed_out:
                 timed_out = True
                 announce(f"job still running after --timeout {timeout:g} s: stopping it")
@@ -191,7 +155,7 @@ def execute(
 
     code = proc.returncode
     exit_code = code if code >= 0 else 128 - code
-    failure = analyze(list(out.mpirun_lines), rank_hosts) if code != 0 else None
+    failure = analyze(list(out.launcher_lines), out.rank_hosts()) if code != 0 else None
     if received:
         return LaunchResult(exit_for_signal(received[0]), failure, interrupted_by=received[0])
     if timed_out:
