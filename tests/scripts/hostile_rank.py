@@ -21,7 +21,7 @@ import time
 
 mode, out = sys.argv[1], sys.argv[2]
 rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", "-1"))
-with open(os.path.join(out, "rank.%d.json" % rank), "w") as handle:
+with open(os.path.join(out, f"rank.{rank}.json"), "w") as handle:
     json.dump({"rank": rank, "host": socket.gethostname(), "pid": os.getpid(),
                "argv": sys.argv[1:]}, handle)
 
@@ -34,18 +34,18 @@ def daemon(ignore: bool) -> None:
             if ignore:
                 signal.signal(signal.SIGTERM, signal.SIG_IGN)
                 signal.signal(signal.SIGINT, signal.SIG_IGN)
-            with open(os.path.join(out, "daemon.%d.pid" % rank), "w") as pidfile:
+            with open(os.path.join(out, f"daemon.{rank}.pid"), "w") as pidfile:
                 pidfile.write(str(os.getpid()))
             time.sleep(300)
         os._exit(0)
     os.wait()
-    while not os.path.exists(os.path.join(out, "daemon.%d.pid" % rank)):
+    while not os.path.exists(os.path.join(out, f"daemon.{rank}.pid")):
         time.sleep(0.01)
 
 
 if mode == "daemon":
     daemon(ignore=True)
-    print("rank %d started its daemon" % rank, flush=True)
+    print(f"rank {rank} started its daemon", flush=True)
 elif mode in ("flood", "lines"):
     total = int(float(sys.argv[3]) * 1000 * 1000)
     piece = b"x" * 99 + b"\n" if mode == "lines" else b"x" * 65536
@@ -64,18 +64,18 @@ elif mode == "stubborn":
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     daemon(ignore=True)
-    print("rank %d ignores signals" % rank, flush=True)
+    print(f"rank {rank} ignores signals", flush=True)
     time.sleep(300)
 elif mode == "closed":
-    print("rank %d closes its output" % rank, flush=True)
+    print(f"rank {rank} closes its output", flush=True)
     os.close(1)
     os.close(2)
     time.sleep(1)
-    open(os.path.join(out, "closed.%d" % rank), "w").close()
+    open(os.path.join(out, f"closed.{rank}"), "w").close()
 elif mode == "chatty":
     for i in range(12000):
-        print("line %d" % i, flush=True)
+        print(f"line {i}", flush=True)
         time.sleep(0.01)
 elif mode == "exit":
-    print("rank %d on %s" % (rank, socket.gethostname()), flush=True)
+    print(f"rank {rank} on {socket.gethostname()}", flush=True)
     sys.exit(int(sys.argv[3]))
