@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, cast
 
-from dtlaunch.output import Event, OpenMpiDemux, Piece, RankExit, RankHost
+from dtlaunch.output import Event, OpenMpiDemux, Piece, RankExit, RankHost, RankNotStarted
 from dtlaunch.rsh import LOST_PREFIX
 
 if TYPE_CHECKING:
@@ -127,6 +127,7 @@ class JobOutput:
         self.predicted = tuple(rank_hosts)
         self.reported: dict[int, str] = {}
         self.exits: dict[int, str] = {}
+        self.not_started: dict[int, str] = {}  # rank -> the program that could not be run
         self.lock = threading.Lock()
         make = new_demux or OpenMpiDemux
         self.demux = {False: make("stdout"), True: make("stderr")}
@@ -187,6 +188,8 @@ class JobOutput:
             self.reported[event.rank] = host_name(event.host, predicted, self.predicted)
         elif isinstance(event, RankExit):
             self.exits[event.rank] = event.how
+        elif isinstance(event, RankNotStarted):
+            self.not_started[event.rank] = event.program
         elif event.rank is None:
             self._launcher_text(event.data)
         else:

@@ -1,7 +1,8 @@
 """Run mpirun as a child: stream tagged output live, forward signals, enforce --timeout.
 
 The only module that starts the job. mpirun gets its own session so that a terminal's Ctrl-C
-reaches dtlaunch alone, which forwards it once and escalates if mpirun does not finish.
+reaches dtlaunch alone, which forwards it once and escalates if mpirun does not finish. mpirun
+starts under a guard (dtlaunch.lifeline) that ends the job if dtlaunch itself is killed.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 from dtlaunch.errors import EXIT_TIMEOUT, DtlaunchError, exit_for_signal
 from dtlaunch.failures import Failure, analyze
 from dtlaunch.job_output import JobOutput
+from dtlaunch.lifeline import guarded_argv
 from dtlaunch.mpi import OutputDemux
 from dtlaunch.spool import Spool
 
@@ -72,19 +74,24 @@ def execute(
     out = JobOutput(rank_hosts, output_dir, timestamps=prefix_timestamp, new_demux=new_demux)
     received: list[int] = []
     spools = (Spool(), Spool())  # mpirun's stdout and stderr: files, not pipes (see spool.py)
+    command, lifeline_read, lifeline_write = guarded_argv(list(argv))
     try:
         proc = subprocess.Popen(
-            list(argv),
+            command,
             env=dict(env),
             stdin=subprocess.DEVNULL,
             stdout=spools[0].fd,
             stderr=spools[1].fd,
             start_new_session=True,
+            pass_fds=(lifeline_read,),
         )
     except BaseException:
+        os.close(lifeline_write)
         for spool in spools:
             spool.close()
         raise
+    finally:
+        os.close(lifeline_read)
     # Set when mpirun has ended: then the pumps read what is left and stop.
     finished = threading.Event()
     pumps = [threading.Thread(target=spool.pump, args=(partial(out.feed, from_stderr=i == 1),
@@ -141,8 +148,10 @@ def execute(
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        # Anything still in mpirun's session (e.g. a rank that ignored SIGTERM) goes too.
+        # Anything still in mpirun's session (e.g. a rank that ignored SIGTERM) goes too,
+        # the lifeline's guard with it.
         _kill_tree(proc)
+        os.close(lifeline_write)
         for thread in pumps:
             thread.join()  # what mpirun wrote is all there: read to the end
         for spool in spools:
@@ -152,6 +161,14 @@ def execute(
     code = proc.returncode
     exit_code = code if code >= 0 else 128 - code
     failure = analyze(list(out.launcher_lines), out.rank_hosts()) if code != 0 else None
+    if code != 0 and out.not_started and (failure is None or failure.rank in out.not_started):
+        # The rank shim ran but the program could not: say so as mpirun says it of the shim.
+        rank = failure.rank if failure is not None and failure.rank is not None \
+            else min(out.not_started)
+        host = out.rank_hosts()[rank] if rank < len(out.rank_hosts()) else None
+        failure = Failure(rank=rank, host=host, reason=f"rank {rank} could not start"
+                          f"{f' on host {host}' if host else ''}: {out.not_started[rank]} was "
+                          "not found or is not executable there")
     if received:
         return LaunchResult(exit_for_signal(received[0]), failure, interrupted_by=received[0])
     if timed_out:

@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Union
 
-from dtlaunch.rank_shim import EXIT, HOST, MAGIC, PIPE_BUF, STDERR, STDOUT
+from dtlaunch.rank_shim import EXIT, HOST, MAGIC, NOSTART, PIPE_BUF, STDERR, STDOUT
 
 TAG_RE = re.compile(rb"\[(\d+),(\d+)\]<(stdout|stderr|stddiag)>:")
 # What may still grow into a tag when more bytes come.
@@ -48,7 +48,13 @@ class RankExit:
     how: str  # "exit 3" or "signal 9"
 
 
-Event = Union[Piece, RankHost, RankExit]
+@dataclass(frozen=True)
+class RankNotStarted:
+    rank: int
+    program: str  # could not be run there: missing or not executable
+
+
+Event = Union[Piece, RankHost, RankExit, RankNotStarted]
 _STREAMS = {STDOUT: "stdout", STDERR: "stderr"}
 
 
@@ -73,6 +79,8 @@ def parse_record(line: bytes, default_rank: int | None) -> Event | None:
         return RankHost(rank, payload.decode("utf-8", "replace"))
     if kind == EXIT:
         return RankExit(rank, payload.decode("ascii", "replace"))
+    if kind == NOSTART:
+        return RankNotStarted(rank, payload.decode("utf-8", "replace"))
     return None
 
 

@@ -11,6 +11,7 @@ from dtlaunch.command import check_module_name as check_module_name  # re-export
 from dtlaunch.envvars import EnvPlan, build_launcher_env, plan_environment
 from dtlaunch.errors import UsageError
 from dtlaunch.hosts import Host, assign_ranks, total_slots
+from dtlaunch.mca import refuse_insecure
 from dtlaunch.mpi import Interfaces, JobSpec, MpiFamily, format_command
 from dtlaunch.openmpi import OPEN_MPI
 from dtlaunch.rank_shim import wrap_program
@@ -53,13 +54,15 @@ class RunPlan:
     env: EnvPlan
     hosts: tuple[Host, ...]
     family: MpiFamily = field(default=OPEN_MPI, compare=False)  # how the job is started
+    # Variables the launcher needs beyond the ranks' (dtlaunch's ssh options): shown first.
+    shown_env: tuple[tuple[str, str], ...] = ()
     # What runs: `argv` with each rank started through dtlaunch.rank_shim; () for a plan made
     # by hand, which then runs `argv` as it is.
     launch_argv: tuple[str, ...] = ()
 
     def display(self) -> str:
         """Shell-quoted and pasteable; values of secrets never appear in it."""
-        return format_command(self.argv)
+        return format_command(self.argv, self.shown_env)
 
 
 def resolve_hosts(hosts: tuple[Host, ...], num_proc: int | None, cpu_count: int) -> tuple[Host, ...]:
@@ -123,6 +126,7 @@ def plan_run(
     if request.timeline:
         fixed["HOROVOD_TIMELINE"] = request.timeline
     fixed.update(request.extra_env)
+    refuse_insecure(request.mpi_args, environ)
     env = plan_environment(environ, request.env_items, fixed)
     spec = JobSpec(
         hosts=hosts,
@@ -145,6 +149,8 @@ def plan_run(
     wrapped = wrap_program(program, shim_python(request))
     launch_argv = family.build_argv(replace(spec, program=wrapped), launcher or family.launcher)
     launcher_env = build_launcher_env(environ, env)
+    own = family.launcher_env(spec)
+    launcher_env.update(own)
     if spec.slurm:
         # Open MPI's plm slurm reads the job from these and starts its daemons with srun.
         launcher_env.update(slurm_launch_env(environ))
@@ -156,4 +162,5 @@ def plan_run(
         env=env,
         hosts=hosts,
         family=family,
+        shown_env=tuple(own.items()),
     )

@@ -23,6 +23,7 @@ import os
 import stat
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -116,7 +117,8 @@ def cached_entry(key: str, now: float | None = None) -> dict[str, Any] | None:
     return data if 0 <= age < CACHE_SECONDS and isinstance(data, dict) else None
 
 
-def write_cache(key: str, network: dict[str, Any] | None = None) -> None:
+def write_cache(key: str, network: dict[str, Any] | None = None,
+                gpus: dict[str, int] | None = None) -> None:
     folder = _cache_dir()
     try:
         os.makedirs(folder, mode=0o700, exist_ok=True)
@@ -126,7 +128,8 @@ def write_cache(key: str, network: dict[str, Any] | None = None) -> None:
         tmp = f"{path}.{os.getpid()}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "w") as handle:
-            json.dump({"key": key, "time": time.time(), "network": network}, handle)
+            json.dump({"key": key, "time": time.time(), "network": network, "gpus": gpus},
+                      handle)
         os.replace(tmp, path)
     except OSError:
         pass  # no cache is only slower
@@ -193,10 +196,12 @@ class HostKeyWatch:
         return bool(self.bad)
 
 
-def may_overlap(request: RunRequest, family: MpiFamily = OPEN_MPI) -> bool:
+def may_overlap(request: RunRequest, family: MpiFamily = OPEN_MPI,
+                launcher_env: Mapping[str, str] | None = None) -> bool:
     """The key check may run alongside the launch only while dtlaunch controls the launcher's
-    ssh: extra launcher arguments could weaken its host-key checking."""
-    return family.ssh_left_to_dtlaunch(request.mpi_args)
+    ssh: extra launcher arguments or MCA variables could weaken its host-key checking."""
+    env = os.environ if launcher_env is None else launcher_env
+    return family.ssh_left_to_dtlaunch(request.mpi_args, env)
 
 
 @dataclass(frozen=True)
@@ -207,6 +212,7 @@ class PreflightOutcome:
     watch: HostKeyWatch | None = None  # a cache hit's key check, running alongside the launch
     network: NetworkChoice | None = None  # the network chosen for a run without --iface
     message: str = ""  # what happened, for --verbose
+    gpus: dict[str, int] | None = None  # NVIDIA GPUs per host (None: not known)
 
     @property
     def ok(self) -> bool:
@@ -240,6 +246,7 @@ def run_preflight(request: RunRequest, plan: RunPlan, job_started: bool = False,
         build_expectations,
         doctor_and_network,
     )
+    from dtlaunch.gpus import slots_pending
     from dtlaunch.network import choice_from_json, choice_to_json
 
     hosts = tuple(h.name for h in plan.hosts)
@@ -248,15 +255,19 @@ def run_preflight(request: RunRequest, plan: RunPlan, job_started: bool = False,
                  and os.environ.get("DTLAUNCH_PREFLIGHT_CACHE", "1") != "0")
     key = cache_key(request, hosts, cwd)
     entry = cached_entry(key) if use_cache else None
+    if entry is not None and gpus_from_json(entry.get("gpus")) is None and slots_pending(
+            request.hosts):
+        entry = None  # written before GPUs were cached: the slots need the full checks
     if entry is not None:
         network = choice_from_json(entry.get("network")) if entry.get("network") else None
-        if may_overlap(request, plan.family):
+        gpus = gpus_from_json(entry.get("gpus"))
+        if may_overlap(request, plan.family, plan.launcher_env):
             return PreflightOutcome(watch=HostKeyWatch(hosts, ways.prober()), network=network,
                                     message=("pre-flight: passed recently (cached); checking "
-                                             "host keys while the job starts"))
+                                             "host keys while the job starts"), gpus=gpus)
         if not host_key_failures(hosts, ways.prober()):
             return PreflightOutcome(network=network, message=(
-                "pre-flight: passed recently (cached); host keys verified"))
+                "pre-flight: passed recently (cached); host keys verified"), gpus=gpus)
         drop_cache(key)
     if job_started:
         drop_cache(key)
@@ -274,7 +285,16 @@ def run_preflight(request: RunRequest, plan: RunPlan, job_started: bool = False,
     report, network = doctor_and_network(doctor_request, reach=ways)
     if not report.ok:
         return PreflightOutcome(report)
+    gpus = {h.host: h.gpus.count for h in report.hosts if h.gpus is not None}
     if use_cache:
-        write_cache(key, choice_to_json(network) if network is not None else None)
+        write_cache(key, choice_to_json(network) if network is not None else None, gpus)
     return PreflightOutcome(report, network=network, message=(
-        f"pre-flight: {len(report.hosts)} host(s) ready ({report.seconds:.2f} s)"))
+        f"pre-flight: {len(report.hosts)} host(s) ready ({report.seconds:.2f} s)"), gpus=gpus)
+
+
+def gpus_from_json(value: Any) -> dict[str, int] | None:
+    """The GPU counts a cache entry holds; anything else (an older entry) is not known."""
+    if not isinstance(value, dict):
+        return None
+    counts = {str(k): v for k, v in value.items() if isinstance(v, int) and v >= 0}
+    return counts if len(counts) == len(value) else None

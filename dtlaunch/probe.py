@@ -14,6 +14,9 @@ operations) are computed once per host in a subprocess and cached in
 `~/.cache/dtlaunch/imports-<key>.json` (mode 0600), keyed by the interpreter and the mtimes and
 versions of the installed torch and horovod packages, so any reinstall recomputes them. A file
 lock makes concurrent probes on a shared home directory compute them once.
+
+`nvidia-smi` (NVIDIA GPUs) starts beside the rest of the probe and is given up on after
+`gpu_timeout` seconds; where it is not installed nothing runs.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ class ProbeArgs:
     peers: tuple[str, ...] = ()
     peer_ssh_args: tuple[str, ...] = ()
     imports: bool = True
+    gpu_timeout: float = 10.0  # seconds nvidia-smi may take before the host's GPUs count as hung
 
     def positional(self) -> tuple[str, ...]:
         return (
@@ -63,6 +67,7 @@ class ProbeArgs:
             " ".join(self.peer_ssh_args),
             "1" if self.imports else "0",
             script_text("import_probe.py"),
+            str(max(1, round(self.gpu_timeout * 1000))),
         )
 
 

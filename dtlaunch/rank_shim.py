@@ -18,8 +18,9 @@ write may be cut: the reader joins the pieces by Open MPI's tags, see dtlaunch.o
 
 kinds: `h` the host's name (sent first), `o`/`e` a chunk of the program's stdout/stderr,
 sent as soon as it is read (binary-safe, no waiting for a newline), `x` the program's end
-(`exit N` or `signal N`). The base64 alphabet holds no `[`, `<`, `:` or newline, so a rank's
-own text can never pass for a launcher's tag or a record boundary.
+(`exit N` or `signal N`), `n` the program could not be started (its name). The base64
+alphabet holds no `[`, `<`, `:` or newline, so a rank's own text can never pass for a
+launcher's tag or a record boundary.
 """
 
 import base64
@@ -38,7 +39,7 @@ from typing import Dict, List, NoReturn, Optional, Sequence, Tuple
 MAGIC = b"\x1edtl1 "
 PIPE_BUF = 4096  # Linux's; POSIX guarantees 512, and every record here fits Linux's
 CHUNK = 3000  # payload bytes per record: base64 makes 4000, plus a header of < 40
-HOST, STDOUT, STDERR, EXIT = "h", "o", "e", "x"
+HOST, STDOUT, STDERR, EXIT, NOSTART = "h", "o", "e", "x", "n"
 RANK_VARIABLES = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID")
 GRACE = 0.8  # seconds a signalled rank gets before SIGKILL (Open MPI's own SIGKILL comes at 1 s)
 LEFTOVER_GRACE = 1.0  # seconds a process left behind by an exited rank gets before SIGKILL
@@ -164,6 +165,7 @@ class Shim:
             why = exc.strerror or str(exc)
             self.send(STDERR, ("dtlaunch: cannot run %s: %s\n" % (self.program[0], why))
                       .encode("utf-8", "surrogateescape"))
+            self.send(NOSTART, self.program[0].encode("utf-8", "surrogateescape"))
             return 126 if isinstance(exc, PermissionError) else 127
         return None
 

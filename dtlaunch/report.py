@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from dtlaunch.facts import HostFacts
+    from dtlaunch.gpus import GpuFacts
 
 
 class Status(str, Enum):
@@ -87,6 +88,7 @@ class HostReport:
     seconds: float = 0.0
     note: str = ""
     hostname: str = ""
+    gpus: GpuFacts | None = None  # None: the host was not reached
 
     @property
     def status(self) -> Status:

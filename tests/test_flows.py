@@ -171,10 +171,18 @@ def test_preflight_cache_miss_then_hit_checks_keys_alongside_the_launch(cache: P
     assert sorted(world.probed) == ["h1", "h2"]  # the full checks did not run again
 
 
-def test_preflight_cache_hit_with_plm_rsh_args_checks_keys_first(cache: Path) -> None:
+@pytest.mark.parametrize(("mpi_args", "environ"), [
+    (("--mca", "plm_rsh_args", "-o X=y"), {}),
+    # Other names for the launch agent, and the launcher's environment, count too.
+    (("-mca", "orte_rsh_agent", "ssh -o X=y"), {}),
+    (("--prtemca", "plm_ssh_agent", "ssh"), {}),
+    ((), {"OMPI_MCA_plm_rsh_agent": "ssh -o X=y"}),
+])
+def test_preflight_cache_hit_with_an_agent_override_checks_keys_first(
+        cache: Path, mpi_args: tuple[str, ...], environ: dict[str, str]) -> None:
     world = FakeWorld(h1=facts("h1"), h2=facts("h2"))
-    request = run_request(mpi_args=("--mca", "plm_rsh_args", "-o X=y"))
-    plan = plan_run(request, {"PATH": "/usr/bin"})
+    request = run_request(mpi_args=mpi_args)
+    plan = plan_run(request, {"PATH": "/usr/bin", **environ})
     assert preflight.run_preflight(request, plan, reach=world.reach()).ok
     world.keys["h2"] = CHANGED_HOST_KEY
     world.hosts["h2"] = CHANGED

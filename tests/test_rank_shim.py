@@ -14,7 +14,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dtlaunch.output import OpenMpiDemux, Piece, RankExit, RankHost, RecordDemux, TagSplitter
+from dtlaunch.output import (
+    OpenMpiDemux,
+    Piece,
+    RankExit,
+    RankHost,
+    RankNotStarted,
+    RecordDemux,
+    TagSplitter,
+)
 from dtlaunch.rank_shim import CHUNK, PIPE_BUF, decode_argv, encode_argv, record, wrap_program
 
 HOSTILE = ["prog.py", "--sep", ":", "-np", "1", "/bin/echo", "X", "", "a b", "\udcff", "\n", "-H"]
@@ -153,7 +161,9 @@ def test_a_missing_program_is_one_line_and_127() -> None:
     proc = shim(["/nonexistent/prog"])
     out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 127
-    assert any(isinstance(e, Piece) and b"cannot run /nonexistent/prog" in e.data for e in read_all(out))
+    events = read_all(out)
+    assert any(isinstance(e, Piece) and b"cannot run /nonexistent/prog" in e.data for e in events)
+    assert RankNotStarted(3, "/nonexistent/prog") in events
 
 
 def test_the_shim_dies_by_the_programs_signal() -> None:
