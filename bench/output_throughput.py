@@ -78,12 +78,17 @@ def measure(reps: int, mb: float) -> dict[str, Any]:
             shown = subprocess.run(dtlaunch_argv("run", "--dry-run", *common, JOB, mode, str(mb)),
                                    env=env, capture_output=True, text=True, check=True).stdout
             by_hand = shlex.split(shown)
+            # The line starts with the variables mpirun needs (NAME=value), as a shell reads it.
+            hand_env = dict(env)
+            while by_hand and "=" in by_hand[0] and not by_hand[0].startswith("-"):
+                name, value = by_hand.pop(0).split("=", 1)
+                hand_env[name] = value
 
-            def inside(argv: list[str], e: int = expect) -> Sample:
-                return streamed(bed.nsenter_argv("h1", argv), env, e)  # type: ignore[attr-defined]
+            def inside(argv: list[str], e: int = expect, with_env: dict[str, str] = env) -> Sample:
+                return streamed(bed.nsenter_argv("h1", argv), with_env, e)  # type: ignore[attr-defined]
 
             tools = {
-                "mpirun": lambda a=by_hand: inside(a),
+                "mpirun": lambda a=by_hand, h=hand_env: inside(a, with_env=h),
                 "dtlaunch --no-check": lambda m=mode: inside(dtlaunch_argv(
                     "run", "--no-check", *common, JOB, m, str(mb))),
             }
