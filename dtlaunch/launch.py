@@ -11,20 +11,19 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import IO
 
-from dtlaunch.errors import EXIT_TIMEOUT, exit_for_signal
+from dtlaunch.errors import EXIT_TIMEOUT, DtlaunchError, exit_for_signal
 from dtlaunch.failures import Failure, analyze
+from dtlaunch.job_output import JobOutput
 from dtlaunch.lifeline import guarded_argv
-from dtlaunch.output import Line, TagDemux
-from dtlaunch.rsh import LOST_PREFIX
+from dtlaunch.mpi import OutputDemux
+from dtlaunch.spool import Spool
 
 # After forwarding a signal, how long mpirun gets to take its ranks down before we kill it.
 GRACE_SECONDS = 6.0
@@ -36,63 +35,6 @@ class LaunchResult:
     failure: Failure | None
     interrupted_by: int | None = None  # signal number dtlaunch received
     timed_out: bool = False
-
-
-class _Output:
-    """Prints rank lines with a short `[rank@host]` prefix and keeps mpirun's own lines."""
-
-    def __init__(self, rank_hosts: Sequence[str], output_dir: Path | None) -> None:
-        self.rank_hosts = rank_hosts
-        self.lock = threading.Lock()
-        self.demux = TagDemux()
-        self.mpirun_lines: deque[str] = deque(maxlen=400)
-        self.files: dict[str, IO[str]] = {}
-        self.output_dir = output_dir
-        self.lost_host: str | None = None
-
-    def _log(self, key: str, text: str) -> None:
-        if self.output_dir is None:
-            return
-        handle = self.files.get(key)
-        if handle is None:
-            handle = open(self.output_dir / f"{key}.log", "a", encoding="utf-8")  # noqa: SIM115
-            self.files[key] = handle
-        handle.write(text + "\n")
-        handle.flush()
-
-    def _emit(self, line: Line) -> None:
-        stream = sys.stdout if line.stream == "stdout" else sys.stderr
-        if line.rank is None:
-            if line.text.startswith(LOST_PREFIX) and self.lost_host is None:
-                self.lost_host = line.text[len(LOST_PREFIX):].split()[0]
-            self.mpirun_lines.append(line.text)
-            sys.stderr.write(line.text + "\n")
-            sys.stderr.flush()
-            self._log("mpirun", line.text)
-            return
-        host = self.rank_hosts[line.rank] if line.rank < len(self.rank_hosts) else "?"
-        stream.write(f"[{line.rank}@{host}] {line.text}\n")
-        stream.flush()
-        self._log(f"rank.{line.rank}", line.text)
-
-    def feed(self, raw: bytes, from_stderr: bool) -> None:
-        text = raw.decode("utf-8", errors="replace")
-        with self.lock:
-            for line in self.demux.feed(text, from_stderr):
-                self._emit(line)
-
-    def close(self) -> None:
-        with self.lock:
-            for line in self.demux.flush():
-                self._emit(line)
-        for handle in self.files.values():
-            handle.close()
-
-
-def _pump(pipe: IO[bytes], sink: Callable[[bytes], None]) -> None:
-    for raw in iter(pipe.readline, b""):
-        sink(raw)
-    pipe.close()
 
 
 def _signal(proc: subprocess.Popen[bytes], signum: int) -> None:
@@ -117,34 +59,44 @@ def execute(
     output_dir: Path | None = None,
     announce: Callable[[str], None] = lambda msg: None,
     stop_when: Callable[[], str | None] | None = None,
+    new_demux: Callable[[str], OutputDemux] | None = None,
+    prefix_timestamp: bool = False,
 ) -> LaunchResult:
     """Run mpirun to the end. ``stop_when`` is polled while it runs: a returned reason stops
-    the job (used by the pre-flight's host-key check that runs alongside the start)."""
+    the job (used by the pre-flight's host-key check that runs alongside the start).
+    ``new_demux(stream)`` reads the launcher's output (default: Open MPI's tagged records)."""
     if output_dir is not None:
-        output_dir.mkdir(parents=True, exist_ok=True)
-    out = _Output(rank_hosts, output_dir)
+        try:
+            output_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise DtlaunchError(f"--output-dir: cannot create {output_dir}: "
+                                f"{exc.strerror or exc}") from None
+    out = JobOutput(rank_hosts, output_dir, timestamps=prefix_timestamp, new_demux=new_demux)
     received: list[int] = []
+    spools = (Spool(), Spool())  # mpirun's stdout and stderr: files, not pipes (see spool.py)
     command, lifeline_read, lifeline_write = guarded_argv(list(argv))
     try:
         proc = subprocess.Popen(
             command,
             env=dict(env),
             stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+            stdout=spools[0].fd,
+            stderr=spools[1].fd,
             start_new_session=True,
             pass_fds=(lifeline_read,),
         )
     except BaseException:
         os.close(lifeline_write)
+        for spool in spools:
+            spool.close()
         raise
     finally:
         os.close(lifeline_read)
-    assert proc.stdout is not None and proc.stderr is not None
-    pumps = [
-        threading.Thread(target=_pump, args=(proc.stdout, lambda b: out.feed(b, False)), daemon=True),
-        threading.Thread(target=_pump, args=(proc.stderr, lambda b: out.feed(b, True)), daemon=True),
-    ]
+    # Set when mpirun has ended: then the pumps read what is left and stop.
+    finished = threading.Event()
+    pumps = [threading.Thread(target=spool.pump, args=(partial(out.feed, from_stderr=i == 1),
+                                                       finished), daemon=True)
+             for i, spool in enumerate(spools)]
     for thread in pumps:
         thread.start()
 
@@ -161,8 +113,6 @@ def execute(
     stop_requested_at: float | None = None
     # A thread blocks in wait() so the job's end is seen at once; the main thread stays free
     # to run signal handlers and to enforce deadlines.
-    finished = threading.Event()
-
     def reap() -> None:
         proc.wait()
         finished.set()
@@ -170,7 +120,12 @@ def execute(
     threading.Thread(target=reap, daemon=True).start()
     try:
         while not finished.wait(0.1):
+            out.tick()
             now = time.monotonic()
+            if out.broken_pipe and signal.SIGPIPE not in received:
+                # dtlaunch's reader went away (`| head`): stop quietly, as SIGPIPE would.
+                received.append(signal.SIGPIPE)
+                _signal(proc, signal.SIGTERM)
             if deadline is not None and now >= deadline and not timed_out:
                 timed_out = True
                 announce(f"job still running after --timeout {timeout:g} s: stopping it")
@@ -198,12 +153,22 @@ def execute(
         _kill_tree(proc)
         os.close(lifeline_write)
         for thread in pumps:
-            thread.join(timeout=5)
+            thread.join()  # what mpirun wrote is all there: read to the end
+        for spool in spools:
+            spool.close()
         out.close()
 
     code = proc.returncode
     exit_code = code if code >= 0 else 128 - code
-    failure = analyze(list(out.mpirun_lines), rank_hosts) if code != 0 else None
+    failure = analyze(list(out.launcher_lines), out.rank_hosts()) if code != 0 else None
+    if code != 0 and out.not_started and (failure is None or failure.rank in out.not_started):
+        # The rank shim ran but the program could not: say so as mpirun says it of the shim.
+        rank = failure.rank if failure is not None and failure.rank is not None \
+            else min(out.not_started)
+        host = out.rank_hosts()[rank] if rank < len(out.rank_hosts()) else None
+        failure = Failure(rank=rank, host=host, reason=f"rank {rank} could not start"
+                          f"{f' on host {host}' if host else ''}: {out.not_started[rank]} was "
+                          "not found or is not executable there")
     if received:
         return LaunchResult(exit_for_signal(received[0]), failure, interrupted_by=received[0])
     if timed_out:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from dtlaunch.allocation import slurm_launch_env
 from dtlaunch.command import Program
@@ -14,6 +14,7 @@ from dtlaunch.hosts import Host, assign_ranks, total_slots
 from dtlaunch.mca import refuse_insecure
 from dtlaunch.mpi import Interfaces, JobSpec, MpiFamily, format_command
 from dtlaunch.openmpi import OPEN_MPI
+from dtlaunch.rank_shim import wrap_program
 from dtlaunch.ssh_options import SshOptions
 
 
@@ -50,7 +51,7 @@ class RunRequest:
 
 @dataclass(frozen=True)
 class RunPlan:
-    argv: tuple[str, ...]
+    argv: tuple[str, ...]  # the launcher's command as one would type it (what is shown)
     launcher_env: dict[str, str]
     rank_hosts: tuple[str, ...]
     env: EnvPlan
@@ -58,6 +59,9 @@ class RunPlan:
     family: MpiFamily = field(default=OPEN_MPI, compare=False)  # how the job is started
     # Variables the launcher needs beyond the ranks' (dtlaunch's ssh options): shown first.
     shown_env: tuple[tuple[str, str], ...] = ()
+    # What runs: `argv` with each rank started through dtlaunch.rank_shim; () for a plan made
+    # by hand, which then runs `argv` as it is.
+    launch_argv: tuple[str, ...] = ()
 
     def display(self) -> str:
         """Shell-quoted and pasteable; values of secrets never appear in it."""
@@ -109,6 +113,14 @@ def build_program(request: RunRequest) -> tuple[str, ...]:
     return (request.python, request.script, *request.args)
 
 
+def shim_python(request: RunRequest) -> str:
+    """The interpreter the rank shim runs with on the hosts: the ranks' own when dtlaunch can
+    tell it (the pre-flight checks it there), else python3 from the hosts' PATH."""
+    if request.program is not None:
+        return request.program.python or "python3"
+    return request.python
+
+
 def plan_run(
     request: RunRequest,
     environ: Mapping[str, str],
@@ -151,6 +163,9 @@ def plan_run(
         binding=request.binding,
     )
     argv = family.build_argv(spec, launcher or family.launcher)
+    # What really runs: every rank through the rank shim, its argv one opaque word.
+    wrapped = wrap_program(program, shim_python(request))
+    launch_argv = family.build_argv(replace(spec, program=wrapped), launcher or family.launcher)
     launcher_env = build_launcher_env(environ, env)
     own = family.launcher_env(spec)
     launcher_env.update(own)
@@ -159,6 +174,7 @@ def plan_run(
         launcher_env.update(slurm_launch_env(environ))
     return RunPlan(
         argv=argv,
+        launch_argv=launch_argv,
         launcher_env=launcher_env,
         rank_hosts=assign_ranks(hosts, num_proc),
         env=env,

@@ -77,9 +77,6 @@ def check_output_dir(path: str, option: str = "--output-dir") -> None:
 
 def build_run_request(run: RunArgs, hvd: HorovodArgs, words: tuple[str, ...],
                       known_options: Collection[str]) -> RunRequest:
-    if hvd.prefix_timestamp:
-        raise UsageError("--prefix-output-with-timestamp is not supported by dtlaunch yet; drop "
-                         "it (each line already starts with [rank@host])")
     if run.python is not None and not (os.path.isabs(run.python) or shutil.which(run.python)):
         raise UsageError(f"--python: {run.python} is not an absolute path or a command on PATH")
     interpreter = run.python or run.default_python

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -58,6 +59,7 @@ class LaunchRequest:
     output_dir: str | None = None  # also write each rank's output to DIR/rank.N.log
     use_cache: bool = True  # False (--disable-cache): the full pre-flight checks every time
     start_timeout: float | None = None  # seconds each host's pre-flight checks may run
+    prefix_timestamp: bool = False  # start each output line with the time it arrived
 
 
 @dataclass(frozen=True)
@@ -234,15 +236,18 @@ def launch(request: LaunchRequest, on_event: OnEvent, *, executor: Executor | No
         from dtlaunch.launch import execute
 
         executor = execute
+    argv = plan.launch_argv or plan.argv
     try:
         result = executor(
-            (prepared.mpirun or plan.family.launcher, *plan.argv[1:]),
+            (prepared.mpirun or plan.family.launcher, *argv[1:]),
             plan.launcher_env,
             plan.rank_hosts,
             timeout=request.timeout,
             output_dir=Path(request.output_dir) if request.output_dir else None,
             announce=lambda text: on_event(Event(EventLevel.NOTE, text)),
             stop_when=watch.stop_reason if watch is not None else None,
+            new_demux=plan.family.new_demux,
+            prefix_timestamp=request.prefix_timestamp,
         )
     except BaseException:
         if watch is not None:
@@ -266,7 +271,9 @@ def outcome_lines(result: LaunchResult, timeout: float | None) -> Sequence[str]:
     """What the CLI says when a job ends other than cleanly."""
     from dtlaunch.failures import signal_name
 
-    lines = []
+    lines: list[str] = []
+    if result.interrupted_by == signal.SIGPIPE:
+        return lines  # dtlaunch's reader went away (`| head`): nothing to say, nobody to read
     if result.interrupted_by is not None:
         lines.append(f"stopped by {signal_name(result.interrupted_by)}; "
                      "all ranks were told to exit")

@@ -200,7 +200,6 @@ BAD_RUN = [
     (["--log-level", "loud"], "expected one of TRACE"),
     (["--start-timeout", "0"], "between 1 second and a day"),
     (["--start-timeout", "9" * 40], "between 1 second and a day"),
-    (["--prefix-output-with-timestamp"], "not supported by dtlaunch yet"),
     (["--config-file", "{tmp}/bad.yaml"], "bad.yaml:3:1: malformed YAML"),
     (["--config-file", "{tmp}/typo.yaml"], "unknown key 'parms'"),
     (["--config-file", "{tmp}/missing.yaml"], "--config-file: cannot read"),
@@ -324,3 +323,8 @@ def test_bad_doctor_and_env_check_input(args: list[str], message: str, tmp_path:
     lines = stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("dtlaunch: error: ") and message in lines[0]
     assert "Traceback" not in stderr
+
+
+def test_prefix_output_with_timestamp_is_taken(script: Path) -> None:
+    result = dtl("run", "--dry-run", "--prefix-output-with-timestamp", "-H", "h1", str(script))
+    assert result.returncode == 0, result.stderr
