@@ -1,0 +1,59 @@
+"""`dtlaunch run --max-restarts` inside a real Slurm allocation on the test bed (issue 13).
+
+The hosts come from the allocation, the re-check runs through srun and every attempt's ranks
+are started by mpirun's plm slurm: restarts stay on the allocated nodes. The tests rely on exit
+statuses, the ranks' own files and `--output-dir/attempts.json`, not on wording.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import SCRIPTS, dtlaunch_argv
+from slurm_bed import SlurmCluster
+
+pytestmark = pytest.mark.testbed
+PROBE = str(SCRIPTS / "restart_probe.py")
+
+
+def attempts(out: Path) -> list[dict[str, Any]]:
+    return list(json.loads((out / "logs" / "attempts.json").read_text())["attempts"])
+
+
+def ranks_of(out: Path, attempt: int) -> dict[int, str]:
+    return {int(p.name.split("rank")[1]): p.read_text().split()[0]
+            for p in out.glob(f"attempt{attempt}.rank*")}
+
+
+def test_a_rank_failing_once_is_restarted_on_the_allocated_nodes(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    """Rank 1 exits 3 in the first attempt only: the second attempt runs every rank with
+    DTLAUNCH_RESTART_COUNT=1 on the same allocated nodes (re-checked through srun), exit 0."""
+    nodes = tmp_path / "nodes"
+    proc = slurm_cluster.run(
+        "salloc", "--nodes=2", "--job-name=dtl-restart-once", "sh", "-c",
+        f'echo "$SLURM_JOB_NODELIST" > {nodes} && exec "$@"', "sh", *dtlaunch_argv(
+            "run", "-v", "--max-restarts", "2", "--output-dir", str(tmp_path / "logs"),
+            "--iface", slurm_cluster.bed.subnet, PROBE, str(tmp_path), "fail-once"),
+        timeout=400)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "launcher slurm" in proc.stderr
+    runs = attempts(tmp_path)
+    assert [a["exit_code"] for a in runs] == [3, 0]
+    allocated = runs[0]["hosts"]
+    assert len(allocated) == 2 and runs[1]["hosts"] == allocated
+    assert nodes.read_text().strip() in (f"h[{allocated[0][1:]}-{allocated[1][1:]}]",
+                                         f"h[{allocated[0][1:]},{allocated[1][1:]}]")
+    ranks = runs[1]["ranks"]
+    assert ranks == runs[0]["ranks"] and ranks >= 2
+    second = ranks_of(tmp_path, 1)  # every rank of attempt 2 saw DTLAUNCH_RESTART_COUNT=1
+    assert sorted(second) == list(range(ranks))
+    assert set(second.values()) <= set(allocated)
+    assert socket.gethostname() not in second.values()
+    assert sorted(ranks_of(tmp_path, 0)) == list(range(ranks))
+    slurm_cluster.wait_idle(60)
