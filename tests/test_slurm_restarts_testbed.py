@@ -8,11 +8,16 @@ statuses, the ranks' own files and `--output-dir/attempts.json`, not on wording.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
+import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+import slurm_bed
 from conftest import SCRIPTS, dtlaunch_argv
 from slurm_bed import SlurmCluster
 
@@ -57,3 +62,40 @@ def test_a_rank_failing_once_is_restarted_on_the_allocated_nodes(
     assert socket.gethostname() not in second.values()
     assert sorted(ranks_of(tmp_path, 0)) == list(range(ranks))
     slurm_cluster.wait_idle(60)
+
+
+def test_a_node_lost_mid_job_is_dropped_and_the_job_finishes_on_the_others(
+    make_bed: Any, tmp_path: Path
+) -> None:
+    """Inside `salloc -N3 --no-kill`, h3's link goes down while every rank sleeps: there is no
+    ssh link to watch (plm slurm), yet dtlaunch names the lost node, drops it and finishes on
+    the other two well before slurmctld would declare h3 down (SlurmdTimeout)."""
+    testbed = make_bed(3)
+    logs = tmp_path / "logs"
+    with slurm_bed.slurm_cluster(testbed, shared=[tmp_path]) as cluster:
+        argv = ["salloc", "--nodes=3", "--no-kill", "--job-name=dtl-lost", *dtlaunch_argv(
+            "run", "--max-restarts", "2", "--output-dir", str(logs), "--iface", testbed.subnet,
+            PROBE, str(tmp_path), "hang-first")]
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env=cluster.env(),
+                                start_new_session=True)
+        try:
+            deadline = time.monotonic() + 180
+            while len(ranks_of(tmp_path, 0)) < 3 * cluster.cpus and proc.poll() is None \
+                    and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert sorted(set(ranks_of(tmp_path, 0).values())) == ["h1", "h2", "h3"]
+            testbed.set_link("h3", up=False)
+            _, err = proc.communicate(timeout=300)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.communicate()
+        assert proc.returncode == 0, err[-3000:]
+        runs = attempts(tmp_path)
+        assert [a["hosts"] for a in runs] == [["h1", "h2", "h3"], ["h1", "h2"]]
+        dropped = runs[1]["dropped_before"]
+        assert [d["host"] for d in dropped] == ["h3"]
+        assert "lost" in dropped[0]["why"], dropped  # the failure named h3, not just a re-check
+        assert sorted(set(ranks_of(tmp_path, 1).values())) == ["h1", "h2"]
+        assert not testbed.stray_pids("h1") and not testbed.stray_pids("h2")
