@@ -195,15 +195,25 @@ def launch(request: LaunchRequest, on_event: OnEvent, *, executor: Executor | No
         from dtlaunch.launch import execute
 
         executor = execute
-    result = executor(
-        (prepared.mpirun or plan.family.launcher, *plan.argv[1:]),
-        plan.launcher_env,
-        plan.rank_hosts,
-        timeout=request.timeout,
-        output_dir=Path(request.output_dir) if request.output_dir else None,
-        announce=lambda text: on_event(Event(EventLevel.NOTE, text)),
-        stop_when=watch.stop_reason if watch is not None else None,
-    )
+    from dtlaunch.slurm_watch import blame, either, node_watch_for
+
+    # Through Slurm no ssh link shows a lost node: a heartbeat step watches them instead.
+    nodes = node_watch_for(run_request.launcher, plan.rank_hosts, run_request.python)
+    try:
+        result = executor(
+            (prepared.mpirun or plan.family.launcher, *plan.argv[1:]),
+            plan.launcher_env,
+            plan.rank_hosts,
+            timeout=request.timeout,
+            output_dir=Path(request.output_dir) if request.output_dir else None,
+            announce=lambda text: on_event(Event(EventLevel.NOTE, text)),
+            stop_when=either(watch.stop_reason if watch is not None else None,
+                             nodes.stop_reason if nodes is not None else None),
+        )
+    finally:
+        if nodes is not None:
+            nodes.close()
+    result = blame(result, nodes)
     if watch is not None and watch.failed():
         # A host key changed (or vanished) since the cached pre-flight: the full checks
         # name the host and the fix.
