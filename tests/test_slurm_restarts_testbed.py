@@ -7,6 +7,7 @@ statuses, the ranks' own files and `--output-dir/attempts.json`, not on wording.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -16,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 import slurm_bed
 from conftest import SCRIPTS, dtlaunch_argv
@@ -45,6 +47,21 @@ def job_pids(testbed: Any, hosts: tuple[str, ...], marker: str) -> list[int]:
             except OSError:
                 continue
     return found
+
+
+def wait_no_srun(cluster: SlurmCluster, seconds: float) -> list[str]:
+    """srun processes on the launcher that belong to this cluster (waiting up to `seconds`)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        left = []
+        for p in psutil.process_iter(["name", "environ"]):
+            with contextlib.suppress(psutil.Error):
+                if p.info["name"] == "srun" and \
+                        (p.info["environ"] or {}).get("SLURM_CONF") == str(cluster.conf):
+                    left.append(" ".join(p.cmdline())[:160])
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.2)
 
 
 def test_a_rank_failing_once_is_restarted_on_the_allocated_nodes(
@@ -105,6 +122,8 @@ def test_a_node_lost_mid_job_is_dropped_and_the_job_finishes_on_the_others(
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.communicate()
         assert proc.returncode == 0, err[-3000:]
+        # Not even the stopped attempt's srun, which would wait for the dead node for minutes.
+        assert wait_no_srun(cluster, 0) == []
         runs = attempts(tmp_path)
         assert [a["hosts"] for a in runs] == [["h1", "h2", "h3"], ["h1", "h2"]]
         dropped = runs[1]["dropped_before"]
