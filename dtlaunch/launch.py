@@ -44,11 +44,28 @@ def _signal(proc: subprocess.Popen[bytes], signum: int) -> None:
         proc.send_signal(signum)
 
 
+def _session_pids(sid: int) -> list[int]:
+    """Processes in session `sid`; a session id stays taken while any member lives."""
+    found = []
+    with contextlib.suppress(OSError):
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                with contextlib.suppress(OSError):
+                    if os.getsid(int(entry)) == sid:
+                        found.append(int(entry))
+    return found
+
+
 def _kill_tree(proc: subprocess.Popen[bytes]) -> None:
     """SIGKILL mpirun's whole session (local ranks included); remote orteds lose their
-    lifeline when mpirun's ssh links close and take their ranks down."""
+    lifeline when mpirun's ssh links close and take their ranks down. Not just its process
+    group: Open MPI's plm slurm puts its srun in a group of its own, and after a lost node
+    that srun would wait for the node (minutes) after everything else is gone."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
+    for pid in _session_pids(proc.pid):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def execute(

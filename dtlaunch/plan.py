@@ -172,6 +172,10 @@ def plan_run(
     if spec.slurm:
         # Open MPI's plm slurm reads the job from these and starts its daemons with srun.
         launcher_env.update(slurm_launch_env(environ))
+        # The daemons' step shares CPUs with other steps: after a lost node, the stopped
+        # attempt's step lingers until slurmctld declares the node down (minutes), and the
+        # next attempt's daemons must not wait for it.
+        launcher_env.setdefault("OMPI_MCA_plm_slurm_args", "--overlap")
     return RunPlan(
         argv=argv,
         launch_argv=launch_argv,

@@ -236,7 +236,11 @@ def launch(request: LaunchRequest, on_event: OnEvent, *, executor: Executor | No
         from dtlaunch.launch import execute
 
         executor = execute
+    from dtlaunch.slurm_watch import blame, either, node_watch_for
+
     argv = plan.launch_argv or plan.argv
+    # Through Slurm no ssh link shows a lost node: a heartbeat step watches them instead.
+    nodes = node_watch_for(run_request.launcher, plan.rank_hosts, run_request.python)
     try:
         result = executor(
             (prepared.mpirun or plan.family.launcher, *argv[1:]),
@@ -245,7 +249,8 @@ def launch(request: LaunchRequest, on_event: OnEvent, *, executor: Executor | No
             timeout=request.timeout,
             output_dir=Path(request.output_dir) if request.output_dir else None,
             announce=lambda text: on_event(Event(EventLevel.NOTE, text)),
-            stop_when=watch.stop_reason if watch is not None else None,
+            stop_when=either(watch.stop_reason if watch is not None else None,
+                             nodes.stop_reason if nodes is not None else None),
             new_demux=plan.family.new_demux,
             prefix_timestamp=request.prefix_timestamp,
         )
@@ -253,6 +258,10 @@ def launch(request: LaunchRequest, on_event: OnEvent, *, executor: Executor | No
         if watch is not None:
             watch.stop()
         raise
+    finally:
+        if nodes is not None:
+            nodes.close()
+    result = blame(result, nodes)
     if watch is not None and result.interrupted_by is not None:
         watch.stop()  # the user stopped the job: no re-check, and no proxy left waiting
     elif watch is not None and watch.failed():
