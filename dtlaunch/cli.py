@@ -177,11 +177,15 @@ def submit(args: tuple[str, ...]) -> None:
 
 @cli.command("install-horovod")
 @click.option("--force", is_flag=True, help="Rebuild even if a cached wheel exists.")
-def install_horovod_cmd(force: bool) -> None:
-    """Build (once) and install Horovod for this PyTorch and Open MPI."""
+@single_option("--mpi", metavar="PATH",
+               help="The MPI launcher (mpirun/mpiexec) the jobs will use "
+                    "(default: the first mpirun or mpiexec on PATH).")
+def install_horovod_cmd(force: bool, mpi: str | None) -> None:
+    """Build (once) and install Horovod for this PyTorch and the MPI that will run the job."""
     from dtlaunch.horovod_build import install_horovod
 
-    click.echo(f"dtlaunch: {install_horovod(force=force)}")
+    with signals_raise():
+        click.echo(f"dtlaunch: {install_horovod(force=force, mpi=mpi)}")
 
 
 @cli.command()
