@@ -202,7 +202,13 @@ def doctor(hosts: str | None, hostfile: str | None, iface: str | None, python: s
            connect_timeout: int, accept_new_host_keys: bool, launcher: str, timeout: float | None,
            module: str | None, pairwise: bool, as_json: bool, script: str | None) -> None:
     """Check every host (and this one) before a job: SSH, Open MPI, Python, Horovod, network."""
-    from dtlaunch.doctor import COMMAND_TIMEOUT, DoctorRequest, build_expectations, run_doctor
+    from dtlaunch.doctor import (
+        COMMAND_TIMEOUT,
+        DoctorRequest,
+        build_expectations,
+        local_launcher,
+        run_doctor,
+    )
     from dtlaunch.hosts import read_hosts
     from dtlaunch.mpi import parse_iface
     from dtlaunch.plan import check_module_name
@@ -226,6 +232,7 @@ def doctor(hosts: str | None, hostfile: str | None, iface: str | None, python: s
         cwd=os.getcwd(),
         command_timeout=timeout if timeout is not None else COMMAND_TIMEOUT,
         choose_network=iface is None and len(host_names) > 1,  # as run's pre-flight
+        mpi_launcher=local_launcher(),
     )
     from dtlaunch.render import Spinner, preload
 
