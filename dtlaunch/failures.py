@@ -51,7 +51,7 @@ _ABORT = re.compile(r"MPI_ABORT\s+was\s+invoked\s+on\s+rank\s+(\d+)\s.*?errorcod
 _LOST_DAEMON = re.compile(r"Remote daemon:\s*" + _NAME + r"\s+on\s+node\s+(\S+)")
 _NO_DAEMON = re.compile(r"(?:ORTE|PRTE)\s+was\s+unable\s+to\s+reliably\s+start\s+one\s+or\s+"
                         r"more\s+daemons|PRTE\s+has\s+lost\s+communication|"
-                        r"daemon\s+did\s+not\s+report\s+back")
+                        r"daemon\s+(?:did\s+not|failed\s+to)\s+report\s+back")
 _SSH_ERR = re.compile(r"^(ssh: .*|.*Permission denied.*|.*Host key verification failed.*)$", re.M)
 
 

@@ -110,3 +110,12 @@ def test_orte_lost_daemon_still_read() -> None:
              "  Remote daemon: [[1234,0],2] on node h3"]
     failure = analyze(lines, ("h1", "h2", "h3"))
     assert failure is not None and failure.describe() == "lost the connection to host h3"
+
+
+def test_prrte_daemon_failed_to_report_back_points_to_doctor() -> None:
+    lines = ["A daemon failed to report back after being spawned. This could",
+             "be due to several factors, including inability to find the",
+             "ssh: Could not resolve hostname nohost: Name or service not known"]
+    failure = analyze(lines, ("h1", "h2"))
+    assert failure is not None
+    assert failure.describe().startswith("mpirun could not start its daemon on every host (ssh: ")
