@@ -15,6 +15,7 @@ PyPI's MPI wheels live in a venv's bin/ that is not on PATH when pip runs the bu
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -115,8 +116,9 @@ def find_mpi(given: str | None = None, path: str | None = None) -> MpiInstall:
             raise DtlaunchError("neither mpirun nor mpiexec is on PATH: install an MPI "
                                 "('apt-get install openmpi-bin libopenmpi-dev') or give --mpi PATH")
         launcher = found[0]
-    real = os.path.realpath(launcher)
-    out = _call([real, "--version"], VERSION_TIMEOUT, f"{launcher} --version",
+    # Asked by the name it was found as: Debian's mpirun links to orterun, which answers
+    # "orterun (OpenRTE)" under its own name.
+    out = _call([launcher, "--version"], VERSION_TIMEOUT, f"{launcher} --version",
                 capture_output=True, stdin=subprocess.DEVNULL)
     impl = parse_mpirun_version(out.stdout + out.stderr)
     if impl.name == "unknown" or not impl.version:
@@ -166,18 +168,32 @@ def build_env(key: BuildKey, environ: dict[str, str]) -> dict[str, str]:
     return env
 
 
+# Prints the libmpi that Horovod's MPI extension loaded (Linux: from the process's maps).
+_LOADED_MPI = ("import horovod.torch as h, json\n"
+               "libs = [l.split()[-1] for l in open('/proc/self/maps') if '/libmpi' in l]\n"
+               "print(json.dumps({'mpi': h.mpi_built(), 'lib': libs[0] if libs else None}))")
+
+
 def installed_ok(key: BuildKey) -> bool:
-    """Horovod imports with PyTorch, was built with MPI, and for this key (this MPI)."""
+    """Horovod imports with PyTorch, was built with MPI, and for this MPI: the key recorded
+    at install matches, and the libmpi it loads lies in this MPI's prefix."""
     try:
-        marker = (Path(sys.prefix) / MARKER).read_text().strip()
+        marker: str | None = (Path(sys.prefix) / MARKER).read_text().strip()
     except OSError:
+        marker = None  # installed by other means: judged by the library it loads
+    if marker is not None and marker != key.tag():
         return False
-    if marker != key.tag():
-        return False
-    code = "import horovod.torch as h; raise SystemExit(0 if h.mpi_built() else 1)"
-    done = _call([sys.executable, "-c", code], IMPORT_TIMEOUT, "importing horovod.torch",
+    done = _call([sys.executable, "-c", _LOADED_MPI], IMPORT_TIMEOUT, "importing horovod.torch",
                  capture_output=True, stdin=subprocess.DEVNULL)
-    return done.returncode == 0
+    try:
+        found = json.loads(done.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        return False
+    if done.returncode != 0 or not found.get("mpi"):
+        return False
+    lib = found.get("lib")
+    prefix = os.path.realpath(key.mpi.prefix)
+    return lib is None or os.path.realpath(lib).startswith(prefix.rstrip("/") + "/")
 
 
 def build_wheel(key: BuildKey, dest: Path) -> Path:

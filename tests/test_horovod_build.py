@@ -195,3 +195,15 @@ def test_patch_cxx_standard(tmp_path: Path) -> None:
         (tmp_path / name).write_text("set(CMAKE_CXX_STANDARD 14)\n")
     horovod_source.patch_cxx_standard(tmp_path)
     assert "17" in (tmp_path / "CMakeLists.txt").read_text()
+
+
+def test_launcher_asked_by_the_name_it_was_found_as(tmp_path: Path) -> None:
+    """Debian's mpirun links to orterun, which names itself OpenRTE under its own name."""
+    bin_dir = tmp_path / "usr" / "bin"
+    fake_launcher(bin_dir, "orterun", "")
+    (bin_dir / "orterun").write_text('#!/bin/sh\ncase "$0" in\n*mpirun) echo "mpirun (Open MPI) '
+                                     '4.1.4";;\n*) echo "orterun (OpenRTE) 4.1.4";;\nesac\n')
+    (bin_dir / "mpirun").symlink_to("orterun")
+    found = find_mpi(path=str(bin_dir))
+    assert (found.impl.name, found.impl.version) == ("Open MPI", "4.1.4")
+    assert found.launcher == str(bin_dir / "mpirun") and found.prefix == str(tmp_path / "usr")
