@@ -39,10 +39,11 @@ class LaunchResult:
 class _Output:
     """Prints rank lines with a short `[rank@host]` prefix and keeps mpirun's own lines."""
 
-    def __init__(self, rank_hosts: Sequence[str], output_dir: Path | None) -> None:
+    def __init__(self, rank_hosts: Sequence[str], output_dir: Path | None,
+                 tag_space: bool = False) -> None:
         self.rank_hosts = rank_hosts
         self.lock = threading.Lock()
-        self.demux = TagDemux()
+        self.demux = TagDemux(space_after_tag=tag_space)
         self.mpirun_lines: deque[str] = deque(maxlen=400)
         self.files: dict[str, IO[str]] = {}
         self.output_dir = output_dir
@@ -115,12 +116,14 @@ def execute(
     output_dir: Path | None = None,
     announce: Callable[[str], None] = lambda msg: None,
     stop_when: Callable[[], str | None] | None = None,
+    tag_space: bool = False,
 ) -> LaunchResult:
     """Run mpirun to the end. ``stop_when`` is polled while it runs: a returned reason stops
-    the job (used by the pre-flight's host-key check that runs alongside the start)."""
+    the job (used by the pre-flight's host-key check that runs alongside the start).
+    ``tag_space``: mpirun's output tags end with a space (Open MPI >= 5)."""
     if output_dir is not None:
         output_dir.mkdir(parents=True, exist_ok=True)
-    out = _Output(rank_hosts, output_dir)
+    out = _Output(rank_hosts, output_dir, tag_space)
     received: list[int] = []
     proc = subprocess.Popen(
         list(argv),

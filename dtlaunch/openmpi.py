@@ -29,6 +29,11 @@ def btl_for(major: int) -> str:
     return "self,sm,tcp" if major >= 5 else "self,vader,tcp"
 
 
+def tag_has_space(release: tuple[int, ...]) -> bool:
+    """`--tag-output` writes `[1,0]<stdout>: ` (one space) from Open MPI 5 on, no space before."""
+    return release[:1] >= (5,)
+
+
 def build_mpirun_argv(spec: JobSpec, mpirun: str = "mpirun") -> tuple[str, ...]:
     """The whole mpirun command line, as an argv tuple (never a shell string)."""
     major = spec.mpi_version[0] if spec.mpi_version else DEFAULT_MAJOR

@@ -4,6 +4,9 @@ Open MPI tags every chunk a rank writes, not every line: an unbuffered `print("a
 as `[1,0]<stdout>:a[1,0]<stdout>: [1,0]<stdout>:b\n`, interleaved with other ranks' chunks. So
 each line mpirun prints is split at its tags and the pieces are appended to a buffer per rank
 and stream; a line is emitted once that buffer holds a newline.
+
+Open MPI 5 (PRRTE) writes its tag with one space after the colon (`[1,0]<stdout>: a`) on every
+chunk; Open MPI 3 and 4 write none, so there a space after the tag is the rank's own.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ class Line:
 
 @dataclass
 class TagDemux:
+    space_after_tag: bool = False  # Open MPI >= 5: the tag ends with one space of its own
     _partial: dict[tuple[int, str], str] = field(default_factory=dict)
 
     def feed(self, line: str, from_stderr: bool = False) -> list[Line]:
@@ -38,6 +42,8 @@ class TagDemux:
         # split() yields ['', job, rank, stream, text, job, rank, stream, text, ...]
         for i in range(1, len(pieces), 4):
             rank, stream, text = int(pieces[i + 1]), pieces[i + 2], pieces[i + 3]
+            if self.space_after_tag and text.startswith(" "):
+                text = text[1:]
             key = (rank, "stderr" if stream == "stderr" else "stdout")
             buffered = self._partial.pop(key, "") + text
             *complete, rest = buffered.split("\n")

@@ -21,7 +21,7 @@ from dtlaunch.envvars import kept_home_note
 from dtlaunch.errors import EXIT_FAILURE, DtlaunchError, UsageError
 from dtlaunch.interrupts import signals_raise
 from dtlaunch.mpi import MpiFamily, MpiImpl
-from dtlaunch.openmpi import OPEN_MPI
+from dtlaunch.openmpi import OPEN_MPI, tag_has_space
 from dtlaunch.plan import RunPlan, RunRequest, plan_run
 
 if TYPE_CHECKING:
@@ -203,6 +203,7 @@ def launch(request: LaunchRequest, on_event: OnEvent, *, executor: Executor | No
         output_dir=Path(request.output_dir) if request.output_dir else None,
         announce=lambda text: on_event(Event(EventLevel.NOTE, text)),
         stop_when=watch.stop_reason if watch is not None else None,
+        tag_space=tag_has_space(prepared.mpi_version),
     )
     if watch is not None and watch.failed():
         # A host key changed (or vanished) since the cached pre-flight: the full checks

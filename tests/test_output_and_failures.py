@@ -119,3 +119,12 @@ def test_prrte_daemon_failed_to_report_back_points_to_doctor() -> None:
     failure = analyze(lines, ("h1", "h2"))
     assert failure is not None
     assert failure.describe().startswith("mpirun could not start its daemon on every host (ssh: ")
+
+
+def test_open_mpi5_tag_space_is_the_tags_not_the_ranks() -> None:
+    demux = TagDemux(space_after_tag=True)
+    out = demux.feed("[1,1]<stdout>:   two spaces[1,0]<stdout>: x[1,1]<stdout>:  more\n")
+    assert out == [Line(1, "stdout", "  two spaces more")]
+    assert demux.feed("[1,0]<stdout>: \n") == [Line(0, "stdout", "x")]
+    # Open MPI 3/4: no space of its own, so a leading space is the rank's.
+    assert TagDemux().feed("[1,0]<stdout>: indented\n") == [Line(0, "stdout", " indented")]
