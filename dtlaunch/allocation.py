@@ -126,7 +126,9 @@ def parse_slurm(environ: Mapping[str, str]) -> Allocation:
     if len(counts) != len(nodes):
         raise UsageError(f"{var}: gives {len(counts)} task counts for the {len(nodes)} nodes "
                          f"of SLURM_JOB_NODELIST")
-    hosts = tuple(Host(n, c) for n, c in zip(nodes, counts))
+    # No task count at all: 1 per node stands in, or one per GPU once the pre-flight saw them.
+    given = var in ("SLURM_TASKS_PER_NODE", "SLURM_JOB_CPUS_PER_NODE")
+    hosts = tuple(Host(n, c, slots_given=given) for n, c in zip(nodes, counts))
     total = sum(counts)
     if "SLURM_NTASKS" in environ:
         ntasks = _positive_int(environ["SLURM_NTASKS"], "SLURM_NTASKS")

@@ -24,17 +24,22 @@ def _single(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
     return value
 
 
+# A year and a day: longer is a typo, and waits beyond the platform's time_t overflow.
+MAX_SECONDS = 366 * 86400
+
+
 class _Seconds(click.FloatRange):
-    """A positive, finite number of seconds (inf and nan are refused, not taken as 'never')."""
+    """A positive, finite number of seconds up to MAX_SECONDS (inf and nan are refused, not
+    taken as 'never')."""
 
     def __init__(self) -> None:
-        super().__init__(min=0, min_open=True)
+        super().__init__(min=0, min_open=True, max=MAX_SECONDS)
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        number = super().convert(value, param, ctx)
+        number = click.FLOAT.convert(value, param, ctx)
         if not math.isfinite(number):
             self.fail(f"{value!r} is not a finite number of seconds", param, ctx)
-        return number
+        return super().convert(number, param, ctx)
 
 
 SECONDS = _Seconds()

@@ -50,7 +50,9 @@ def plan_allocation(request: RunRequest, alloc: Allocation | None, choice: str) 
         source = (f"hosts from --hosts/--hostfile, inside {alloc.scheduler} job {alloc.job_id}"
                   .rstrip())
     else:
-        num_proc = request.num_proc if request.num_proc is not None else alloc.total_tasks
+        num_proc = request.num_proc
+        if num_proc is None and all(h.slots_given for h in alloc.hosts):
+            num_proc = alloc.total_tasks  # else all slots, which the GPUs may still decide
         resolved = dataclasses.replace(request, hosts=alloc.hosts, num_proc=num_proc,
                                        launcher=launcher)
         source = alloc.describe()

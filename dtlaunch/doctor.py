@@ -132,7 +132,7 @@ def doctor_and_network(request: DoctorRequest, progress: Progress | None = None,
     if request.choose_network and request.expect.iface is None:
         choice = choose_from_outcomes(outcomes)
         if choice is not None:
-            judged = replace(judged, job=(check_network(choice),))
+            judged = replace(judged, job=(check_network(choice), *judged.job))
     return judged, choice
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dtlaunch import __version__
+from dtlaunch.bounded import run_bounded
 from dtlaunch.checks import (
     UNROUTABLE_PREFIXES,
     check_horovod,
@@ -27,7 +28,9 @@ from dtlaunch.checks import (
 )
 from dtlaunch.envvars import looks_secret
 from dtlaunch.facts import HostFacts
+from dtlaunch.gpus import check_gpus
 from dtlaunch.report import FAIL, LAUNCHER, PASS, WARN, CheckResult, Status
+from dtlaunch.verdict import nccl_of
 
 STEERING_PREFIXES = ("OMPI_", "OPAL_", "PMIX_", "PRTE_", "ORTE_", "NCCL_", "HOROVOD_", "GLOO_",
                      "UCX_", "I_MPI_", "MPICH_", "TORCH_")
@@ -50,11 +53,9 @@ class EnvItem:
 
 def _run(argv: list[str], timeout: float = 20.0) -> tuple[int, str]:
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
-                              stdin=subprocess.DEVNULL)
+        return run_bounded(argv, timeout)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return -1, str(exc)
-    return done.returncode, done.stdout + done.stderr
 
 
 def parse_ompi_info(text: str) -> dict[str, list[str]]:
@@ -119,14 +120,13 @@ def gather_env(environ: Mapping[str, str] | None = None) -> tuple[dict[str, Any]
                         "tensor_ops": list(py.tensor_ops), "error": py.horovod_error or None}
     facts["torch"] = {"version": py.torch_imported or py.torch_version, "cuda": py.torch_cuda,
                       "nccl": py.torch_nccl, "error": py.torch_error or None}
-    gpus: list[str] = []
-    smi = shutil.which("nvidia-smi")
-    if smi:
-        code, text = _run([smi, "-L"], timeout=10)
-        if code == 0:
-            gpus = [line.strip() for line in text.splitlines() if line.startswith("GPU")]
-    facts["gpus"] = {"nvidia_smi": smi, "devices": gpus,
-                     "device_files": sorted(glob.glob("/dev/nvidia[0-9]*"))}
+    gpus = host.gpus  # from the probe, with its deadline on nvidia-smi
+    facts["gpus"] = {"nvidia_smi": shutil.which("nvidia-smi"),
+                     "devices": [f"GPU {g.index}: {g.name} (UUID: {g.uuid})" for g in gpus.gpus],
+                     "device_files": sorted(glob.glob("/dev/nvidia[0-9]*")),
+                     "count": gpus.count, "driver": gpus.driver, "cuda": gpus.cuda,
+                     "nccl": nccl_of(py) if gpus.count else None,
+                     "error": gpus.error or None, "note": gpus.note or None}
     try:
         import psutil
 
@@ -210,8 +210,7 @@ def evaluate_env(facts: Mapping[str, Any], host: HostFacts) -> tuple[EnvItem, ..
     items += _judged("torch", "import", check_torch(host.python, None), [
         ("version", str(torch["version"])), ("cuda", torch["cuda"] or "none (CPU build)"),
         ("nccl", torch["nccl"] or "none")])
-    gpus = facts["gpus"]["devices"]
-    add("gpus", "devices", "; ".join(gpus) if gpus else "none found")
+    items += gpu_items(facts["gpus"], host)
     cpu = facts["cpu"]
     add("cpu", "cores", f"{cpu['usable_cores']} usable, {cpu['logical_cores']} logical"
         + (f", {cpu['physical_cores']} physical" if cpu["physical_cores"] else ""))
@@ -246,6 +245,23 @@ def evaluate_env(facts: Mapping[str, Any], host: HostFacts) -> tuple[EnvItem, ..
     for name, value in facts["environment"].items():
         add("environment", name, value)
     return tuple(items)
+
+
+def gpu_items(gpus: Mapping[str, Any], host: HostFacts) -> list[EnvItem]:
+    """This machine's GPUs, driver, CUDA and NCCL; a failing or hung nvidia-smi and a PyTorch
+    built for a newer CUDA than the driver's get their fix. No nvidia-smi: only `none found`."""
+    found = host.gpus
+    rows = [("devices", "; ".join(gpus["devices"])
+             or "none found" + (f" ({found.note})" if found.note else ""))]
+    if found.count:
+        rows += [(name, str(gpus[name] or "unknown")) for name in ("driver", "cuda", "nccl")]
+    items = [EnvItem("gpus", CheckResult(name, PASS, value)) for name, value in rows]
+    for check in check_gpus({"here": found}, {"here": host.python.torch_cuda}):
+        if check.status in (FAIL, WARN):
+            items.append(EnvItem("gpus", CheckResult(
+                "nvidia-smi" if found.error else "cuda", check.status,
+                check.detail.removeprefix("here: "), check.hint)))
+    return items
 
 
 def env_report(facts: Mapping[str, Any], items: tuple[EnvItem, ...]) -> dict[str, Any]:

@@ -8,7 +8,7 @@ only through mpirun's environment, never on a command line.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 from dtlaunch.errors import UsageError
@@ -99,15 +99,30 @@ def parse_env_item(item: str) -> tuple[str, str | None]:
     return name, (value if sep else None)
 
 
+def secret_warning(name: str, typed: bool) -> str:
+    """The one line for a secret-looking variable the user named. `typed`: its value was
+    written on dtlaunch's command line, where anyone on this machine can read it (ps) for as
+    long as the job runs."""
+    line = f"exporting {name}, which looks like a secret, to every rank because you named it"
+    if typed:
+        line += (f"; its value, typed on the command line, shows in dtlaunch's process entry "
+                 f"(ps) for the whole job: export {name} and pass -x {name}, or put it in an "
+                 "--env-file")
+    return line
+
+
 def plan_environment(
     environ: Mapping[str, str],
     requested: Iterable[str] = (),
     fixed: Mapping[str, str] | None = None,
+    typed: Collection[str] = (),
 ) -> EnvPlan:
     """Decide the variables for the ranks.
 
-    requested: the user's `-x` items; fixed: what dtlaunch sets itself (e.g. NCCL_SOCKET_IFNAME).
-    Later sources win: allow-listed environment < fixed < requested.
+    requested: the user's `-x` items; fixed: what dtlaunch sets itself (e.g. NCCL_SOCKET_IFNAME);
+    typed: names whose `NAME=VALUE` was written on dtlaunch's own command line (not read from
+    a file). Later sources win: allow-listed environment < fixed < requested. A secret's
+    value never goes on mpirun's command line: it travels in mpirun's environment.
     """
     chosen: dict[str, EnvVar] = {}
     for name in sorted(environ):
@@ -130,9 +145,7 @@ def plan_environment(
         else:
             value, inline = given, not secret
         if secret:
-            warnings.append(
-                f"exporting {name}, which looks like a secret, to every rank because you named it"
-            )
+            warnings.append(secret_warning(name, typed=given is not None and name in typed))
         chosen[name] = EnvVar(name, value, inline=inline, secret=secret)
     return EnvPlan(tuple(chosen.values()), tuple(warnings))
 

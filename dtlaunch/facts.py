@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from dtlaunch.gpus import GpuFacts, nccl_from_code, parse_gpu_probe
 from dtlaunch.mpi import MpiImpl, parse_mpirun_version
 
 SECTION_MARK = "@@"
@@ -41,10 +42,12 @@ class PythonFacts:
     torch_nccl: str | None = None
     horovod_imported: str | None = None
     horovod_error: str = ""
+    horovod_nccl: str | None = None  # the NCCL Horovod was built with (nccl_built())
     frameworks: tuple[str, ...] = ()
     controllers: tuple[str, ...] = ()
     tensor_ops: tuple[str, ...] = ()
     import_cached: bool = False
+    import_cache_problem: str = ""  # why the import cache could not be used on that host
     module_found: bool | None = None
 
     @property
@@ -71,6 +74,7 @@ class HostFacts:
     python: PythonFacts = PythonFacts(found=False)
     peers: tuple[PeerResult, ...] = ()
     script_exists: bool | None = None  # None: no script to look for
+    gpus: GpuFacts = field(default_factory=GpuFacts)  # NVIDIA GPUs, from nvidia-smi (none when it is absent)
 
 
 def split_sections(text: str) -> dict[str, str]:
@@ -144,10 +148,12 @@ def parse_python_json(text: str) -> PythonFacts:
         torch_nccl=_str_or_none(imports.get("torch_nccl")),
         horovod_imported=_str_or_none(imports.get("horovod")),
         horovod_error=str(imports.get("horovod_error", "")),
+        horovod_nccl=nccl_from_code(imports.get("horovod_nccl")),
         frameworks=names("frameworks"),
         controllers=names("controllers"),
         tensor_ops=names("tensor_ops"),
         import_cached=bool(data.get("cached", False)),
+        import_cache_problem=str(data.get("cache_problem") or "")[:300],
         module_found=data.get("module_found"),
     )
 
@@ -176,4 +182,6 @@ def parse_probe_output(text: str) -> HostFacts:
         python=parse_python_json(sections.get("python", "")),
         peers=parse_peers(sections.get("peers", "")),
         script_exists={"yes": True, "no": False}.get(sections.get("script", "")),
+        gpus=parse_gpu_probe(sections.get("gpu_status", ""), sections.get("gpu_query", ""),
+                             sections.get("gpu_header", "")),
     )

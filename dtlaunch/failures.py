@@ -52,6 +52,14 @@ _LOST_DAEMON = re.compile(r"Remote daemon:\s*" + _NAME + r"\s+on\s+node\s+(\S+)"
 _NO_DAEMON = re.compile(r"(?:ORTE|PRTE)\s+was\s+unable\s+to\s+reliably\s+start\s+one\s+or\s+"
                         r"more\s+daemons|PRTE\s+has\s+lost\s+communication|"
                         r"daemon\s+(?:did\s+not|failed\s+to)\s+report\s+back")
+# The program (interpreter, script) missing or not executable where a rank was to start:
+# "unable to launch the specified application as it could not access or execute an
+# executable" (Open MPI 3/4, prterun in 5) and "unable to find the specified executable file".
+_NO_EXEC = re.compile(r"unable to (?:launch the specified application|find the specified "
+                      r"executable)(?P<body>.*?)(?:^-{20,}|\Z)", re.DOTALL | re.MULTILINE)
+_EXEC_NAME = re.compile(r"^\s*Executable:\s*(.+?)\s*$", re.M)
+_EXEC_NODE = re.compile(r"^\s*Node:\s*(\S+)", re.M)
+_EXEC_RANK = re.compile(r"process\s+rank\s+(\d+)")
 _SSH_ERR = re.compile(r"^(ssh: .*|.*Permission denied.*|.*Host key verification failed.*)$", re.M)
 
 
@@ -91,6 +99,9 @@ def analyze(lines: Sequence[str], rank_hosts: Sequence[str]) -> Failure | None:
             (abort.start(), Failure(rank, host_of(rank), exit_code=int(abort.group(2)),
                                     reason="called MPI_Abort"))
         )
+    missing = _NO_EXEC.search(text)
+    if missing:
+        candidates.append((missing.start(), _missing_program(missing.group("body"))))
     if candidates:
         return min(candidates, key=lambda c: c[0])[1]
     lost = _LOST_DAEMON.search(text)
@@ -109,3 +120,15 @@ def analyze(lines: Sequence[str], rank_hosts: Sequence[str]) -> Failure | None:
             + "; run 'dtlaunch doctor' with the same hosts to see which and why"
         )
     return None
+
+
+def _missing_program(body: str) -> Failure:
+    """mpirun's own words name the host, the rank and the program that could not start."""
+    name, node, rank = _EXEC_NAME.search(body), _EXEC_NODE.search(body), _EXEC_RANK.search(body)
+    program = name.group(1) if name else "the program"
+    who = f"rank {rank.group(1)}" if rank else "a rank"
+    where = f" on host {node.group(1)}" if node else ""
+    return Failure(rank=int(rank.group(1)) if rank else None,
+                   host=node.group(1) if node else None,
+                   reason=f"{who} could not start{where}: {program} was not found or is not "
+                          "executable there")

@@ -269,8 +269,8 @@ def parse_horovod_args(values: Mapping[str, Sequence[Any]], config: HorovodConfi
         merged.update((d, v) for d, v in config.values if d not in from_flags)
     merged.update(from_flags)
     timeout = launch.get("start_timeout")
-    if timeout is not None and timeout < 1:
-        raise UsageError(f"--start-timeout: must be at least 1 second, got {timeout}")
+    if timeout is not None and not 1 <= timeout <= 86400:
+        raise UsageError(f"--start-timeout: must be between 1 second and a day, got {timeout}")
     binding = launch.get("binding_args")
     return HorovodArgs(
         env=build_horovod_env(merged),

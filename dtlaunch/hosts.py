@@ -5,7 +5,7 @@ from __future__ import annotations
 import ipaddress
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from dtlaunch.errors import UsageError
 from dtlaunch.textfile import read_small_text
@@ -26,6 +26,9 @@ HOSTFILE_FORMAT = "expected 'HOST', 'HOST slots=N' or 'HOST:N' per line ('#' sta
 class Host:
     name: str
     slots: int = 1
+    # False: no slots were written (`h1`, a hostfile line without slots), so 1 stands in
+    # until the pre-flight finds NVIDIA GPUs there (dtlaunch.gpus: one slot per GPU).
+    slots_given: bool = field(default=True, compare=False, repr=False)
 
 
 def _check_name(name: str, where: str) -> str:
@@ -67,7 +70,7 @@ def parse_host_entry(entry: str, where: str = "--hosts") -> Host:
     name = name.strip()
     _check_name(name, where)
     slots = _parse_slots(slots_text.strip(), where) if sep else 1
-    return Host(name, slots)
+    return Host(name, slots, slots_given=bool(sep))
 
 
 def merge_duplicates(hosts: Iterable[Host], where: str) -> tuple[Host, ...]:
@@ -103,16 +106,16 @@ def parse_hostfile_text(text: str, path: str = "hostfile") -> tuple[Host, ...]:
         if options and ":" in head:
             raise UsageError(f"{where}: give slots either as HOST:N or slots=N, not both")
         host = parse_host_entry(head, where)
-        slots = host.slots
+        slots, given = host.slots, host.slots_given
         for option in options:
             match = _SLOTS_KV.match(option)
             if not match:
                 raise UsageError(f"{where}: unexpected {option!r}; {HOSTFILE_FORMAT}")
             if match.group(1) == "slots":
-                slots = _parse_slots(match.group(2), where)
+                slots, given = _parse_slots(match.group(2), where), True
             else:
                 _parse_slots(match.group(2), where)  # validated, but max_slots does not add ranks
-        hosts.append(Host(host.name, slots))
+        hosts.append(Host(host.name, slots, slots_given=given))
     if not hosts:
         raise UsageError(f"{path}: no hosts in hostfile; {HOSTFILE_FORMAT}")
     return merge_duplicates(hosts, path)
@@ -148,9 +151,15 @@ def assign_ranks(hosts: Sequence[Host], num_proc: int) -> tuple[str, ...]:
 
     Wrapping only happens with --oversubscribe; it mirrors Open MPI's round-robin by slot.
     """
-    if not hosts:
+    if not hosts or num_proc < 1:
         return ()
-    order = [h.name for h in hosts for _ in range(h.slots)]
+    # Only the slots that get a rank are listed (a big hostfile with -np 1 costs nothing).
+    wanted = min(num_proc, total_slots(hosts))
+    order: list[str] = []
+    for host in hosts:
+        order.extend([host.name] * min(host.slots, wanted - len(order)))
+        if len(order) == wanted:
+            break
     return tuple(order[i % len(order)] for i in range(num_proc))
 
 

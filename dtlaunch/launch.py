@@ -1,7 +1,8 @@
 """Run mpirun as a child: stream tagged output live, forward signals, enforce --timeout.
 
 The only module that starts the job. mpirun gets its own session so that a terminal's Ctrl-C
-reaches dtlaunch alone, which forwards it once and escalates if mpirun does not finish.
+reaches dtlaunch alone, which forwards it once and escalates if mpirun does not finish. mpirun
+starts under a guard (dtlaunch.lifeline) that ends the job if dtlaunch itself is killed.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import IO
 
 from dtlaunch.errors import EXIT_TIMEOUT, exit_for_signal
 from dtlaunch.failures import Failure, analyze
+from dtlaunch.lifeline import guarded_argv
 from dtlaunch.output import Line, TagDemux
 from dtlaunch.rsh import LOST_PREFIX
 
@@ -125,14 +127,22 @@ def execute(
         output_dir.mkdir(parents=True, exist_ok=True)
     out = _Output(rank_hosts, output_dir, tag_space)
     received: list[int] = []
-    proc = subprocess.Popen(
-        list(argv),
-        env=dict(env),
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-    )
+    command, lifeline_read, lifeline_write = guarded_argv(list(argv))
+    try:
+        proc = subprocess.Popen(
+            command,
+            env=dict(env),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            pass_fds=(lifeline_read,),
+        )
+    except BaseException:
+        os.close(lifeline_write)
+        raise
+    finally:
+        os.close(lifeline_read)
     assert proc.stdout is not None and proc.stderr is not None
     pumps = [
         threading.Thread(target=_pump, args=(proc.stdout, lambda b: out.feed(b, False)), daemon=True),
@@ -186,8 +196,10 @@ def execute(
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        # Anything still in mpirun's session (e.g. a rank that ignored SIGTERM) goes too.
+        # Anything still in mpirun's session (e.g. a rank that ignored SIGTERM) goes too,
+        # the lifeline's guard with it.
         _kill_tree(proc)
+        os.close(lifeline_write)
         for thread in pumps:
             thread.join(timeout=5)
         out.close()

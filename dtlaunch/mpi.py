@@ -6,7 +6,7 @@ from __future__ import annotations
 import ipaddress
 import re
 import shlex
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -178,6 +178,11 @@ class MpiFamily(Protocol):
 
     def parse_failure(self, lines: Sequence[str], rank_hosts: Sequence[str]) -> Failure | None: ...
 
-    def ssh_left_to_dtlaunch(self, extra_args: Sequence[str]) -> bool:
-        """False when the user's extra launcher arguments may change how ssh is run."""
+    def launcher_env(self, spec: JobSpec) -> dict[str, str]:
+        """Variables the launcher's own environment needs for this job (beyond the plan's)."""
+        ...
+
+    def ssh_left_to_dtlaunch(self, extra_args: Sequence[str], environ: Mapping[str, str]) -> bool:
+        """False when the user's extra launcher arguments or the launcher's environment may
+        change how ssh is run."""
         ...

@@ -6,11 +6,15 @@ mpirun (prterun) rejects the single-dash ones, and Open MPI 3 and 4 accept both.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from dtlaunch.hosts import format_hosts
+from dtlaunch.mca import ssh_overrides
 from dtlaunch.mpi import INSTALL_OMPI_HINT, MIN_OMPI, JobSpec, MpiImpl, parse_mpirun_version
+from dtlaunch.rsh import SSH_ARGS_ENV
+from dtlaunch.ssh_options import check_rsh_arg
 
 if TYPE_CHECKING:  # imported when a job runs, not for a dry run
     from dtlaunch.failures import Failure
@@ -61,14 +65,33 @@ def build_mpirun_argv(spec: JobSpec, mpirun: str = "mpirun") -> tuple[str, ...]:
     return tuple(argv)
 
 
+def uses_agent(spec: JobSpec) -> bool:
+    """dtlaunch's ssh wrapper starts the daemons (tree spawn runs plain ssh on the hosts too)."""
+    return bool(spec.rsh_agent) and not spec.tree_spawn and not spec.slurm
+
+
+def agent_env(spec: JobSpec) -> dict[str, str]:
+    """The wrapper's ssh options travel in mpirun's environment, never on a daemon's command
+    line (Open MPI puts its MCA parameters there inside double quotes, for a remote shell)."""
+    return {SSH_ARGS_ENV: json.dumps(spec.ssh.ssh_args())} if uses_agent(spec) else {}
+
+
 def _rsh_args(spec: JobSpec) -> list[str]:
     args: list[str] = []
-    agent = spec.rsh_agent if spec.rsh_agent and not spec.tree_spawn else "ssh"
     # Keep each host's daemon attached to its ssh session (Open MPI detaches it by default):
     # a dead host or sshd then ends that session, which dtlaunch notices, and the daemons'
     # own error messages reach the user.
     args.append("--leave-session-attached")
-    args += ["--mca", "plm_rsh_agent", agent, "--mca", "plm_rsh_args", " ".join(spec.ssh.ssh_args())]
+    if uses_agent(spec):
+        args += ["--mca", "plm_rsh_agent", spec.rsh_agent or "ssh"]
+    else:
+        # plm_rsh_args reaches a remote shell: only paths without shell syntax may pass.
+        ssh = spec.ssh
+        for value, option in ((ssh.identity_file, "--ssh-identity-file"),
+                              (ssh.config_file, "--ssh-config")):
+            if value:
+                check_rsh_arg(value, option)
+        args += ["--mca", "plm_rsh_agent", "ssh", "--mca", "plm_rsh_args", " ".join(ssh.ssh_args())]
     if not spec.tree_spawn:
         # Only launcher-to-host SSH is needed (and checked by doctor); tree spawn would also
         # need every host to reach every other host over SSH.
@@ -106,9 +129,13 @@ class OpenMpi:
 
         return analyze(lines, rank_hosts)
 
-    def ssh_left_to_dtlaunch(self, extra_args: Sequence[str]) -> bool:
-        """--mpi-args that set plm_rsh_* could weaken mpirun's host-key checking."""
-        return not any("plm_rsh" in arg for arg in extra_args)
+    def launcher_env(self, spec: JobSpec) -> dict[str, str]:
+        return agent_env(spec)
+
+    def ssh_left_to_dtlaunch(self, extra_args: Sequence[str], environ: Mapping[str, str]) -> bool:
+        """--mpi-args or OMPI_MCA_*/PRTE_MCA_* variables that set the launch agent or its
+        arguments could weaken mpirun's host-key checking."""
+        return not ssh_overrides(extra_args, environ)
 
 
 OPEN_MPI = OpenMpi()

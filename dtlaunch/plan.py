@@ -11,6 +11,7 @@ from dtlaunch.command import check_module_name as check_module_name  # re-export
 from dtlaunch.envvars import EnvPlan, build_launcher_env, plan_environment
 from dtlaunch.errors import UsageError
 from dtlaunch.hosts import Host, assign_ranks, total_slots
+from dtlaunch.mca import refuse_insecure
 from dtlaunch.mpi import Interfaces, JobSpec, MpiFamily, format_command
 from dtlaunch.openmpi import OPEN_MPI
 from dtlaunch.ssh_options import SshOptions
@@ -42,6 +43,9 @@ class RunRequest:
     # (slurm inside a Slurm job); session.prepare resolves "auto".
     launcher: str = "auto"
     binding: tuple[str, ...] | None = None  # --binding-args; None: dtlaunch's default
+    # Names whose -x NAME=VALUE was typed on dtlaunch's command line (a secret's value there
+    # deserves a warning: it stays in dtlaunch's process entry while the job runs).
+    typed_env: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -52,31 +56,47 @@ class RunPlan:
     env: EnvPlan
     hosts: tuple[Host, ...]
     family: MpiFamily = field(default=OPEN_MPI, compare=False)  # how the job is started
+    # Variables the launcher needs beyond the ranks' (dtlaunch's ssh options): shown first.
+    shown_env: tuple[tuple[str, str], ...] = ()
 
     def display(self) -> str:
         """Shell-quoted and pasteable; values of secrets never appear in it."""
-        return format_command(self.argv)
+        return format_command(self.argv, self.shown_env)
 
 
-def resolve_hosts(hosts: tuple[Host, ...], num_proc: int | None, cpu_count: int) -> tuple[Host, ...]:
-    """No hosts given: this machine, one slot per core (or -np slots)."""
+# More processes than this is a typo, not a job (and would cost gigabytes to plan).
+MAX_NUM_PROC = 1_000_000
+
+
+def resolve_hosts(hosts: tuple[Host, ...], cpu_count: int) -> tuple[Host, ...]:
+    """No hosts given: this machine, one slot per core."""
     if hosts:
         return hosts
-    return (Host("localhost", max(num_proc or 0, cpu_count, 1)),)
+    return (Host("localhost", max(cpu_count, 1)),)
 
 
-def choose_num_proc(hosts: tuple[Host, ...], num_proc: int | None, oversubscribe: bool) -> int:
+def choose_num_proc(hosts: tuple[Host, ...], num_proc: int | None, oversubscribe: bool,
+                    local: bool = False) -> int:
+    """-np, or all the slots. More than the slots needs --oversubscribe, on this machine
+    (`local`: no hosts given, one slot per core) as on hosts."""
     slots = total_slots(hosts)
-    if num_proc is None:
-        return slots
-    if num_proc < 1:
+    if num_proc is not None and num_proc < 1:
         raise UsageError(f"-np: must be at least 1, got {num_proc}")
-    if num_proc > slots and not oversubscribe:
+    chosen = slots if num_proc is None else num_proc
+    if chosen > MAX_NUM_PROC:
+        what = f"{chosen} processes" if num_proc is not None else f"all {chosen} slots"
+        raise UsageError(f"-np: {what} is more than the {MAX_NUM_PROC} dtlaunch starts")
+    if chosen > slots and not oversubscribe:
+        if local:
+            raise UsageError(
+                f"-np: {chosen} processes but this machine has only {slots} cores (one slot "
+                "each without -H); pass --oversubscribe to run more processes than cores"
+            )
         raise UsageError(
-            f"-np: {num_proc} processes but the hosts have only {slots} slots; "
+            f"-np: {chosen} processes but the hosts have only {slots} slots; "
             "add slots (host:N) or pass --oversubscribe"
         )
-    return num_proc
+    return chosen
 
 
 def build_program(request: RunRequest) -> tuple[str, ...]:
@@ -99,8 +119,9 @@ def plan_run(
     as_root: bool = False,
     cpu_count: int = 1,
 ) -> RunPlan:
-    hosts = resolve_hosts(request.hosts, request.num_proc, cpu_count)
-    num_proc = choose_num_proc(hosts, request.num_proc, request.oversubscribe)
+    hosts = resolve_hosts(request.hosts, cpu_count)
+    num_proc = choose_num_proc(hosts, request.num_proc, request.oversubscribe,
+                               local=not request.hosts)
     program = build_program(request)
     fixed: dict[str, str] = {"PYTHONUNBUFFERED": "1"}
     if request.iface is not None and request.iface.names:
@@ -111,7 +132,8 @@ def plan_run(
     if request.timeline:
         fixed["HOROVOD_TIMELINE"] = request.timeline
     fixed.update(request.extra_env)
-    env = plan_environment(environ, request.env_items, fixed)
+    refuse_insecure(request.mpi_args, environ)
+    env = plan_environment(environ, request.env_items, fixed, typed=request.typed_env)
     spec = JobSpec(
         hosts=hosts,
         num_proc=num_proc,
@@ -130,6 +152,8 @@ def plan_run(
     )
     argv = family.build_argv(spec, launcher or family.launcher)
     launcher_env = build_launcher_env(environ, env)
+    own = family.launcher_env(spec)
+    launcher_env.update(own)
     if spec.slurm:
         # Open MPI's plm slurm reads the job from these and starts its daemons with srun.
         launcher_env.update(slurm_launch_env(environ))
@@ -140,4 +164,5 @@ def plan_run(
         env=env,
         hosts=hosts,
         family=family,
+        shown_env=tuple(own.items()),
     )

@@ -3,10 +3,12 @@
 A launch is refused on any failure; the caller shows the same table and fixes as `dtlaunch doctor`.
 
 To keep the pre-flight cheap, a successful result is remembered for five minutes in
-`~/.cache/dtlaunch/preflight-<key>.json` (directory 0700, file 0600, owned by the user; anything
-else is ignored). The key covers the hosts, interpreter, script or module, interfaces, SSH
-options and working directory, plus the size and mtime of the ssh config, known_hosts files,
-the script and the interpreter, so editing any of them starts over. A cache hit still performs
+`~/.cache/dtlaunch/preflight-<key>.json` (directory 0700, file 0600, owned by the user, written
+and read without following links: dtlaunch.private_files). A directory that is not private is
+not used, with one warning; a file that is not exactly what was written counts as absent. The
+key covers the hosts, interpreter, script or module, interfaces, SSH options and working
+directory, plus the size and mtime of the ssh config, known_hosts files, the script and the
+interpreter, so editing any of them starts over. A cache hit still performs
 the SSH key exchange with every host and checks its host key against known_hosts, so a changed
 host key is never hidden by the cache: it drops the cache and runs the full checks, which fail.
 That key check runs while mpirun starts (see HostKeyWatch for why this is safe), so a cache hit
@@ -15,18 +17,25 @@ costs the launch almost nothing. Set DTLAUNCH_PREFLIGHT_CACHE=0 to always run th
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import math
 import os
-import stat
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from dtlaunch.openmpi import OPEN_MPI
+from dtlaunch.private_files import (
+    NotPrivate,
+    cache_dir,
+    private_dir,
+    read_private,
+    remove_private,
+    write_private,
+)
 from dtlaunch.prober import Prober, Reach, fan_out, local_names, ssh_reach
 
 if TYPE_CHECKING:
@@ -80,22 +89,26 @@ def cache_key(request: RunRequest, hosts: tuple[str, ...], cwd: str, launcher: s
 
 
 def _cache_dir() -> str:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "dtlaunch")
+    return cache_dir()
+
+
+def _cache_name(key: str) -> str:
+    return f"preflight-{key[:40]}.json"
 
 
 def _cache_path(key: str) -> str:
-    return os.path.join(_cache_dir(), f"preflight-{key[:40]}.json")
+    return os.path.join(_cache_dir(), _cache_name(key))
 
 
-def _private(path: str, kind: int) -> bool:
-    """Only our own file or directory (not a link), writable by nobody else, counts."""
+def cache_problem() -> str | None:
+    """Why the cache directory cannot be used (created 0700 when missing), or None."""
     try:
-        st = os.lstat(path)
-    except OSError:
-        return False
-    return (stat.S_IFMT(st.st_mode) == kind and st.st_uid == os.getuid()
-            and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH))
+        with private_dir(_cache_dir()):
+            return None
+    except NotPrivate as exc:
+        return str(exc)
+    except OSError as exc:
+        return f"cannot create {_cache_dir()}: {exc.strerror or exc}"
 
 
 def read_cache(key: str, now: float | None = None) -> bool:
@@ -103,39 +116,41 @@ def read_cache(key: str, now: float | None = None) -> bool:
 
 
 def cached_entry(key: str, now: float | None = None) -> dict[str, Any] | None:
-    """The fresh cache entry for `key` (with the network chosen then), or None."""
-    path = _cache_path(key)
-    if not _private(path, stat.S_IFREG) or not _private(os.path.dirname(path), stat.S_IFDIR):
+    """The fresh cache entry for `key` (with the network chosen then), or None: anything
+    unreadable, not private or not what write_cache wrote counts as no entry."""
+    try:
+        with private_dir(_cache_dir(), create=False) as folder:
+            raw = read_private(folder, _cache_name(key))
+    except (OSError, NotPrivate):
+        return None
+    if raw is None:
         return None
     try:
-        with open(path) as handle:
-            data = json.load(handle)
+        data = json.loads(raw)
         written = float(data["time"]) if data["key"] == key else math.nan
-    except (OSError, ValueError, KeyError, TypeError, IndexError):
-        return None  # unreadable or not what we wrote: check again
+    except (ValueError, KeyError, TypeError, IndexError):
+        return None  # not what we wrote: check again (and write it anew)
     age = (now if now is not None else time.time()) - written
     return data if 0 <= age < CACHE_SECONDS and isinstance(data, dict) else None
 
 
-def write_cache(key: str, network: dict[str, Any] | None = None) -> None:
-    folder = _cache_dir()
+def write_cache(key: str, network: dict[str, Any] | None = None,
+                gpus: dict[str, int] | None = None) -> None:
+    data = json.dumps({"key": key, "time": time.time(), "network": network,
+                       "gpus": gpus}).encode()
     try:
-        os.makedirs(folder, mode=0o700, exist_ok=True)
-        if not _private(folder, stat.S_IFDIR):
-            return
-        path = _cache_path(key)
-        tmp = f"{path}.{os.getpid()}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "w") as handle:
-            json.dump({"key": key, "time": time.time(), "network": network}, handle)
-        os.replace(tmp, path)
-    except OSError:
-        pass  # no cache is only slower
+        with private_dir(_cache_dir()) as folder:
+            write_private(folder, _cache_name(key), data)
+    except (OSError, NotPrivate):
+        pass  # no cache is only slower (run_preflight has said why)
 
 
 def drop_cache(key: str) -> None:
-    with contextlib.suppress(OSError):
-        os.unlink(_cache_path(key))
+    try:
+        with private_dir(_cache_dir(), create=False) as folder:
+            remove_private(folder, _cache_name(key))
+    except (OSError, NotPrivate):
+        pass
 
 
 def host_key_failures(hosts: tuple[str, ...], prober: Prober) -> dict[str, str]:
@@ -188,16 +203,23 @@ class HostKeyWatch:
             return f"host key check failed for {', '.join(self.bad)}: stopping the job"
         return None
 
+    def stop(self) -> None:
+        """The job was stopped (a signal): end the check now, with its connections and
+        proxies, instead of waiting out a slow handshake."""
+        self._prober.close()
+
     def failed(self) -> bool:
         """Waits for the check (bounded by the connect timeout); True if a key was bad."""
         self.done.wait(self._prober.connect_timeout + 2)
         return bool(self.bad)
 
 
-def may_overlap(request: RunRequest, family: MpiFamily = OPEN_MPI) -> bool:
+def may_overlap(request: RunRequest, family: MpiFamily = OPEN_MPI,
+                launcher_env: Mapping[str, str] | None = None) -> bool:
     """The key check may run alongside the launch only while dtlaunch controls the launcher's
-    ssh: extra launcher arguments could weaken its host-key checking."""
-    return family.ssh_left_to_dtlaunch(request.mpi_args)
+    ssh: extra launcher arguments or MCA variables could weaken its host-key checking."""
+    env = os.environ if launcher_env is None else launcher_env
+    return family.ssh_left_to_dtlaunch(request.mpi_args, env)
 
 
 @dataclass(frozen=True)
@@ -208,6 +230,8 @@ class PreflightOutcome:
     watch: HostKeyWatch | None = None  # a cache hit's key check, running alongside the launch
     network: NetworkChoice | None = None  # the network chosen for a run without --iface
     message: str = ""  # what happened, for --verbose
+    gpus: dict[str, int] | None = None  # NVIDIA GPUs per host (None: not known)
+    warnings: tuple[str, ...] = ()  # one line each (a cache that could not be used)
 
     @property
     def ok(self) -> bool:
@@ -242,6 +266,7 @@ def run_preflight(request: RunRequest, plan: RunPlan, job_started: bool = False,
         doctor_and_network,
         local_launcher,
     )
+    from dtlaunch.gpus import slots_pending
     from dtlaunch.network import choice_from_json, choice_to_json
 
     hosts = tuple(h.name for h in plan.hosts)
@@ -250,16 +275,29 @@ def run_preflight(request: RunRequest, plan: RunPlan, job_started: bool = False,
                  and os.environ.get("DTLAUNCH_PREFLIGHT_CACHE", "1") != "0")
     launcher = local_launcher(plan.family.launcher)
     key = cache_key(request, hosts, cwd, launcher)
+    warnings: list[str] = []
+    problem = cache_problem() if use_cache else None
+    if problem is not None:
+        use_cache = False
+        warnings.append(f"pre-flight cache not used: {problem}")
     entry = cached_entry(key) if use_cache else None
+    if entry is not None and gpus_from_json(entry.get("gpus")) is None and slots_pending(
+            request.hosts):
+        entry = None  # written before GPUs were cached: the slots need the full checks
+    network = None
+    if entry is not None and entry.get("network") is not None:
+        network = choice_from_json(entry["network"])
+        if network is None:
+            entry = None  # damaged: check again (and write it anew), never run without a network
     if entry is not None:
-        network = choice_from_json(entry.get("network")) if entry.get("network") else None
-        if may_overlap(request, plan.family):
+        gpus = gpus_from_json(entry.get("gpus"))
+        if may_overlap(request, plan.family, plan.launcher_env):
             return PreflightOutcome(watch=HostKeyWatch(hosts, ways.prober()), network=network,
                                     message=("pre-flight: passed recently (cached); checking "
-                                             "host keys while the job starts"))
+                                             "host keys while the job starts"), gpus=gpus)
         if not host_key_failures(hosts, ways.prober()):
             return PreflightOutcome(network=network, message=(
-                "pre-flight: passed recently (cached); host keys verified"))
+                "pre-flight: passed recently (cached); host keys verified"), gpus=gpus)
         drop_cache(key)
     if job_started:
         drop_cache(key)
@@ -276,9 +314,19 @@ def run_preflight(request: RunRequest, plan: RunPlan, job_started: bool = False,
         mpi_launcher=launcher,
     )
     report, network = doctor_and_network(doctor_request, reach=ways)
+    warnings += report.warning_lines(said=problem)
     if not report.ok:
-        return PreflightOutcome(report)
+        return PreflightOutcome(report, warnings=tuple(warnings))
+    gpus = {h.host: h.gpus.count for h in report.hosts if h.gpus is not None}
     if use_cache:
-        write_cache(key, choice_to_json(network) if network is not None else None)
-    return PreflightOutcome(report, network=network, message=(
-        f"pre-flight: {len(report.hosts)} host(s) ready ({report.seconds:.2f} s)"))
+        write_cache(key, choice_to_json(network) if network is not None else None, gpus)
+    return PreflightOutcome(report, network=network, warnings=tuple(warnings), message=(
+        f"pre-flight: {len(report.hosts)} host(s) ready ({report.seconds:.2f} s)"), gpus=gpus)
+
+
+def gpus_from_json(value: Any) -> dict[str, int] | None:
+    """The GPU counts a cache entry holds; anything else (an older entry) is not known."""
+    if not isinstance(value, dict):
+        return None
+    counts = {str(k): v for k, v in value.items() if isinstance(v, int) and v >= 0}
+    return counts if len(counts) == len(value) else None

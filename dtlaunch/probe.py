@@ -14,6 +14,9 @@ operations) are computed once per host in a subprocess and cached in
 `~/.cache/dtlaunch/imports-<key>.json` (mode 0600), keyed by the interpreter and the mtimes and
 versions of the installed torch and horovod packages, so any reinstall recomputes them. A file
 lock makes concurrent probes on a shared home directory compute them once.
+
+`nvidia-smi` (NVIDIA GPUs) starts beside the rest of the probe and is given up on after
+`gpu_timeout` seconds; where it is not installed nothing runs.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import shlex
 import shutil
 import signal
 import subprocess
+import time
 from dataclasses import dataclass
 from importlib import resources
 
@@ -33,6 +37,7 @@ from dtlaunch.facts import HostFacts, parse_probe_output
 from dtlaunch.prober import Tracker
 
 SCRIPTS = "dtlaunch.probe_scripts"
+END_MARK = b"\n@@end\n"  # the probe's last line (probe.sh)
 LOCAL_SHELL = "/bin/sh" if os.path.exists("/bin/sh") else (shutil.which("sh") or "sh")
 
 
@@ -51,6 +56,7 @@ class ProbeArgs:
     peers: tuple[str, ...] = ()
     peer_ssh_args: tuple[str, ...] = ()
     imports: bool = True
+    gpu_timeout: float = 10.0  # seconds nvidia-smi may take before the host's GPUs count as hung
     # The launcher's own mpirun (absolute path): Open MPI starts the daemons from the same
     # prefix on every host, so that path is checked there, not the login PATH's mpirun.
     mpi_launcher: str = ""
@@ -66,6 +72,7 @@ class ProbeArgs:
             " ".join(self.peer_ssh_args),
             "1" if self.imports else "0",
             script_text("import_probe.py"),
+            str(max(1, round(self.gpu_timeout * 1000))),
             self.mpi_launcher,
         )
 
@@ -107,12 +114,29 @@ def probe_local(args: ProbeArgs, timeout: float = 180.0,
         if tracker is not None:
             tracker.add(session)
     try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        raise DtlaunchError(f"the local probe did not finish in {timeout:g} s") from None
+        out = _read_until_done(proc, timeout)
     finally:
         session.close()
         if tracker is not None:
             tracker.discard(session)
-        proc.communicate()
+        proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()  # not read to its end: a daemon may hold it open for ever
     return parse_probe_output(out.decode(errors="replace"))
+
+
+def _read_until_done(proc: subprocess.Popen[bytes], timeout: float) -> bytes:
+    """The probe's output, once the shell has exited and printed its last section (a process
+    it started that left its session may keep the pipe open: its end is not waited for)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            out, _ = proc.communicate(timeout=max(0.0, min(left, 1.0)))
+            return out
+        except subprocess.TimeoutExpired as exc:
+            partial = exc.output or b""
+            if proc.poll() is not None and END_MARK in partial:
+                return partial
+            if left <= 0:
+                raise DtlaunchError(f"the local probe did not finish in {timeout:g} s") from None

@@ -8,9 +8,12 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import asdict
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from dtlaunch.report import FAIL, PASS, SKIP, WARN, DoctorReport
+
+if TYPE_CHECKING:
+    from dtlaunch.gpus import GpuFacts
 
 SYMBOLS = {PASS: "pass", WARN: "warn", FAIL: "FAIL", SKIP: "-"}
 STYLES = {PASS: "green", WARN: "yellow", FAIL: "bold red", SKIP: "dim"}
@@ -43,11 +46,22 @@ def report_to_dict(report: DoctorReport) -> dict[str, Any]:
                 "seconds": round(h.seconds, 3),
                 "versions": dict(h.versions),
                 "note": h.note,
+                "warnings": list(h.warnings),
                 "checks": [asdict(c) for c in h.checks],
+                "gpus": gpus_to_dict(h.gpus, dict(h.versions).get("nccl")),
             }
             for h in report.hosts
         ],
     }
+
+
+def gpus_to_dict(gpus: GpuFacts | None, nccl: str | None) -> dict[str, Any] | None:
+    """A host's NVIDIA GPUs for JSON; None where there is no nvidia-smi (or no answer)."""
+    if gpus is None or not gpus.smi:
+        return None
+    return {"count": gpus.count, "driver": gpus.driver, "cuda": gpus.cuda, "nccl": nccl,
+            "error": gpus.error or None, "note": gpus.note or None,
+            "devices": [asdict(g) for g in gpus.gpus]}
 
 
 def report_to_json(report: DoctorReport) -> str:
@@ -97,6 +111,8 @@ def render_report(report: DoctorReport, stream: IO[str] | None = None) -> None:
             console.print(f"[dim]{escape(host.host)}: {escape(versions)}[/]")
         if host.note:
             console.print(f"[yellow]{escape(host.host)}: {escape(host.note)}[/]")
+        for warning in host.warnings:
+            console.print(f"[yellow]{escape(host.host)}: warning: {escape(warning)}[/]")
     for check in report.job:
         if check.status not in (FAIL, WARN):
             console.print(f"[dim]{check.name}: {escape(check.detail)}[/]")

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from dtlaunch.facts import HostFacts
+    from dtlaunch.gpus import GpuFacts
 
 
 class Status(str, Enum):
@@ -87,6 +88,8 @@ class HostReport:
     seconds: float = 0.0
     note: str = ""
     hostname: str = ""
+    gpus: GpuFacts | None = None  # None: the host was not reached
+    warnings: tuple[str, ...] = ()  # one line each, beside the checks (a cache not used)
 
     @property
     def status(self) -> Status:
@@ -122,6 +125,20 @@ class DoctorReport:
     def warnings(self) -> tuple[tuple[str, CheckResult], ...]:
         return (tuple((h.host, c) for h in self.hosts for c in h.checks if c.status == WARN)
                 + tuple((JOB, c) for c in self.job if c.status == WARN))
+
+    def warning_lines(self, said: str | None = None, shown: int = 8) -> list[str]:
+        """The hosts' own warnings (HostReport.warnings), one line per distinct text (a shared
+        home gives every host the same one); one holding `said` (already said) is left out."""
+        by_text: dict[str, list[str]] = {}
+        for host in self.hosts:
+            for text in host.warnings:
+                if said is None or said not in text:
+                    by_text.setdefault(text, []).append(host.host)
+        lines = []
+        for text, names in by_text.items():
+            more = f" and {len(names) - shown} more" if len(names) > shown else ""
+            lines.append(f"{', '.join(names[:shown])}{more}: {text}")
+        return lines
 
 
 def ssh_failed(detail: str, hint: str) -> CheckResult:

@@ -67,6 +67,10 @@ class _PendingSignals:
 
 def launch_with_restarts(request: LaunchRequest, policy: RestartPolicy, on_event: OnEvent,
                          ) -> RestartOutcome:
+    # The attempts keep the slots planned here: one per GPU needs the pre-flight first, which
+    # the loop does not run before it starts, so hosts without written slots keep 1.
+    request = replace(request, run=replace(request.run, hosts=tuple(
+        Host(h.name, h.slots) for h in request.run.hosts)))
     first = prepare(request.run, on_event).plan
     check_policy(policy, len(first.rank_hosts))
     pending = _PendingSignals()

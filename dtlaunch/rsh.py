@@ -1,20 +1,41 @@
-"""mpirun's SSH agent: runs ssh, and says so when the link to a host is lost.
+"""mpirun's SSH agent: runs ssh with dtlaunch's options, and says so when the link to a host
+is lost.
+
+The ssh options (identity file, config file, port, ...) come from the environment
+(`DTLAUNCH_SSH_ARGS`, a JSON list), never from mpirun's `plm_rsh_args`: Open MPI copies its MCA
+parameters onto each daemon's command line inside double quotes, where a remote shell would
+expand `$(...)` in a file name.
 
 Open MPI ignores an ssh link that dies after its daemon started, so a host whose sshd dies
-mid-job would leave the job hanging. ssh exits 255 exactly when the connection fails; this
-wrapper then prints one line that dtlaunch watches for, and dtlaunch stops the job.
+mid-job would leave the job hanging. ssh exits 255 both when the connection fails and when the
+remote command itself exits 255, so ssh logs (-v -E) to a private file: a connection whose
+remote exit status (or signal) arrived was not lost. Only a lost one gets the line that
+dtlaunch watches for, and dtlaunch stops the job. ssh's own messages (not its debug lines) are
+passed on to stderr as before.
+
+Standard library only, and no dtlaunch imports: it starts with -I -S, once per host.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
 import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Mapping, Sequence
 
 LOST_PREFIX = "dtlaunch-rsh: lost the SSH connection to host "
+SSH_ARGS_ENV = "DTLAUNCH_SSH_ARGS"
 # OpenSSH options that take a value (from ssh(1)); the first other word is the host.
 _WITH_VALUE = set("BbcDEeFIiJLlmOopQRSWw")
+# What `ssh -v` logs about the remote command's end; a lost connection logs neither.
+_REMOTE_ENDED = ("rtype exit-status ", "rtype exit-signal ")
+# Lines that only -v adds (besides "debugN:"), left out of what is passed on.
+_VERBOSE_ONLY = ("debug1: ", "debug2: ", "debug3: ", "Authenticated to ", "Transferred: ",
+                 "Bytes per second: ", "OpenSSH_")
 
 
 def find_host(args: Sequence[str]) -> str:
@@ -30,19 +51,84 @@ def find_host(args: Sequence[str]) -> str:
     return "?"
 
 
+def ssh_options(environ: Mapping[str, str]) -> list[str]:
+    """dtlaunch's ssh options from the environment; none when unset or unreadable."""
+    try:
+        value = json.loads(environ.get(SSH_ARGS_ENV, "[]"))
+    except ValueError:
+        return []
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        return []
+    return value
+
+
+def link_lost(code: int, log: str) -> bool:
+    """ssh's 255 means a lost connection only if the remote command's end never arrived."""
+    return code == 255 and not any(mark in log for mark in _REMOTE_ENDED)
+
+
+def messages(log: str) -> str:
+    """ssh's own messages from its -v log: what it would have printed without -v -E."""
+    return "".join(line for line in log.splitlines(keepends=True)
+                   if not line.startswith(_VERBOSE_ONLY))
+
+
+def _private_log() -> tuple[str, int] | None:
+    """A new empty file only this user can read, and a descriptor to read it later
+    (tempfile would cost this start-up ~10 ms); None if no temporary folder takes one."""
+    for folder in dict.fromkeys((os.environ.get("TMPDIR") or "/tmp", "/tmp")):
+        path = os.path.join(folder, f"dtlaunch-ssh-{os.getpid()}-{os.urandom(8).hex()}.log")
+        try:
+            return path, os.open(path, os.O_RDONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        except OSError:
+            continue
+    return None
+
+
+def _unlink_once_open(path: str, fd: int, proc: subprocess.Popen[bytes]) -> None:
+    """ssh writes its version line as soon as it opens the log: from then on the name can go,
+    so nothing is left behind even if this wrapper is killed."""
+    while proc.poll() is None and os.fstat(fd).st_size == 0:
+        time.sleep(0.005)
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+
+
+def _read_log(log: tuple[str, int]) -> str:
+    path, fd = log
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+    with os.fdopen(fd, encoding="utf-8", errors="replace") as handle:
+        return handle.read()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    proc = subprocess.Popen(["ssh", *args])
+    log = _private_log()
+    verbose = ["-v", "-E", log[0]] if log is not None else []
+    try:
+        proc = subprocess.Popen(["ssh", *verbose, *ssh_options(os.environ), *args])
+    except OSError as exc:
+        if log is not None:
+            _read_log(log)
+        sys.stderr.write(f"dtlaunch-rsh: cannot run ssh: {exc.strerror}\n")
+        return 127
 
     def forward(signum: int, _frame: object) -> None:
         proc.send_signal(signum)
 
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, forward)
+    if log is not None:
+        _unlink_once_open(log[0], log[1], proc)
     code = proc.wait()
-    if code == 255:
+    text = _read_log(log) if log is not None else None
+    if text is not None:
+        sys.stderr.write(messages(text))
+    # Without a log (no temporary folder), every 255 counts as lost, as ssh(1) documents it.
+    if code == 255 and (text is None or link_lost(code, text)):
         sys.stderr.write(f"{LOST_PREFIX}{find_host(args)} (ssh exit status 255)\n")
-        sys.stderr.flush()
+    sys.stderr.flush()
     return code if code >= 0 else 128 - code
 
 

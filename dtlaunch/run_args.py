@@ -52,9 +52,27 @@ def resolve_iface(iface: str | None, hvd: HorovodArgs) -> Interfaces | None:
 
 
 def resolve_output_dir(output_dir: str | None, hvd: HorovodArgs) -> str | None:
+    """--output-dir (or horovodrun's --output-filename), checked before anything runs."""
     if output_dir is not None and hvd.output_filename is not None:
         raise UsageError("--output-dir and --output-filename name the same thing; give one")
-    return output_dir if output_dir is not None else hvd.output_filename
+    chosen = output_dir if output_dir is not None else hvd.output_filename
+    if chosen is not None:
+        check_output_dir(chosen, "--output-dir" if output_dir is not None else "--output-filename")
+    return chosen
+
+
+def check_output_dir(path: str, option: str = "--output-dir") -> None:
+    """A directory, or a path where one can be made: found now, not after the pre-flight."""
+    if not path:
+        raise UsageError(f"{option}: empty path")
+    current = os.path.abspath(path)
+    while not os.path.lexists(current):
+        current = os.path.dirname(current)
+    if not os.path.isdir(current):
+        what = "exists and is" if current == os.path.abspath(path) else f"is in {current}, which is"
+        raise UsageError(f"{option}: {path} {what} not a directory")
+    if not os.access(current, os.W_OK | os.X_OK):
+        raise UsageError(f"{option}: cannot write in {current} (permission denied)")
 
 
 def build_run_request(run: RunArgs, hvd: HorovodArgs, words: tuple[str, ...],
@@ -85,6 +103,7 @@ def build_run_request(run: RunArgs, hvd: HorovodArgs, words: tuple[str, ...],
         program=program,
         extra_env=hvd.env,
         binding=hvd.binding_args,
+        typed_env=tuple(i.partition("=")[0] for i in run.env_items if "=" in i),
     )
 
 

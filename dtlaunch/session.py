@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from dtlaunch.envvars import kept_home_note
 from dtlaunch.errors import EXIT_FAILURE, DtlaunchError, UsageError
+from dtlaunch.gpus import choose_slots, slots_pending, unchecked_slots_text, visible_devices
 from dtlaunch.interrupts import signals_raise
 from dtlaunch.mpi import MpiFamily, MpiImpl
 from dtlaunch.openmpi import OPEN_MPI, tag_has_space
@@ -70,12 +71,13 @@ class RunOutcome:
 
 def local_mpi(family: MpiFamily, program: str) -> MpiImpl:
     """Ask the local launcher what it is; refuse one that this family cannot drive."""
+    from dtlaunch.bounded import run_bounded
+
     try:
-        out = subprocess.run([program, "--version"], capture_output=True, text=True, timeout=20,
-                             stdin=subprocess.DEVNULL)
+        _, out = run_bounded([program, "--version"], timeout=20)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise DtlaunchError(f"cannot run {program} --version: {exc}") from None
-    impl = family.parse_version(out.stdout + out.stderr)
+    impl = family.parse_version(out)
     why = family.unsupported(impl, program)
     if why is not None:
         raise UsageError(f"{why}; {family.install_hint}")
@@ -88,9 +90,11 @@ def rsh_agent_command() -> str | None:
     It runs once per host, so it starts as a bare file with -I -S (no site, no environment):
     it needs only the standard library, and this saves ~30 ms of CPU per host."""
     from dtlaunch import rsh
+    from dtlaunch.ssh_options import rsh_safe
 
     wrapper = rsh.__file__ or ""
-    if not wrapper.endswith(".py") or any(c.isspace() for c in sys.executable + wrapper):
+    # The agent's command reaches each daemon's command line (and a remote shell) too.
+    if not wrapper.endswith(".py") or not (rsh_safe(sys.executable) and rsh_safe(wrapper)):
         return None
     return f"{sys.executable} -I -S {wrapper}"
 
@@ -102,6 +106,7 @@ class Prepared:
     request: RunRequest | None = None  # hosts, -np and launcher resolved (allocation)
     source: str = ""  # where the hosts came from
     mpi_version: tuple[int, ...] = ()
+    provisional: bool = False  # planned before the GPUs decide the slots: plan again after
 
 
 def replan(request: RunRequest, prepared: Prepared, environ: Mapping[str, str] | None = None,
@@ -113,10 +118,13 @@ def replan(request: RunRequest, prepared: Prepared, environ: Mapping[str, str] |
 
 
 def prepare(request: RunRequest, on_event: OnEvent, *, dry_run: bool = False,
-            family: MpiFamily = OPEN_MPI, environ: Mapping[str, str] | None = None) -> Prepared:
+            family: MpiFamily = OPEN_MPI, environ: Mapping[str, str] | None = None,
+            defer_slots: bool = False) -> Prepared:
     """Find and ask the local launcher, then build the plan. A dry run needs no launcher.
 
-    Inside a scheduler's allocation the hosts come from it unless given (see cluster.py)."""
+    Inside a scheduler's allocation the hosts come from it unless given (see cluster.py).
+    ``defer_slots``: the pre-flight will run, and hosts without written slots get one per
+    GPU it finds; until then -np is not held against the stand-in single slots."""
     from dtlaunch.allocation import detect
     from dtlaunch.cluster import plan_allocation
 
@@ -129,14 +137,37 @@ def prepare(request: RunRequest, on_event: OnEvent, *, dry_run: bool = False,
     if program is None and not dry_run:
         raise UsageError(f"{family.launcher} not found on PATH; {family.install_hint}")
     version = local_mpi(family, program).release if program else ()
-    plan = plan_run(request, env, family=family, mpi_version=version, as_root=os.geteuid() == 0,
+    pending = slots_pending(request.hosts)
+    provisional = defer_slots and pending
+    plan = plan_run(replace(request, oversubscribe=True) if provisional else request, env,
+                    family=family, mpi_version=version, as_root=os.geteuid() == 0,
                     cpu_count=os.cpu_count() or 1)
+    if pending and not defer_slots:
+        text = unchecked_slots_text(request.hosts, "a dry run does not probe the hosts"
+                                    if dry_run else "planned without the pre-flight")
+        if text is not None:
+            on_event(Event(EventLevel.NOTE if dry_run and request.hosts else EventLevel.DETAIL,
+                           text))
     for message in plan.env.warnings:
         on_event(Event(EventLevel.WARNING, message))
     kept = kept_home_note(env, plan.env)
     if kept is not None:
         on_event(Event(EventLevel.NOTE, kept))
-    return Prepared(plan, program, request, placement.source, version)
+    return Prepared(plan, program, request, placement.source, version, provisional)
+
+
+def local_gpus(counts: Mapping[str, int], environ: Mapping[str, str] | None = None,
+               ) -> dict[str, int]:
+    """GPU counts with this machine's limited to CUDA_VISIBLE_DEVICES, which reaches the ranks
+    started here (and only them)."""
+    from dtlaunch.prober import local_names
+
+    env = os.environ if environ is None else environ
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return dict(counts)
+    here = local_names()
+    return {h: visible_devices(visible, n) if h in here else n for h, n in counts.items()}
 
 
 def doctor_placement(hosts: Sequence[Host], launcher: str = "auto",
@@ -166,7 +197,7 @@ def launch(request: LaunchRequest, on_event: OnEvent, *, executor: Executor | No
     hosts (default: SSH)."""
     from dtlaunch.preflight import failure_message, run_preflight
 
-    prepared = prepare(request.run, on_event)
+    prepared = prepare(request.run, on_event, defer_slots=request.check)
     plan = prepared.plan
     run_request = prepared.request or request.run
     if reach is None and run_request.launcher == "slurm":
@@ -180,32 +211,47 @@ def launch(request: LaunchRequest, on_event: OnEvent, *, executor: Executor | No
                                     command_timeout=request.start_timeout)
         if checked.message:
             on_event(Event(EventLevel.DETAIL, checked.message))
+        for warning in checked.warnings:
+            on_event(Event(EventLevel.WARNING, warning))
         if not checked.ok:
             return RunOutcome(plan, checked.report, None, EXIT_FAILURE,
                               failure_message(checked.report, job_started=False))
         watch = checked.watch
         choice = checked.network
+        run = run_request
         if choice is not None and choice.iface is not None and run_request.iface is None:
             run = replace(run_request, iface=choice.iface,
                           extra_env=(*choice.env(), *run_request.extra_env))
-            plan = replan(run, prepared)
             on_event(Event(EventLevel.NOTE, choice.describe()))
+        if prepared.provisional:
+            slots = choose_slots(run.hosts, local_gpus(checked.gpus or {}), run.num_proc)
+            run = replace(run, hosts=slots.hosts) if slots.changed else run
+            on_event(Event(EventLevel.NOTE if slots.changed else EventLevel.DETAIL, slots.text))
+        if run is not run_request or prepared.provisional:
+            plan = replan(run, prepared)
     on_event(Event(EventLevel.DETAIL, "running: " + plan.display()))
     if executor is None:
         from dtlaunch.launch import execute
 
         executor = execute
-    result = executor(
-        (prepared.mpirun or plan.family.launcher, *plan.argv[1:]),
-        plan.launcher_env,
-        plan.rank_hosts,
-        timeout=request.timeout,
-        output_dir=Path(request.output_dir) if request.output_dir else None,
-        announce=lambda text: on_event(Event(EventLevel.NOTE, text)),
-        stop_when=watch.stop_reason if watch is not None else None,
-        tag_space=tag_has_space(prepared.mpi_version),
-    )
-    if watch is not None and watch.failed():
+    try:
+        result = executor(
+            (prepared.mpirun or plan.family.launcher, *plan.argv[1:]),
+            plan.launcher_env,
+            plan.rank_hosts,
+            timeout=request.timeout,
+            output_dir=Path(request.output_dir) if request.output_dir else None,
+            announce=lambda text: on_event(Event(EventLevel.NOTE, text)),
+            stop_when=watch.stop_reason if watch is not None else None,
+            tag_space=tag_has_space(prepared.mpi_version),
+        )
+    except BaseException:
+        if watch is not None:
+            watch.stop()
+        raise
+    if watch is not None and result.interrupted_by is not None:
+        watch.stop()  # the user stopped the job: no re-check, and no proxy left waiting
+    elif watch is not None and watch.failed():
         # A host key changed (or vanished) since the cached pre-flight: the full checks
         # name the host and the fix.
         with signals_raise():

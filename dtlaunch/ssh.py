@@ -61,11 +61,15 @@ class Connection:
         if tracker is not None:
             tracker.add(self)
 
-    def run_remote(self, command: str, timeout: float) -> RemoteResult:
+    def run_remote(self, command: str, timeout: float,
+                   end_mark: bytes | None = None) -> RemoteResult:
         """Run one command (already shell-quoted piece by piece) and collect its output.
 
         The command's input stays open until the channel closes, so a command tied to it
-        (dtlaunch/probe_scripts/tied.sh) ends when we give up on it or are stopped."""
+        (dtlaunch/probe_scripts/tied.sh) ends when we give up on it or are stopped. With
+        `end_mark`, output is complete once the command has exited and its output holds the
+        mark: a process it left behind (its own session, our channel as its output) must not
+        keep us waiting for an end of file until the deadline."""
         paramiko = import_paramiko()
 
         deadline = time.monotonic() + timeout
@@ -80,6 +84,9 @@ class Connection:
                     channel.close()
                     raise fail(COMMAND_TIMEOUT, f"the remote command did not finish in "
                                f"{timeout:g} s", self.target)
+                if (end_mark is not None and channel.exit_status_ready()
+                        and not channel.recv_ready() and end_mark in b"".join(out)):
+                    break
                 got = False
                 while channel.recv_stderr_ready():
                     err.append(channel.recv_stderr(65536))

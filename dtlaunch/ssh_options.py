@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 
 from dtlaunch.errors import UsageError
@@ -38,19 +39,30 @@ class SshOptions:
 
 def ssh_options_from(port: int | None, identity: str | None, config: str | None,
                      timeout: int, accept_new: bool) -> SshOptions:
-    """The command line's SSH options, checked: the files exist and can pass to the launcher."""
+    """The command line's SSH options, checked: the files exist."""
     for value, option in ((identity, "--ssh-identity-file"), (config, "--ssh-config")):
-        if value is not None:
-            check_rsh_arg(value, option)
-            if not os.path.isfile(value):
-                raise UsageError(f"{option}: no such file: {value}")
+        if value is not None and not os.path.isfile(value):
+            raise UsageError(f"{option}: no such file: {value}")
     return SshOptions(port=port, identity_file=identity, config_file=config,
                       connect_timeout=timeout,
                       host_key_policy="accept-new" if accept_new else "yes")
 
 
+# What may pass through mpirun's ssh options (plm_rsh_args): Open MPI splits them on
+# whitespace and copies them, inside double quotes, onto each daemon's command line, where a
+# remote shell expands `$`, backquotes, `"` and `\`.
+_RSH_SAFE = re.compile(r"[A-Za-z0-9_@%+=:,./~-]+")
+
+
+def rsh_safe(value: str) -> bool:
+    return bool(_RSH_SAFE.fullmatch(value))
+
+
 def check_rsh_arg(value: str, option: str) -> str:
-    """MPI launchers split their ssh options on whitespace, so a path with a space cannot pass."""
-    if any(c.isspace() for c in value):
-        raise UsageError(f"{option}: {value!r} contains whitespace, which mpirun's ssh options cannot carry")
+    """A path for plm_rsh_args (tree spawn, or no ssh wrapper): plain characters only."""
+    if not rsh_safe(value):
+        bad = sorted({c for c in value if not _RSH_SAFE.fullmatch(c)})
+        raise UsageError(f"{option}: {value!r} contains {' '.join(map(repr, bad))}, which "
+                         "mpirun's ssh options (--tree-spawn) cannot carry safely; "
+                         "rename the file or link it from a plain path")
     return value

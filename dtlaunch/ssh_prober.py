@@ -10,7 +10,7 @@ import threading
 import time
 from typing import Any
 
-from dtlaunch.probe import ProbeArgs, build_remote_command
+from dtlaunch.probe import END_MARK, ProbeArgs, build_remote_command
 from dtlaunch.prober import Tracker
 from dtlaunch.report import HOST, HostOutcome, ssh_failed
 from dtlaunch.ssh_errors import SshFailure
@@ -42,7 +42,7 @@ class SshProber:
         try:
             conn = connect(self._target(host), tracker=self._tracker)
             try:
-                result = conn.run_remote(build_remote_command(args), timeout)
+                result = conn.run_remote(build_remote_command(args), timeout, END_MARK)
             finally:
                 conn.close()
             facts = parse_probe_output(result.stdout)

@@ -17,7 +17,8 @@ from dtlaunch.checks import (
     check_script,
     check_torch,
 )
-from dtlaunch.facts import HostFacts
+from dtlaunch.facts import HostFacts, PythonFacts
+from dtlaunch.gpus import check_gpus, describe_gpus
 from dtlaunch.mpi import MIN_OMPI
 from dtlaunch.report import (
     CHECK_NAMES,
@@ -68,7 +69,27 @@ def versions_of(facts: HostFacts) -> tuple[tuple[str, str], ...]:
         ("torch", py.torch_imported or py.torch_version or ""),
         ("horovod", py.horovod_imported or py.horovod_version or ""),
     ]
-    return tuple((k, v) for k, v in pairs if v)
+    gpus = facts.gpus
+    if gpus.smi:  # nothing about GPUs on hosts without nvidia-smi
+        pairs += [("gpus", describe_gpus(gpus)), ("driver", gpus.driver or ""),
+                  ("cuda", gpus.cuda or ""), ("nccl", nccl_of(py) if gpus.count else "")]
+    return tuple((k, v or "") for k, v in pairs if v)
+
+
+def nccl_of(py: PythonFacts) -> str:
+    """The NCCL the ranks use: Horovod's own build when it has one, else PyTorch's."""
+    return py.horovod_nccl or py.torch_nccl or ""
+
+
+def gpu_checks(outcomes: Sequence[HostOutcome]) -> tuple[CheckResult, ...]:
+    """The rank hosts' GPUs compared (dtlaunch.gpus.check_gpus); none where no rank host has
+    nvidia-smi, so CPU-only clusters see nothing about GPUs."""
+    rank = {o.host: o.facts for o in outcomes if o.facts is not None and o.is_rank_host}
+    if not any(f.gpus.smi for f in rank.values()):
+        return ()
+    return check_gpus({h: f.gpus for h, f in rank.items()},
+                      {h: f.python.torch_cuda for h, f in rank.items()},
+                      {h: nccl_of(f.python) or None for h, f in rank.items()})
 
 
 def skipped_after_ssh(problem: CheckResult) -> tuple[CheckResult, ...]:
@@ -91,16 +112,21 @@ def evaluate(outcomes: Sequence[HostOutcome], expect: Expectations, seconds: flo
             checks = skipped_after_ssh(problem)
             versions: tuple[tuple[str, str], ...] = ()
             hostname = ""
+            warnings: tuple[str, ...] = ()
         else:
             others = [p for p in peers if p != outcome.host]
             checks = check_host(outcome.facts, outcome.role, expect, launcher, others,
                                 outcome.path)
             versions = versions_of(outcome.facts)
             hostname = outcome.facts.hostname
+            cache = outcome.facts.python.import_cache_problem
+            warnings = (f"import cache not used: {cache}",) if cache else ()
         hostname_check = hostname_checks.get(
             outcome.host, CheckResult("hostname", SKIP, hostname or "not a rank host"))
         checks = (*checks[:8], hostname_check, *checks[8:])
         reports.append(HostReport(outcome.host, outcome.role, checks, versions, outcome.seconds,
-                                  outcome.note, hostname))
+                                  outcome.note, hostname,
+                                  outcome.facts.gpus if outcome.facts is not None else None,
+                                  warnings))
     label = "launch path" if any(o.path for o in outcomes) else "ssh"
-    return DoctorReport(tuple(reports), seconds, ssh_label=label)
+    return DoctorReport(tuple(reports), seconds, ssh_label=label, job=gpu_checks(outcomes))

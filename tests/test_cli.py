@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import subprocess
@@ -52,6 +53,23 @@ def test_dry_run_masks_secrets_and_never_prints_values(script: Path) -> None:
     assert result.stderr.count("looks like a secret") == 2
 
 
+def test_a_typed_secret_value_is_warned_about_once_and_kept_off_mpiruns_line(
+        script: Path, tmp_path: Path) -> None:
+    result = dtl("run", "--dry-run", "-H", "h1", "-x", "AWS_SECRET_ACCESS_KEY=aws-s3cr3t",
+                 str(script))
+    assert result.returncode == 0, result.stderr
+    assert "s3cr3t" not in result.stdout + result.stderr
+    assert "AWS_SECRET_ACCESS_KEY" in shlex.split(result.stdout)  # -x NAME: by name only
+    warned = [line for line in result.stderr.splitlines() if "AWS_SECRET_ACCESS_KEY" in line]
+    assert len(warned) == 1 and warned[0].startswith("dtlaunch: warning: ")
+    assert "typed on the command line" in warned[0] and "--env-file" in warned[0]
+    env_file = tmp_path / "secrets.env"
+    env_file.write_text("AWS_SECRET_ACCESS_KEY=aws-s3cr3t\n")
+    result = dtl("run", "--dry-run", "-H", "h1", "--env-file", str(env_file), str(script))
+    assert result.returncode == 0 and "s3cr3t" not in result.stdout + result.stderr
+    assert "looks like a secret" in result.stderr and "typed on" not in result.stderr
+
+
 def test_module_mode(script: Path) -> None:
     result = dtl("run", "--dry-run", "-np", "2", "-m", "dtlaunch.examples.ptb_lm", "--config", "small")
     assert result.returncode == 0, result.stderr
@@ -71,7 +89,13 @@ def test_horovodrun_options_and_spellings_reach_the_mpirun_line(script: Path) ->
     assert result.returncode == 0, result.stderr
     argv = shlex.split(result.stdout)
     assert argv[argv.index("-H") + 1] == "h1:2,h2:2"
-    assert "-p 2222" in argv[argv.index("plm_rsh_args") + 1]
+    # dtlaunch's ssh wrapper gets the ssh options in its environment, never on a command line
+    # that a remote shell reads.
+    assert "plm_rsh_args" not in argv
+    name, _, value = argv[0].partition("=")
+    assert name == "DTLAUNCH_SSH_ARGS"
+    options = json.loads(value)
+    assert options[options.index("-p"):][:2] == ["-p", "2222"]
     assert argv[argv.index("btl_tcp_if_include") + 1] == "ens3"
     for var in ("HOROVOD_FUSION_THRESHOLD=33554432", "HOROVOD_CYCLE_TIME=2",
                 "HOROVOD_TIMELINE=t.json", "NCCL_IB_DISABLE=1"):  # a flag beats the file
@@ -146,6 +170,13 @@ BAD_RUN = [
     (["--hostfile", "{tmp}/binary"], "not valid UTF-8"),
     (["-np", "0", "-H", "a"], "at least 1"),
     (["-np", "3", "-H", "a:2"], "only 2 slots"),
+    (["-np", "2000000", "-H", "a", "--oversubscribe"], "more than the 1000000 dtlaunch starts"),
+    (["-np", "1000000000", "--oversubscribe"], "1000000000 processes is more than the 1000000"),
+    (["--output-dir", ""], "--output-dir: empty path"),
+    (["-H", ",".join(f"h{i}:4096" for i in range(300))], "all 1228800 slots is more than"),
+    (["--output-dir", "{tmp}/hosts"], "{tmp}/hosts exists and is not a directory"),
+    (["--output-dir", "{tmp}/hosts/logs"], "which is not a directory"),
+    (["--output-filename", "{tmp}/hosts"], "--output-filename: {tmp}/hosts exists and is not"),
     (["-np", "x"], "'x' is not a valid integer"),
     (["-x", "A-B"], "invalid variable name"),
     (["-x", "BASH_FUNC_x%%=1"], "invalid variable name"),
@@ -167,7 +198,8 @@ BAD_RUN = [
     (["--fusion-threshold-mb", "1", "--fusion-threshold-mb", "2"], "given more than once"),
     (["--hierarchical-allreduce", "--no-hierarchical-allreduce"], "contradict each other"),
     (["--log-level", "loud"], "expected one of TRACE"),
-    (["--start-timeout", "0"], "at least 1 second"),
+    (["--start-timeout", "0"], "between 1 second and a day"),
+    (["--start-timeout", "9" * 40], "between 1 second and a day"),
     (["--prefix-output-with-timestamp"], "not supported by dtlaunch yet"),
     (["--config-file", "{tmp}/bad.yaml"], "bad.yaml:3:1: malformed YAML"),
     (["--config-file", "{tmp}/typo.yaml"], "unknown key 'parms'"),
@@ -199,7 +231,31 @@ def test_bad_run_input(args: list[str], message: str | None, script: Path, tmp_p
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("dtlaunch: error: ")
     if message:
-        assert message in lines[0]
+        assert message.format(tmp=tmp_path) in lines[0]
+
+
+def test_more_processes_than_cores_here_needs_oversubscribe(script: Path) -> None:
+    cores = os.cpu_count() or 1
+    result = dtl("run", "--dry-run", "-np", str(cores + 1), str(script))
+    assert result.returncode == 2, result.stdout
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"dtlaunch: error: -np: {cores + 1} processes but this machine has only {cores} cores "
+        "(one slot each without -H); pass --oversubscribe to run more processes than cores")
+    result = dtl("run", "--dry-run", "-np", str(cores + 1), "--oversubscribe", str(script))
+    assert result.returncode == 0, result.stderr
+    argv = shlex.split(result.stdout)
+    assert argv[argv.index("-np") + 1] == str(cores + 1)
+    assert argv[argv.index("-H") + 1] == f"localhost:{cores}" and "--oversubscribe" in argv
+
+
+def test_an_output_dir_that_is_a_file_is_refused_before_the_preflight(script: Path,
+                                                                       tmp_path: Path) -> None:
+    taken = tmp_path / "taken"
+    taken.write_text("")
+    result = dtl("run", "-H", "no-such-host.invalid", "--output-dir", str(taken), str(script))
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines() == [
+        f"dtlaunch: error: --output-dir: {taken} exists and is not a directory"]
 
 
 @pytest.mark.parametrize(
@@ -243,6 +299,9 @@ BAD_OTHER = [
     (["doctor", "-H", "a", "--timeout", "inf"], "not a finite number of seconds"),
     (["doctor", "-H", "a", "--timeout", "nan"], "not a finite number of seconds"),
     (["run", "--dry-run", "--timeout", "nan", "-H", "a", "{tmp}/hosts"], "not a finite number"),
+    (["doctor", "-H", "a", "--timeout", "1e300"], "not in the range 0<x<=31622400"),
+    (["run", "--dry-run", "--timeout", "1e300", "-H", "a", "{tmp}/hosts"], "not in the range"),
+    (["run", "--dry-run", "--timeout", "-0.5", "-H", "a", "{tmp}/hosts"], "not in the range"),
     (["doctor", "-H", "a", "--ssh-config", "{tmp}/missing"], "no such file"),
     (["doctor", "-H", "a", "-H", "b"], "given more than once"),
     (["doctor", "-H", "a,a"], "more than once"),

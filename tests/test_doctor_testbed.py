@@ -247,10 +247,11 @@ def test_env_check_json_matches_machine() -> None:
     assert doc["os"]["kernel"] == os.uname().release
 
 
-def _hung_python(tmp_path: Path) -> Path:
+def _hung_python(tmp_path: Path, ignores_term: bool = False) -> Path:
     """An 'interpreter' that hangs: what a wedged NFS mount or a stuck import looks like."""
     path = tmp_path / "hung-python"
-    path.write_text("#!/bin/sh\nexec sleep 3171\n")
+    trap = "trap '' TERM\n" if ignores_term else ""
+    path.write_text(f"#!/bin/sh\n{trap}exec sleep 3171\n")
     path.chmod(0o755)
     return path
 
@@ -288,8 +289,10 @@ def test_timeout_bounds_a_hung_remote_command_and_ends_it(dbed: tb.TestBed, tmp_
     assert _none_left() == [], "the hung probe was left running"
 
 
-def test_ctrl_c_of_doctor_leaves_nothing_running(dbed: tb.TestBed, tmp_path: Path) -> None:
-    python = _hung_python(tmp_path)
+@pytest.mark.parametrize("ignores_term", [False, True], ids=["hung", "hung-ignoring-sigterm"])
+def test_ctrl_c_of_doctor_leaves_nothing_running(dbed: tb.TestBed, tmp_path: Path,
+                                                 ignores_term: bool) -> None:
+    python = _hung_python(tmp_path, ignores_term)
     proc = subprocess.Popen(
         [sys.executable, "-m", "dtlaunch", "doctor", "-H", "h1,h2", "--ssh-config",
          str(dbed.ssh_config), "--python", str(python)],
@@ -307,3 +310,26 @@ def test_ctrl_c_of_doctor_leaves_nothing_running(dbed: tb.TestBed, tmp_path: Pat
             proc.kill()
     assert proc.returncode == 130
     assert _none_left() == [], "a probe outlived Ctrl-C"
+
+
+def test_a_daemon_left_by_the_interpreter_does_not_hold_the_probe(dbed: tb.TestBed,
+                                                                  tmp_path: Path) -> None:
+    """An interpreter wrapper that leaves a daemon behind (its own session, the channel as its
+    output): the probe is complete once its shell exited with its last section, not when the
+    channel's output closes (never, here), so no false 'did not finish'."""
+    wrapper = tmp_path / "python"
+    wrapper.write_text(f"#!/bin/sh\nsetsid sleep 3175 &\nexec {sys.executable} \"$@\"\n")
+    wrapper.chmod(0o755)
+    try:
+        _, doc, result = doctor(dbed, "h1,h2", "--python", str(wrapper), "--timeout", "40")
+        for host in ("h1", "h2"):
+            assert check(doc, host, "ssh")["status"] == "pass", result.stdout
+            assert check(doc, host, "python")["status"] == "pass", result.stdout
+    finally:
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    if (entry / "cmdline").read_bytes() == b"sleep\x003175\x00":
+                        os.kill(int(entry.name), signal.SIGKILL)
+                except OSError:
+                    pass

@@ -96,3 +96,16 @@ def _cmdline(pid: str) -> str:
             return handle.read().replace(b"\0", b" ").decode(errors="replace").strip()
     except OSError:
         return ""
+
+
+def test_env_check_ends_a_hung_tool_with_everything_it_started(tmp_path: Path) -> None:
+    """A wrapper script whose child hangs (`ssh -V` here; ompi_info goes the same way): the
+    child must not outlive env-check (ending only the script would leave it running)."""
+    fake = tmp_path / "ssh"
+    fake.write_text("#!/bin/sh\nsleep 3002\necho 'OpenSSH_never'\n")
+    fake.chmod(0o755)
+    result = run_env_check({**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"})
+    assert result.returncode in (0, 1), result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["ssh"]["client"] == str(fake) and "timed out" in doc["ssh"]["version"]
+    assert not [p for p in os.listdir("/proc") if p.isdigit() and _cmdline(p) == "sleep 3002"]

@@ -42,6 +42,19 @@ def test_named_secret_warns_and_is_never_inline() -> None:
     assert len(plan.warnings) == 2
 
 
+def test_a_secret_typed_on_the_command_line_gets_one_line_naming_the_safe_ways() -> None:
+    plan = plan_environment(ENV, ["AWS_SECRET_ACCESS_KEY=v1", "DB_PASSWORD=pw", "HOROVOD_API_TOKEN"],
+                            typed=("AWS_SECRET_ACCESS_KEY",))
+    assert plan.warnings[0] == (
+        "exporting AWS_SECRET_ACCESS_KEY, which looks like a secret, to every rank because you "
+        "named it; its value, typed on the command line, shows in dtlaunch's process entry (ps) "
+        "for the whole job: export AWS_SECRET_ACCESS_KEY and pass -x AWS_SECRET_ACCESS_KEY, or "
+        "put it in an --env-file")
+    # From an env file (not typed) or by name: the value is nowhere on a command line.
+    assert [("command line" in w) for w in plan.warnings] == [True, False, False]
+    assert not any(v.inline for v in plan.variables if v.secret)
+
+
 @pytest.mark.parametrize(
     ("item", "message"),
     [("A-B", "invalid variable name"), ("BASH_FUNC_x%%", "invalid"), ("1X=2", "invalid"),

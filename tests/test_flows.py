@@ -4,6 +4,8 @@ The test bed (test_doctor_testbed.py) runs the same flows for real."""
 
 from __future__ import annotations
 
+import io
+import json
 import shutil
 import sys
 import threading
@@ -26,6 +28,7 @@ from dtlaunch.mpi import MpiImpl, parse_iface
 from dtlaunch.plan import RunRequest, plan_run
 from dtlaunch.probe import ProbeArgs
 from dtlaunch.prober import Reach, Tracker
+from dtlaunch.render import render_report, report_to_json
 from dtlaunch.report import FAIL, HOST, PASS, SKIP, CheckResult, HostOutcome, ssh_failed
 from dtlaunch.ssh_errors import CHANGED_HOST_KEY
 from dtlaunch.ssh_options import SshOptions
@@ -171,10 +174,18 @@ def test_preflight_cache_miss_then_hit_checks_keys_alongside_the_launch(cache: P
     assert sorted(world.probed) == ["h1", "h2"]  # the full checks did not run again
 
 
-def test_preflight_cache_hit_with_plm_rsh_args_checks_keys_first(cache: Path) -> None:
+@pytest.mark.parametrize(("mpi_args", "environ"), [
+    (("--mca", "plm_rsh_args", "-o X=y"), {}),
+    # Other names for the launch agent, and the launcher's environment, count too.
+    (("-mca", "orte_rsh_agent", "ssh -o X=y"), {}),
+    (("--prtemca", "plm_ssh_agent", "ssh"), {}),
+    ((), {"OMPI_MCA_plm_rsh_agent": "ssh -o X=y"}),
+])
+def test_preflight_cache_hit_with_an_agent_override_checks_keys_first(
+        cache: Path, mpi_args: tuple[str, ...], environ: dict[str, str]) -> None:
     world = FakeWorld(h1=facts("h1"), h2=facts("h2"))
-    request = run_request(mpi_args=("--mca", "plm_rsh_args", "-o X=y"))
-    plan = plan_run(request, {"PATH": "/usr/bin"})
+    request = run_request(mpi_args=mpi_args)
+    plan = plan_run(request, {"PATH": "/usr/bin", **environ})
     assert preflight.run_preflight(request, plan, reach=world.reach()).ok
     world.keys["h2"] = CHANGED_HOST_KEY
     world.hosts["h2"] = CHANGED
@@ -367,3 +378,129 @@ def test_disable_cache_and_start_timeout(cache: Path) -> None:
                                    command_timeout=1)
     world.release.set()
     assert not late.ok and time.monotonic() - start < 30
+
+
+# --- caches that cannot be used are named, once -------------------------------------------------
+
+@needs_mpirun
+def test_a_preflight_cache_directory_others_can_write_is_not_used_and_says_so(cache: Path) -> None:
+    folder = cache / "dtlaunch"
+    folder.mkdir()
+    folder.chmod(0o777)
+    world, job = FakeWorld(h1=facts("h1"), h2=facts("h2")), RecordingJob()
+    events: list[session.Event] = []
+    launch = session.LaunchRequest(run_request())
+    for _ in range(2):
+        assert session.launch(launch, events.append, executor=job,
+                              reach=world.reach()).exit_code == 0
+    warnings = [e.text for e in events if e.level is session.EventLevel.WARNING]
+    assert len(warnings) == 2 and warnings[0] == warnings[1]
+    assert warnings[0] == (f"pre-flight cache not used: {folder} is writable by its group or "
+                           "others (chmod 700 it)")
+    assert list(folder.iterdir()) == []
+    assert sorted(world.probed) == ["h1", "h1", "h2", "h2"]  # full checks both times
+
+
+@needs_mpirun
+def test_this_machines_cache_directory_is_named_once_for_both_caches(cache: Path) -> None:
+    folder = cache / "dtlaunch"
+    folder.mkdir()
+    folder.chmod(0o777)
+    problem = f"{folder} is writable by its group or others (chmod 700 it)"
+    world, job = FakeWorld(h1=facts("h1")), RecordingJob()
+    world.here = lambda *a: replace(  # type: ignore[method-assign]
+        facts("launcher"), python=replace(PY, import_cache_problem=problem))
+    events: list[session.Event] = []
+    request = session.LaunchRequest(run_request(hosts=(Host("h1"), Host("localhost"))))
+    assert session.launch(request, events.append, executor=job, reach=world.reach()).exit_code == 0
+    warnings = [e.text for e in events if e.level is session.EventLevel.WARNING]
+    assert warnings == [f"pre-flight cache not used: {problem}"]
+
+
+@needs_mpirun
+def test_a_hosts_import_cache_problem_is_one_warning(cache: Path) -> None:
+    problem = "/home/me/.cache/dtlaunch is owned by uid 1000, not by you (uid 0)"
+    h2 = replace(facts("h2"), python=replace(PY, import_cache_problem=problem))
+    world, job = FakeWorld(h1=facts("h1"), h2=h2), RecordingJob()
+    events: list[session.Event] = []
+    assert session.launch(session.LaunchRequest(run_request()), events.append, executor=job,
+                          reach=world.reach()).exit_code == 0
+    warnings = [e.text for e in events if e.level is session.EventLevel.WARNING]
+    assert warnings == [f"h2: import cache not used: {problem}"]
+    report = doctor(world, "h1", "h2")
+    assert report.ok and report.hosts[2].warnings == (f"import cache not used: {problem}",)
+    shown = io.StringIO()
+    render_report(report, shown)
+    assert [line for line in shown.getvalue().splitlines() if "import cache" in line] == [
+        f"h2: warning: import cache not used: {problem}"]
+    assert json.loads(report_to_json(report))["hosts"][2]["warnings"] == list(
+        report.hosts[2].warnings)
+    # A shared home: every host has the same problem, said once.
+    world.hosts = {f"h{i}": replace(h2, hostname=f"h{i}") for i in range(1, 13)}
+    events.clear()
+    request = session.LaunchRequest(run_request(hosts=tuple(Host(f"h{i}") for i in range(1, 13))))
+    assert session.launch(request, events.append, executor=job, reach=world.reach()).exit_code == 0
+    warnings = [e.text for e in events if e.level is session.EventLevel.WARNING]
+    assert warnings == [f"h1, h2, h3, h4, h5, h6, h7, h8 and 4 more: import cache not used: {problem}"]
+
+
+class HangingKeyCheck(FakeProber):
+    """A host whose key check never completes (a ProxyCommand stuck in its handshake) until
+    the prober is closed, as SshProber.close ends its proxies."""
+
+    def __init__(self, world: FakeWorld) -> None:
+        super().__init__(world)
+        self.ended = threading.Event()
+        self.connect_timeout = 60
+        self.closed_by: threading.Thread | None = None
+
+    def verify(self, host: str) -> str | None:
+        self.world.verified.append(host)
+        self.ended.wait(120)
+        return None
+
+    def close(self) -> None:
+        super().close()
+        if not self.ended.is_set():
+            self.closed_by = threading.current_thread()
+        self.ended.set()
+
+
+@needs_mpirun
+def test_a_job_stopped_by_a_signal_ends_the_key_check_still_running(cache: Path) -> None:
+    world = FakeWorld(h1=facts("h1"), h2=facts("h2"))
+    launch = session.LaunchRequest(run_request())
+    assert session.launch(launch, lambda e: None, executor=RecordingJob(),
+                          reach=world.reach()).exit_code == 0  # the cached success
+    hanging: list[HangingKeyCheck] = []
+
+    def prober() -> HangingKeyCheck:
+        hanging.append(HangingKeyCheck(world))
+        return hanging[-1]
+
+    def stopped_job(argv: Any, env: Any, rank_hosts: Any, **kw: Any) -> LaunchResult:
+        while len(world.verified) < 2:  # both key checks are under way
+            time.sleep(0.01)
+        return LaunchResult(143, None, interrupted_by=15)
+
+    outcome = session.launch(launch, lambda e: None, executor=stopped_job,
+                             reach=Reach(prober=prober, here=world.here))
+    assert outcome.exit_code == 143
+    # Ended by the launch as soon as the job stopped, not by the check's own deadline.
+    assert len(hanging) == 1 and hanging[0].closed_by is threading.main_thread()
+
+
+def test_a_cached_network_that_is_damaged_is_a_cache_miss(cache: Path) -> None:
+    world = docker_world()
+    request = run_request()
+    plan = plan_run(request, {"PATH": "/usr/bin"})
+    assert preflight.run_preflight(request, plan, reach=world.reach()).network is not None
+    [path] = cache.glob("dtlaunch/preflight-*.json")
+    entry = json.loads(path.read_text())
+    for damaged in ({"cidrs": "10.1.2.0/24"}, ["10.1.2.0/24"], {**entry["network"], "cidrs": ["x"]}):
+        path.write_text(json.dumps({**entry, "network": damaged}))
+        world.probed.clear()
+        again = preflight.run_preflight(request, plan, reach=world.reach())
+        assert again.report is not None and sorted(world.probed) == ["h1", "h2"]
+        assert again.network is not None and again.network.cidrs == ("10.1.2.0/24",)
+        assert json.loads(path.read_text())["network"] == entry["network"]  # written anew

@@ -7,16 +7,25 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dtlaunch.checks import FAIL, PASS, SKIP, WARN
+from dtlaunch.errors import UsageError
 from dtlaunch.gpus import (
     Gpu,
     GpuFacts,
     check_gpus,
+    choose_slots,
+    describe_gpus,
     gpu_slots,
+    nccl_from_code,
     parse_gpu_facts,
+    parse_gpu_probe,
     parse_gpu_query,
     parse_smi_header,
+    slots_pending,
+    unchecked_slots_text,
+    visible_devices,
 )
-from dtlaunch.hosts import Host
+from dtlaunch.hosts import Host, parse_hosts
+from dtlaunch.plan import RunRequest, plan_run
 
 # Recorded shapes of `nvidia-smi --query-gpu=index,name,uuid,driver_version,memory.total
 # --format=csv,noheader` and of the banner of plain `nvidia-smi` (driver 550 and 470 layouts).
@@ -69,8 +78,10 @@ def test_headers_of_several_driver_generations() -> None:
 def test_failures_and_absence() -> None:
     assert parse_gpu_facts(None) == GpuFacts()
     assert parse_gpu_facts("No devices were found\n") == GpuFacts(smi=True)
-    broken = parse_gpu_facts(NO_DRIVER, NO_DRIVER)
-    assert broken.error.startswith("NVIDIA-SMI has failed because it couldn't communicate")
+    # nvidia-smi installed on a host without a driver (a CPU host built from a CUDA image):
+    # no GPUs, not an error.
+    assert parse_gpu_facts(NO_DRIVER, NO_DRIVER) == GpuFacts(
+        smi=True, note="nvidia-smi found but no NVIDIA driver loaded")
     assert parse_gpu_facts(MISMATCH).error == "Failed to initialize NVML: Driver/library version mismatch"
     # A name with a comma, and memory the driver does not report.
     gpus, error = parse_gpu_query("0, Acme, Accelerator X, GPU-11, 550.1, [N/A]\n")
@@ -135,3 +146,112 @@ def test_cuda_runtime_against_driver(built: str, driver: str, ok: bool) -> None:
     header = f"| NVIDIA-SMI 1.0   Driver Version: 560.1   CUDA Version: {driver}     |"
     results = check_gpus({"h1": parse_gpu_facts(V100_QUERY, header)}, {"h1": built})
     assert (results[0].status == PASS) == ok
+
+
+# --- what the probe prints, slots for a run -------------------------------------------------
+
+def test_probe_sections() -> None:
+    done = "query done\nheader done"
+    assert parse_gpu_probe("", "", "") == GpuFacts()  # an older probe: nothing known
+    assert parse_gpu_probe("absent", "", "") == GpuFacts()
+    assert parse_gpu_probe(done, A100_QUERY, A100_HEADER) == parse_gpu_facts(A100_QUERY, A100_HEADER)
+    hung = parse_gpu_probe("query timeout 10000\nheader timeout 10000", "", "")
+    assert hung == GpuFacts(smi=True, error="nvidia-smi did not answer within 10 s")
+    assert parse_gpu_probe("query timeout 500\nheader done", "", "").error.endswith("within 0.5 s")
+    # A hung banner only loses the CUDA version.
+    slow = parse_gpu_probe("query done\nheader timeout 10000", V100_QUERY, "")
+    assert (slow.count, slow.driver, slow.cuda, slow.error) == (1, "470.182.03", None, "")
+
+
+@pytest.mark.parametrize(("code", "version"), [(21803, "2.18.3"), (2708, "2.7.8"), (20905, "2.9.5"),
+                                               (0, None), (True, None), (None, None), ("2", None)])
+def test_nccl_version_codes(code: object, version: str | None) -> None:
+    assert nccl_from_code(code) == version
+
+
+def test_descriptions() -> None:
+    assert describe_gpus(parse_gpu_facts(H100_QUERY, H100_HEADER)) == "8 x NVIDIA H100 80GB HBM3"
+    mixed = parse_gpu_facts(A100_QUERY + V100_QUERY.replace("0,", "4,", 1))
+    assert describe_gpus(mixed) == "4 x NVIDIA A100-SXM4-40GB, 1 x Tesla V100-SXM2-16GB"
+    assert describe_gpus(parse_gpu_facts(NO_DRIVER)) == "none (nvidia-smi found but no NVIDIA driver loaded)"
+    assert describe_gpus(parse_gpu_facts(MISMATCH)).startswith("nvidia-smi failed: Failed to initialize")
+
+
+def test_a_hung_nvidia_smi_fails_with_its_own_fix() -> None:
+    (result,) = check_gpus({"h1": GpuFacts(smi=True, error="nvidia-smi did not answer within 10 s")})
+    assert result.status == FAIL and result.detail == "h1: nvidia-smi failed: nvidia-smi did not answer within 10 s"
+    assert "Xid" in result.hint and "h1" in result.hint
+
+
+def test_cpu_only_hosts_with_nvidia_smi_but_no_driver_are_no_failure() -> None:
+    (result,) = check_gpus({"h1": parse_gpu_facts(NO_DRIVER), "h2": GpuFacts()})
+    assert result.status == SKIP
+
+
+def hosts_of(spec: str) -> tuple[Host, ...]:
+    return parse_hosts(spec)
+
+
+def test_slots_come_from_gpus_only_where_none_were_written() -> None:
+    counts = {"h1": 2, "h2": 4, "h3": 0}
+    chosen = choose_slots(hosts_of("h1,h2:1,h3"), counts, None)
+    assert chosen.hosts == (Host("h1", 2), Host("h2", 1), Host("h3", 1)) and chosen.changed
+    assert chosen.text == ("slots: one per NVIDIA GPU on h1:2; 1 on h3 (none given, no NVIDIA GPU); "
+                           "as given on h2:1")
+    unchanged = choose_slots(hosts_of("h1:3,h2:1"), counts, None)
+    assert unchanged.hosts == hosts_of("h1:3,h2:1") and not unchanged.changed
+    none = choose_slots(hosts_of("h3,h4"), counts, None)
+    assert not none.changed and none.text == "slots: 1 on h3, h4 (none given, no NVIDIA GPU)"
+
+
+def test_this_machine_gets_one_slot_per_gpu_and_at_least_np() -> None:
+    assert choose_slots((), {"localhost": 4}, None).hosts == (Host("localhost", 4),)
+    # -np 6 on 4 GPUs: still 4 slots, so the plan asks for --oversubscribe (not a silent 6).
+    assert choose_slots((), {"localhost": 4}, 6).hosts == (Host("localhost", 4),)
+    with pytest.raises(UsageError, match="-np: 6 processes but the hosts have only 4 slots"):
+        plan_run(RunRequest(hosts=(Host("localhost", 4),), python="python3", script="t.py",
+                            num_proc=6), {})
+    assert plan_run(RunRequest(hosts=(Host("localhost", 4),), python="python3", script="t.py",
+                               num_proc=6, oversubscribe=True), {}).rank_hosts == ("localhost",) * 6
+    assert not choose_slots((), {"localhost": 0}, None).changed
+
+
+def test_slots_pending_and_their_text() -> None:
+    assert slots_pending(()) and slots_pending(hosts_of("h1:2,h2")) and not slots_pending(hosts_of("h1:2,h2:1"))
+    assert unchecked_slots_text(hosts_of("h1:2,h2:1"), "x") is None
+    assert unchecked_slots_text(hosts_of("h1:2,h2,h3"), "a dry run does not probe the hosts") == (
+        "slots: 1 on h2, h3 (none given; a dry run does not probe the hosts; a checked run gives "
+        "hosts with NVIDIA GPUs one slot per GPU)")
+
+
+@pytest.mark.parametrize(("value", "visible"), [("0,1", 2), ("GPU-5e2c,GPU-77aa,GPU-1", 3), ("", 0),
+                                                ("-1", 0), ("0,-1,2", 1), ("0,1,2,3,4,5,6,7,8", 8)])
+def test_cuda_visible_devices_limits_this_machines_gpus(value: str, visible: int) -> None:
+    assert visible_devices(value, 8) == visible
+
+
+# --- which slots were written -----------------------------------------------------------------
+
+def test_written_slots_are_told_apart_from_the_stand_in_one() -> None:
+    from dtlaunch.hosts import parse_hostfile_text
+
+    assert [h.slots_given for h in parse_hosts("h1,h2:2,h3:1")] == [False, True, True]
+    hostfile = parse_hostfile_text("h1\nh2 slots=4\nh3:2\nh4 max_slots=8\n")
+    assert [(h.slots, h.slots_given) for h in hostfile] == [(1, False), (4, True), (2, True),
+                                                            (1, False)]
+    assert Host("h1", 1, slots_given=False) == Host("h1")  # equality ignores where 1 came from
+
+
+def test_a_slurm_job_without_task_counts_leaves_the_slots_to_the_gpus() -> None:
+    from dtlaunch.allocation import parse_slurm
+    from dtlaunch.cluster import plan_allocation
+    from dtlaunch.plan import RunRequest
+
+    bare = parse_slurm({"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-2]"})
+    assert [h.slots_given for h in bare.hosts] == [False, False]
+    placed = plan_allocation(RunRequest(hosts=(), python="python3"), bare, "auto")
+    assert placed.request.num_proc is None and slots_pending(placed.request.hosts)
+    tasks = parse_slurm({"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-2]",
+                         "SLURM_TASKS_PER_NODE": "4(x2)"})
+    assert all(h.slots_given for h in tasks.hosts)
+    assert plan_allocation(RunRequest(hosts=(), python="python3"), tasks, "auto").request.num_proc == 8

@@ -87,6 +87,28 @@ def test_assign_ranks_fills_slots_in_order() -> None:
     assert assign_ranks(hosts, 5) == ("a", "a", "b", "a", "a")  # oversubscribed wrap
 
 
+@given(st.lists(st.integers(1, 6), min_size=1, max_size=5), st.integers(1, 40))
+def test_assign_ranks_is_the_slot_order_wrapped(slots: list[int], num_proc: int) -> None:
+    hosts = tuple(Host(f"h{i}", n) for i, n in enumerate(slots))
+    order = [h.name for h in hosts for _ in range(h.slots)]
+    assert assign_ranks(hosts, num_proc) == tuple(order[i % len(order)] for i in range(num_proc))
+
+
+def test_assign_ranks_lists_only_the_slots_that_get_a_rank() -> None:
+    """A hostfile of many big hosts with -np 1 must not list every slot (it took seconds and
+    hundreds of MB for 20,000 hosts)."""
+    import tracemalloc
+
+    hosts = tuple(Host(f"h{i}", 4096) for i in range(2000))
+    tracemalloc.start()
+    try:
+        assert assign_ranks(hosts, 2) == ("h0", "h0")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20
+
+
 names = st.from_regex(r"[a-z][a-z0-9-]{0,10}[a-z0-9]", fullmatch=True)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import threading
@@ -67,14 +68,21 @@ def test_a_tracker_ends_a_proxy_still_in_its_handshake(tmp_path: Path) -> None:
     assert not worker.is_alive() and errors  # the handshake failed, it did not hang
 
 
+@pytest.mark.parametrize("command", ["doctor", "run"])
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
-def test_doctor_stopped_during_a_proxy_handshake_leaves_no_proxy(
-        tmp_path: Path, sig: signal.Signals) -> None:
+def test_stopped_during_a_proxy_handshake_leaves_no_proxy(
+        tmp_path: Path, sig: signal.Signals, command: str) -> None:
+    """doctor's checks, and run's pre-flight (the same checks, before mpirun starts)."""
+    if command == "run" and shutil.which("mpirun") is None:
+        pytest.skip("run needs mpirun")
     pidfile = tmp_path / "proxy.pid"
     config = tmp_path / "ssh_config"
     config.write_text(f"Host node\n  ProxyCommand sh -c 'echo $$ > {pidfile}; exec sleep 60'\n")
-    proc = subprocess.Popen(dtlaunch_argv("doctor", "-H", "node", "--ssh-config", str(config),
-                                          "--connect-timeout", "60", "--json"),
+    script = tmp_path / "train.py"
+    script.write_text("")
+    what = ["--json"] if command == "doctor" else ["--disable-cache", str(script)]
+    proc = subprocess.Popen(dtlaunch_argv(command, "-H", "node", "--ssh-config", str(config),
+                                          "--connect-timeout", "60", *what),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONPATH": os.getcwd()})
     try:

@@ -141,8 +141,8 @@ def test_open_mpi_family_reads_its_output_and_failures() -> None:
     failure = OPEN_MPI.parse_failure(
         ["Process name: [[1234,1],1]", "Exit code:    3"], ["h1", "h2"])
     assert failure is not None and (failure.rank, failure.host, failure.exit_code) == (1, "h2", 3)
-    assert OPEN_MPI.ssh_left_to_dtlaunch(("--mca", "btl_tcp_eager_limit", "1"))
-    assert not OPEN_MPI.ssh_left_to_dtlaunch(("--mca", "plm_rsh_args", "-o X=y"))
+    assert OPEN_MPI.ssh_left_to_dtlaunch(("--mca", "btl_tcp_eager_limit", "1"), {})
+    assert not OPEN_MPI.ssh_left_to_dtlaunch(("--mca", "plm_rsh_args", "-o X=y"), {})
     argv = OPEN_MPI.build_argv(JobSpec(hosts=(Host("a"),), num_proc=1, program=("p",)), "mpirun")
     # Open MPI 5's prterun rejects the single-dash long options.
     assert not {"-bind-to", "-map-by", "-mca"} & set(argv)

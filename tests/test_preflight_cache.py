@@ -6,6 +6,8 @@ import os
 import sys
 import time
 
+import pytest
+
 from dtlaunch import preflight
 from dtlaunch.hosts import Host
 from dtlaunch.plan import RunRequest
@@ -17,6 +19,10 @@ def request(**kw: object) -> RunRequest:
                                    script=__file__, ssh=SshOptions())
     base.update(kw)
     return RunRequest(**base)  # type: ignore[arg-type]
+
+
+def cache_name(key: str) -> str:
+    return os.path.basename(preflight._cache_path(key))
 
 
 def test_cache_round_trip_and_expiry(tmp_path, monkeypatch):
@@ -67,3 +73,95 @@ def test_a_damaged_cache_file_is_ignored_not_a_crash(tmp_path, monkeypatch):
         with open(path, "w") as handle:
             handle.write(junk)
         assert preflight.read_cache(key) is False, junk
+
+
+def test_a_damaged_cache_file_is_rewritten_by_the_next_success(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    key = preflight.cache_key(request(), ("h1", "h2"), "/work")
+    path = tmp_path / "dtlaunch" / cache_name(key)
+    path.parent.mkdir(mode=0o700)
+    path.write_text('{"time": "abc"}')
+    path.chmod(0o600)
+    assert preflight.read_cache(key) is False
+    preflight.write_cache(key)
+    assert preflight.read_cache(key)
+
+
+def test_a_link_planted_at_the_cache_path_leaves_its_target_untouched(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    key = preflight.cache_key(request(), ("h1", "h2"), "/work")
+    folder = tmp_path / "dtlaunch"
+    folder.mkdir(mode=0o700)
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    (folder / cache_name(key)).symlink_to(victim)
+    assert preflight.read_cache(key) is False  # a link is never believed
+    preflight.write_cache(key)  # replaces the link, never writes through it
+    assert victim.read_text() == "precious\n"
+    assert not (folder / cache_name(key)).is_symlink()
+    assert preflight.read_cache(key)
+
+
+def test_a_file_planted_at_a_temporary_name_is_never_written(tmp_path, monkeypatch):
+    """Every temporary name the old writer could pick, hard-linked to a victim: O_EXCL and an
+    unguessable name mean nothing already in the directory is opened for writing."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    key = preflight.cache_key(request(), ("h1", "h2"), "/work")
+    folder = tmp_path / "dtlaunch"
+    folder.mkdir(mode=0o700)
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    victim.chmod(0o600)
+    os.link(victim, f"{preflight._cache_path(key)}.{os.getpid()}.tmp")
+    preflight.write_cache(key)
+    assert victim.read_text() == "precious\n"
+    assert preflight.read_cache(key)
+
+
+def test_a_fifo_at_the_cache_path_does_not_block(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    key = preflight.cache_key(request(), ("h1", "h2"), "/work")
+    folder = tmp_path / "dtlaunch"
+    folder.mkdir(mode=0o700)
+    os.mkfifo(folder / cache_name(key), 0o600)
+    assert preflight.read_cache(key) is False
+
+
+@pytest.mark.parametrize("setup", ["group-writable", "link", "other-owner"])
+def test_a_cache_directory_that_is_not_private_is_refused_with_a_reason(
+        setup, tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    folder = tmp_path / "dtlaunch"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    if setup == "group-writable":
+        folder.mkdir()
+        folder.chmod(0o770)
+        expected = "writable by its group or others"
+    elif setup == "link":
+        folder.symlink_to(elsewhere)
+        expected = "symbolic link"
+    else:
+        if os.geteuid() != 0:
+            pytest.skip("needs root to hand a directory to another user")
+        folder.mkdir(mode=0o700)
+        os.chown(folder, 65534, 65534)
+        expected = "owned by uid 65534"
+    problem = preflight.cache_problem()
+    assert problem is not None and expected in problem and str(folder) in problem
+    key = preflight.cache_key(request(), ("h1", "h2"), "/work")
+    preflight.write_cache(key)
+    assert not preflight.read_cache(key)
+    assert list(elsewhere.iterdir()) == []
+    if setup != "link":
+        assert list(folder.iterdir()) == []
+
+
+def test_the_cache_directory_is_created_private(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "new" / "cache"))
+    old = os.umask(0o022)
+    try:
+        assert preflight.cache_problem() is None
+    finally:
+        os.umask(old)
+    assert (tmp_path / "new" / "cache" / "dtlaunch").stat().st_mode & 0o777 == 0o700

@@ -9,17 +9,22 @@ from pathlib import Path
 
 import pytest
 
+from dtlaunch.facts import PythonFacts
 from dtlaunch.probe import ProbeArgs, probe_local
 
 # An interpreter without torch answers the import probe in milliseconds.
 LIGHT_PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
 
 
-def probe(cache: Path, monkeypatch: pytest.MonkeyPatch) -> bool:
+def probe_facts(cache: Path, monkeypatch: pytest.MonkeyPatch) -> PythonFacts:
     monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
     facts = probe_local(ProbeArgs(python=LIGHT_PYTHON, imports=True), timeout=120)
     assert facts.python.found and not facts.python.error
-    return facts.python.import_cached
+    return facts.python
+
+
+def probe(cache: Path, monkeypatch: pytest.MonkeyPatch) -> bool:
+    return probe_facts(cache, monkeypatch).import_cached
 
 
 def written(folder: Path) -> list[str]:
@@ -78,3 +83,18 @@ def test_a_planted_cache_file_is_not_believed(tmp_path: Path,
     assert probe(tmp_path, monkeypatch) is False
     assert victim.read_text() == '{"torch": "9.9.9"}'
     shutil.rmtree(folder)
+
+
+def test_a_cache_directory_that_is_not_used_says_why(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    assert probe_facts(tmp_path, monkeypatch).import_cache_problem == ""
+    folder = tmp_path / "dtlaunch"
+    folder.chmod(0o775)
+    facts = probe_facts(tmp_path, monkeypatch)
+    assert not facts.import_cached
+    assert facts.import_cache_problem == (f"{folder} is writable by its group or others "
+                                          "(chmod 700 it)")
+    folder.chmod(0o700)
+    shutil.rmtree(folder)
+    folder.symlink_to(tmp_path)
+    assert "is a symbolic link" in probe_facts(tmp_path, monkeypatch).import_cache_problem

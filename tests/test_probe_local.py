@@ -6,6 +6,7 @@ import os
 import shlex
 import subprocess
 import sys
+import threading
 import time
 
 from dtlaunch.probe import ProbeArgs, build_remote_command, probe_local, script_text
@@ -65,6 +66,23 @@ def test_a_tied_command_ends_with_everything_it_started_when_its_input_closes(tm
         time.sleep(0.05)
 
 
+def test_a_tied_command_that_ignores_sigterm_is_killed_when_its_input_closes(tmp_path):
+    pidfile = tmp_path / "pid"
+    proc = tied("sh", "-c", f"trap '' TERM; sleep 300 & echo $! > {pidfile}; wait")
+    deadline = time.monotonic() + 30
+    while not pidfile.exists() or not pidfile.read_text().strip():
+        assert time.monotonic() < deadline, "the command never started"
+        time.sleep(0.05)
+    stubborn = int(pidfile.read_text())
+    assert proc.stdin is not None
+    proc.stdin.close()
+    proc.wait(timeout=10)
+    deadline = time.monotonic() + 15
+    while os.path.exists(f"/proc/{stubborn}") and "Z" not in _state(stubborn):
+        assert time.monotonic() < deadline, "a child that ignores SIGTERM outlived its channel"
+        time.sleep(0.05)
+
+
 def _state(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/stat") as handle:
@@ -111,3 +129,36 @@ def test_probe_reports_a_missing_launcher_path(tmp_path):
                                   mpi_launcher=str(tmp_path / "venv" / "bin" / "mpirun")))
     assert facts.launcher == str(tmp_path / "venv" / "bin" / "mpirun")
     assert facts.mpirun is None and facts.orted is None and facts.mpi is None
+
+
+def _pids_of(cmdline: bytes) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as handle:
+                    if handle.read() == cmdline:
+                        found.append(int(entry))
+            except OSError:
+                pass
+    return found
+
+
+def test_a_daemon_left_by_the_interpreter_does_not_hold_the_local_probe(tmp_path):
+    """An interpreter wrapper that leaves a daemon (own session, our pipe as its stdout): the
+    probe is read to its last section, not to an end of file that never comes."""
+    wrapper = tmp_path / "python"
+    wrapper.write_text(f"#!/bin/sh\nsetsid sleep 3174 &\nexec {sys.executable} \"$@\"\n")
+    wrapper.chmod(0o755)
+    got: list[object] = []
+    worker = threading.Thread(target=lambda: got.append(probe_local(
+        ProbeArgs(python=str(wrapper), imports=False), timeout=60)), daemon=True)
+    try:
+        worker.start()
+        worker.join(120)
+        assert not worker.is_alive(), "the local probe waited on the daemon's pipe"
+        [facts] = got
+        assert facts.python.found and not facts.python.error  # type: ignore[attr-defined]
+    finally:
+        for pid in _pids_of(b"sleep\x003174\x00"):
+            os.kill(pid, 9)

@@ -92,6 +92,23 @@ def corpus() -> data.Corpus:
     return data.load_corpus(PTB_DIR)
 
 
+def test_token_ids_cache_round_trip_and_corrupt_file(
+    corpus: data.Corpus, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    first = data.load_corpus(PTB_DIR)  # builds and writes the cache
+    (cached,) = data.ids_cache_dir().glob("*.npz")
+    assert oct(cached.parent.stat().st_mode & 0o777) == "0o700"
+    again = data.load_corpus(PTB_DIR)  # reads it
+    for got in (first, again):
+        assert got.words == corpus.words
+        for split in data.SPLITS:
+            assert np.array_equal(getattr(got, split), getattr(corpus, split))
+    cached.write_bytes(b"not an npz file")
+    assert data.load_corpus(PTB_DIR).words == corpus.words  # ignored and rebuilt
+    assert data._cached_corpus(cached) is not None  # and rewritten
+
+
 def test_vocab_and_word_counts(corpus: data.Corpus) -> None:
     assert len(corpus.words) == 10000
     assert "<eos>" in corpus.words and "<unk>" in corpus.words

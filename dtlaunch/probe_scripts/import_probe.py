@@ -44,6 +44,8 @@ def probe_horovod(found: Dict[str, Any]) -> None:
                 name for name, built in (("NCCL", hvd.nccl_built), ("DDL", hvd.ddl_built),
                                          ("CCL", hvd.ccl_built), ("MPI", hvd.mpi_built),
                                          ("Gloo", hvd.gloo_built)) if built()]
+            # NCCL_VERSION_CODE when built with NCCL (0 without; a bool before 0.21).
+            found["horovod_nccl"] = int(hvd.nccl_built())
     except BaseException as e:
         found["horovod_error"] = (type(e).__name__ + ": " + str(e)).strip()[:300]
 

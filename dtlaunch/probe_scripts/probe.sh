@@ -1,26 +1,36 @@
 # dtlaunch's probe: one POSIX sh run per host, through the login shell's environment.
 # $1 python  $2 script  $3 module  $4 working directory  $5 remote_probe.py's text
 # $6 peers (space separated, names already validated)  $7 ssh options for peers
-# $8 imports 0/1  $9 import_probe.py's text  $10 the launcher's mpirun (absolute) or empty
+# $8 imports 0/1  $9 import_probe.py's text  $10 milliseconds nvidia-smi may take
+# $11 the launcher's mpirun (absolute) or empty
 bounded() {  # a command that may hang (a broken mpirun, a stuck ip) gets 10 s
   if command -v timeout >/dev/null 2>&1; then timeout 10 "$@"; else "$@"; fi
 }
 cd "$4" 2>/dev/null || true
+# NVIDIA GPUs: nvidia-smi starts now, beside the rest of the probe. It can hang inside the
+# driver, past any signal, so it writes to files (never to this probe's output, which must
+# close) and is given up on, not waited for, after $10 ms. No nvidia-smi: nothing runs.
+gpu_dir=
+if command -v nvidia-smi >/dev/null 2>&1 && gpu_dir=$(mktemp -d 2>/dev/null); then
+  ( nvidia-smi --query-gpu=index,name,uuid,driver_version,memory.total --format=csv,noheader \
+      >"$gpu_dir/query" 2>&1; : >"$gpu_dir/query.done" ) </dev/null >/dev/null 2>&1 &
+  ( nvidia-smi >"$gpu_dir/header" 2>&1; : >"$gpu_dir/header.done" ) </dev/null >/dev/null 2>&1 &
+fi
 echo @@hostname; uname -n
 echo @@path; printf '%s\n' "$PATH"
-# With ${10} (the launcher's MPI, an absolute path) the job starts that same file and its
+# With ${11} (the launcher's MPI, an absolute path) the job starts that same file and its
 # daemon (orted; prted in Open MPI 5) beside it on every host, whatever the login PATH says.
-if [ -n "${10}" ]; then
+if [ -n "${11}" ]; then
   launcher="" daemon=""
-  [ -f "${10}" ] && [ -x "${10}" ] && launcher=${10}
+  [ -f "${11}" ] && [ -x "${11}" ] && launcher=${11}
   for name in orted prted; do
-    if [ -z "$daemon" ] && [ -x "${10%/*}/$name" ]; then daemon=${10%/*}/$name; fi
+    if [ -z "$daemon" ] && [ -x "${11%/*}/$name" ]; then daemon=${11%/*}/$name; fi
   done
 else
   launcher=$(command -v mpirun 2>/dev/null) || launcher=""
   daemon=$(command -v orted 2>/dev/null) || daemon=""
 fi
-echo @@launcher; printf '%s\n' "${10}"
+echo @@launcher; printf '%s\n' "${11}"
 echo @@mpirun; [ -n "$launcher" ] && printf '%s\n' "$launcher"
 echo @@orted; [ -n "$daemon" ] && printf '%s\n' "$daemon"
 echo @@mpirun_version
@@ -40,10 +50,27 @@ else echo '{"missing": true, "error": "no such file or not executable"}'; fi
 echo @@peers
 if [ -n "$6" ]; then
   set -f
+  pids=
   for peer in $6; do
     ( msg=$(ssh $7 "$peer" true 2>&1 </dev/null); rc=$?
       echo "$peer $rc $(printf '%s' "$msg" | tail -n 1)" ) &
+    pids="$pids $!"
   done
-  wait
+  wait $pids  # not nvidia-smi, which may never end
+fi
+echo @@gpu_status
+if [ -z "$gpu_dir" ]; then echo absent
+else
+  ticks=0; limit=$(( ${10:-10000} / 20 ))
+  while [ ! -f "$gpu_dir/query.done" ] || [ ! -f "$gpu_dir/header.done" ]; do
+    [ "$ticks" -ge "$limit" ] && break
+    if sleep 0.02 2>/dev/null; then ticks=$((ticks + 1)); else sleep 1; ticks=$((ticks + 50)); fi
+  done
+  for part in query header; do
+    if [ -f "$gpu_dir/$part.done" ]; then echo "$part done"; else echo "$part timeout ${10:-10000}"; fi
+  done
+  echo @@gpu_query; [ -f "$gpu_dir/query.done" ] && head -n 128 "$gpu_dir/query"
+  echo @@gpu_header; [ -f "$gpu_dir/header.done" ] && head -n 8 "$gpu_dir/header"
+  rm -rf "$gpu_dir"
 fi
 echo @@end

@@ -9,7 +9,8 @@ the interpreter and the installed torch and horovod, so any reinstall recomputes
 
 The cache is used only in a directory that is the user's own and writable by nobody else,
 reached without following links, and written through a new file (O_EXCL, O_NOFOLLOW) renamed
-into place: with a shared or hostile XDG_CACHE_HOME the probe computes and does not cache.
+into place: with a shared or hostile XDG_CACHE_HOME the probe computes, does not cache, and
+says why (`cache_problem`, shown by doctor and run as one warning line).
 A file lock makes concurrent probes on a shared home directory compute once.
 """
 
@@ -55,7 +56,7 @@ def import_key(dists: Dists) -> str:
     import hashlib
 
     exe = os.path.realpath(sys.executable)
-    parts: List[Any] = ["probe-3", sys.executable, exe, stamp(exe), sys.version]
+    parts: List[Any] = ["probe-4", sys.executable, exe, stamp(exe), sys.version]
     for name in ("torch", "horovod"):
         version, path = dists.get(name) or (None, None)
         parts.append([name, version, path, stamp(path) if path else None])
@@ -81,25 +82,40 @@ def compute_imports(code: str) -> Tuple[Dict[str, Any], bool]:
         return {"torch_error": f"import crashed (status {done.returncode}): {tail[0]}"}, False
 
 
+def why_not_private(path: str, st: os.stat_result, kind: int) -> Optional[str]:
+    """None when ours, of the expected kind, and writable by no one else; else why not."""
+    if stat.S_IFMT(st.st_mode) != kind:
+        return path + " is not a " + ("directory" if kind == stat.S_IFDIR else "file")
+    if st.st_uid != os.getuid():
+        return f"{path} is owned by uid {st.st_uid}, not by you (uid {os.getuid()})"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"{path} is writable by its group or others (chmod 700 it)"
+    return None
+
+
 def private(st: os.stat_result, kind: int) -> bool:
-    """Ours, of the expected kind, and writable by no one else."""
-    return (stat.S_IFMT(st.st_mode) == kind and st.st_uid == os.getuid()
-            and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH))
+    return why_not_private("", st, kind) is None
 
 
-def open_cache_dir() -> Optional[int]:
-    """A descriptor of ~/.cache/dtlaunch if it is private (created 0700 when missing)."""
+def open_cache_dir() -> Tuple[Optional[int], str]:
+    """A descriptor of ~/.cache/dtlaunch if it is private (created 0700 when missing), or
+    None and why not."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     folder = os.path.join(base, "dtlaunch")
     try:
-        os.makedirs(folder, mode=0o700, exist_ok=True)
+        os.makedirs(base, exist_ok=True)
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(folder, 0o700)
         fd = os.open(folder, os.O_RDONLY | DIRECTORY | NOFOLLOW)
-    except OSError:
-        return None
-    if private(os.fstat(fd), stat.S_IFDIR):
-        return fd
+    except OSError as e:
+        if os.path.islink(folder):
+            return None, f"{folder} is a symbolic link (dtlaunch does not follow it)"
+        return None, f"cannot open {folder}: {e.strerror or e}"
+    why = why_not_private(folder, os.fstat(fd), stat.S_IFDIR)
+    if why is None:
+        return fd, ""
     os.close(fd)
-    return None
+    return None, why
 
 
 def read_cached(folder: int, name: str) -> Optional[Dict[str, Any]]:
@@ -125,16 +141,17 @@ def write_cached(folder: int, name: str, facts: Dict[str, Any]) -> None:
     os.replace(tmp, name, src_dir_fd=folder, dst_dir_fd=folder)
 
 
-def imports(dists: Dists, code: str) -> Tuple[Dict[str, Any], bool]:
-    folder = open_cache_dir()
+def imports(dists: Dists, code: str) -> Tuple[Dict[str, Any], bool, str]:
+    """The import facts, whether they came from the cache, and why no cache was used."""
+    folder, problem = open_cache_dir()
     if folder is None:
-        return compute_imports(code)[0], False
+        return compute_imports(code)[0], False, problem
     name = "imports-" + import_key(dists) + ".json"
     lock = None
     try:
         cached = read_cached(folder, name)
         if cached is not None:
-            return cached, True
+            return cached, True, ""
         try:
             import fcntl
 
@@ -143,14 +160,14 @@ def imports(dists: Dists, code: str) -> Tuple[Dict[str, Any], bool]:
             fcntl.flock(lock, fcntl.LOCK_EX)
             cached = read_cached(folder, name)
             if cached is not None:
-                return cached, True
+                return cached, True, ""
         except (OSError, ImportError):
             pass
         facts, keep = compute_imports(code)
         if keep and lock is not None:
             with contextlib.suppress(OSError):  # no cache is only slower
                 write_cached(folder, name, facts)
-        return facts, False
+        return facts, False, ""
     finally:
         if lock is not None:
             os.close(lock)
@@ -173,7 +190,9 @@ def main() -> None:
             out["module_found"] = False
     if want_imports:
         try:
-            out["imports"], out["cached"] = imports(dists, code)
+            out["imports"], out["cached"], problem = imports(dists, code)
+            if problem:
+                out["cache_problem"] = problem
         except Exception as e:
             out["imports"] = {"torch_error": f"probe failed: {e}"}
     print(json.dumps(out))

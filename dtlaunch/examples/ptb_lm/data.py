@@ -11,10 +11,12 @@ every stream is used by exactly one rank, and none is dropped. More ranks than s
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import os
 import tarfile
+import tempfile
 import urllib.error
 import urllib.request
 from collections import Counter
@@ -170,13 +172,56 @@ def to_ids(words: list[str], index: dict[str, int]) -> np.ndarray:
     return np.fromiter((index.get(w, unk) for w in words), dtype=np.int64, count=len(words))
 
 
-def load_corpus(data_dir: str | Path, url: str | None = None) -> Corpus:
-    contents = read_verified(Path(data_dir), url)
+def build_corpus(contents: dict[str, bytes]) -> Corpus:
     tokens = {s: tokenize(contents[FILES[s]].decode("utf-8")) for s in SPLITS}
     words = build_vocab(tokens["train"])
     index = {w: i for i, w in enumerate(words)}
     ids = {s: to_ids(tokens[s], index) for s in SPLITS}
     return Corpus(words=words, train=ids["train"], valid=ids["valid"], test=ids["test"])
+
+
+def ids_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "dtlaunch" / "ptb-ids"
+
+
+def _cached_corpus(path: Path) -> Corpus | None:
+    try:
+        with np.load(path, allow_pickle=False) as saved:
+            return Corpus(words=[str(w) for w in saved["words"]], train=saved["train"],
+                          valid=saved["valid"], test=saved["test"])
+    except (OSError, KeyError, ValueError):
+        return None
+
+
+def _save_corpus(path: Path, corpus: Corpus) -> None:
+    """Best effort: a cache that cannot be written only costs the next start a second."""
+    tmp: str | None = None
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        handle, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+        with os.fdopen(handle, "wb") as out:
+            np.savez(out, words=np.array(corpus.words), train=corpus.train, valid=corpus.valid,
+                     test=corpus.test)
+        os.replace(tmp, path)
+    except OSError:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+
+
+def load_corpus(data_dir: str | Path, url: str | None = None, cache: bool = True) -> Corpus:
+    """The corpus as token ids. Tokenizing takes about a second, paid on every (re)start, so
+    the ids are cached under the user's cache directory, keyed by the files' exact bytes."""
+    contents = read_verified(Path(data_dir), url)
+    digest = hashlib.sha256(b"".join(contents[FILES[s]] for s in SPLITS)).hexdigest()[:32]
+    path = ids_cache_dir() / f"{digest}.npz"
+    corpus = _cached_corpus(path) if cache else None
+    if corpus is None:
+        corpus = build_corpus(contents)
+        if cache:
+            _save_corpus(path, corpus)
+    return corpus
 
 
 # ---------------------------------------------------------------- streams and sharding

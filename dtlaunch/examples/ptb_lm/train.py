@@ -44,6 +44,7 @@ from .data import (
     stream_matrix,
 )
 from .model import PTBModel, State, StreamNoise
+from .optim import PlainSGD
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -298,7 +299,7 @@ def build_job(args: argparse.Namespace, comm: Any, corpus: Corpus) -> Job:
     torch.manual_seed(args.seed)
     model = PTBModel(config, sparse=not args.dense_grads)
     optimizer = comm.DistributedOptimizer(
-        torch.optim.SGD(model.parameters(), lr=config.learning_rate),
+        PlainSGD(model.parameters(), lr=config.learning_rate),
         named_parameters=model.named_parameters(),
     )
     # The TF tutorial's cost (which lr 1.0 and clip 5 are tuned for) is the loss SUMMED over

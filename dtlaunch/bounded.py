@@ -1,0 +1,39 @@
+"""Run a short local command (`ompi_info`, `ssh -V`, `mpirun --version`) within a time limit,
+leaving nothing behind.
+
+The command runs in a session of its own: at the deadline the whole session is killed, not
+only the command, so a wrapper script's children (a hung tool under a shell script) neither
+outlive dtlaunch nor keep its pipe open. Whatever the command left running in its
+group after it exited is ended too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+from collections.abc import Sequence
+
+
+def _end_group(pgid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def run_bounded(argv: Sequence[str], timeout: float) -> tuple[int, str]:
+    """(exit status, stdout and stderr together). A command that cannot start raises OSError;
+    one still running after `timeout` seconds raises subprocess.TimeoutExpired, ended first."""
+    proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _end_group(proc.pid)
+        proc.wait()
+        raise
+    finally:
+        _end_group(proc.pid)
+        if proc.stdout is not None:
+            proc.stdout.close()
+    return proc.returncode, out.decode(errors="replace")

@@ -1,0 +1,121 @@
+"""dtlaunch's cache directory, used only when it is private, and files in it handled safely.
+
+A cache root can be shared with other users (a shared XDG_CACHE_HOME, a home on a group-writable
+file system), and dtlaunch often runs as root. So the directory is opened once without following
+a link at its last step and then used only through that descriptor (a name swapped afterwards
+changes nothing), and only if it is this user's own and writable by nobody else. A file is
+opened without following links and believed only if it is ours and private. A file is written
+as a new one (O_CREAT|O_EXCL|O_NOFOLLOW, unguessable name) renamed over the old: nothing already
+in the directory is ever opened for writing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import stat
+from collections.abc import Iterator, Mapping
+
+NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+DIRECTORY = getattr(os, "O_DIRECTORY", 0)
+CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+NONBLOCK = getattr(os, "O_NONBLOCK", 0)  # a FIFO in place of a file must not block a read
+
+
+def cache_dir(environ: Mapping[str, str] | None = None) -> str:
+    """`$XDG_CACHE_HOME/dtlaunch`, or `~/.cache/dtlaunch`."""
+    env = os.environ if environ is None else environ
+    base = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "dtlaunch")
+
+
+class NotPrivate(Exception):
+    """The directory is not one dtlaunch may keep files in; the message says why and the fix."""
+
+
+def _why_not_private(path: str, st: os.stat_result, kind: int) -> str | None:
+    what = "directory" if kind == stat.S_IFDIR else "file"
+    if stat.S_IFMT(st.st_mode) != kind:
+        return f"{path} is not a {what}"
+    if st.st_uid != os.getuid():
+        return f"{path} is owned by uid {st.st_uid}, not by you (uid {os.getuid()})"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"{path} is writable by its group or others (chmod 700 it)"
+    return None
+
+
+def open_private_dir(path: str, create: bool = True) -> int:
+    """A descriptor of directory `path` (created 0700 when missing), if it is private.
+
+    Raises NotPrivate (a link, another user's, writable by others) or OSError (cannot create or
+    open it); FileNotFoundError when it is missing and `create` is False."""
+    if create:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(path, 0o700)
+    try:
+        fd = os.open(path, os.O_RDONLY | DIRECTORY | NOFOLLOW | CLOEXEC)
+    except OSError:
+        if os.path.islink(path):
+            raise NotPrivate(f"{path} is a symbolic link (dtlaunch does not follow it)") from None
+        raise
+    why = _why_not_private(path, os.fstat(fd), stat.S_IFDIR)
+    if why is not None:
+        os.close(fd)
+        raise NotPrivate(why)
+    return fd
+
+
+@contextlib.contextmanager
+def private_dir(path: str, create: bool = True) -> Iterator[int]:
+    fd = open_private_dir(path, create)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def read_private(folder: int, name: str, limit: int = 1 << 20) -> bytes | None:
+    """The content of `name` in `folder` if it is a private regular file of ours (no link,
+    no FIFO), at most `limit` bytes; else None."""
+    try:
+        fd = os.open(name, os.O_RDONLY | NOFOLLOW | NONBLOCK | CLOEXEC, dir_fd=folder)
+    except OSError:
+        return None
+    try:
+        if _why_not_private(name, os.fstat(fd), stat.S_IFREG) is not None:
+            return None
+        chunks: list[bytes] = []
+        size = 0
+        while size <= limit:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+            size += len(chunk)
+        return None  # larger than anything dtlaunch writes: not ours
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def write_private(folder: int, name: str, data: bytes) -> None:
+    """Replace `name` in `folder` with `data` (mode 0600) through a new file and a rename."""
+    tmp = f".{name}.{os.getpid()}.{secrets.token_hex(8)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW | CLOEXEC, 0o600,
+                 dir_fd=folder)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.replace(tmp, name, src_dir_fd=folder, dst_dir_fd=folder)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=folder)
+        raise
+
+
+def remove_private(folder: int, name: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(name, dir_fd=folder)

@@ -1,0 +1,116 @@
+"""The job never outlives dtlaunch, however dtlaunch dies; the guard never outlives the job."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from dtlaunch import lifeline
+from dtlaunch.launch import execute
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# A job that ignores SIGTERM and has a child that ignores it too: only SIGKILL ends them.
+STUBBORN_JOB = textwrap.dedent("""
+    import os, signal, subprocess, sys, time
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    child = subprocess.Popen([sys.executable, "-c",
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(300)"])
+    with open(sys.argv[1] + ".tmp", "w") as f:
+        f.write(f"{os.getpid()} {child.pid}")
+    os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+    time.sleep(300)
+""")
+
+LAUNCHER = textwrap.dedent("""
+    import os, sys
+    from dtlaunch.launch import execute
+    execute([sys.executable, "-c", sys.argv[1], sys.argv[2]], dict(os.environ), [])
+""")
+
+
+def alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def wait_gone(pids: list[int], within: float) -> list[int]:
+    deadline = time.monotonic() + within
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return [p for p in pids if alive(p)]
+
+
+def guards_of(parent: int) -> list[int]:
+    """Running lifeline guards started for the process ``parent``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            if (any(a.endswith(b"lifeline.py") for a in argv) and str(parent).encode() in argv
+                    and alive(int(entry.name))):
+                found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGQUIT])
+def test_killing_the_launcher_ends_the_whole_job(tmp_path: Path, signum: int) -> None:
+    pids_file = tmp_path / "pids"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER, STUBBORN_JOB, str(pids_file)],
+                                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while not pids_file.exists():
+            assert time.monotonic() < deadline, "the job did not start"
+            time.sleep(0.05)
+        job = [int(p) for p in pids_file.read_text().split()]
+        guards = guards_of(launcher.pid)
+        assert guards, "no guard runs beside the job"
+        launcher.send_signal(signum)
+        launcher.wait(timeout=30)
+        left = wait_gone(job + guards, within=lifeline.GRACE_SECONDS + 10)
+        assert left == [], f"still running after the launcher died: {left}"
+    finally:
+        launcher.kill()
+        launcher.wait()
+        for pid in [int(p) for p in pids_file.read_text().split()] if pids_file.exists() else []:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_the_guard_ends_with_the_job() -> None:
+    result = execute([sys.executable, "-c", "print('done')"], dict(os.environ), [])
+    assert result.exit_code == 0
+    assert wait_gone(guards_of(os.getpid()), within=10) == []
+
+
+def test_a_missing_launcher_is_one_line_and_exit_127(capsys: pytest.CaptureFixture[str]) -> None:
+    result = execute(["/nonexistent/mpirun", "-np", "1"], dict(os.environ), [])
+    assert result.exit_code == 127
+    assert "cannot run /nonexistent/mpirun: No such file or directory" in capsys.readouterr().err
+    assert wait_gone(guards_of(os.getpid()), within=10) == []
+
+
+def test_session_members_lists_a_session_without_zombies() -> None:
+    proc = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        assert lifeline.session_members(proc.pid) == [proc.pid]
+        lifeline.stop_session(proc.pid, signal_leader=True, grace=5)
+        assert lifeline.session_members(proc.pid) == []
+    finally:
+        proc.kill()
+        proc.wait()

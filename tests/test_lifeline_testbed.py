@@ -1,0 +1,204 @@
+"""On the real test bed: a killed dtlaunch leaves nothing running; ssh paths never reach a
+remote shell; a lost link is told from a remote exit 255; a missing program is named."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import SCRIPTS, dtlaunch_argv
+from slurm_bed import SlurmCluster
+from testbed import TestBed
+
+from dtlaunch.rsh import LOST_PREFIX, SSH_ARGS_ENV
+
+pytestmark = pytest.mark.testbed
+PROBE = str(SCRIPTS / "rank_probe.py")
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def records(out: Path) -> dict[int, dict]:
+    """The ranks' records written so far (one being written is skipped)."""
+    found = {}
+    for path in out.glob("rank.*.json"):
+        with contextlib.suppress(ValueError):
+            found[int(path.name.split(".")[1])] = json.loads(path.read_text())
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def left_behind(bed: TestBed, pids: tuple[int, ...], within: float) -> dict[str, list[int]]:
+    """Processes still on the hosts (mpirun, its guard, orted, ranks, ssh) after `within` s."""
+    deadline = time.monotonic() + within
+    while True:
+        strays = {h.name: bed.stray_pids(h) for h in bed.hosts}
+        strays["ranks"] = [p for p in pids if alive(p)]
+        if not any(strays.values()) or time.monotonic() > deadline:
+            return {k: v for k, v in strays.items() if v}
+        time.sleep(0.2)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGQUIT])
+def test_killing_dtlaunch_mid_job_leaves_nothing_on_any_host(
+        bed: TestBed, tmp_path: Path, signum: int) -> None:
+    # Launched from h1: mpirun, its guard and rank 0 run there, ranks 1 and 2 behind ssh.
+    argv = bed.nsenter_argv("h1", dtlaunch_argv(
+        "run", "--no-check", "-H", "h1:1,h2:1,h3:1", "--iface", bed.subnet,
+        "--ssh-config", str(bed.ssh_config), PROBE, "--out", str(tmp_path), "--sleep", "300"))
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while len(records(tmp_path)) < 3:
+            assert time.monotonic() < deadline, "ranks did not start"
+            assert proc.poll() is None, "dtlaunch ended early"
+            time.sleep(0.1)
+        assert {r["host"] for r in records(tmp_path).values()} == {"h1", "h2", "h3"}
+        proc.send_signal(signum)
+        proc.wait(timeout=30)
+        left = left_behind(bed, tuple(r["pid"] for r in records(tmp_path).values()), within=20)
+        assert left == {}, f"processes left after dtlaunch got {signum.name}: {left}"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def _config_without_identity(bed: TestBed, path: Path) -> Path:
+    lines = bed.ssh_config.read_text().splitlines(keepends=True)
+    path.write_text("".join(line for line in lines if "IdentityFile" not in line))
+    return path
+
+
+def test_hostile_ssh_paths_work_and_nothing_is_evaluated_remotely(
+        bed: TestBed, tmp_path: Path) -> None:
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    key = keys / "key$(hostname>&2)"
+    shutil.copy(bed.client_key, key)
+    key.chmod(0o600)
+    # The config names no key: only --ssh-identity-file can log in.
+    config = _config_without_identity(bed, keys / 'cfg"quoted$(hostname>&2)')
+    out = tmp_path / "out"
+    out.mkdir()
+    result = subprocess.run(
+        dtlaunch_argv("run", "--no-check", "-H", "h1:1,h2:1", "--iface", bed.subnet,
+                      "--ssh-config", str(config), "--ssh-identity-file", str(key),
+                      PROBE, "--out", str(out)),
+        capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert {r["host"] for r in records(out).values()} == {"h1", "h2"}
+    evaluated = [line for line in result.stderr.splitlines() if line.strip() in bed.names]
+    assert evaluated == [], "a remote shell ran part of a path"
+    # With --tree-spawn the options would reach a remote shell: refused in one line.
+    refused = subprocess.run(
+        dtlaunch_argv("run", "--no-check", "--tree-spawn", "-H", "h1:1,h2:1", "--ssh-config",
+                      str(config), "--ssh-identity-file", str(key), PROBE, "--out", str(out)),
+        capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2
+    assert refused.stderr.count("\n") == 1 and "cannot carry safely" in refused.stderr
+
+
+def test_tree_spawn_with_plain_paths_still_runs(bed: TestBed, tmp_path: Path) -> None:
+    result = subprocess.run(
+        dtlaunch_argv("run", "--no-check", "--tree-spawn", "-H", "h1:1,h2:1,h3:1", "--iface",
+                      bed.subnet, "--ssh-config", str(bed.ssh_config), "--ssh-identity-file",
+                      str(bed.client_key), PROBE, "--out", str(tmp_path)),
+        capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert {r["host"] for r in records(tmp_path).values()} == {"h1", "h2", "h3"}
+
+
+def _rsh(bed: TestBed, *command: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT),
+           SSH_ARGS_ENV: json.dumps(["-F", str(bed.ssh_config), "-o", "BatchMode=yes",
+                                     "-o", "ServerAliveInterval=1", "-o", "ServerAliveCountMax=2"])}
+    return subprocess.Popen([sys.executable, "-m", "dtlaunch.rsh", "h2", *command], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_a_remote_exit_255_is_not_a_lost_link_but_a_link_down_is(make_bed) -> None:
+    testbed = make_bed(2)
+    remote = _rsh(testbed, "echo oops >&2; exit 255")
+    _, err = remote.communicate(timeout=60)
+    assert remote.returncode == 255
+    assert err == "oops\n"  # the remote stderr, and nothing about a lost link
+    waiting = _rsh(testbed, "sleep 60")
+    time.sleep(2)  # logged in and running
+    testbed.set_link("h2", up=False)
+    try:
+        _, err = waiting.communicate(timeout=60)
+    finally:
+        testbed.set_link("h2", up=True)
+    assert waiting.returncode == 255
+    assert f"{LOST_PREFIX}h2 (ssh exit status 255)" in err
+    assert "not responding" in err  # ssh's own message still reaches the user
+
+
+def test_a_missing_interpreter_names_host_rank_and_program(bed: TestBed, tmp_path: Path) -> None:
+    result = subprocess.run(
+        dtlaunch_argv("run", "--no-check", "-H", "h1:1,h2:1", "--iface", bed.subnet,
+                      "--ssh-config", str(bed.ssh_config), "/nonexistent/python3", PROBE,
+                      "--out", str(tmp_path)),
+        capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("dtlaunch: job failed: rank "), result.stderr
+    assert "/nonexistent/python3 was not found or is not executable there" in last
+    assert " on host h1" in last or " on host h2" in last
+
+
+def _pids_with(marker: str) -> list[int]:
+    """Every live process on the machine (launcher and all nodes) whose argv holds marker."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if marker.encode() in (entry / "cmdline").read_bytes() and alive(int(entry.name)):
+                    found.append(int(entry.name))
+    return found
+
+
+def test_killing_dtlaunch_inside_slurm_leaves_nothing(slurm_cluster: SlurmCluster,
+                                                      tmp_path: Path) -> None:
+    """--launcher slurm: mpirun's daemons come from srun; SIGKILL of dtlaunch ends them all."""
+    marker = str(tmp_path)
+    argv = ["salloc", "--nodes=2", "--job-name=dtl-lifeline", *dtlaunch_argv(
+        "run", "--no-check", "--iface", slurm_cluster.bed.subnet, "-np", "2", "-H", "h1:1,h2:1",
+        PROBE, "--out", marker, "--sleep", "300")]
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env=slurm_cluster.env(),
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while len(records(tmp_path)) < 2:
+            assert time.monotonic() < deadline and proc.poll() is None, "ranks did not start"
+            time.sleep(0.3)
+        argvs = {p: Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0") for p in _pids_with(marker)}
+        launcher = [p for p, a in argvs.items() if a[1:3] == [b"-m", b"dtlaunch"]]
+        assert len(launcher) == 1, argvs
+        mpirun = [p for p, a in argvs.items() if os.path.basename(a[0]) == b"mpirun"]
+        assert mpirun, "mpirun not found"
+        os.kill(launcher[0], signal.SIGKILL)
+        deadline = time.monotonic() + 20
+        while (left := _pids_with(marker)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert left == [], "mpirun, srun or ranks outlived dtlaunch"
+    finally:
+        with contextlib.suppress(OSError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    slurm_cluster.wait_idle(60)
