@@ -60,6 +60,7 @@ _NO_EXEC = re.compile(r"unable to (?:launch the specified application|find the s
 _EXEC_NAME = re.compile(r"^\s*Executable:\s*(.+?)\s*$", re.M)
 _EXEC_NODE = re.compile(r"^\s*Node:\s*(\S+)", re.M)
 _EXEC_RANK = re.compile(r"process\s+rank\s+(\d+)")
+_REMOTE_HOST = re.compile(r"^\s*Remote host:\s*(\S+)", re.M)
 _SSH_ERR = re.compile(r"^(ssh: .*|.*Permission denied.*|.*Host key verification failed.*)$", re.M)
 
 
@@ -114,6 +115,11 @@ def analyze(lines: Sequence[str], rank_hosts: Sequence[str]) -> Failure | None:
                        + detail + "; run 'dtlaunch doctor' with the same hosts to see why")
     if lost:
         return Failure(host=lost.group(2), reason=f"lost the connection to host {lost.group(2)}")
+    remote = _REMOTE_HOST.search(text) if _NO_DAEMON.search(text) else None
+    if remote:  # PRRTE names the host whose daemon did not report back
+        host = remote.group(1)
+        return Failure(host=host, reason=f"mpirun could not start its daemon on host {host}"
+                       + detail + "; run 'dtlaunch doctor' with the same hosts to see why")
     if _NO_DAEMON.search(text):
         return Failure(
             reason="mpirun could not start its daemon on every host" + detail

@@ -147,7 +147,7 @@ def test_lost_host_ends_the_job(make_bed, run_mpi_env: MpiEnv, tmp_path: Path) -
     testbed.kill_all_sshd("h2")
     _, err = proc.communicate(timeout=90)
     assert proc.returncode != 0
-    assert err.splitlines()[-1] == "dtlaunch: job failed: lost the SSH connection to host h2"
+    assert err.splitlines()[-1] == "dtlaunch: job failed: lost the SSH connection to host h2", err
     assert not testbed.stray_pids("h1")
 
 

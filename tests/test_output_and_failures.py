@@ -128,3 +128,12 @@ def test_open_mpi5_tag_space_is_the_tags_not_the_ranks() -> None:
     assert demux.feed("[1,0]<stdout>: \n") == [Line(0, "stdout", "x")]
     # Open MPI 3/4: no space of its own, so a leading space is the rank's.
     assert TagDemux().feed("[1,0]<stdout>: indented\n") == [Line(0, "stdout", " indented")]
+
+
+def test_prrte_daemon_failed_to_report_back_names_the_remote_host() -> None:
+    lines = ["A daemon failed to report back after being spawned. This could",
+             "back to prterun:", "  Local host:    vm", "  Remote host:   h2",
+             "  Daemon exit status: 255"]
+    failure = analyze(lines, ("h1", "h2"))
+    assert failure is not None and failure.host == "h2"
+    assert failure.describe().startswith("mpirun could not start its daemon on host h2;")
