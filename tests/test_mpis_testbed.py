@@ -26,7 +26,14 @@ VERSIONS = {"openmpi5": "Open MPI 5.0.11", "mpich": "MPICH 5.0.2"}
 
 
 def records(out: Path) -> dict[int, dict]:
-    return {int(p.name.split(".")[1]): json.loads(p.read_text()) for p in out.glob("rank.*.json")}
+    """The complete rank records (a rank may still be writing its file)."""
+    found = {}
+    for path in out.glob("rank.*.json"):
+        try:
+            found[int(path.name.split(".")[1])] = json.loads(path.read_text())
+        except ValueError:
+            continue
+    return found
 
 
 def dtl(mpi: MpiEnv, bed: TestBed, *args: str, check: bool = False, timeout: float = 180,
