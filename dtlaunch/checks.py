@@ -46,6 +46,8 @@ def _path_hint(what: str) -> str:
 
 
 def check_mpirun(facts: HostFacts, role: Role) -> CheckResult:
+    if facts.launcher:
+        return _check_launcher_path(facts, role)
     missing = [n for n, p in (("mpirun", facts.mpirun), ("orted", facts.orted))
                if p is None and (n == "mpirun" or role == HOST)]
     if missing:
@@ -54,6 +56,22 @@ def check_mpirun(facts: HostFacts, role: Role) -> CheckResult:
         return CheckResult("mpirun", FAIL, f"{names} not found on {where} (PATH={facts.path})",
                            INSTALL_OMPI_HINT + "; " + _path_hint("Open MPI's bin directory"))
     return CheckResult("mpirun", PASS, str(facts.mpirun))
+
+
+def _check_launcher_path(facts: HostFacts, role: Role) -> CheckResult:
+    """mpirun started by its absolute path starts each host's daemon from the same prefix
+    (as `--prefix` would), so a venv's or /opt's MPI must exist at that path on every host."""
+    folder = facts.launcher.rsplit("/", 1)[0]
+    if facts.mpirun is None:
+        return CheckResult("mpirun", FAIL, f"{facts.launcher} not found on this host; the job "
+                           "starts the launcher's MPI from the same path on every host",
+                           f"install the same MPI at {folder} on every host (or put it on a "
+                           "filesystem every host mounts at the same path)")
+    if role == HOST and facts.orted is None:
+        return CheckResult("mpirun", FAIL, f"no orted or prted in {folder} on this host; the "
+                           "job starts Open MPI's daemon from there",
+                           f"install the complete Open MPI at {folder} on every host")
+    return CheckResult("mpirun", PASS, facts.mpirun)
 
 
 def check_open_mpi(facts: HostFacts, launcher_version: str | None) -> CheckResult:

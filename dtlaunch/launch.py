@@ -175,6 +175,10 @@ def execute(
             spool.close()
         out.close()
 
+    if lost_host is None:
+        # mpirun may end (Open MPI 5 at once, on its daemon's ssh exit) before the loop saw
+        # the link watcher's line; the pumps have read it by now.
+        lost_host = out.lost_host
     code = proc.returncode
     exit_code = code if code >= 0 else 128 - code
     failure = analyze(list(out.launcher_lines), out.rank_hosts()) if code != 0 else None

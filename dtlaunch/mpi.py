@@ -175,7 +175,7 @@ class MpiFamily(Protocol):
 
     def build_argv(self, spec: JobSpec, launcher: str) -> tuple[str, ...]: ...
 
-    def new_demux(self, stream: str) -> OutputDemux:
+    def new_demux(self, stream: str, release: tuple[int, ...] = ()) -> OutputDemux:
         """A reader for the launcher's "stdout" or "stderr"."""
         ...
 

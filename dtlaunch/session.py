@@ -7,6 +7,7 @@ tested) without the command line.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import signal
@@ -251,7 +252,7 @@ def launch(request: LaunchRequest, on_event: OnEvent, *, executor: Executor | No
             announce=lambda text: on_event(Event(EventLevel.NOTE, text)),
             stop_when=either(watch.stop_reason if watch is not None else None,
                              nodes.stop_reason if nodes is not None else None),
-            new_demux=plan.family.new_demux,
+            new_demux=functools.partial(plan.family.new_demux, release=prepared.mpi_version),
             prefix_timestamp=request.prefix_timestamp,
         )
     except BaseException:
