@@ -20,8 +20,10 @@ from pathlib import Path
 from typing import IO
 
 from dtlaunch.errors import EXIT_TIMEOUT, exit_for_signal
-from dtlaunch.failures import Failure, analyze
-from dtlaunch.output import Line, TagDemux
+from dtlaunch.failures import Failure
+from dtlaunch.mpi import MpiFamily
+from dtlaunch.openmpi import OPEN_MPI
+from dtlaunch.output import Line
 from dtlaunch.rsh import LOST_PREFIX
 
 # After forwarding a signal, how long mpirun gets to take its ranks down before we kill it.
@@ -39,10 +41,11 @@ class LaunchResult:
 class _Output:
     """Prints rank lines with a short `[rank@host]` prefix and keeps mpirun's own lines."""
 
-    def __init__(self, rank_hosts: Sequence[str], output_dir: Path | None) -> None:
+    def __init__(self, rank_hosts: Sequence[str], output_dir: Path | None,
+                 family: MpiFamily = OPEN_MPI) -> None:
         self.rank_hosts = rank_hosts
         self.lock = threading.Lock()
-        self.demux = TagDemux()
+        self.demux = family.new_demux()
         self.mpirun_lines: deque[str] = deque(maxlen=400)
         self.files: dict[str, IO[str]] = {}
         self.output_dir = output_dir
@@ -115,12 +118,17 @@ def execute(
     output_dir: Path | None = None,
     announce: Callable[[str], None] = lambda msg: None,
     stop_when: Callable[[], str | None] | None = None,
+    family: MpiFamily = OPEN_MPI,
+    support_files: Sequence[tuple[str, str]] = (),
 ) -> LaunchResult:
-    """Run mpirun to the end. ``stop_when`` is polled while it runs: a returned reason stops
-    the job (used by the pre-flight's host-key check that runs alongside the start)."""
+    """Run mpirun (or the family's launcher) to the end. ``stop_when`` is polled while it runs:
+    a returned reason stops the job (used by the pre-flight's host-key check that runs
+    alongside the start). ``support_files`` are written first (the family's ssh agent)."""
     if output_dir is not None:
         output_dir.mkdir(parents=True, exist_ok=True)
-    out = _Output(rank_hosts, output_dir)
+    for path, text in support_files:
+        write_private_executable(Path(path), text)
+    out = _Output(rank_hosts, output_dir, family)
     received: list[int] = []
     proc = subprocess.Popen(
         list(argv),
@@ -177,7 +185,7 @@ def execute(
             if (received or timed_out or lost_host or stopped_for) and stop_requested_at is None:
                 stop_requested_at = now
             if stop_requested_at is not None and now - stop_requested_at > GRACE_SECONDS:
-                announce("mpirun did not stop in time: killing it")
+                announce(f"{family.launcher} did not stop in time: killing it")
                 _kill_tree(proc)
                 stop_requested_at = float("inf")
     finally:
@@ -191,16 +199,35 @@ def execute(
 
     code = proc.returncode
     exit_code = code if code >= 0 else 128 - code
-    failure = analyze(list(out.mpirun_lines), rank_hosts) if code != 0 else None
-    if received:
-        return LaunchResult(exit_for_signal(received[0]), failure, interrupted_by=received[0])
-    if timed_out:
-        return LaunchResult(EXIT_TIMEOUT, failure, timed_out=True)
+    failure = family.parse_failure(list(out.mpirun_lines), rank_hosts) if code != 0 else None
+    if received or timed_out:
+        # Hydra reports the ranks it stopped as failures; they are not the job's fault.
+        kept = failure if family is OPEN_MPI else None
+        if received:
+            return LaunchResult(exit_for_signal(received[0]), kept, interrupted_by=received[0])
+        return LaunchResult(EXIT_TIMEOUT, kept, timed_out=True)
     if stopped_for is not None:
         return LaunchResult(exit_code or 1, Failure(reason=stopped_for))
     if lost_host is not None:
         lost = Failure(host=lost_host, reason=f"lost the SSH connection to host {lost_host}")
         return LaunchResult(exit_code or 1, lost)
     if exit_code != 0 and failure is None:
-        failure = Failure(reason=f"mpirun exited with status {exit_code}")
+        failure = Failure(reason=f"{family.launcher} exited with status {exit_code}")
     return LaunchResult(exit_code, failure)
+
+
+def write_private_executable(path: Path, text: str) -> None:
+    """Write a small program only its owner may change; kept when it is already there as
+    written (its name is its content's hash), replaced atomically otherwise."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    with contextlib.suppress(OSError):
+        info = path.stat()
+        if (info.st_uid == os.geteuid() and not info.st_mode & 0o022
+                and path.read_text(encoding="utf-8") == text):
+            return
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o700)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(text)
+    os.chmod(tmp, 0o700)
+    os.replace(tmp, path)

@@ -105,5 +105,8 @@ class OpenMpi:
         """--mpi-args that set plm_rsh_* could weaken mpirun's host-key checking."""
         return not any("plm_rsh" in arg for arg in extra_args)
 
+    def support_files(self, spec: JobSpec) -> tuple[tuple[str, str], ...]:
+        return ()  # mpirun takes its ssh agent as a command line
+
 
 OPEN_MPI = OpenMpi()

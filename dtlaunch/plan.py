@@ -52,6 +52,7 @@ class RunPlan:
     env: EnvPlan
     hosts: tuple[Host, ...]
     family: MpiFamily = field(default=OPEN_MPI, compare=False)  # how the job is started
+    support_files: tuple[tuple[str, str], ...] = ()  # (path, text) written before the start
 
     def display(self) -> str:
         """Shell-quoted and pasteable; values of secrets never appear in it."""
@@ -140,4 +141,5 @@ def plan_run(
         env=env,
         hosts=hosts,
         family=family,
+        support_files=family.support_files(spec),
     )
