@@ -104,7 +104,8 @@ def hydra_family(environ: Mapping[str, str]) -> Hydra:
     """Hydra with dtlaunch's ssh agent in the user's cache directory."""
     from dtlaunch import rsh
 
-    base = environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    home = environ.get("HOME") or os.path.expanduser("~")
+    base = environ.get("XDG_CACHE_HOME") or os.path.join(home, ".cache")
     wrapper = rsh.__file__ or ""
     if not wrapper.endswith(".py") or any(c.isspace() for c in sys.executable):
         return Hydra()  # a shebang cannot carry whitespace: plain ssh
