@@ -45,9 +45,10 @@ def _path_hint(what: str) -> str:
 # --- single checks ------------------------------------------------------------------------------
 
 
-def check_mpirun(facts: HostFacts, role: Role) -> CheckResult:
+def check_mpirun(facts: HostFacts, role: Role, needs_orted: bool = True) -> CheckResult:
+    """needs_orted: Open MPI's daemon on each host (Hydra starts its proxy by full path)."""
     missing = [n for n, p in (("mpirun", facts.mpirun), ("orted", facts.orted))
-               if p is None and (n == "mpirun" or role == HOST)]
+               if p is None and (n == "mpirun" or (role == HOST and needs_orted))]
     if missing:
         names = " and ".join(missing)
         where = "the launcher's PATH" if role == LAUNCHER else "the PATH of a non-interactive login"

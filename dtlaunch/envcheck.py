@@ -22,11 +22,11 @@ from dtlaunch.checks import (
     UNROUTABLE_PREFIXES,
     check_horovod,
     check_mpirun,
-    check_open_mpi,
     check_torch,
 )
 from dtlaunch.envvars import looks_secret
 from dtlaunch.facts import HostFacts
+from dtlaunch.mpi_checks import check_mpi
 from dtlaunch.report import FAIL, LAUNCHER, PASS, WARN, CheckResult, Status
 
 STEERING_PREFIXES = ("OMPI_", "OPAL_", "PMIX_", "PRTE_", "ORTE_", "NCCL_", "HOROVOD_", "GLOO_",
@@ -188,8 +188,10 @@ def evaluate_env(facts: Mapping[str, Any], host: HostFacts) -> tuple[EnvItem, ..
     items += _judged("open-mpi", "mpirun", check_mpirun(host, LAUNCHER),
                      [("mpirun", str(mpi["mpirun"]))])
     if mpi["mpirun"]:
-        items += _judged("open-mpi", "version", check_open_mpi(host, None),
-                         [("version", mpi.get("version") or "")])
+        items += _judged("open-mpi", "version", check_mpi(host, None),
+                         [("implementation", mpi.get("implementation") or ""),
+                          ("version", mpi.get("version") or "")][
+                             0 if mpi.get("implementation") not in (None, "Open MPI") else 1:])
         if "btl" in mpi:
             add("open-mpi", "btl components", ",".join(mpi["btl"]) or "none")
             add("open-mpi", "tcp", "yes" if mpi["tcp"] else "missing",

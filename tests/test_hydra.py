@@ -13,15 +13,19 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dtlaunch import rsh, session
+from dtlaunch.checks import check_mpirun
 from dtlaunch.envvars import EnvPlan, EnvVar
 from dtlaunch.errors import UsageError
+from dtlaunch.facts import HostFacts
 from dtlaunch.hosts import Host
 from dtlaunch.hydra import HYDRA, Hydra, agent_path, agent_script, build_mpiexec_argv
 from dtlaunch.hydra_output import PrependRankDemux, analyze_hydra
 from dtlaunch.launch import write_private_executable
 from dtlaunch.mpi import Interfaces, JobSpec, MpiImpl, parse_mpirun_version
+from dtlaunch.mpi_checks import check_mpi
 from dtlaunch.openmpi import OPEN_MPI
 from dtlaunch.output import Line
+from dtlaunch.report import FAIL, HOST, PASS, CheckResult
 from dtlaunch.ssh_options import SshOptions
 
 MPICH_5 = """HYDRA build details:
@@ -219,3 +223,39 @@ def test_family_follows_the_mpi_first_on_path(tmp_path: Path) -> None:
     family, program, impl = session.launcher_family({"PATH": str(tmp_path / "intel")})
     assert isinstance(family, Hydra) and impl is not None and impl.name == "Intel MPI"
     assert session.launcher_family({"PATH": str(tmp_path / "none")}) == (OPEN_MPI, None, None)
+
+
+def _facts(impl: MpiImpl, orted: str | None = None) -> HostFacts:
+    return HostFacts(hostname="h2", mpirun="/opt/mpi/bin/mpirun", orted=orted, mpi=impl)
+
+
+MPICH = MpiImpl("MPICH", "5.0.2")
+OMPI_4 = MpiImpl("Open MPI", "4.1.4")
+
+
+def test_doctor_names_an_mpich_host_in_an_open_mpi_job_with_its_fix() -> None:
+    check = check_mpi(_facts(MPICH), OMPI_4)
+    assert check.status == FAIL
+    assert check.detail == ("/opt/mpi/bin/mpirun is MPICH 5.0.2; the launcher's mpirun is "
+                            "Open MPI 4.1.4, whose daemons this host cannot run")
+    assert check.hint.startswith("put Open MPI 4.1.4's bin directory first on this host's PATH")
+
+
+def test_doctor_names_an_open_mpi_host_in_an_mpich_job_with_its_fix() -> None:
+    check = check_mpi(_facts(OMPI_4, orted="/usr/bin/orted"), MPICH)
+    assert check.status == FAIL
+    assert check.detail == "/opt/mpi/bin/mpirun is Open MPI 4.1.4; the launcher's mpiexec is MPICH 5.0.2"
+    assert check.hint.startswith("install MPICH 5.0.2 on this host at the launcher's path")
+    other = check_mpi(_facts(MpiImpl("MPICH", "4.1")), MPICH)
+    assert (other.status, other.detail) == (FAIL, "MPICH 4.1 here, MPICH 5.0.2 on the launcher")
+    intel = check_mpi(_facts(MpiImpl("Intel MPI", "2021.10")), MPICH)
+    assert intel.status == FAIL and "Intel MPI 2021.10 here" in intel.detail
+
+
+def test_same_mpich_everywhere_passes_without_orted() -> None:
+    assert check_mpi(_facts(MPICH), MPICH) == CheckResult("open-mpi", PASS, "MPICH 5.0.2")
+    assert check_mpirun(_facts(MPICH), HOST, needs_orted=False).status == PASS
+    assert check_mpirun(_facts(MPICH), HOST).status == FAIL  # an Open MPI job needs orted
+    # env-check judges this machine alone: MPICH and Intel MPI are supported, others are not.
+    assert check_mpi(_facts(MPICH), None).status == PASS
+    assert check_mpi(_facts(MpiImpl("unknown", "")), None).status == FAIL
