@@ -1,0 +1,161 @@
+"""dtlaunch run and doctor with MPICH (Hydra's mpiexec) on the multi-host test bed.
+
+MPICH comes from PyPI's `mpich` wheel in its own venv (scripts/setup_mpis.sh), at the same
+path on every bed host; dtlaunch picks Hydra because that venv's mpirun comes first on PATH.
+Hydra's proxies connect back to the launcher's hostname, so dtlaunch runs inside host h1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from conftest import SCRIPTS, _unavailable, dtlaunch_argv
+from test_run_testbed import assert_no_strays, records
+from testbed import TestBed
+
+pytestmark = pytest.mark.testbed
+PROBE = str(SCRIPTS / "rank_probe.py")
+
+
+def mpich_bin() -> Path:
+    base = Path(os.environ.get("DTLAUNCH_MPI_VENVS")
+                or Path.home() / ".cache" / "dtlaunch" / "mpi-venvs")
+    found = base / "mpich" / "bin"
+    if not (found / "mpiexec").exists():
+        _unavailable(f"no MPICH venv at {found.parent} (run scripts/setup_mpis.sh mpich)")
+    return found
+
+
+@pytest.fixture
+def mpich_env() -> dict[str, str]:
+    """dtlaunch's environment with MPICH first on PATH."""
+    return {**os.environ, "PATH": f"{mpich_bin()}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
+
+
+def run_argv(bed: TestBed, hosts: str, *args: str, extra: tuple[str, ...] = (),
+             command: str = "run") -> list[str]:
+    flags = ("--no-check",) if command == "run" else ()
+    return bed.nsenter_argv("h1", dtlaunch_argv(
+        command, *flags, "-H", hosts, "--iface", "eth0", "--ssh-config", str(bed.ssh_config),
+        *extra, *args))
+
+
+def run(bed: TestBed, env: dict[str, str], hosts: str, *args: str, extra: tuple[str, ...] = (),
+        timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(run_argv(bed, hosts, *args, extra=extra), capture_output=True,
+                          text=True, timeout=timeout, env=env)
+
+
+def test_dry_run_is_an_mpiexec_line(bed: TestBed, mpich_env: dict[str, str]) -> None:
+    env = {**mpich_env, "API_TOKEN": "s3cr3t"}
+    result = run(bed, env, "h1:1,h2:2", PROBE, extra=("--dry-run", "-x", "API_TOKEN"))
+    assert result.returncode == 0, result.stderr
+    line = result.stdout.strip()
+    assert line.startswith("mpiexec -n 3 -hosts h1:1,h2:2 -launcher ssh -launcher-exec ")
+    assert " -iface eth0 -prepend-rank -genvlist " in line
+    assert "API_TOKEN" in line and "s3cr3t" not in line
+
+
+def test_two_hosts_tagged_output_and_only_named_variables(
+        bed: TestBed, mpich_env: dict[str, str], tmp_path: Path) -> None:
+    env = {**mpich_env, "HOROVOD_FUSION_THRESHOLD": "1234", "UNLISTED_VAR": "x"}
+    result = run(bed, env, "h1:1,h2:2", PROBE, "--out", str(tmp_path),
+                 extra=("--output-dir", str(tmp_path / "logs")))
+    assert result.returncode == 0, result.stderr
+    found = records(tmp_path)
+    assert [found[r]["host"] for r in range(3)] == ["h1", "h2", "h2"]
+    for rank in range(3):
+        assert f"[{rank}@{found[rank]['host']}] rank {rank} of 3 on {found[rank]['host']}" \
+            in result.stdout.splitlines()
+        assert (tmp_path / "logs" / f"rank.{rank}.log").read_text() == \
+            f"rank {rank} of 3 on {found[rank]['host']}\n"
+    remote = found[2]["env"]
+    assert remote["HOROVOD_FUSION_THRESHOLD"] == "1234" and remote["PYTHONUNBUFFERED"] == "1"
+    assert "UNLISTED_VAR" not in remote
+    assert_no_strays(bed)
+
+
+def test_killed_rank_names_rank_and_host(bed: TestBed, mpich_env: dict[str, str],
+                                         tmp_path: Path) -> None:
+    result = run(bed, mpich_env, "h1:1,h2:1", PROBE, "--out", str(tmp_path), "--kill-rank", "1",
+                 "--sleep", "30")
+    assert result.returncode != 0
+    last = result.stderr.splitlines()[-1]
+    assert last.startswith("dtlaunch: job failed: rank 1 on host h2 "), result.stderr
+    assert "signal 9" in last
+    assert_no_strays(bed)
+
+
+def test_rank_exit_code_names_rank_and_host(bed: TestBed, mpich_env: dict[str, str],
+                                            tmp_path: Path) -> None:
+    result = run(bed, mpich_env, "h1:1,h2:1", PROBE, "--out", str(tmp_path), "--exit-rank", "1",
+                 "--exit-code", "3")
+    assert result.returncode == 3
+    assert result.stderr.splitlines()[-1] == "dtlaunch: job failed: rank 1 on host h2 exited with code 3"
+    assert_no_strays(bed)
+
+
+def start_sleeping_job(bed: TestBed, env: dict[str, str], hosts: str, out: Path,
+                       extra: tuple[str, ...] = ()) -> subprocess.Popen[str]:
+    proc = subprocess.Popen(run_argv(bed, hosts, PROBE, "--out", str(out), "--sleep", "120",
+                                     extra=extra),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.monotonic() + 60
+    while len(records(out)) < len(hosts.split(",")):
+        if time.monotonic() > deadline or proc.poll() is not None:
+            proc.kill()
+            raise AssertionError(f"ranks did not start: {proc.communicate()}")
+        time.sleep(0.1)
+    return proc
+
+
+@pytest.mark.parametrize(("sig", "expected"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_signal_stops_every_rank_on_every_host(bed: TestBed, mpich_env: dict[str, str],
+                                               tmp_path: Path, sig: signal.Signals,
+                                               expected: int) -> None:
+    proc = start_sleeping_job(bed, mpich_env, "h1:1,h2:1,h3:1", tmp_path)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == expected, err
+    assert f"stopped by {sig.name}" in err and "job failed" not in err
+    assert_no_strays(bed, pids=tuple(r["pid"] for r in records(tmp_path).values()))
+
+
+def test_timeout_stops_the_job(bed: TestBed, mpich_env: dict[str, str], tmp_path: Path) -> None:
+    result = run(bed, mpich_env, "h1:1,h2:1", PROBE, "--out", str(tmp_path), "--sleep", "120",
+                 extra=("--timeout", "5"))
+    assert result.returncode == 124, result.stderr
+    assert "--timeout 5 s" in result.stderr
+    assert_no_strays(bed)
+
+
+def test_lost_host_is_noticed(make_bed, mpich_env: dict[str, str], tmp_path: Path) -> None:
+    testbed = make_bed(2)
+    proc = start_sleeping_job(testbed, mpich_env, "h1:1,h2:1", tmp_path)
+    testbed.set_link("h2", up=False)  # h2 stops answering, as a powered-off machine would
+    _, err = proc.communicate(timeout=90)
+    assert proc.returncode != 0
+    assert err.splitlines()[-1] == "dtlaunch: job failed: lost the SSH connection to host h2"
+    assert not testbed.stray_pids("h1")
+
+
+def test_doctor_names_an_open_mpi_host_in_an_mpich_job(bed: TestBed,
+                                                       mpich_env: dict[str, str]) -> None:
+    """The hosts' login PATH finds the system's Open MPI; the launcher's is MPICH."""
+    result = subprocess.run(run_argv(bed, "h2", "--json", command="doctor"), capture_output=True,
+                            text=True, timeout=120, env=mpich_env)
+    assert result.returncode == 1, result.stderr
+    doc = json.loads(result.stdout)
+    hosts = {h["host"]: h for h in doc["hosts"]}
+    mpi = {c["name"]: c for c in hosts["h2"]["checks"]}["open-mpi"]
+    assert mpi["status"] == "fail"
+    assert "is Open MPI" in mpi["detail"] and "the launcher's mpiexec is MPICH 5.0.2" in mpi["detail"]
+    assert mpi["hint"].startswith("install MPICH 5.0.2 on this host at the launcher's path")
+    launcher = next(h for h in doc["hosts"] if h["role"] == "launcher")
+    assert launcher["versions"]["mpi"] == "MPICH 5.0.2"
