@@ -159,3 +159,24 @@ def test_doctor_names_an_open_mpi_host_in_an_mpich_job(bed: TestBed,
     assert mpi["hint"].startswith("install MPICH 5.0.2 on this host at the launcher's path")
     launcher = next(h for h in doc["hosts"] if h["role"] == "launcher")
     assert launcher["versions"]["mpi"] == "MPICH 5.0.2"
+
+
+def test_preflight_passes_with_mpich_everywhere(make_bed, mpich_env: dict[str, str],
+                                                tmp_path: Path) -> None:
+    """Every host's login PATH finds the same MPICH (sshd's SetEnv stands in for a profile)."""
+    login_path = f"SetEnv PATH={mpich_bin()}:/usr/local/bin:/usr/bin:/bin"
+    testbed = make_bed(2, sshd_extra={"h1": [login_path], "h2": [login_path]})
+    argv = testbed.nsenter_argv("h1", dtlaunch_argv(
+        "run", "-H", "h1:1,h2:1", "--iface", "eth0", "--ssh-config", str(testbed.ssh_config),
+        "--disable-cache", PROBE, "--out", str(tmp_path)))
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=180, env=mpich_env)
+    assert result.returncode == 0, result.stderr
+    assert sorted(r["host"] for r in records(tmp_path).values()) == ["h1", "h2"]
+    doctor = subprocess.run(testbed.nsenter_argv("h1", dtlaunch_argv(
+        "doctor", "-H", "h1,h2", "--iface", "eth0", "--ssh-config", str(testbed.ssh_config),
+        "--json")), capture_output=True, text=True, timeout=180, env=mpich_env)
+    doc = json.loads(doctor.stdout)
+    assert {h["host"]: h["versions"]["mpi"] for h in doc["hosts"]} == {
+        h: "MPICH 5.0.2" for h in ("h1", "h2", next(h["host"] for h in doc["hosts"]
+                                                     if h["role"] == "launcher"))}
+    assert doctor.returncode == 0, doctor.stdout
