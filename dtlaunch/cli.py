@@ -136,7 +136,7 @@ def run(ctx: click.Context, /, hosts: str | None, hostfile: str | None, iface: s
         return
     launch_request = session.LaunchRequest(
         request, check=not no_check, timeout=timeout, output_dir=output_dir,
-        use_cache=not hvd.disable_cache,
+        use_cache=not hvd.disable_cache, prefix_timestamp=hvd.prefix_timestamp,
         start_timeout=float(hvd.start_timeout) if hvd.start_timeout is not None else None,
     )
     if max_restarts is None and (min_np is not None or restart_delay is not None):

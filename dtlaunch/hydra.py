@@ -22,7 +22,7 @@ from dtlaunch.mpi import JobSpec, MpiImpl, parse_mpirun_version
 
 if TYPE_CHECKING:  # imported when a job runs, not for a dry run
     from dtlaunch.failures import Failure
-    from dtlaunch.hydra_output import PrependRankDemux
+    from dtlaunch.hydra_output import HydraDemux
 
 HYDRA_IMPLS = ("MPICH", "Intel MPI")
 MIN_MPICH = (3, 0)
@@ -128,10 +128,10 @@ class Hydra:
         agent = self._agent(spec)
         return (agent,) if agent else ()
 
-    def new_demux(self) -> PrependRankDemux:
-        from dtlaunch.hydra_output import PrependRankDemux
+    def new_demux(self, stream: str) -> HydraDemux:
+        from dtlaunch.hydra_output import HydraDemux
 
-        return PrependRankDemux()
+        return HydraDemux(stream)
 
     def parse_failure(self, lines: Sequence[str], rank_hosts: Sequence[str]) -> Failure | None:
         from dtlaunch.hydra_output import analyze_hydra

@@ -1,10 +1,13 @@
-"""Hydra's `-prepend-rank` output back into whole lines per rank, and its failure messages
-read into one precise line. Pure code.
+"""Hydra's output back into what each rank's shim sent, and its failure messages read into
+one precise line. Pure code.
 
-Hydra tags every line a rank writes with `[RANK] ` and every chunk that ends without a newline
-too: `print("a", "b")` unbuffered arrives as `[1] a[1]  [1] b\n`. Ranks' stdout reaches
-mpiexec's stdout and their stderr its stderr. Hydra's own messages start with `[mpiexec@host]`
-or `[proxy:N@host]`, or are its banner lines, and carry no rank tag.
+Every rank runs through dtlaunch.rank_shim, whose records (one line each, base64, never a
+`[`) carry the rank. Hydra's proxies forward what they read in chunks of their own size, so a
+record may be cut in two and another rank's chunk may come between the halves; with
+`-prepend-rank` Hydra starts every chunk, and every line inside one, with `[RANK] `, which
+puts the halves back together: the stream is cut at those tags, each rank's pieces are joined,
+and the joined stream is cut into records (dtlaunch.output.RecordParser). Untagged lines are
+Hydra's own (`[mpiexec@host] ...`, its banner) or dtlaunch's ssh wrapper's.
 """
 
 from __future__ import annotations
@@ -15,38 +18,99 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from dtlaunch.failures import Failure
-from dtlaunch.output import Line
+from dtlaunch.output import TEXT_LIMIT, Event, Piece, RecordParser
 
-TAG_RE = re.compile(r"\[(\d+)\] ")
+TAG_RE = re.compile(rb"\[(\d+)\] ")
+_TAG_START_RE = re.compile(rb"\[\d{0,9}\]?\Z")  # what may still grow into a tag
+Pieces = list[tuple[int | None, bytes]]
 
 
 @dataclass
-class PrependRankDemux:
-    _partial: dict[tuple[int, str], str] = field(default_factory=dict)
+class HydraTagSplitter:
+    """Cuts Hydra's `-prepend-rank` stream into (rank, bytes) pieces; rank None: untagged."""
 
-    def feed(self, line: str, from_stderr: bool = False) -> list[Line]:
-        """Take one line as mpiexec printed it; return the whole lines it completes."""
-        stream = "stderr" if from_stderr else "stdout"
-        out: list[Line] = []
-        first = TAG_RE.match(line)
-        if first is None:  # Hydra's own message (a rank's line always starts with its tag)
-            if line.strip("\r\n"):
-                out.append(Line(None, stream, line.rstrip("\r\n")))
-            return out
-        pieces = TAG_RE.split(line)
-        # split() yields ['', rank, text, rank, text, ...]
-        for i in range(1, len(pieces), 2):
-            key = (int(pieces[i]), stream)
-            buffered = self._partial.pop(key, "") + pieces[i + 1]
-            *complete, rest = buffered.split("\n")
-            out.extend(Line(key[0], stream, c.rstrip("\r")) for c in complete)
-            if rest:
-                self._partial[key] = rest
+    _pending: bytes = b""
+    _current: int | None = None  # the rank whose piece runs on; None: at a line's start
+
+    def feed(self, data: bytes) -> Pieces:
+        buf = self._pending + data if self._pending else data
+        out: Pieces = []
+        pos = 0
+        while pos < len(buf):
+            if self._current is None:
+                match = TAG_RE.match(buf, pos)
+                if match is not None:
+                    self._current, pos = int(match.group(1)), match.end()
+                    continue
+                if _TAG_START_RE.match(buf, pos):
+                    break  # maybe a tag cut in two
+                newline = buf.find(b"\n", pos)
+                if newline < 0:
+                    if len(buf) - pos > TEXT_LIMIT:
+                        out.append((None, buf[pos:]))
+                        pos = len(buf)
+                    break
+                out.append((None, buf[pos:newline + 1]))
+                pos = newline + 1
+                continue
+            end, wait = self._piece_end(buf, pos)
+            if end > pos:
+                out.append((self._current, buf[pos:end]))
+            pos = end
+            if wait:
+                break
+            if buf[end - 1:end] == b"\n" or end < len(buf):
+                self._current = None  # a line ended, or a tag follows (read at the top)
+        self._pending = buf[pos:]
         return out
 
-    def flush(self) -> list[Line]:
-        out = [Line(rank, stream, text) for (rank, stream), text in sorted(self._partial.items())]
-        self._partial.clear()
+    @staticmethod
+    def _piece_end(buf: bytes, pos: int) -> tuple[int, bool]:
+        """After the piece's newline, at the next tag, or at the buffer's end (then True when
+        what follows may be the start of a tag)."""
+        newline = buf.find(b"\n", pos)
+        limit = len(buf) if newline < 0 else newline + 1
+        bracket = buf.find(b"[", pos, limit)
+        while bracket >= 0:
+            if TAG_RE.match(buf, bracket):
+                return bracket, False
+            if _TAG_START_RE.match(buf, bracket):
+                return bracket, True
+            bracket = buf.find(b"[", bracket + 1, limit)
+        return limit, False
+
+    def flush(self) -> Pieces:
+        rest, self._pending = self._pending, b""
+        return [(self._current, rest)] if rest else []
+
+
+@dataclass
+class HydraDemux:
+    """mpiexec's stdout or stderr (one instance each): tags, then each rank's records."""
+
+    stream: str = "stdout"
+    _tags: HydraTagSplitter = field(default_factory=HydraTagSplitter)
+    _records: dict[int, RecordParser] = field(default_factory=dict)
+
+    def feed(self, data: bytes) -> list[Event]:
+        return self._take(self._tags.feed(data))
+
+    def _take(self, pieces: Pieces) -> list[Event]:
+        out: list[Event] = []
+        for rank, data in pieces:
+            if rank is None:
+                out.append(Piece(None, self.stream, data))
+                continue
+            parser = self._records.get(rank)
+            if parser is None:
+                parser = self._records[rank] = RecordParser(rank, self.stream)
+            out.extend(parser.feed(data))
+        return out
+
+    def flush(self) -> list[Event]:
+        out = self._take(self._tags.flush())
+        for parser in self._records.values():
+            out.extend(parser.flush())
         return out
 
 

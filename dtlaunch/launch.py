@@ -10,21 +10,18 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from dtlaunch.errors import EXIT_TIMEOUT, exit_for_signal
+from dtlaunch.errors import EXIT_TIMEOUT, DtlaunchError, exit_for_signal
 from dtlaunch.failures import Failure
-from dtlaunch.mpi import MpiFamily
-from dtlaunch.openmpi import OPEN_MPI
-from dtlaunch.output import Line
-from dtlaunch.rsh import LOST_PREFIX
+from dtlaunch.job_output import JobOutput
+from dtlaunch.mpi import MpiFamily, OutputDemux
+from dtlaunch.openmpi import OPEN_MPI, OpenMpi
 
 # After forwarding a signal, how long mpirun gets to take its ranks down before we kill it.
 GRACE_SECONDS = 6.0
@@ -38,61 +35,14 @@ class LaunchResult:
     timed_out: bool = False
 
 
-class _Output:
-    """Prints rank lines with a short `[rank@host]` prefix and keeps mpirun's own lines."""
-
-    def __init__(self, rank_hosts: Sequence[str], output_dir: Path | None,
-                 family: MpiFamily = OPEN_MPI) -> None:
-        self.rank_hosts = rank_hosts
-        self.lock = threading.Lock()
-        self.demux = family.new_demux()
-        self.mpirun_lines: deque[str] = deque(maxlen=400)
-        self.files: dict[str, IO[str]] = {}
-        self.output_dir = output_dir
-        self.lost_host: str | None = None
-
-    def _log(self, key: str, text: str) -> None:
-        if self.output_dir is None:
-            return
-        handle = self.files.get(key)
-        if handle is None:
-            handle = open(self.output_dir / f"{key}.log", "a", encoding="utf-8")  # noqa: SIM115
-            self.files[key] = handle
-        handle.write(text + "\n")
-        handle.flush()
-
-    def _emit(self, line: Line) -> None:
-        stream = sys.stdout if line.stream == "stdout" else sys.stderr
-        if line.rank is None:
-            if line.text.startswith(LOST_PREFIX) and self.lost_host is None:
-                self.lost_host = line.text[len(LOST_PREFIX):].split()[0]
-            self.mpirun_lines.append(line.text)
-            sys.stderr.write(line.text + "\n")
-            sys.stderr.flush()
-            self._log("mpirun", line.text)
-            return
-        host = self.rank_hosts[line.rank] if line.rank < len(self.rank_hosts) else "?"
-        stream.write(f"[{line.rank}@{host}] {line.text}\n")
-        stream.flush()
-        self._log(f"rank.{line.rank}", line.text)
-
-    def feed(self, raw: bytes, from_stderr: bool) -> None:
-        text = raw.decode("utf-8", errors="replace")
-        with self.lock:
-            for line in self.demux.feed(text, from_stderr):
-                self._emit(line)
-
-    def close(self) -> None:
-        with self.lock:
-            for line in self.demux.flush():
-                self._emit(line)
-        for handle in self.files.values():
-            handle.close()
-
-
 def _pump(pipe: IO[bytes], sink: Callable[[bytes], None]) -> None:
-    for raw in iter(pipe.readline, b""):
-        sink(raw)
+    """Pass on whatever the pipe has, as it comes (no waiting for a newline)."""
+    fd = pipe.fileno()
+    while True:
+        data = os.read(fd, 1 << 16)
+        if not data:
+            break
+        sink(data)
     pipe.close()
 
 
@@ -118,17 +68,30 @@ def execute(
     output_dir: Path | None = None,
     announce: Callable[[str], None] = lambda msg: None,
     stop_when: Callable[[], str | None] | None = None,
+    new_demux: Callable[[str], OutputDemux] | None = None,
+    prefix_timestamp: bool = False,
     family: MpiFamily = OPEN_MPI,
     support_files: Sequence[tuple[str, str]] = (),
 ) -> LaunchResult:
-    """Run mpirun (or the family's launcher) to the end. ``stop_when`` is polled while it runs:
-    a returned reason stops the job (used by the pre-flight's host-key check that runs
-    alongside the start). ``support_files`` are written first (the family's ssh agent)."""
+    """Run mpirun to the end. ``stop_when`` is polled while it runs: a returned reason stops
+    the job (used by the pre-flight's host-key check that runs alongside the start).
+    ``new_demux(stream)`` reads the launcher's output (default: the family's).
+    ``family`` reads the launcher's failures; ``support_files`` are written first (the
+    family's ssh agent)."""
     if output_dir is not None:
-        output_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            output_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise DtlaunchError(f"--output-dir: cannot create {output_dir}: "
+                                f"{exc.strerror or exc}") from None
     for path, text in support_files:
         write_private_executable(Path(path), text)
-    out = _Output(rank_hosts, output_dir, family)
+    out = JobOutput(rank_hosts, output_dir, timestamps=prefix_timestamp,
+                    new_demux=new_demux or family.new_demux)
+    # Open MPI's mpirun ends the job when a rank fails; Hydra waits for the others, which may
+    # wait forever for the failed one, so dtlaunch ends it on the rank's exit record.
+    stop_on_rank_failure = not isinstance(family, OpenMpi)
+    rank_failed: Failure | None = None
     received: list[int] = []
     proc = subprocess.Popen(
         list(argv),
@@ -168,7 +131,12 @@ def execute(
     threading.Thread(target=reap, daemon=True).start()
     try:
         while not finished.wait(0.1):
+            out.tick()
             now = time.monotonic()
+            if out.broken_pipe and signal.SIGPIPE not in received:
+                # dtlaunch's reader went away (`| head`): stop quietly, as SIGPIPE would.
+                received.append(signal.SIGPIPE)
+                _signal(proc, signal.SIGTERM)
             if deadline is not None and now >= deadline and not timed_out:
                 timed_out = True
                 announce(f"job still running after --timeout {timeout:g} s: stopping it")
@@ -177,12 +145,18 @@ def execute(
                 lost_host = out.lost_host
                 announce(f"lost the SSH connection to host {lost_host}: stopping the job")
                 _signal(proc, signal.SIGTERM)
+            if stop_on_rank_failure and rank_failed is None:
+                rank_failed = first_failed_rank(out.exits, out.rank_hosts())
+                if rank_failed is not None:
+                    announce(f"{rank_failed.describe()}: stopping the job")
+                    _signal(proc, signal.SIGTERM)
             if stop_when is not None and stopped_for is None:
                 stopped_for = stop_when()
                 if stopped_for is not None:
                     announce(stopped_for)
                     _signal(proc, signal.SIGTERM)
-            if (received or timed_out or lost_host or stopped_for) and stop_requested_at is None:
+            if (received or timed_out or lost_host or stopped_for or rank_failed) \
+                    and stop_requested_at is None:
                 stop_requested_at = now
             if stop_requested_at is not None and now - stop_requested_at > GRACE_SECONDS:
                 announce(f"{family.launcher} did not stop in time: killing it")
@@ -199,10 +173,10 @@ def execute(
 
     code = proc.returncode
     exit_code = code if code >= 0 else 128 - code
-    failure = family.parse_failure(list(out.mpirun_lines), rank_hosts) if code != 0 else None
+    failure = family.parse_failure(list(out.launcher_lines), out.rank_hosts()) if code != 0 else None
     if received or timed_out:
         # Hydra reports the ranks it stopped as failures; they are not the job's fault.
-        kept = failure if family is OPEN_MPI else None
+        kept = failure if isinstance(family, OpenMpi) else None
         if received:
             return LaunchResult(exit_for_signal(received[0]), kept, interrupted_by=received[0])
         return LaunchResult(EXIT_TIMEOUT, kept, timed_out=True)
@@ -211,9 +185,30 @@ def execute(
     if lost_host is not None:
         lost = Failure(host=lost_host, reason=f"lost the SSH connection to host {lost_host}")
         return LaunchResult(exit_code or 1, lost)
+    if rank_failed is None and (failure is None or failure.rank is None):
+        rank_failed = first_failed_rank(out.exits, out.rank_hosts())
+    if rank_failed is not None:
+        # The ranks' own exit records name rank, host and status exactly.
+        failure = rank_failed
+        if exit_code == 0 or not isinstance(family, OpenMpi):
+            exit_code = rank_failed.exit_code or (128 + (rank_failed.signal or 0)) or 1
     if exit_code != 0 and failure is None:
         failure = Failure(reason=f"{family.launcher} exited with status {exit_code}")
     return LaunchResult(exit_code, failure)
+
+
+def first_failed_rank(exits: Mapping[int, str], rank_hosts: Sequence[str]) -> Failure | None:
+    """The first rank whose exit record says it failed (`exit 3`, `signal 9`), in the order
+    the records came."""
+    for rank, how in exits.items():
+        kind, _, number = how.partition(" ")
+        if not number.lstrip("-").isdigit() or how == "exit 0":
+            continue
+        host = rank_hosts[rank] if 0 <= rank < len(rank_hosts) else None
+        if kind == "signal":
+            return Failure(rank, host, signal=int(number))
+        return Failure(rank, host, exit_code=int(number))
+    return None
 
 
 def write_private_executable(path: Path, text: str) -> None:

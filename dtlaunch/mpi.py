@@ -20,7 +20,7 @@ from dtlaunch.ssh_options import SshOptions
 
 if TYPE_CHECKING:
     from dtlaunch.failures import Failure
-    from dtlaunch.output import Line
+    from dtlaunch.output import Event
 
 MIN_OMPI = (3, 0)
 INSTALL_OMPI_HINT = (
@@ -150,11 +150,12 @@ def parse_mpirun_version(text: str) -> MpiImpl:
 
 
 class OutputDemux(Protocol):
-    """Turns the launcher's tagged output back into whole lines per rank."""
+    """Turns one of the launcher's streams back into what each rank's shim sent
+    (dtlaunch.output: bytes in, any cut; events out)."""
 
-    def feed(self, line: str, from_stderr: bool = False) -> list[Line]: ...
+    def feed(self, data: bytes) -> list[Event]: ...
 
-    def flush(self) -> list[Line]: ...
+    def flush(self) -> list[Event]: ...
 
 
 class MpiFamily(Protocol):
@@ -175,7 +176,9 @@ class MpiFamily(Protocol):
 
     def build_argv(self, spec: JobSpec, launcher: str) -> tuple[str, ...]: ...
 
-    def new_demux(self) -> OutputDemux: ...
+    def new_demux(self, stream: str) -> OutputDemux:
+        """A reader for the launcher's "stdout" or "stderr"."""
+        ...
 
     def parse_failure(self, lines: Sequence[str], rank_hosts: Sequence[str]) -> Failure | None: ...
 

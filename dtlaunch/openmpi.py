@@ -14,7 +14,7 @@ from dtlaunch.mpi import INSTALL_OMPI_HINT, MIN_OMPI, JobSpec, MpiImpl, parse_mp
 
 if TYPE_CHECKING:  # imported when a job runs, not for a dry run
     from dtlaunch.failures import Failure
-    from dtlaunch.output import TagDemux
+    from dtlaunch.output import OpenMpiDemux
 
 DEFAULT_MAJOR = 4  # assumed when the local mpirun cannot be asked (a dry run without one)
 
@@ -91,10 +91,10 @@ class OpenMpi:
     def build_argv(self, spec: JobSpec, launcher: str) -> tuple[str, ...]:
         return build_mpirun_argv(spec, launcher)
 
-    def new_demux(self) -> TagDemux:
-        from dtlaunch.output import TagDemux
+    def new_demux(self, stream: str) -> OpenMpiDemux:
+        from dtlaunch.output import OpenMpiDemux
 
-        return TagDemux()
+        return OpenMpiDemux(stream)
 
     def parse_failure(self, lines: Sequence[str], rank_hosts: Sequence[str]) -> Failure | None:
         from dtlaunch.failures import analyze

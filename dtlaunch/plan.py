@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from dtlaunch.allocation import slurm_launch_env
 from dtlaunch.command import Program
@@ -13,6 +13,7 @@ from dtlaunch.errors import UsageError
 from dtlaunch.hosts import Host, assign_ranks, total_slots
 from dtlaunch.mpi import Interfaces, JobSpec, MpiFamily, format_command
 from dtlaunch.openmpi import OPEN_MPI
+from dtlaunch.rank_shim import wrap_program
 from dtlaunch.ssh_options import SshOptions
 
 
@@ -46,13 +47,16 @@ class RunRequest:
 
 @dataclass(frozen=True)
 class RunPlan:
-    argv: tuple[str, ...]
+    argv: tuple[str, ...]  # the launcher's command as one would type it (what is shown)
     launcher_env: dict[str, str]
     rank_hosts: tuple[str, ...]
     env: EnvPlan
     hosts: tuple[Host, ...]
     family: MpiFamily = field(default=OPEN_MPI, compare=False)  # how the job is started
     support_files: tuple[tuple[str, str], ...] = ()  # (path, text) written before the start
+    # What runs: `argv` with each rank started through dtlaunch.rank_shim; () for a plan made
+    # by hand, which then runs `argv` as it is.
+    launch_argv: tuple[str, ...] = ()
 
     def display(self) -> str:
         """Shell-quoted and pasteable; values of secrets never appear in it."""
@@ -88,6 +92,14 @@ def build_program(request: RunRequest) -> tuple[str, ...]:
     if request.script is None:
         raise UsageError("run: give a SCRIPT to run or -m MODULE")
     return (request.python, request.script, *request.args)
+
+
+def shim_python(request: RunRequest) -> str:
+    """The interpreter the rank shim runs with on the hosts: the ranks' own when dtlaunch can
+    tell it (the pre-flight checks it there), else python3 from the hosts' PATH."""
+    if request.program is not None:
+        return request.program.python or "python3"
+    return request.python
 
 
 def plan_run(
@@ -130,12 +142,16 @@ def plan_run(
         binding=request.binding,
     )
     argv = family.build_argv(spec, launcher or family.launcher)
+    # What really runs: every rank through the rank shim, its argv one opaque word.
+    wrapped = wrap_program(program, shim_python(request))
+    launch_argv = family.build_argv(replace(spec, program=wrapped), launcher or family.launcher)
     launcher_env = build_launcher_env(environ, env)
     if spec.slurm:
         # Open MPI's plm slurm reads the job from these and starts its daemons with srun.
         launcher_env.update(slurm_launch_env(environ))
     return RunPlan(
         argv=argv,
+        launch_argv=launch_argv,
         launcher_env=launcher_env,
         rank_hosts=assign_ranks(hosts, num_proc),
         env=env,

@@ -54,14 +54,14 @@ def resolve_iface(iface: str | None, hvd: HorovodArgs) -> Interfaces | None:
 def resolve_output_dir(output_dir: str | None, hvd: HorovodArgs) -> str | None:
     if output_dir is not None and hvd.output_filename is not None:
         raise UsageError("--output-dir and --output-filename name the same thing; give one")
-    return output_dir if output_dir is not None else hvd.output_filename
+    chosen = output_dir if output_dir is not None else hvd.output_filename
+    if chosen is not None and os.path.exists(chosen) and not os.path.isdir(chosen):
+        raise UsageError(f"--output-dir: {chosen} exists and is not a directory")
+    return chosen
 
 
 def build_run_request(run: RunArgs, hvd: HorovodArgs, words: tuple[str, ...],
                       known_options: Collection[str]) -> RunRequest:
-    if hvd.prefix_timestamp:
-        raise UsageError("--prefix-output-with-timestamp is not supported by dtlaunch yet; drop "
-                         "it (each line already starts with [rank@host])")
     if run.python is not None and not (os.path.isabs(run.python) or shutil.which(run.python)):
         raise UsageError(f"--python: {run.python} is not an absolute path or a command on PATH")
     interpreter = run.python or run.default_python

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -58,6 +59,7 @@ class LaunchRequest:
     output_dir: str | None = None  # also write each rank's output to DIR/rank.N.log
     use_cache: bool = True  # False (--disable-cache): the full pre-flight checks every time
     start_timeout: float | None = None  # seconds each host's pre-flight checks may run
+    prefix_timestamp: bool = False  # start each output line with the time it arrived
 
 
 @dataclass(frozen=True)
@@ -236,8 +238,9 @@ def launch(request: LaunchRequest, on_event: OnEvent, *, executor: Executor | No
         from dtlaunch.launch import execute
 
         executor = execute
+    argv = plan.launch_argv or plan.argv
     result = executor(
-        (prepared.mpirun or plan.family.launcher, *plan.argv[1:]),
+        (prepared.mpirun or plan.family.launcher, *argv[1:]),
         plan.launcher_env,
         plan.rank_hosts,
         timeout=request.timeout,
@@ -246,6 +249,8 @@ def launch(request: LaunchRequest, on_event: OnEvent, *, executor: Executor | No
         stop_when=watch.stop_reason if watch is not None else None,
         family=plan.family,
         support_files=plan.support_files,
+        new_demux=plan.family.new_demux,
+        prefix_timestamp=request.prefix_timestamp,
     )
     if watch is not None and watch.failed():
         # A host key changed (or vanished) since the cached pre-flight: the full checks
@@ -263,7 +268,9 @@ def outcome_lines(result: LaunchResult, timeout: float | None) -> Sequence[str]:
     """What the CLI says when a job ends other than cleanly."""
     from dtlaunch.failures import signal_name
 
-    lines = []
+    lines: list[str] = []
+    if result.interrupted_by == signal.SIGPIPE:
+        return lines  # dtlaunch's reader went away (`| head`): nothing to say, nobody to read
     if result.interrupted_by is not None:
         lines.append(f"stopped by {signal_name(result.interrupted_by)}; "
                      "all ranks were told to exit")

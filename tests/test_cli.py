@@ -168,7 +168,7 @@ BAD_RUN = [
     (["--hierarchical-allreduce", "--no-hierarchical-allreduce"], "contradict each other"),
     (["--log-level", "loud"], "expected one of TRACE"),
     (["--start-timeout", "0"], "at least 1 second"),
-    (["--prefix-output-with-timestamp"], "not supported by dtlaunch yet"),
+    (["--output-dir", "{tmp}/hosts"], "exists and is not a directory"),
     (["--config-file", "{tmp}/bad.yaml"], "bad.yaml:3:1: malformed YAML"),
     (["--config-file", "{tmp}/typo.yaml"], "unknown key 'parms'"),
     (["--config-file", "{tmp}/missing.yaml"], "--config-file: cannot read"),

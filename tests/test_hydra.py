@@ -19,12 +19,14 @@ from dtlaunch.errors import UsageError
 from dtlaunch.facts import HostFacts
 from dtlaunch.hosts import Host
 from dtlaunch.hydra import HYDRA, Hydra, agent_path, agent_script, build_mpiexec_argv
-from dtlaunch.hydra_output import PrependRankDemux, analyze_hydra
-from dtlaunch.launch import write_private_executable
+from dtlaunch.hydra_output import HydraDemux, analyze_hydra
+from dtlaunch.launch import first_failed_rank, write_private_executable
 from dtlaunch.mpi import Interfaces, JobSpec, MpiImpl, parse_mpirun_version
 from dtlaunch.mpi_checks import check_mpi
 from dtlaunch.openmpi import OPEN_MPI
-from dtlaunch.output import Line
+from dtlaunch.output import Piece, RankExit, RankHost
+from dtlaunch.rank_shim import EXIT, STDOUT, record
+from dtlaunch.rank_shim import HOST as HOST_RECORD
 from dtlaunch.report import FAIL, HOST, PASS, CheckResult
 from dtlaunch.ssh_options import SshOptions
 
@@ -138,26 +140,41 @@ def test_hydra_refuses_open_mpi_and_old_mpich() -> None:
     assert "needs >= 3.0" in (HYDRA.unsupported(MpiImpl("MPICH", "1.4.1"), "mpiexec") or "")
 
 
-def test_demux_reassembles_chunks_and_keeps_hydras_own_lines() -> None:
-    demux = PrependRankDemux()
-    got = demux.feed("[1] rank[1]  [1] 1[1] \n")
-    got += demux.feed("[0] a0\n")
-    got += demux.feed("[2] c2[2] -tail2\n")
-    got += demux.feed("[mpiexec@h1] Sending Ctrl-C to processes as requested\n")
-    got += demux.feed("[0] half", from_stderr=True)
-    got += demux.feed("[1] x [1] y\n", from_stderr=True)
-    assert got == [Line(1, "stdout", "rank 1"), Line(0, "stdout", "a0"), Line(2, "stdout", "c2-tail2"),
-                   Line(None, "stdout", "[mpiexec@h1] Sending Ctrl-C to processes as requested"),
-                   Line(1, "stderr", "x y")]
-    assert demux.flush() == [Line(0, "stderr", "half")]
+def _records_through_hydra(chunks: list[tuple[int, bytes]]) -> bytes:
+    """What mpiexec -prepend-rank prints for these chunks, read by the proxies in this order:
+    `[RANK] ` before each chunk and after each newline inside one."""
+    out = b""
+    for rank, chunk in chunks:
+        body = chunk[:-1].replace(b"\n", b"\n" + f"[{rank}] ".encode()) + chunk[-1:]
+        out += f"[{rank}] ".encode() + body
+    return out
 
 
-@given(st.lists(st.text(alphabet="ab [0]1\n", max_size=12), max_size=8))
-def test_demux_never_crashes(chunks: list[str]) -> None:
-    demux = PrependRankDemux()
-    for chunk in chunks:
-        demux.feed(chunk)
-    demux.flush()
+def test_demux_joins_records_cut_by_hydra_and_keeps_its_own_lines() -> None:
+    one = record(0, STDOUT, b"hello from 0\n")
+    two = record(1, STDOUT, b"x" * 3000) + record(1, EXIT, b"exit 3")
+    stream = _records_through_hydra([(0, record(0, HOST_RECORD, b"h1") + one[:9]), (1, two[:100]),
+                                     (0, one[9:]), (1, two[100:])])
+    stream = b"[mpiexec@h1] Sending Ctrl-C to processes as requested\n" + stream
+    demux = HydraDemux("stdout")
+    events: list[object] = []
+    for cut in range(0, len(stream), 7):  # the pipe may cut anywhere, tags included
+        events += demux.feed(stream[cut:cut + 7])
+    events += demux.flush()
+    assert events == [Piece(None, "stdout", b"[mpiexec@h1] Sending Ctrl-C to processes as requested\n"),
+                      RankHost(0, "h1"), Piece(0, "stdout", b"hello from 0\n"),
+                      Piece(1, "stdout", b"x" * 3000), RankExit(1, "exit 3")]
+
+
+@given(st.lists(st.sampled_from([b"[", b"0", b"1", b"] ", b"a", b"\n", b"\x1edtl1 ", b"o "]),
+                max_size=40), st.integers(1, 9))
+def test_demux_never_crashes_and_loses_nothing_untagged(parts: list[bytes], step: int) -> None:
+    data = b"".join(parts)
+    demux = HydraDemux("stderr")
+    events = [e for cut in range(0, len(data), step) for e in demux.feed(data[cut:cut + step])]
+    events += demux.flush()
+    if b"[" not in data and b"\x1e" not in data:
+        assert b"".join(e.data for e in events if isinstance(e, Piece)) == data
 
 
 BANNER = """
@@ -259,3 +276,12 @@ def test_same_mpich_everywhere_passes_without_orted() -> None:
     # env-check judges this machine alone: MPICH and Intel MPI are supported, others are not.
     assert check_mpi(_facts(MPICH), None).status == PASS
     assert check_mpi(_facts(MpiImpl("unknown", "")), None).status == FAIL
+
+
+def test_first_failed_rank_from_the_exit_records() -> None:
+    exits = {0: "exit 0", 2: "signal 9", 1: "exit 3"}
+    failure = first_failed_rank(exits, ["h1", "h2", "h2"])
+    assert failure is not None and failure.describe() == "rank 2 on host h2 was killed by signal 9 (SIGKILL)"
+    failure = first_failed_rank({0: "exit 0", 1: "exit 3"}, ["h1", "h2"])
+    assert failure is not None and failure.describe() == "rank 1 on host h2 exited with code 3"
+    assert first_failed_rank({0: "exit 0", 1: "odd"}, ["h1", "h2"]) is None

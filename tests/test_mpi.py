@@ -16,6 +16,8 @@ from dtlaunch.mpi import (
     split_mpi_args,
 )
 from dtlaunch.openmpi import OPEN_MPI, build_mpirun_argv
+from dtlaunch.output import Piece
+from dtlaunch.rank_shim import record
 from dtlaunch.ssh_options import SshOptions
 
 SSH_DEFAULT = ("-o BatchMode=yes -o ConnectTimeout=10 -o StrictHostKeyChecking=yes "
@@ -135,9 +137,9 @@ def test_open_mpi_family_refuses_what_it_cannot_drive() -> None:
 
 
 def test_open_mpi_family_reads_its_output_and_failures() -> None:
-    demux = OPEN_MPI.new_demux()
-    lines = demux.feed("[1,0]<stdout>:hello\n")
-    assert [(line.rank, line.text) for line in lines] == [(0, "hello")]
+    demux = OPEN_MPI.new_demux("stdout")
+    events = demux.feed(b"[1,0]<stdout>:" + record(0, "o", b"hello\n") + b"mpirun's own\n")
+    assert events == [Piece(0, "stdout", b"hello\n"), Piece(None, "stdout", b"mpirun's own\n")]
     failure = OPEN_MPI.parse_failure(
         ["Process name: [[1234,1],1]", "Exit code:    3"], ["h1", "h2"])
     assert failure is not None and (failure.rank, failure.host, failure.exit_code) == (1, "h2", 3)

@@ -1,23 +1,99 @@
 from __future__ import annotations
 
+import io
+from pathlib import Path
+
 from dtlaunch.failures import analyze
-from dtlaunch.output import Line, TagDemux
+from dtlaunch.job_output import FRAGMENT, JobOutput, host_name
+from dtlaunch.rank_shim import record
 
 
-def test_chunks_of_one_line_are_joined_per_rank() -> None:
-    demux = TagDemux()
-    out = demux.feed("[1,0]<stdout>:rank[1,1]<stdout>:rank 1 of 2 [1,0]<stdout>: 0[1,1]<stdout>:on h2\n")
-    assert out == [Line(1, "stdout", "rank 1 of 2 on h2")]
-    assert demux.feed("[1,0]<stdout>: done\n") == [Line(0, "stdout", "rank 0 done")]
+def tagged(rank: int, kind: str, data: bytes) -> bytes:
+    return b"[1,%d]<stdout>:" % rank + record(rank, kind, data)
 
 
-def test_untagged_lines_are_mpiruns_own_and_partials_flush() -> None:
-    demux = TagDemux()
-    assert demux.feed("mpirun noticed something\n", from_stderr=True) == [
-        Line(None, "stderr", "mpirun noticed something")
-    ]
-    assert demux.feed("[1,3]<stderr>:no newline") == []
-    assert demux.flush() == [Line(3, "stderr", "no newline")]
+def job(tmp_path: Path | None = None, **kw: object) -> tuple[JobOutput, io.BytesIO, io.BytesIO]:
+    out, err = io.BytesIO(), io.BytesIO()
+    return JobOutput(("h1", "h1", "h2"), tmp_path, stdout=out, stderr=err, **kw), out, err  # type: ignore[arg-type]
+
+
+def test_whole_lines_per_rank_even_when_ranks_write_pieces() -> None:
+    output, out, err = job()
+    output.feed(tagged(0, "o", b"rank") + tagged(1, "o", b"rank 1 of 2 ") + tagged(0, "o", b" 0")
+                + tagged(1, "o", b"on h2\n") + b"mpirun noticed something\n", False)
+    output.feed(tagged(0, "o", b" done\n"), False)
+    output.close()
+    assert out.getvalue() == b"[1@h1] rank 1 of 2 on h2\n[0@h1] rank 0 done\n"
+    assert err.getvalue() == b"mpirun noticed something\n"
+    assert list(output.launcher_lines) == ["mpirun noticed something"]
+
+
+def test_the_host_a_rank_reports_names_it() -> None:
+    output, out, _ = job()
+    output.feed(tagged(0, "h", b"h2") + tagged(0, "o", b"hi\n") + tagged(2, "h", b"h1.cluster")
+                + tagged(2, "o", b"[1,7]<stdout>:fake tag\n"), False)
+    output.close()
+    assert out.getvalue() == b"[0@h2] hi\n[2@h1] [1,7]<stdout>:fake tag\n"
+    assert output.rank_hosts() == ("h2", "h1", "h1")
+    assert host_name("node7", "h1", ("h1", "h2")) == "node7"
+
+
+def test_an_open_line_is_printed_when_long_and_at_the_end() -> None:
+    output, out, _ = job()
+    for _ in range(3 * FRAGMENT // 3000):
+        output.feed(tagged(1, "o", b"x" * 3000), False)
+    assert len(out.getvalue()) >= 2 * FRAGMENT  # shown as it comes, not held to the end
+    output.feed(tagged(2, "e", b"no newline"), False)
+    output.close()
+    assert out.getvalue().count(b"x") == 3 * FRAGMENT // 3000 * 3000
+
+
+def test_timestamps_prefix_each_line() -> None:
+    output, out, _ = job(timestamps=True, clock=lambda: 0.25)
+    output.feed(tagged(0, "o", b"a\nb\n"), False)
+    output.close()
+    lines = out.getvalue().decode().splitlines()
+    assert len(lines) == 2 and all(line.endswith(("[0@h1] a", "[0@h1] b")) for line in lines)
+    assert lines[0].split()[1].endswith(".250")
+
+
+def test_log_files_keep_exact_bytes_and_a_write_error_costs_one_warning(tmp_path: Path) -> None:
+    output, out, err = job(tmp_path)
+    (tmp_path / "rank.1.log").mkdir()  # cannot be written as a file
+    output.feed(tagged(0, "o", b"\x00\xff\r\n") + tagged(1, "o", b"one\n"), False)
+    output.tick()
+    output.feed(tagged(1, "o", b"two\n"), False)
+    output.close()
+    assert (tmp_path / "rank.0.log").read_bytes() == b"\x00\xff\r\n"
+    assert out.getvalue().endswith(b"[1@h1] one\n[1@h1] two\n")
+    assert err.getvalue().count(b"dtlaunch: warning: cannot write") == 1
+
+
+def test_many_ranks_need_no_handle_each(tmp_path: Path) -> None:
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    output, _, err = job(tmp_path)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (64, hard))
+        for rank in range(120):
+            output.feed(tagged(rank, "o", b"line %d\n" % rank), False)
+        output.close()
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert err.getvalue() == b""
+    assert len(list(tmp_path.glob("rank.*.log"))) == 120
+
+
+def test_a_console_nobody_reads_is_noted_not_raised() -> None:
+    class Closed(io.BytesIO):
+        def write(self, data: object) -> int:
+            raise BrokenPipeError(32, "Broken pipe")
+
+    output = JobOutput(("h1",), None, stdout=Closed(), stderr=io.BytesIO())
+    output.feed(tagged(0, "o", b"hi\n"), False)
+    output.feed(tagged(0, "o", b"again\n"), False)
+    assert output.broken_pipe
 
 
 EXIT_CODE_TEXT = """--------------------------------------------------------------------------

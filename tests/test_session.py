@@ -15,6 +15,7 @@ from dtlaunch.failures import Failure
 from dtlaunch.hosts import Host
 from dtlaunch.launch import LaunchResult
 from dtlaunch.plan import RunRequest
+from dtlaunch.rank_shim import encode_argv
 
 needs_mpirun = pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs mpirun")
 
@@ -63,7 +64,8 @@ def test_launch_without_checks_returns_the_outcome_and_prints_nothing(
     assert capsys.readouterr() == ("", "")
     assert outcome.exit_code == 3 and outcome.result is failed and outcome.preflight is None
     argv, env, rank_hosts, kw = fake.calls[0]
-    assert argv[0] == shutil.which("mpirun") and argv[1:] == outcome.plan.argv[1:]
+    assert argv[0] == shutil.which("mpirun") and argv[1:] == outcome.plan.launch_argv[1:]
+    assert argv[-1] == encode_argv(outcome.plan.argv[-2:])  # the ranks start through the shim
     assert rank_hosts == ("h1", "h2") and kw["timeout"] == 5 and kw["stop_when"] is None
     assert env["MY_TOKEN"] == "s3cr3t" and "s3cr3t" not in " ".join(argv)
     levels = [(e.level, e.text.split(",")[0].split(":")[0]) for e in events]

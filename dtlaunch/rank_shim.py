@@ -1,0 +1,300 @@
+"""The rank shim: every rank starts as this small program, which runs the user's program.
+
+Why a shim: the MPI launcher never sees the program's arguments (they travel encoded as one
+word, so `prog.py --sep : -np 1 /bin/echo X` cannot be read as MPI syntax), and what each rank
+prints comes back as records that say which rank and host wrote them, whatever the MPI does
+to the stream. It also ends what a rank leaves behind (a double-forked daemon) and dies with
+its MPI daemon.
+
+How it reaches the hosts: inline, `python -I -S -c <this file, compressed> <encoded argv>`
+(see `wrap_program`), so dtlaunch need not be installed where the ranks run. This module
+therefore uses the standard library only (no dtlaunch imports) and stays valid Python 3.6.
+
+Records, one per line, each at most PIPE_BUF bytes so that one write() is atomic even when
+several writers share a pipe:
+
+    \\x1edtl1 <rank> <kind> <base64 payload>\\n
+
+kinds: `h` the host's name (sent first), `o`/`e` a chunk of the program's stdout/stderr,
+sent as soon as it is read (binary-safe, no waiting for a newline), `x` the program's end
+(`exit N` or `signal N`). The base64 alphabet holds no `[`, `<`, `:` or newline, so a rank's
+own text can never pass for a launcher's tag or a record boundary.
+"""
+
+import base64
+import contextlib
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+import zlib
+from typing import Dict, List, NoReturn, Optional, Sequence, Tuple
+
+MAGIC = b"\x1edtl1 "
+PIPE_BUF = 4096  # Linux's; POSIX guarantees 512, and every record here fits Linux's
+CHUNK = 3000  # payload bytes per record: base64 makes 4000, plus a header of < 40
+HOST, STDOUT, STDERR, EXIT = "h", "o", "e", "x"
+RANK_VARIABLES = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID")
+GRACE = 0.8  # seconds a signalled rank gets before SIGKILL (Open MPI's own SIGKILL comes at 1 s)
+LEFTOVER_GRACE = 1.0  # seconds a process left behind by an exited rank gets before SIGKILL
+DRAIN = 0.3  # seconds to read what is left in the pipes once nothing holds them
+PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
+
+
+# --- both sides: encoding ---------------------------------------------------------------------
+
+
+def encode_argv(program: Sequence[str]) -> str:
+    """The program's argv as one word of base64 (JSON inside; lone surrogates survive)."""
+    return base64.b64encode(json.dumps(list(program)).encode("ascii")).decode("ascii")
+
+
+def decode_argv(word: str) -> List[str]:
+    value = json.loads(base64.b64decode(word.encode("ascii"), validate=True).decode("ascii"))
+    if not isinstance(value, list) or not value or not all(isinstance(a, str) for a in value):
+        raise ValueError("not a program's argv")
+    return value
+
+
+def record(rank: int, kind: str, payload: bytes) -> bytes:
+    return b"%s%d %s %s\n" % (MAGIC, rank, kind.encode("ascii"), base64.b64encode(payload))
+
+
+def wrap_program(program: Sequence[str], python: str) -> Tuple[str, ...]:
+    """The argv the MPI launches instead of `program`: this shim, inline, with `python`."""
+    with open(__file__, "rb") as handle:
+        source = handle.read()
+    packed = base64.b64encode(zlib.compress(source, 9)).decode("ascii")
+    boot = "import base64,zlib;exec(zlib.decompress(base64.b64decode('%s')))" % packed
+    return (python, "-I", "-S", "-c", boot, encode_argv(program))
+
+
+# --- the rank's side ----------------------------------------------------------------------------
+
+
+def _prctl(option: int, value: int) -> None:
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)
+    except (OSError, AttributeError, ImportError):
+        pass  # not Linux: no subreaper and no death signal, the rest still works
+
+
+def _child_setup() -> None:
+    """In the program's process: its own process group (a signal reaches it once, from the
+    shim) and death with the shim, even by SIGKILL."""
+    os.setpgid(0, 0)
+    _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _descendants(root: int) -> List[int]:
+    """Every live process below `root`, read from /proc (orphans are reparented to the shim,
+    which is their subreaper, so the tree holds everything the program left)."""
+    children: Dict[int, List[int]] = {}
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return []
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % name, "rb") as handle:
+                fields = handle.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] != b"Z":
+            children.setdefault(int(fields[1]), []).append(int(name))
+    found: List[int] = []
+    todo = [root]
+    while todo:
+        for pid in children.get(todo.pop(), []):
+            found.append(pid)
+            todo.append(pid)
+    return found
+
+
+def _kill(pids: List[int], signum: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signum)
+
+
+class Shim:
+    def __init__(self, program: List[str], rank: int, out_fd: int = 1) -> None:
+        self.program = program
+        self.rank = rank
+        self.out_fd = out_fd
+        self.signals: List[int] = []
+        self.status: Optional[int] = None  # the program's wait status
+        self.proc: Optional["subprocess.Popen[bytes]"] = None
+        self.out_broken = False
+
+    def send(self, kind: str, payload: bytes) -> None:
+        if self.out_broken:
+            return
+        try:
+            os.write(self.out_fd, record(self.rank, kind, payload))
+        except OSError:
+            # The MPI daemon is gone: nobody reads us any more; stop the program.
+            self.out_broken = True
+            self.signals.append(signal.SIGTERM)
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        self.signals.append(signum)
+
+    def start(self) -> Optional[int]:
+        """Start the program; returns an exit code when it cannot be started."""
+        try:
+            self.proc = subprocess.Popen(self.program, stdin=subprocess.DEVNULL,
+                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                         preexec_fn=_child_setup)
+        except OSError as exc:
+            why = exc.strerror or str(exc)
+            self.send(STDERR, ("dtlaunch: cannot run %s: %s\n" % (self.program[0], why))
+                      .encode("utf-8", "surrogateescape"))
+            return 126 if isinstance(exc, PermissionError) else 127
+        return None
+
+    def _reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            if self.proc is not None and pid == self.proc.pid:
+                self.status = status
+                self.proc.returncode = 0  # reaped here; keeps Popen from waiting again
+
+    def _signal_program(self, signum: int) -> None:
+        assert self.proc is not None
+        if self.status is None:
+            with contextlib.suppress(OSError):
+                os.killpg(self.proc.pid, signum)
+        _kill(_descendants(os.getpid()), signal.SIGTERM if signum == signal.SIGINT else signum)
+
+    def run(self) -> int:
+        """Forward output until the program has ended and nothing it started is left."""
+        assert self.proc is not None and self.proc.stdout and self.proc.stderr
+        wake_r, wake_w = os.pipe()
+        for fd in (wake_r, wake_w):
+            os.set_blocking(fd, False)
+        signal.set_wakeup_fd(wake_w)
+        streams = {self.proc.stdout.fileno(): STDOUT, self.proc.stderr.fileno(): STDERR}
+        kill_at: Optional[float] = None  # when what is left gets SIGKILL
+        drain_until: Optional[float] = None
+        handled = 0
+        while True:
+            self._reap()
+            now = time.monotonic()
+            if handled < len(self.signals):
+                signum = self.signals[handled]
+                handled = len(self.signals)
+                self._signal_program(signum)
+                if kill_at is None or kill_at > now + GRACE:
+                    kill_at = now + GRACE
+            if self.status is not None:
+                left = _descendants(os.getpid())
+                if left and kill_at is None:
+                    self._read(streams, 0)  # what the program wrote before it exited
+                    _kill(left, signal.SIGTERM)
+                    kill_at = now + LEFTOVER_GRACE
+                if not left:
+                    drain_until = drain_until or now + DRAIN
+                    if not streams or now >= drain_until:
+                        break
+            if kill_at is not None and now >= kill_at:
+                if self.status is None:
+                    self._signal_program(signal.SIGKILL)
+                _kill(_descendants(os.getpid()), signal.SIGKILL)
+            wait = 0.1
+            if drain_until is not None:
+                wait = max(0.0, min(wait, drain_until - now))
+            self._read(streams, wait, wake_r)
+        signal.set_wakeup_fd(-1)
+        return self.status if self.status is not None else 0
+
+    def _read(self, streams: Dict[int, str], wait: float, wake: int = -1) -> None:
+        fds = list(streams) + ([wake] if wake >= 0 else [])
+        try:
+            ready = select.select(fds, [], [], wait)[0]
+        except InterruptedError:
+            return
+        for fd in ready:
+            if fd == wake:
+                with contextlib.suppress(OSError):
+                    os.read(fd, 512)
+                continue
+            data = os.read(fd, 65536)
+            if not data:
+                del streams[fd]
+                os.close(fd)
+                continue
+            for start in range(0, len(data), CHUNK):
+                self.send(streams[fd], data[start:start + CHUNK])
+
+
+def _rank(environ: Dict[str, str]) -> int:
+    for name in RANK_VARIABLES:
+        value = environ.get(name, "")
+        if value.isdigit():
+            return int(value)
+    return -1
+
+
+def _die_like(status: int) -> NoReturn:
+    """Exit as the program did: with its code, or killed by the same signal."""
+    if os.WIFSIGNALED(status):
+        signum = os.WTERMSIG(status)
+        try:
+            import resource
+
+            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # the program's core, not ours
+        except (ImportError, ValueError, OSError):
+            pass
+        with contextlib.suppress(OSError, ValueError):  # SIGKILL has no handler to reset
+            signal.signal(signum, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [signum])
+        os.kill(os.getpid(), signum)
+        os._exit(128 + signum)  # a signal whose default is not to die
+    os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1)
+
+
+def main(argv: List[str]) -> None:
+    try:
+        program = decode_argv(argv[-1])
+    except (ValueError, IndexError):
+        sys.stderr.write("dtlaunch rank shim: expected the program's encoded argv\n")
+        os._exit(2)
+    ppid = os.getppid()
+    _prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != ppid:  # the daemon died before the death signal was set
+        os._exit(1)
+    _prctl(PR_SET_CHILD_SUBREAPER, 1)
+    shim = Shim(program, _rank(dict(os.environ)))
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
+        signal.signal(signum, shim._on_signal if signum != signal.SIGCHLD else lambda *a: None)
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    shim.send(HOST, (os.environ.get("PMIX_HOSTNAME") or socket.gethostname()).encode())
+    code = shim.start()
+    if code is not None:
+        shim.send(EXIT, b"exit %d" % code)
+        os._exit(code)
+    status = shim.run()
+    if os.WIFSIGNALED(status):
+        shim.send(EXIT, b"signal %d" % os.WTERMSIG(status))
+    else:
+        shim.send(EXIT, b"exit %d" % (os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1))
+    _die_like(status)
+
+
+if __name__ == "__main__":
+    main(sys.argv)

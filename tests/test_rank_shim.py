@@ -1,0 +1,192 @@
+"""The rank shim's protocol: the program's argv as one opaque word, records, and reading them
+back from Open MPI's tagged stream however it was cut (fuzzed). Real shim processes run here
+too: they need no MPI (the rank comes from the environment)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dtlaunch.output import OpenMpiDemux, Piece, RankExit, RankHost, RecordDemux, TagSplitter
+from dtlaunch.rank_shim import CHUNK, PIPE_BUF, decode_argv, encode_argv, record, wrap_program
+
+HOSTILE = ["prog.py", "--sep", ":", "-np", "1", "/bin/echo", "X", "", "a b", "\udcff", "\n", "-H"]
+
+
+def test_the_argv_travels_as_one_word_that_no_launcher_can_read() -> None:
+    word = encode_argv(HOSTILE)
+    assert decode_argv(word) == HOSTILE
+    assert word.isascii() and not any(c in word for c in ": -\n\"'$")
+    wrapped = wrap_program(HOSTILE, "python3")
+    assert wrapped[0] == "python3" and wrapped[-1] == word
+    assert ":" not in wrapped and "-np" not in wrapped and "/bin/echo" not in wrapped
+
+
+def test_records_fit_one_atomic_write() -> None:
+    assert len(record(99999999, "o", b"\xff" * CHUNK)) <= PIPE_BUF
+    assert record(3, "o", b"[1,7]<stdout>:x\n").count(b"\n") == 1
+
+
+def tagged(rank: int, data: bytes, stream: str = "stdout") -> bytes:
+    """One chunk as mpirun --tag-output passes it on: the tag starts it and every line in it."""
+    tag = b"[1,%d]<%s>:" % (rank, stream.encode())
+    end = b"\n" if data.endswith(b"\n") else b""
+    return tag + data[:len(data) - len(end)].replace(b"\n", b"\n" + tag) + end
+
+
+def test_a_record_split_by_mpirun_is_joined_per_rank() -> None:
+    a, b = record(0, "o", b"hello\n"), record(1, "e", b"[1,7]<stdout>:fake\n")
+    stream = tagged(0, a[:9]) + tagged(1, b) + tagged(0, a[9:]) + b"mpirun says hi\n"
+    demux = OpenMpiDemux()
+    events = demux.feed(stream[:5]) + demux.feed(stream[5:]) + demux.flush()
+    assert events == [Piece(1, "stderr", b"[1,7]<stdout>:fake\n"), Piece(0, "stdout", b"hello\n"),
+                      Piece(None, "stdout", b"mpirun says hi\n")]
+
+
+def test_hosts_exits_and_raw_text() -> None:
+    demux = OpenMpiDemux(stream="stderr")
+    events = demux.feed(tagged(2, record(2, "h", b"h2")) + tagged(2, record(2, "x", b"signal 9"))
+                        + tagged(5, b"Traceback of the shim\n", "stderr") + b"untagged\n")
+    assert events == [RankHost(2, "h2"), RankExit(2, "signal 9"),
+                      Piece(5, "stderr", b"Traceback of the shim\n"), Piece(None, "stderr", b"untagged\n")]
+
+
+def test_untagged_launcher_text_waits_for_its_line_but_is_capped() -> None:
+    splitter = TagSplitter()
+    assert splitter.feed(b"abc") == [] and splitter.feed(b"def\n") == [(None, b"abcdef\n")]
+    big = b"x" * 200_000
+    assert sum(len(d) for _, d in splitter.feed(big)) == len(big)
+    plain = RecordDemux()
+    assert plain.feed(record(4, "o", b"hi")[:-1]) == []  # no newline yet
+    assert plain.feed(b"\n") == [Piece(4, "stdout", b"hi")]
+
+
+chunks = st.binary(max_size=CHUNK)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.sampled_from("oe"), chunks), max_size=30),
+       st.data())
+def test_any_interleaving_and_cutting_gives_each_rank_its_bytes_in_order(
+        writes: list[tuple[int, str, bytes]], data: st.DataObject) -> None:
+    """Ranks write records; mpirun forwards each rank's stream in pieces of any size, tags
+    them and interleaves the pieces of different ranks in any order; dtlaunch reads the
+    result in reads of any size."""
+    per_rank: dict[int, bytes] = {}
+    for rank, kind, payload in writes:
+        per_rank[rank] = per_rank.get(rank, b"") + record(rank, kind, payload)
+    pieces: dict[int, list[bytes]] = {}
+    for rank, stream in per_rank.items():
+        cuts = sorted(data.draw(st.lists(st.integers(1, max(1, len(stream) - 1)), max_size=6)))
+        bounds = [0, *cuts, len(stream)]
+        pieces[rank] = [stream[a:b] for a, b in zip(bounds, bounds[1:]) if b > a]
+    order = data.draw(st.permutations([r for r, ps in pieces.items() for _ in ps]))
+    taken = dict.fromkeys(pieces, 0)
+    wire = b""
+    for rank in order:
+        wire += tagged(rank, pieces[rank][taken[rank]])
+        taken[rank] += 1
+    reads = sorted(data.draw(st.lists(st.integers(0, len(wire)), max_size=8)))
+    demux = OpenMpiDemux()
+    events = []
+    for a, b in zip([0, *reads], [*reads, len(wire)]):
+        events += demux.feed(wire[a:b])
+    events += demux.flush()
+    got: dict[tuple[int, str], bytes] = {}
+    for event in events:
+        assert isinstance(event, Piece) and event.rank is not None
+        got[(event.rank, event.stream)] = got.get((event.rank, event.stream), b"") + event.data
+    want: dict[tuple[int, str], bytes] = {}
+    for rank, kind, payload in writes:
+        key = (rank, "stdout" if kind == "o" else "stderr")
+        want[key] = want.get(key, b"") + payload
+    assert {k: v for k, v in got.items() if v} == {k: v for k, v in want.items() if v}
+
+
+def test_demux_is_linear_on_a_long_stream() -> None:
+    """100 MB of one rank without a newline, read as mpirun would pass it on: no quadratic
+    joining (this ran for minutes before) and nothing held back."""
+    payload = b"y" * CHUNK
+    one = tagged(0, record(0, "o", payload) * 10)
+    demux = OpenMpiDemux()
+    total = 0
+    for _ in range(3500):  # about 100 MB of output
+        for event in demux.feed(one):
+            assert isinstance(event, Piece)
+            total += len(event.data)
+    assert total == 3500 * 10 * CHUNK
+
+
+def shim(program: list[str], **kw: object) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "OMPI_COMM_WORLD_RANK": "3"}
+    return subprocess.Popen(wrap_program(program, sys.executable), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=env, **kw)  # type: ignore[call-overload]
+
+
+def read_all(out: bytes) -> list[object]:
+    demux = RecordDemux()
+    return demux.feed(out) + demux.flush()
+
+
+def test_the_shim_passes_output_host_and_exit_code(tmp_path: Path) -> None:
+    proc = shim([sys.executable, "-c", "import sys; sys.stdout.buffer.write(b'\\x00\\xff\\rp');"
+                 "print('e', file=sys.stderr); sys.exit(7)", ":", "-np"])
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 7 and err == b""
+    events = read_all(out)
+    assert isinstance(events[0], RankHost) and events[0].rank == 3
+    def joined(stream: str) -> bytes:
+        return b"".join(e.data for e in events if isinstance(e, Piece) and e.stream == stream)
+
+    assert joined("stdout") == b"\x00\xff\rp" and joined("stderr") == b"e\n"
+    assert events[-1] == RankExit(3, "exit 7")
+
+
+def test_a_missing_program_is_one_line_and_127() -> None:
+    proc = shim(["/nonexistent/prog"])
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 127
+    assert any(isinstance(e, Piece) and b"cannot run /nonexistent/prog" in e.data for e in read_all(out))
+
+
+def test_the_shim_dies_by_the_programs_signal() -> None:
+    proc = shim([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"])
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == -signal.SIGSEGV and read_all(out)[-1] == RankExit(3, "signal 11")
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_what_a_rank_leaves_behind_ends_with_it(tmp_path: Path) -> None:
+    pidfile = tmp_path / "daemon.pid"
+    daemon = ("import os, sys, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
+              f"        open({str(pidfile)!r}, 'w').write(str(os.getpid()))\n"
+              "        import signal; signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+              "        time.sleep(300)\n    os._exit(0)\nos.wait()\nwhile not os.path.exists("
+              f"{str(pidfile)!r}): time.sleep(0.01)\nprint('main done')\n")
+    proc = shim([sys.executable, "-c", daemon])
+    out, _ = proc.communicate(timeout=30)  # the daemon holds the pipe: this hung before
+    assert proc.returncode == 0
+    assert b"".join(e.data for e in read_all(out) if isinstance(e, Piece)) == b"main done\n"
+    assert not alive(int(pidfile.read_text()))
+
+
+def test_sigterm_reaches_the_program_and_one_that_ignores_it_is_killed() -> None:
+    proc = shim([sys.executable, "-c", "import os, signal, time; signal.signal(signal.SIGTERM, "
+                 "signal.SIG_IGN); os.write(1, b'up\\n'); time.sleep(300)"])
+    assert proc.stdout is not None
+    assert read_all(proc.stdout.readline() + proc.stdout.readline())[1] == Piece(3, "stdout", b"up\n")
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=30)
+    assert proc.returncode == -signal.SIGKILL
