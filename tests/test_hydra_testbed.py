@@ -180,3 +180,29 @@ def test_preflight_passes_with_mpich_everywhere(make_bed, mpich_env: dict[str, s
         h: "MPICH 5.0.2" for h in ("h1", "h2", next(h["host"] for h in doc["hosts"]
                                                      if h["role"] == "launcher"))}
     assert doctor.returncode == 0, doctor.stdout
+
+
+def test_failed_rank_ends_the_job_while_others_still_run(bed: TestBed, mpich_env: dict[str, str],
+                                                          tmp_path: Path) -> None:
+    """Hydra itself waits for the other ranks (which may wait forever for the failed one):
+    the failed rank's exit record ends the job."""
+    result = run(bed, mpich_env, "h1:1,h2:1,h3:1", PROBE, "--out", str(tmp_path), "--exit-rank",
+                 "2", "--exit-code", "5", "--sleep", "600", timeout=90)
+    assert result.returncode == 5, result.stderr
+    assert result.stderr.splitlines()[-1] == "dtlaunch: job failed: rank 2 on host h3 exited with code 5"
+    assert_no_strays(bed, pids=tuple(r["pid"] for r in records(tmp_path).values()))
+
+
+def test_heavy_output_of_several_ranks_per_host_arrives_whole(
+        bed: TestBed, mpich_env: dict[str, str]) -> None:
+    result = run(bed, mpich_env, "h1:2,h2:2", str(SCRIPTS / "chatty_rank.py"), "3000")
+    assert result.returncode == 0, result.stderr[-2000:]
+    hosts = ["h1", "h1", "h2", "h2"]
+    for rank in range(4):
+        want_out = [f"[{rank}@{hosts[rank]}] rank {rank} line {i} " + "x" * (i % 300)
+                    for i in range(3000) if i % 10]
+        want_err = [f"[{rank}@{hosts[rank]}] rank {rank} line {i} " + "x" * (i % 300)
+                    for i in range(3000) if i % 10 == 0]
+        prefix = f"[{rank}@"
+        assert [line for line in result.stdout.splitlines() if line.startswith(prefix)] == want_out
+        assert [line for line in result.stderr.splitlines() if line.startswith(prefix)] == want_err
