@@ -51,6 +51,9 @@ class ProbeArgs:
     peers: tuple[str, ...] = ()
     peer_ssh_args: tuple[str, ...] = ()
     imports: bool = True
+    # The launcher's own mpirun (absolute path): Open MPI starts the daemons from the same
+    # prefix on every host, so that path is checked there, not the login PATH's mpirun.
+    mpi_launcher: str = ""
 
     def positional(self) -> tuple[str, ...]:
         return (
@@ -63,6 +66,7 @@ class ProbeArgs:
             " ".join(self.peer_ssh_args),
             "1" if self.imports else "0",
             script_text("import_probe.py"),
+            self.mpi_launcher,
         )
 
 

@@ -41,6 +41,7 @@ record = {
     "size": size,
     "host": socket.gethostname(),
     "pid": os.getpid(),
+    "python": sys.executable,
     "argv": sys.argv[1:],
     "rest": rest,
     "env": dict(os.environ),
