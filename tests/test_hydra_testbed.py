@@ -145,27 +145,53 @@ def test_lost_host_is_noticed(make_bed, mpich_env: dict[str, str], tmp_path: Pat
     assert not testbed.stray_pids("h1")
 
 
-def test_doctor_names_an_open_mpi_host_in_an_mpich_job(bed: TestBed,
-                                                       mpich_env: dict[str, str]) -> None:
-    """The hosts' login PATH finds the system's Open MPI; the launcher's is MPICH."""
+def _mixed_mpi(folder: Path, h2_has: str) -> dict[str, str]:
+    """A bin directory, on the shared filesystem, whose `mpirun` is MPICH's on every host but
+    h2, where it is the system's Open MPI (or the reverse): one host with another MPI installed
+    at the launcher's path. Returns dtlaunch's environment with it first on PATH."""
+    mpich, ompi = mpich_bin(), Path("/usr/bin")
+    if not (ompi / "mpirun").exists():
+        _unavailable("the system's Open MPI (/usr/bin/mpirun) is not installed")
+    on_h2, elsewhere = (ompi, mpich) if h2_has == "openmpi" else (mpich, ompi)
+    folder.mkdir()
+    (folder / "mpirun").write_text(
+        f'#!/bin/sh\nif [ "$(uname -n)" = h2 ]; then exec {on_h2}/mpirun "$@"; fi\n'
+        f'exec {elsewhere}/mpirun "$@"\n')
+    (folder / "mpirun").chmod(0o755)
+    for name, source in (("orted", ompi), ("hydra_pmi_proxy", mpich)):
+        (folder / name).symlink_to(source / name)
+    return {**os.environ, "PATH": f"{folder}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
+
+
+@pytest.mark.parametrize("h2_has", ["openmpi", "mpich"])
+def test_doctor_names_a_host_with_the_other_mpi(bed: TestBed, tmp_path: Path, h2_has: str) -> None:
+    env = _mixed_mpi(tmp_path / "bin", h2_has)
     result = subprocess.run(run_argv(bed, "h2", "--json", command="doctor"), capture_output=True,
-                            text=True, timeout=120, env=mpich_env)
+                            text=True, timeout=120, env=env)
     assert result.returncode == 1, result.stderr
     doc = json.loads(result.stdout)
     hosts = {h["host"]: h for h in doc["hosts"]}
     mpi = {c["name"]: c for c in hosts["h2"]["checks"]}["open-mpi"]
     assert mpi["status"] == "fail"
-    assert "is Open MPI" in mpi["detail"] and "the launcher's mpiexec is MPICH 5.0.2" in mpi["detail"]
-    assert mpi["hint"].startswith("install MPICH 5.0.2 on this host at the launcher's path")
     launcher = next(h for h in doc["hosts"] if h["role"] == "launcher")
-    assert launcher["versions"]["mpi"] == "MPICH 5.0.2"
+    if h2_has == "openmpi":  # an Open MPI host in an MPICH job
+        assert "is Open MPI 4" in mpi["detail"]
+        assert mpi["detail"].endswith("the launcher's mpiexec is MPICH 5.0.2")
+        assert mpi["hint"].startswith("install MPICH 5.0.2 on this host at the launcher's path")
+        assert launcher["versions"]["mpi"] == "MPICH 5.0.2"
+    else:  # an MPICH host in an Open MPI job
+        assert "is MPICH 5.0.2; the launcher's mpirun is Open MPI 4" in mpi["detail"]
+        assert mpi["hint"].startswith("put Open MPI 4")
+        assert launcher["versions"]["mpi"].startswith("Open MPI 4")
+    # Each host's MPI is named in its versions.
+    assert hosts["h2"]["versions"]["mpi"].startswith("MPICH 5.0.2" if h2_has == "mpich"
+                                                     else "Open MPI 4")
 
 
 def test_preflight_passes_with_mpich_everywhere(make_bed, mpich_env: dict[str, str],
                                                 tmp_path: Path) -> None:
-    """Every host's login PATH finds the same MPICH (sshd's SetEnv stands in for a profile)."""
-    login_path = f"SetEnv PATH={mpich_bin()}:/usr/local/bin:/usr/bin:/bin"
-    testbed = make_bed(2, sshd_extra={"h1": [login_path], "h2": [login_path]})
+    """The launcher's MPICH is at the same path on every host (a shared filesystem)."""
+    testbed = make_bed(2)
     argv = testbed.nsenter_argv("h1", dtlaunch_argv(
         "run", "-H", "h1:1,h2:1", "--iface", "eth0", "--ssh-config", str(testbed.ssh_config),
         "--disable-cache", PROBE, "--out", str(tmp_path)))
