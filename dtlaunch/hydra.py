@@ -72,6 +72,9 @@ def build_mpiexec_argv(spec: JobSpec, mpiexec: str = "mpiexec",
     Variables go by name only (`-genvlist`): their values stay in mpiexec's environment and
     reach the proxies over their control connection, never a command line. `-genvlist` also
     stops Hydra's default of exporting mpiexec's whole environment."""
+    if spec.tree_spawn:
+        raise UsageError("--tree-spawn: Open MPI's; Hydra (MPICH, Intel MPI) starts every proxy "
+                         "from the launcher")
     argv: list[str] = [mpiexec, "-n", str(spec.num_proc), "-hosts", format_hosts(spec.hosts)]
     if spec.slurm:
         argv += ["-launcher", "slurm"]

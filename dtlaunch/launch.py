@@ -215,6 +215,11 @@ def write_private_executable(path: Path, text: str) -> None:
     """Write a small program only its owner may change; kept when it is already there as
     written (its name is its content's hash), replaced atomically otherwise."""
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    folder = path.parent.stat()
+    if folder.st_uid != os.geteuid() or folder.st_mode & 0o022:
+        # Whoever may write there could swap the program dtlaunch runs for every host.
+        raise DtlaunchError(f"{path.parent} is not yours alone (owner or mode); remove it or "
+                            "make it 0700")
     with contextlib.suppress(OSError):
         info = path.stat()
         if (info.st_uid == os.geteuid() and not info.st_mode & 0o022

@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 from dtlaunch import rsh, session
 from dtlaunch.checks import check_mpirun
-from dtlaunch.envvars import EnvPlan, EnvVar
-from dtlaunch.errors import UsageError
+from dtlaunch.envvars import EnvPlan, EnvVar, is_allowed
+from dtlaunch.errors import DtlaunchError, UsageError
 from dtlaunch.facts import HostFacts
 from dtlaunch.hosts import Host
 from dtlaunch.hydra import HYDRA, Hydra, agent_path, agent_script, build_mpiexec_argv
@@ -285,3 +285,17 @@ def test_first_failed_rank_from_the_exit_records() -> None:
     failure = first_failed_rank({0: "exit 0", 1: "exit 3"}, ["h1", "h2"])
     assert failure is not None and failure.describe() == "rank 1 on host h2 exited with code 3"
     assert first_failed_rank({0: "exit 0", 1: "odd"}, ["h1", "h2"]) is None
+
+
+def test_agent_folder_writable_by_others_is_refused(tmp_path: Path) -> None:
+    folder = tmp_path / "bin"
+    folder.mkdir(mode=0o777)
+    folder.chmod(0o777)
+    with pytest.raises(DtlaunchError, match="is not yours alone"):
+        write_private_executable(folder / "hydra-ssh-x", "#!/bin/sh\n")
+
+
+def test_tree_spawn_is_refused_and_mpich_settings_reach_the_ranks() -> None:
+    with pytest.raises(UsageError, match="--tree-spawn"):
+        HYDRA.build_argv(spec(tree_spawn=True), "mpiexec")
+    assert is_allowed("MPIR_CVAR_CH4_NETMOD") and is_allowed("I_MPI_FABRICS")
