@@ -113,12 +113,23 @@ def start_sleeping_job(bed: TestBed, env: dict[str, str], hosts: str, out: Path,
                                      extra=extra),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     deadline = time.monotonic() + 60
-    while len(records(out)) < len(hosts.split(",")):
+    while len(written(out)) < len(hosts.split(",")):
         if time.monotonic() > deadline or proc.poll() is not None:
             proc.kill()
             raise AssertionError(f"ranks did not start: {proc.communicate()}")
         time.sleep(0.1)
     return proc
+
+
+def written(out: Path) -> list[dict]:
+    """The ranks' records that are complete (a rank may be writing its file right now)."""
+    found = []
+    for path in out.glob("rank.*.json"):
+        try:
+            found.append(json.loads(path.read_text()))
+        except ValueError:
+            continue
+    return found
 
 
 @pytest.mark.parametrize(("sig", "expected"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
