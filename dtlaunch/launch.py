@@ -14,14 +14,15 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import IO
 
 from dtlaunch.errors import EXIT_TIMEOUT, DtlaunchError, exit_for_signal
 from dtlaunch.failures import Failure
 from dtlaunch.job_output import JobOutput
 from dtlaunch.mpi import MpiFamily, OutputDemux
 from dtlaunch.openmpi import OPEN_MPI, OpenMpi
+from dtlaunch.spool import Spool
 
 # After forwarding a signal, how long mpirun gets to take its ranks down before we kill it.
 GRACE_SECONDS = 6.0
@@ -33,17 +34,6 @@ class LaunchResult:
     failure: Failure | None
     interrupted_by: int | None = None  # signal number dtlaunch received
     timed_out: bool = False
-
-
-def _pump(pipe: IO[bytes], sink: Callable[[bytes], None]) -> None:
-    """Pass on whatever the pipe has, as it comes (no waiting for a newline)."""
-    fd = pipe.fileno()
-    while True:
-        data = os.read(fd, 1 << 16)
-        if not data:
-            break
-        sink(data)
-    pipe.close()
 
 
 def _signal(proc: subprocess.Popen[bytes], signum: int) -> None:
@@ -93,19 +83,25 @@ def execute(
     stop_on_rank_failure = not isinstance(family, OpenMpi)
     rank_failed: Failure | None = None
     received: list[int] = []
-    proc = subprocess.Popen(
-        list(argv),
-        env=dict(env),
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-    )
-    assert proc.stdout is not None and proc.stderr is not None
-    pumps = [
-        threading.Thread(target=_pump, args=(proc.stdout, lambda b: out.feed(b, False)), daemon=True),
-        threading.Thread(target=_pump, args=(proc.stderr, lambda b: out.feed(b, True)), daemon=True),
-    ]
+    spools = (Spool(), Spool())  # mpirun's stdout and stderr: files, not pipes (see spool.py)
+    try:
+        proc = subprocess.Popen(
+            list(argv),
+            env=dict(env),
+            stdin=subprocess.DEVNULL,
+            stdout=spools[0].fd,
+            stderr=spools[1].fd,
+            start_new_session=True,
+        )
+    except BaseException:
+        for spool in spools:
+            spool.close()
+        raise
+    # Set when mpirun has ended: then the pumps read what is left and stop.
+    finished = threading.Event()
+    pumps = [threading.Thread(target=spool.pump, args=(partial(out.feed, from_stderr=i == 1),
+                                                       finished), daemon=True)
+             for i, spool in enumerate(spools)]
     for thread in pumps:
         thread.start()
 
@@ -122,8 +118,6 @@ def execute(
     stop_requested_at: float | None = None
     # A thread blocks in wait() so the job's end is seen at once; the main thread stays free
     # to run signal handlers and to enforce deadlines.
-    finished = threading.Event()
-
     def reap() -> None:
         proc.wait()
         finished.set()
@@ -168,7 +162,9 @@ def execute(
         # Anything still in mpirun's session (e.g. a rank that ignored SIGTERM) goes too.
         _kill_tree(proc)
         for thread in pumps:
-            thread.join(timeout=5)
+            thread.join()  # what mpirun wrote is all there: read to the end
+        for spool in spools:
+            spool.close()
         out.close()
 
     code = proc.returncode

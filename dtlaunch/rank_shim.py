@@ -208,6 +208,8 @@ class Shim:
                     _kill(left, signal.SIGTERM)
                     kill_at = now + LEFTOVER_GRACE
                 if not left:
+                    # Nothing of the program's is left, so its pipes end soon; only a process
+                    # outside (one given the pipe) could keep them open: wait for it briefly.
                     drain_until = drain_until or now + DRAIN
                     if not streams or now >= drain_until:
                         break
@@ -218,16 +220,19 @@ class Shim:
             wait = 0.1
             if drain_until is not None:
                 wait = max(0.0, min(wait, drain_until - now))
-            self._read(streams, wait, wake_r)
+            if self._read(streams, wait, wake_r) and drain_until is not None:
+                drain_until = time.monotonic() + DRAIN  # still coming: read on
         signal.set_wakeup_fd(-1)
         return self.status if self.status is not None else 0
 
-    def _read(self, streams: Dict[int, str], wait: float, wake: int = -1) -> None:
+    def _read(self, streams: Dict[int, str], wait: float, wake: int = -1) -> bool:
+        """Pass on what the program wrote; True when there was something."""
         fds = list(streams) + ([wake] if wake >= 0 else [])
         try:
             ready = select.select(fds, [], [], wait)[0]
         except InterruptedError:
-            return
+            return True
+        got = False
         for fd in ready:
             if fd == wake:
                 with contextlib.suppress(OSError):
@@ -238,8 +243,10 @@ class Shim:
                 del streams[fd]
                 os.close(fd)
                 continue
+            got = True
             for start in range(0, len(data), CHUNK):
                 self.send(streams[fd], data[start:start + CHUNK])
+        return got
 
 
 def _rank(environ: Dict[str, str]) -> int:

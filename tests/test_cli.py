@@ -265,3 +265,8 @@ def test_bad_doctor_and_env_check_input(args: list[str], message: str, tmp_path:
     lines = stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("dtlaunch: error: ") and message in lines[0]
     assert "Traceback" not in stderr
+
+
+def test_prefix_output_with_timestamp_is_taken(script: Path) -> None:
+    result = dtl("run", "--dry-run", "--prefix-output-with-timestamp", "-H", "h1", str(script))
+    assert result.returncode == 0, result.stderr
