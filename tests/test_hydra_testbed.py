@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -265,4 +266,35 @@ def test_horovod_allreduce_under_mpich_on_two_hosts(bed: TestBed, tmp_path: Path
     assert all(r["allreduce_sum"] == 3.0 for r in found.values())  # 1 + 2
     assert all(r["python"] == mpich.python for r in found.values())
     assert "[1@h2] rank 1 of 2 on h2" in result.stdout
+    assert_no_strays(bed)
+
+
+@pytest.fixture(scope="module")
+def mpi_program(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """tests/scripts/mpi_allreduce.c built with MPICH's mpicc (a real MPI rank, no Python)."""
+    mpicc = mpich_bin() / "mpicc"
+    if shutil.which("cc") is None or not mpicc.exists():
+        _unavailable("a C compiler and MPICH's mpicc are needed to build the MPI test program")
+    target = tmp_path_factory.mktemp("mpi") / "mpi_allreduce"
+    subprocess.run([str(mpicc), "-o", str(target), str(SCRIPTS / "mpi_allreduce.c")],
+                   check=True, capture_output=True, timeout=120)
+    return str(target)
+
+
+def test_mpi_allreduce_of_a_real_mpi_program(bed: TestBed, mpich_env: dict[str, str],
+                                             mpi_program: str) -> None:
+    result = run(bed, mpich_env, "h1:1,h2:2", mpi_program)
+    assert result.returncode == 0, result.stderr
+    lines = sorted(line for line in result.stdout.splitlines() if line.startswith("["))
+    assert lines == ["[0@h1] rank 0 of 3 on h1 sum 6", "[1@h2] rank 1 of 3 on h2 sum 6",
+                     "[2@h2] rank 2 of 3 on h2 sum 6"]
+    assert_no_strays(bed)
+
+
+def test_mpi_rank_exiting_before_a_barrier_ends_the_job(bed: TestBed, mpich_env: dict[str, str],
+                                                         mpi_program: str) -> None:
+    """Hydra alone would leave rank 0 waiting in the barrier for ever."""
+    result = run(bed, mpich_env, "h1:1,h2:1", mpi_program, "1", timeout=90)
+    assert result.returncode == 3, result.stderr
+    assert result.stderr.splitlines()[-1] == "dtlaunch: job failed: rank 1 on host h2 exited with code 3"
     assert_no_strays(bed)
