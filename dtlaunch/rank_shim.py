@@ -225,7 +225,8 @@ class Shim:
                 if self.status is None:
                     self._signal_program(signal.SIGKILL)
                 _kill(_descendants(os.getpid()), signal.SIGKILL)
-            wait = 0.1
+            # SIGCHLD and the signals wake the select; the timeout only paces the endgame.
+            wait = 1.0 if kill_at is None and drain_until is None else 0.1
             if drain_until is not None:
                 wait = max(0.0, min(wait, drain_until - now))
             if self._read(streams, wait, wake_r) and drain_until is not None:

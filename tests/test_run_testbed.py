@@ -165,6 +165,10 @@ def test_host_dying_mid_job_ends_the_job(make_bed, tmp_path: Path) -> None:
     _, err = proc.communicate(timeout=60)
     assert proc.returncode != 0
     assert err.splitlines()[-1] == "dtlaunch: job failed: lost the SSH connection to host h2"
+    # h1's rank ends with its daemon (the rank shim's death signal), within moments.
+    deadline = time.monotonic() + 10
+    while testbed.stray_pids("h1") and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert not testbed.stray_pids("h1")
 
 
