@@ -6,6 +6,7 @@ import os
 import stat
 import subprocess
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -20,11 +21,12 @@ from dtlaunch.facts import HostFacts
 from dtlaunch.hosts import Host
 from dtlaunch.hydra import HYDRA, Hydra, agent_path, agent_script, build_mpiexec_argv
 from dtlaunch.hydra_output import HydraDemux, analyze_hydra
-from dtlaunch.launch import first_failed_rank, write_private_executable
+from dtlaunch.launch import LaunchResult, first_failed_rank, write_private_executable
 from dtlaunch.mpi import Interfaces, JobSpec, MpiImpl, parse_mpirun_version
 from dtlaunch.mpi_checks import check_mpi
 from dtlaunch.openmpi import OPEN_MPI
 from dtlaunch.output import Piece, RankExit, RankHost
+from dtlaunch.plan import RunRequest
 from dtlaunch.rank_shim import EXIT, STDOUT, record
 from dtlaunch.rank_shim import HOST as HOST_RECORD
 from dtlaunch.report import FAIL, HOST, PASS, CheckResult
@@ -299,3 +301,37 @@ def test_tree_spawn_is_refused_and_mpich_settings_reach_the_ranks() -> None:
     with pytest.raises(UsageError, match="--tree-spawn"):
         HYDRA.build_argv(spec(tree_spawn=True), "mpiexec")
     assert is_allowed("MPIR_CVAR_CH4_NETMOD") and is_allowed("I_MPI_FABRICS")
+
+
+def test_launch_with_mpich_first_on_path_starts_mpiexec_with_its_agent(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The whole flow up to the executor: Hydra's family, its argv, its agent file to write."""
+    _fake_mpi(tmp_path / "mpich", MPICH_5)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'mpich'}:{os.environ.get('PATH', '')}")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setenv("API_TOKEN", "s3cr3t")
+    script = tmp_path / "train.py"
+    script.write_text("print(1)\n")
+    calls: list[tuple[tuple[str, ...], dict[str, object]]] = []
+
+    def executor(argv: Sequence[str], env: Mapping[str, str], rank_hosts: Sequence[str],
+                 **kw: object) -> LaunchResult:
+        calls.append((tuple(argv), kw))
+        return LaunchResult(0, None)
+
+    run = RunRequest(hosts=(Host("h1"), Host("h2")), python=sys.executable, script=str(script),
+                     env_items=("API_TOKEN",), iface=Interfaces(names=("eth0",)))
+    outcome = session.launch(session.LaunchRequest(run, check=False), lambda e: None,
+                             executor=executor)
+    assert outcome.exit_code == 0 and isinstance(outcome.plan.family, Hydra)
+    (argv, kw), = calls
+    assert argv[0] == str(tmp_path / "mpich" / "mpiexec")
+    assert argv[1:5] == ("-n", "2", "-hosts", "h1:1,h2:1")
+    agent = argv[argv.index("-launcher-exec") + 1]
+    assert agent.startswith(str(tmp_path / ".cache" / "dtlaunch" / "bin" / "hydra-ssh-"))
+    files = kw["support_files"]
+    assert isinstance(files, tuple) and [path for path, _ in files] == [agent]
+    assert kw["family"] is outcome.plan.family
+    assert "s3cr3t" not in " ".join(argv) and "API_TOKEN" in argv[argv.index("-genvlist") + 1]
+    assert outcome.plan.display().startswith("mpiexec -n 2 -hosts h1:1,h2:1 -launcher ssh ")
