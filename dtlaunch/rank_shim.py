@@ -10,8 +10,9 @@ How it reaches the hosts: inline, `python -I -S -c <this file, compressed> <enco
 (see `wrap_program`), so dtlaunch need not be installed where the ranks run. This module
 therefore uses the standard library only (no dtlaunch imports) and stays valid Python 3.6.
 
-Records, one per line, each at most PIPE_BUF bytes so that one write() is atomic even when
-several writers share a pipe:
+Records, one per line, each at most PIPE_BUF bytes so that one write() to a pipe is atomic
+even when several writers share it (Open MPI gives each rank a pty of its own instead, where a
+write may be cut: the reader joins the pieces by Open MPI's tags, see dtlaunch.output):
 
     \\x1edtl1 <rank> <kind> <base64 payload>\\n
 
@@ -147,8 +148,12 @@ class Shim:
     def send(self, kind: str, payload: bytes) -> None:
         if self.out_broken:
             return
+        data = memoryview(record(self.rank, kind, payload))
         try:
-            os.write(self.out_fd, record(self.rank, kind, payload))
+            # Open MPI gives a rank a pty, and a tty write that a signal (our SIGCHLD)
+            # interrupts returns what it wrote so far: write the rest.
+            while data:
+                data = data[os.write(self.out_fd, data):]
         except OSError:
             # The MPI daemon is gone: nobody reads us any more; stop the program.
             self.out_broken = True

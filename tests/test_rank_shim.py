@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -190,3 +191,18 @@ def test_sigterm_reaches_the_program_and_one_that_ignores_it_is_killed() -> None
     proc.send_signal(signal.SIGTERM)
     proc.communicate(timeout=30)
     assert proc.returncode == -signal.SIGKILL
+
+
+def test_a_short_write_is_completed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Open MPI's pty returns a short write when a signal interrupts it (the shim's SIGCHLD):
+    the rest of the record must follow, or the rank's output is cut."""
+    from dtlaunch import rank_shim
+
+    real_write = os.write
+    monkeypatch.setattr(rank_shim.os, "write", lambda fd, data: real_write(fd, bytes(data[:100])))
+    read, write = os.pipe()
+    rank_shim.Shim(["true"], 3, out_fd=write).send("o", b"y" * CHUNK)
+    monkeypatch.undo()
+    os.close(write)
+    with os.fdopen(read, "rb") as handle:
+        assert read_all(handle.read()) == [Piece(3, "stdout", b"y" * CHUNK)]
