@@ -22,7 +22,7 @@ from dtlaunch.envvars import kept_home_note
 from dtlaunch.errors import EXIT_FAILURE, DtlaunchError, UsageError
 from dtlaunch.hydra import HYDRA_IMPLS, Hydra
 from dtlaunch.interrupts import signals_raise
-from dtlaunch.mpi import MpiFamily, MpiImpl
+from dtlaunch.mpi import Interfaces, MpiFamily, MpiImpl
 from dtlaunch.openmpi import OPEN_MPI
 from dtlaunch.plan import RunPlan, RunRequest, plan_run
 
@@ -229,7 +229,12 @@ def launch(request: LaunchRequest, on_event: OnEvent, *, executor: Executor | No
         watch = checked.watch
         choice = checked.network
         if choice is not None and choice.iface is not None and run_request.iface is None:
-            run = replace(run_request, iface=choice.iface,
+            iface: Interfaces | None = choice.iface
+            if isinstance(plan.family, Hydra):
+                # Hydra's -iface takes one name: the chosen network's, when every host calls
+                # it the same; else Hydra picks (the ranks' data path is UCX's choice anyway).
+                iface = Interfaces(names=(choice.gloo_iface,)) if choice.gloo_iface else None
+            run = replace(run_request, iface=iface,
                           extra_env=(*choice.env(), *run_request.extra_env))
             plan = replan(run, prepared)
             on_event(Event(EventLevel.NOTE, choice.describe()))

@@ -298,3 +298,17 @@ def test_mpi_rank_exiting_before_a_barrier_ends_the_job(bed: TestBed, mpich_env:
     assert result.returncode == 3, result.stderr
     assert result.stderr.splitlines()[-1] == "dtlaunch: job failed: rank 1 on host h2 exited with code 3"
     assert_no_strays(bed)
+
+
+def test_network_chosen_by_the_preflight_becomes_hydras_iface(make_bed, mpich_env: dict[str, str],
+                                                              tmp_path: Path) -> None:
+    """No --iface: the pre-flight's choice (eth0 on every host, docker0 left out) is used."""
+    testbed = make_bed(2, docker0=True)
+    argv = testbed.nsenter_argv("h1", dtlaunch_argv(
+        "run", "-v", "-H", "h1:1,h2:1", "--ssh-config", str(testbed.ssh_config),
+        "--disable-cache", PROBE, "--out", str(tmp_path)))
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=180, env=mpich_env)
+    assert result.returncode == 0, result.stderr
+    assert "dtlaunch: network: " in result.stderr
+    assert " -iface eth0 " in result.stderr  # the line run shows with -v
+    assert sorted(r["host"] for r in records(tmp_path).values()) == ["h1", "h2"]
