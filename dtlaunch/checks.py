@@ -45,11 +45,13 @@ def _path_hint(what: str) -> str:
 # --- single checks ------------------------------------------------------------------------------
 
 
-def check_mpirun(facts: HostFacts, role: Role) -> CheckResult:
+def check_mpirun(facts: HostFacts, role: Role, needs_orted: bool = True) -> CheckResult:
+    """needs_orted: Open MPI's daemon on each host's PATH (Hydra starts its proxy by the
+    launcher's path)."""
     if facts.launcher:
         return _check_launcher_path(facts, role)
     missing = [n for n, p in (("mpirun", facts.mpirun), ("orted", facts.orted))
-               if p is None and (n == "mpirun" or role == HOST)]
+               if p is None and (n == "mpirun" or (role == HOST and needs_orted))]
     if missing:
         names = " and ".join(missing)
         where = "the launcher's PATH" if role == LAUNCHER else "the PATH of a non-interactive login"
@@ -68,9 +70,10 @@ def _check_launcher_path(facts: HostFacts, role: Role) -> CheckResult:
                            f"install the same MPI at {folder} on every host (or put it on a "
                            "filesystem every host mounts at the same path)")
     if role == HOST and facts.orted is None:
-        return CheckResult("mpirun", FAIL, f"no orted or prted in {folder} on this host; the "
-                           "job starts Open MPI's daemon from there",
-                           f"install the complete Open MPI at {folder} on every host")
+        return CheckResult("mpirun", FAIL, f"no orted, prted or hydra_pmi_proxy in {folder} on "
+                           "this host; the job starts the MPI's daemon (Open MPI) or proxy "
+                           "(Hydra) from there",
+                           f"install the complete MPI at {folder} on every host")
     return CheckResult("mpirun", PASS, facts.mpirun)
 
 

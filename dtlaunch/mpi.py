@@ -1,5 +1,6 @@
 """What every way of starting a job shares: the job's spec, `--iface`, versions, and the
-`MpiFamily` interface that each MPI implementation's launcher fills in (dtlaunch.openmpi). Pure."""
+`MpiFamily` interface that each MPI implementation's launcher fills in (dtlaunch.openmpi,
+dtlaunch.hydra). Pure."""
 
 from __future__ import annotations
 
@@ -188,4 +189,8 @@ class MpiFamily(Protocol):
     def ssh_left_to_dtlaunch(self, extra_args: Sequence[str], environ: Mapping[str, str]) -> bool:
         """False when the user's extra launcher arguments or the launcher's environment may
         change how ssh is run."""
+        ...
+
+    def support_files(self, spec: JobSpec) -> tuple[tuple[str, str], ...]:
+        """Files (path, text) the launcher needs written before it starts (mode 0700)."""
         ...

@@ -137,5 +137,8 @@ class OpenMpi:
         arguments could weaken mpirun's host-key checking."""
         return not ssh_overrides(extra_args, environ)
 
+    def support_files(self, spec: JobSpec) -> tuple[tuple[str, str], ...]:
+        return ()  # mpirun takes its ssh agent as a command line
+
 
 OPEN_MPI = OpenMpi()

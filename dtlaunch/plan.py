@@ -59,6 +59,7 @@ class RunPlan:
     family: MpiFamily = field(default=OPEN_MPI, compare=False)  # how the job is started
     # Variables the launcher needs beyond the ranks' (dtlaunch's ssh options): shown first.
     shown_env: tuple[tuple[str, str], ...] = ()
+    support_files: tuple[tuple[str, str], ...] = ()  # (path, text) written before the start
     # What runs: `argv` with each rank started through dtlaunch.rank_shim; () for a plan made
     # by hand, which then runs `argv` as it is.
     launch_argv: tuple[str, ...] = ()
@@ -185,4 +186,5 @@ def plan_run(
         hosts=hosts,
         family=family,
         shown_env=tuple(own.items()),
+        support_files=family.support_files(spec),
     )

@@ -19,11 +19,12 @@ fi
 echo @@hostname; uname -n
 echo @@path; printf '%s\n' "$PATH"
 # With ${11} (the launcher's MPI, an absolute path) the job starts that same file and its
-# daemon (orted; prted in Open MPI 5) beside it on every host, whatever the login PATH says.
+# daemon (orted; prted in Open MPI 5; Hydra's hydra_pmi_proxy) beside it on every host,
+# whatever the login PATH says.
 if [ -n "${11}" ]; then
   launcher="" daemon=""
   [ -f "${11}" ] && [ -x "${11}" ] && launcher=${11}
-  for name in orted prted; do
+  for name in orted prted hydra_pmi_proxy; do
     if [ -z "$daemon" ] && [ -x "${11%/*}/$name" ]; then daemon=${11%/*}/$name; fi
   done
 else
