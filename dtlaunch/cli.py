@@ -97,7 +97,7 @@ def run(ctx: click.Context, /, hosts: str | None, hostfile: str | None, iface: s
         args: tuple[str, ...], **horovod: Any) -> None:
     """Run a command on every host through mpirun: SCRIPT.py [ARGS], -m MODULE [ARGS],
     python SCRIPT.py [ARGS] or any EXECUTABLE [ARGS] (horovodrun's options work too)."""
-    from dtlaunch import session
+    from dtlaunch import launcher_choice, session
     from dtlaunch.horovod_options import read_horovod_args
     from dtlaunch.hosts import read_hosts
     from dtlaunch.run_args import RunArgs, build_run_request, resolve_output_dir
@@ -126,7 +126,7 @@ def run(ctx: click.Context, /, hosts: str | None, hostfile: str | None, iface: s
         module=module,
         mpi_args=mpi_args,
         tree_spawn=tree_spawn,
-        rsh_agent=session.rsh_agent_command(),
+        rsh_agent=launcher_choice.rsh_agent_command(),
     ), hvd, args, known)
     request = replace(request, launcher=launcher)
     output_dir = resolve_output_dir(output_dir, hvd)

@@ -11,7 +11,6 @@ import functools
 import os
 import shutil
 import signal
-import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -20,12 +19,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dtlaunch.envvars import kept_home_note
-from dtlaunch.errors import EXIT_FAILURE, DtlaunchError, UsageError
+from dtlaunch.errors import EXIT_FAILURE, UsageError
 from dtlaunch.gpus import choose_slots, slots_pending, unchecked_slots_text, visible_devices
-from dtlaunch.hydra import HYDRA_IMPLS, Hydra
+from dtlaunch.hydra import Hydra
 from dtlaunch.interrupts import signals_raise
+from dtlaunch.launcher_choice import launcher_family, local_mpi
 from dtlaunch.mpi import Interfaces, MpiFamily, MpiImpl
-from dtlaunch.openmpi import OPEN_MPI
 from dtlaunch.plan import RunPlan, RunRequest, plan_run
 
 if TYPE_CHECKING:
@@ -71,65 +70,6 @@ class RunOutcome:
     result: LaunchResult | None  # None: nothing was launched
     exit_code: int
     error: str | None = None  # one line, when the pre-flight stopped the run
-
-
-def local_mpi(family: MpiFamily, program: str, refuse: bool = True) -> MpiImpl:
-    """Ask the local launcher what it is; refuse one that this family cannot drive."""
-    from dtlaunch.bounded import run_bounded
-
-    try:
-        _, out = run_bounded([program, "--version"], timeout=20)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise DtlaunchError(f"cannot run {program} --version: {exc}") from None
-    impl = family.parse_version(out)
-    why = family.unsupported(impl, program) if refuse else None
-    if why is not None:
-        raise UsageError(f"{why}; {family.install_hint}")
-    return impl
-
-
-def launcher_family(environ: Mapping[str, str] | None = None,
-                    ) -> tuple[MpiFamily, str | None, MpiImpl | None]:
-    """The MPI this job will start with: `mpirun` (or else `mpiexec`) first on PATH, asked
-    for its version. Open MPI runs through its mpirun, MPICH and Intel MPI through Hydra's
-    mpiexec (from the same directory). None found: Open MPI's family, no program."""
-    env = dict(os.environ) if environ is None else environ
-    path = env.get("PATH", os.defpath)
-    program = shutil.which("mpirun", path=path) or shutil.which("mpiexec", path=path)
-    if program is None:
-        return OPEN_MPI, None, None
-    impl = local_mpi(OPEN_MPI, program, refuse=False)
-    if impl.is_open_mpi or impl.name not in HYDRA_IMPLS:
-        return OPEN_MPI, program, impl
-    mpiexec = os.path.join(os.path.dirname(program), "mpiexec")
-    return hydra_family(env), mpiexec if os.access(mpiexec, os.X_OK) else program, impl
-
-
-def hydra_family(environ: Mapping[str, str]) -> Hydra:
-    """Hydra with dtlaunch's ssh agent in the user's cache directory."""
-    from dtlaunch import rsh
-
-    home = environ.get("HOME") or os.path.expanduser("~")
-    base = environ.get("XDG_CACHE_HOME") or os.path.join(home, ".cache")
-    wrapper = rsh.__file__ or ""
-    if not wrapper.endswith(".py") or any(c.isspace() for c in sys.executable):
-        return Hydra()  # a shebang cannot carry whitespace: plain ssh
-    return Hydra(os.path.join(base, "dtlaunch", "bin"), sys.executable, wrapper)
-
-
-def rsh_agent_command() -> str | None:
-    """dtlaunch's ssh wrapper, which reports a lost host (Open MPI splits this on spaces).
-
-    It runs once per host, so it starts as a bare file with -I -S (no site, no environment):
-    it needs only the standard library, and this saves ~30 ms of CPU per host."""
-    from dtlaunch import rsh
-    from dtlaunch.ssh_options import rsh_safe
-
-    wrapper = rsh.__file__ or ""
-    # The agent's command reaches each daemon's command line (and a remote shell) too.
-    if not wrapper.endswith(".py") or not (rsh_safe(sys.executable) and rsh_safe(wrapper)):
-        return None
-    return f"{sys.executable} -I -S {wrapper}"
 
 
 @dataclass(frozen=True)

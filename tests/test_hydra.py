@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dtlaunch import rsh, session
+from dtlaunch import launcher_choice, rsh, session
 from dtlaunch.checks import check_mpirun
 from dtlaunch.envvars import EnvPlan, EnvVar, is_allowed
 from dtlaunch.errors import DtlaunchError, UsageError
@@ -236,15 +236,15 @@ def test_family_follows_the_mpi_first_on_path(tmp_path: Path) -> None:
     _fake_mpi(tmp_path / "ompi", OMPI, ("mpirun",))
     _fake_mpi(tmp_path / "intel", INTEL, ("mpiexec",))
     env = {"HOME": str(tmp_path), "PATH": f"{tmp_path / 'mpich'}:{tmp_path / 'ompi'}"}
-    family, program, impl = session.launcher_family(env)
+    family, program, impl = launcher_choice.launcher_family(env)
     assert isinstance(family, Hydra) and impl == MpiImpl("MPICH", "5.0.2")
     assert program == str(tmp_path / "mpich" / "mpiexec")
     assert family.agent_dir == str(tmp_path / ".cache" / "dtlaunch" / "bin")
-    family, program, impl = session.launcher_family({"PATH": f"{tmp_path / 'ompi'}:{tmp_path / 'mpich'}"})
+    family, program, impl = launcher_choice.launcher_family({"PATH": f"{tmp_path / 'ompi'}:{tmp_path / 'mpich'}"})
     assert family is OPEN_MPI and program == str(tmp_path / "ompi" / "mpirun")
-    family, program, impl = session.launcher_family({"PATH": str(tmp_path / "intel")})
+    family, program, impl = launcher_choice.launcher_family({"PATH": str(tmp_path / "intel")})
     assert isinstance(family, Hydra) and impl is not None and impl.name == "Intel MPI"
-    assert session.launcher_family({"PATH": str(tmp_path / "none")}) == (OPEN_MPI, None, None)
+    assert launcher_choice.launcher_family({"PATH": str(tmp_path / "none")}) == (OPEN_MPI, None, None)
 
 
 def _facts(impl: MpiImpl, orted: str | None = None) -> HostFacts:
