@@ -17,24 +17,20 @@ costs the launch almost nothing. Set DTLAUNCH_PREFLIGHT_CACHE=0 to always run th
 
 from __future__ import annotations
 
-import hashlib
-import json
-import math
 import os
 import threading
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from dtlaunch.openmpi import OPEN_MPI
-from dtlaunch.private_files import (
-    NotPrivate,
-    cache_dir,
-    private_dir,
-    read_private,
-    remove_private,
-    write_private,
+from dtlaunch.preflight_cache import (
+    cache_key,
+    cache_problem,
+    cached_entry,
+    checked_program,
+    drop_cache,
+    write_cache,
 )
 from dtlaunch.prober import Prober, Reach, fan_out, local_names, ssh_reach
 
@@ -43,115 +39,6 @@ if TYPE_CHECKING:
     from dtlaunch.network import NetworkChoice
     from dtlaunch.plan import RunPlan, RunRequest
     from dtlaunch.report import DoctorReport
-
-CACHE_SECONDS = 300.0
-
-
-def _stamp(path: str | None) -> list[Any]:
-    if not path:
-        return [None]
-    try:
-        st = os.stat(os.path.expanduser(path))
-    except OSError:
-        return [path, None]
-    return [path, st.st_size, st.st_mtime_ns, st.st_ino]
-
-
-def checked_program(request: RunRequest) -> tuple[str | None, str | None, str | None]:
-    """The interpreter (None: the command names none), script and module the checks look at."""
-    program = request.program
-    if program is None:
-        return request.python, request.script, request.module
-    return program.python, program.script, program.module
-
-
-def cache_key(request: RunRequest, hosts: tuple[str, ...], cwd: str, launcher: str = "") -> str:
-    ssh = request.ssh
-    python, script, module = checked_program(request)
-    watched = [ssh.config_file or "~/.ssh/config", ssh.identity_file, "~/.ssh/known_hosts",
-               "~/.ssh/known_hosts2", "/etc/ssh/ssh_known_hosts", script, python, launcher or None]
-    material = {
-        "version": 2,
-        "hosts": hosts,
-        "python": python,
-        "script": os.path.abspath(script) if script else None,
-        "module": module,
-        "program": list(request.program.argv) if request.program else None,
-        "iface": [list(request.iface.names), list(request.iface.cidrs)] if request.iface else None,
-        "ssh": [ssh.port, ssh.identity_file, ssh.config_file, ssh.host_key_policy],
-        "tree_spawn": request.tree_spawn,
-        "cwd": cwd,
-        "launcher": launcher,  # another MPI first on PATH is another job
-        "uid": os.getuid(),
-        "files": [_stamp(p) for p in watched],
-    }
-    return hashlib.sha256(json.dumps(material, sort_keys=True, default=str).encode()).hexdigest()
-
-
-def _cache_dir() -> str:
-    return cache_dir()
-
-
-def _cache_name(key: str) -> str:
-    return f"preflight-{key[:40]}.json"
-
-
-def _cache_path(key: str) -> str:
-    return os.path.join(_cache_dir(), _cache_name(key))
-
-
-def cache_problem() -> str | None:
-    """Why the cache directory cannot be used (created 0700 when missing), or None."""
-    try:
-        with private_dir(_cache_dir()):
-            return None
-    except NotPrivate as exc:
-        return str(exc)
-    except OSError as exc:
-        return f"cannot create {_cache_dir()}: {exc.strerror or exc}"
-
-
-def read_cache(key: str, now: float | None = None) -> bool:
-    return cached_entry(key, now) is not None
-
-
-def cached_entry(key: str, now: float | None = None) -> dict[str, Any] | None:
-    """The fresh cache entry for `key` (with the network chosen then), or None: anything
-    unreadable, not private or not what write_cache wrote counts as no entry."""
-    try:
-        with private_dir(_cache_dir(), create=False) as folder:
-            raw = read_private(folder, _cache_name(key))
-    except (OSError, NotPrivate):
-        return None
-    if raw is None:
-        return None
-    try:
-        data = json.loads(raw)
-        written = float(data["time"]) if data["key"] == key else math.nan
-    except (ValueError, KeyError, TypeError, IndexError):
-        return None  # not what we wrote: check again (and write it anew)
-    age = (now if now is not None else time.time()) - written
-    return data if 0 <= age < CACHE_SECONDS and isinstance(data, dict) else None
-
-
-def write_cache(key: str, network: dict[str, Any] | None = None,
-                gpus: dict[str, int] | None = None) -> None:
-    data = json.dumps({"key": key, "time": time.time(), "network": network,
-                       "gpus": gpus}).encode()
-    try:
-        with private_dir(_cache_dir()) as folder:
-            write_private(folder, _cache_name(key), data)
-    except (OSError, NotPrivate):
-        pass  # no cache is only slower (run_preflight has said why)
-
-
-def drop_cache(key: str) -> None:
-    try:
-        with private_dir(_cache_dir(), create=False) as folder:
-            remove_private(folder, _cache_name(key))
-    except (OSError, NotPrivate):
-        pass
-
 
 def host_key_failures(hosts: tuple[str, ...], prober: Prober) -> dict[str, str]:
     """The prober's cheap check (SSH: key exchange, no login) on every remote host in
