@@ -289,10 +289,21 @@ class OpenMpiDemux:
 
     def _take(self, pieces: list[tuple[tuple[int, str] | None, bytes]]) -> list[Event]:
         out: list[Event] = []
-        for tag, data in pieces:
+        index = 0
+        while index < len(pieces):
+            tag, data = pieces[index]
+            index += 1
             if tag is None:
                 out.append(Piece(None, self.stream, data))
                 continue
+            # mpirun cuts a rank's output into chunks of a few KB: the rank's consecutive
+            # chunks in this read go to its parser at once.
+            following = index
+            while following < len(pieces) and pieces[following][0] == tag:
+                following += 1
+            if following > index:
+                data = b"".join([data, *(piece for _, piece in pieces[index:following])])
+                index = following
             parser = self._records.get(tag)
             if parser is None:
                 parser = self._records[tag] = RecordParser(tag[0], tag[1])
