@@ -59,7 +59,14 @@ ptb_data() {
   else echo "$ROOT/data/ptb"; fi
 }
 
-setup() { install_apt; install_python; }
+install_mpis() {
+  # Open MPI 5 and MPICH (PyPI's wheels), each in its own venv with Horovod built for it: the
+  # test bed runs the multi-host suite per MPI. DTLAUNCH_SKIP_MPIS=1 leaves them out.
+  if [ "${DTLAUNCH_SKIP_MPIS:-0}" = 1 ]; then return; fi
+  DTLAUNCH_TORCH="$TORCH_SPEC" bash "$ROOT/scripts/setup_mpis.sh"
+}
+
+setup() { install_apt; install_python; install_mpis; }
 
 case "${1:-}" in
   setup) setup ;;

@@ -45,15 +45,36 @@ def _path_hint(what: str) -> str:
 # --- single checks ------------------------------------------------------------------------------
 
 
-def check_mpirun(facts: HostFacts, role: Role) -> CheckResult:
+def check_mpirun(facts: HostFacts, role: Role, needs_orted: bool = True) -> CheckResult:
+    """needs_orted: Open MPI's daemon on each host's PATH (Hydra starts its proxy by the
+    launcher's path)."""
+    if facts.launcher:
+        return _check_launcher_path(facts, role)
     missing = [n for n, p in (("mpirun", facts.mpirun), ("orted", facts.orted))
-               if p is None and (n == "mpirun" or role == HOST)]
+               if p is None and (n == "mpirun" or (role == HOST and needs_orted))]
     if missing:
         names = " and ".join(missing)
         where = "the launcher's PATH" if role == LAUNCHER else "the PATH of a non-interactive login"
         return CheckResult("mpirun", FAIL, f"{names} not found on {where} (PATH={facts.path})",
                            INSTALL_OMPI_HINT + "; " + _path_hint("Open MPI's bin directory"))
     return CheckResult("mpirun", PASS, str(facts.mpirun))
+
+
+def _check_launcher_path(facts: HostFacts, role: Role) -> CheckResult:
+    """mpirun started by its absolute path starts each host's daemon from the same prefix
+    (as `--prefix` would), so a venv's or /opt's MPI must exist at that path on every host."""
+    folder = facts.launcher.rsplit("/", 1)[0]
+    if facts.mpirun is None:
+        return CheckResult("mpirun", FAIL, f"{facts.launcher} not found on this host; the job "
+                           "starts the launcher's MPI from the same path on every host",
+                           f"install the same MPI at {folder} on every host (or put it on a "
+                           "filesystem every host mounts at the same path)")
+    if role == HOST and facts.orted is None:
+        return CheckResult("mpirun", FAIL, f"no orted, prted or hydra_pmi_proxy in {folder} on "
+                           "this host; the job starts the MPI's daemon (Open MPI) or proxy "
+                           "(Hydra) from there",
+                           f"install the complete MPI at {folder} on every host")
+    return CheckResult("mpirun", PASS, facts.mpirun)
 
 
 def check_open_mpi(facts: HostFacts, launcher_version: str | None) -> CheckResult:

@@ -177,11 +177,15 @@ def submit(args: tuple[str, ...]) -> None:
 
 @cli.command("install-horovod")
 @click.option("--force", is_flag=True, help="Rebuild even if a cached wheel exists.")
-def install_horovod_cmd(force: bool) -> None:
-    """Build (once) and install Horovod for this PyTorch and Open MPI."""
+@single_option("--mpi", metavar="PATH",
+               help="The MPI launcher (mpirun/mpiexec) the jobs will use "
+                    "(default: the first mpirun or mpiexec on PATH).")
+def install_horovod_cmd(force: bool, mpi: str | None) -> None:
+    """Build (once) and install Horovod for this PyTorch and the MPI that will run the job."""
     from dtlaunch.horovod_build import install_horovod
 
-    click.echo(f"dtlaunch: {install_horovod(force=force)}")
+    with signals_raise():
+        click.echo(f"dtlaunch: {install_horovod(force=force, mpi=mpi)}")
 
 
 @cli.command()
@@ -198,7 +202,13 @@ def doctor(hosts: str | None, hostfile: str | None, iface: str | None, python: s
            connect_timeout: int, accept_new_host_keys: bool, launcher: str, timeout: float | None,
            module: str | None, pairwise: bool, as_json: bool, script: str | None) -> None:
     """Check every host (and this one) before a job: SSH, Open MPI, Python, Horovod, network."""
-    from dtlaunch.doctor import COMMAND_TIMEOUT, DoctorRequest, build_expectations, run_doctor
+    from dtlaunch.doctor import (
+        COMMAND_TIMEOUT,
+        DoctorRequest,
+        build_expectations,
+        local_launcher,
+        run_doctor,
+    )
     from dtlaunch.hosts import read_hosts
     from dtlaunch.mpi import parse_iface
     from dtlaunch.plan import check_module_name
@@ -222,6 +232,7 @@ def doctor(hosts: str | None, hostfile: str | None, iface: str | None, python: s
         cwd=os.getcwd(),
         command_timeout=timeout if timeout is not None else COMMAND_TIMEOUT,
         choose_network=iface is None and len(host_names) > 1,  # as run's pre-flight
+        mpi_launcher=local_launcher(),
     )
     from dtlaunch.render import Spinner, preload
 

@@ -7,6 +7,7 @@ overall deadline; Ctrl-C returns at once, and the prober ends whatever it still 
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -34,6 +35,15 @@ class DoctorRequest:
     command_timeout: float = COMMAND_TIMEOUT
     # No --iface: choose the network the hosts share (dtlaunch.network) and report it.
     choose_network: bool = False
+    # The launcher's mpirun (absolute): the job starts that path on every host. "": the PATH's.
+    mpi_launcher: str = ""
+
+
+def local_launcher(name: str = "mpirun") -> str:
+    """The launcher's MPI as the job will start it: the PATH's `name`, as an absolute path
+    (links kept: a venv's bin/ is the prefix, not where its files point)."""
+    found = shutil.which(name)
+    return os.path.abspath(found) if found else ""
 
 
 def probe_args(request: DoctorRequest, host: str | None) -> ProbeArgs:
@@ -46,6 +56,7 @@ def probe_args(request: DoctorRequest, host: str | None) -> ProbeArgs:
         cwd=request.cwd,
         peers=peers,
         peer_ssh_args=request.ssh.ssh_args() if peers else (),
+        mpi_launcher=request.mpi_launcher,
     )
 
 

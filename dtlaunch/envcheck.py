@@ -23,12 +23,12 @@ from dtlaunch.checks import (
     UNROUTABLE_PREFIXES,
     check_horovod,
     check_mpirun,
-    check_open_mpi,
     check_torch,
 )
 from dtlaunch.envvars import looks_secret
 from dtlaunch.facts import HostFacts
 from dtlaunch.gpus import check_gpus
+from dtlaunch.mpi_checks import check_mpi
 from dtlaunch.report import FAIL, LAUNCHER, PASS, WARN, CheckResult, Status
 from dtlaunch.verdict import nccl_of
 
@@ -106,7 +106,8 @@ def gather_env(environ: Mapping[str, str] | None = None) -> tuple[dict[str, Any]
     ompi: dict[str, Any] = {"mpirun": mpirun, "orted": host.orted,
                             "implementation": host.mpi.name if host.mpi else None,
                             "version": host.mpi.version if host.mpi else None}
-    ompi_info = shutil.which("ompi_info")
+    # ompi_info describes Open MPI only (the PATH may hold one beside another MPI's mpirun).
+    ompi_info = shutil.which("ompi_info") if host.mpi and host.mpi.is_open_mpi else None
     if mpirun and ompi_info:
         code, text = _run([ompi_info, "--parsable"])
         components = parse_ompi_info(text) if code == 0 else {}
@@ -188,8 +189,10 @@ def evaluate_env(facts: Mapping[str, Any], host: HostFacts) -> tuple[EnvItem, ..
     items += _judged("open-mpi", "mpirun", check_mpirun(host, LAUNCHER),
                      [("mpirun", str(mpi["mpirun"]))])
     if mpi["mpirun"]:
-        items += _judged("open-mpi", "version", check_open_mpi(host, None),
-                         [("version", mpi.get("version") or "")])
+        items += _judged("open-mpi", "version", check_mpi(host, None),
+                         [("implementation", mpi.get("implementation") or ""),
+                          ("version", mpi.get("version") or "")][
+                             0 if mpi.get("implementation") not in (None, "Open MPI") else 1:])
         if "btl" in mpi:
             add("open-mpi", "btl components", ",".join(mpi["btl"]) or "none")
             add("open-mpi", "tcp", "yes" if mpi["tcp"] else "missing",

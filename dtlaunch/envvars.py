@@ -35,7 +35,9 @@ ALLOW_NAMES = frozenset(
         "LC_ALL",
     }
 )
-ALLOW_PREFIXES = ("HOROVOD_", "NCCL_", "TORCH_", "GLOO_")
+# MPIR_CVAR_ and I_MPI_: MPICH's and Intel MPI's settings, read by each rank (Hydra exports
+# only the variables it is given; Open MPI's OMPI_MCA_ ones travel with mpirun itself).
+ALLOW_PREFIXES = ("HOROVOD_", "NCCL_", "TORCH_", "GLOO_", "MPIR_CVAR_", "I_MPI_")
 
 SECRET_WORDS = ("SECRET", "TOKEN", "PASSWORD", "PASSWD", "CREDENTIAL", "API_KEY", "APIKEY", "PRIVATE")
 SECRET_PREFIXES = ("AWS_", "GCP_", "AZURE_", "GOOGLE_APPLICATION_CREDENTIALS")

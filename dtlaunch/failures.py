@@ -1,4 +1,9 @@
-"""Turn mpirun's own messages into one precise line about what failed. Pure code."""
+"""Turn mpirun's own messages into one precise line about what failed. Pure code.
+
+Open MPI 3/4 (ORTE) and 5 (PRRTE) word their messages alike but name processes differently:
+`[[52439,1],2]` against `[prterun-h1-13381@1,2]`, and PRRTE wraps its lines at other places,
+so every pattern allows any whitespace between words.
+"""
 
 from __future__ import annotations
 
@@ -33,15 +38,20 @@ def signal_name(number: int) -> str:
         return f"signal {number}"
 
 
-_PROCESS_NAME = re.compile(r"Process name:\s*\[\[\d+,\d+\],(\d+)\]")
+# A process's name: ORTE's [[jobid,step],vpid] or PRRTE's [nspace@step,vpid].
+_NAME = r"\[(?:\[\d+,\d+\]|[^\]\s@]+@\d+),(\d+)\]"
+_PROCESS_NAME = re.compile(r"Process name:\s*" + _NAME)
 _EXIT_CODE = re.compile(r"Exit code:\s*(-?\d+)")
 _SIGNALLED = re.compile(
-    r"process rank (\d+) with PID \d+ on node (\S+) exited on signal (\d+)", re.IGNORECASE
+    r"process\s+rank\s+(\d+)\s+with\s+PID\s+\d+\s+on\s+node\s+(\S+)\s+exited\s+on\s+"
+    r"signal\s+(\d+)", re.IGNORECASE
 )
-_ABORT = re.compile(r"MPI_ABORT was invoked on rank (\d+) .*?errorcode (-?\d+)", re.DOTALL)
-_LOST_DAEMON = re.compile(r"Remote daemon:\s*\[\[\d+,\d+\],\d+\] on node (\S+)")
-_NO_DAEMON = re.compile(r"ORTE was unable to reliably start one or more daemons|"
-                        r"PRTE has lost communication|daemon did not report back")
+_ABORT = re.compile(r"MPI_ABORT\s+was\s+invoked\s+on\s+rank\s+(\d+)\s.*?errorcode\s+(-?\d+)",
+                    re.DOTALL)
+_LOST_DAEMON = re.compile(r"Remote daemon:\s*" + _NAME + r"\s+on\s+node\s+(\S+)")
+_NO_DAEMON = re.compile(r"(?:ORTE|PRTE)\s+was\s+unable\s+to\s+reliably\s+start\s+one\s+or\s+"
+                        r"more\s+daemons|PRTE\s+has\s+lost\s+communication|"
+                        r"daemon\s+(?:did\s+not|failed\s+to)\s+report\s+back")
 # The program (interpreter, script) missing or not executable where a rank was to start:
 # "unable to launch the specified application as it could not access or execute an
 # executable" (Open MPI 3/4, prterun in 5) and "unable to find the specified executable file".
@@ -50,6 +60,7 @@ _NO_EXEC = re.compile(r"unable to (?:launch the specified application|find the s
 _EXEC_NAME = re.compile(r"^\s*Executable:\s*(.+?)\s*$", re.M)
 _EXEC_NODE = re.compile(r"^\s*Node:\s*(\S+)", re.M)
 _EXEC_RANK = re.compile(r"process\s+rank\s+(\d+)")
+_REMOTE_HOST = re.compile(r"^\s*Remote host:\s*(\S+)", re.M)
 _SSH_ERR = re.compile(r"^(ssh: .*|.*Permission denied.*|.*Host key verification failed.*)$", re.M)
 
 
@@ -95,11 +106,21 @@ def analyze(lines: Sequence[str], rank_hosts: Sequence[str]) -> Failure | None:
     if candidates:
         return min(candidates, key=lambda c: c[0])[1]
     lost = _LOST_DAEMON.search(text)
+    ssh = _SSH_ERR.search(text)
+    detail = f" ({ssh.group(1).strip()})" if ssh else ""
+    if lost and ssh:
+        # PRRTE reports a daemon that ssh never started as a lost one.
+        host = lost.group(2)
+        return Failure(host=host, reason=f"mpirun could not start its daemon on host {host}"
+                       + detail + "; run 'dtlaunch doctor' with the same hosts to see why")
     if lost:
-        return Failure(host=lost.group(1), reason=f"lost the connection to host {lost.group(1)}")
+        return Failure(host=lost.group(2), reason=f"lost the connection to host {lost.group(2)}")
+    remote = _REMOTE_HOST.search(text) if _NO_DAEMON.search(text) else None
+    if remote:  # PRRTE names the host whose daemon did not report back
+        host = remote.group(1)
+        return Failure(host=host, reason=f"mpirun could not start its daemon on host {host}"
+                       + detail + "; run 'dtlaunch doctor' with the same hosts to see why")
     if _NO_DAEMON.search(text):
-        ssh = _SSH_ERR.search(text)
-        detail = f" ({ssh.group(1).strip()})" if ssh else ""
         return Failure(
             reason="mpirun could not start its daemon on every host" + detail
             + "; run 'dtlaunch doctor' with the same hosts to see which and why"

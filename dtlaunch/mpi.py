@@ -1,5 +1,6 @@
 """What every way of starting a job shares: the job's spec, `--iface`, versions, and the
-`MpiFamily` interface that each MPI implementation's launcher fills in (dtlaunch.openmpi). Pure."""
+`MpiFamily` interface that each MPI implementation's launcher fills in (dtlaunch.openmpi,
+dtlaunch.hydra). Pure."""
 
 from __future__ import annotations
 
@@ -175,7 +176,7 @@ class MpiFamily(Protocol):
 
     def build_argv(self, spec: JobSpec, launcher: str) -> tuple[str, ...]: ...
 
-    def new_demux(self, stream: str) -> OutputDemux:
+    def new_demux(self, stream: str, release: tuple[int, ...] = ()) -> OutputDemux:
         """A reader for the launcher's "stdout" or "stderr"."""
         ...
 
@@ -188,4 +189,8 @@ class MpiFamily(Protocol):
     def ssh_left_to_dtlaunch(self, extra_args: Sequence[str], environ: Mapping[str, str]) -> bool:
         """False when the user's extra launcher arguments or the launcher's environment may
         change how ssh is run."""
+        ...
+
+    def support_files(self, spec: JobSpec) -> tuple[tuple[str, str], ...]:
+        """Files (path, text) the launcher needs written before it starts (mode 0700)."""
         ...

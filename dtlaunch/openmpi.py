@@ -33,6 +33,11 @@ def btl_for(major: int) -> str:
     return "self,sm,tcp" if major >= 5 else "self,vader,tcp"
 
 
+def tag_has_space(release: tuple[int, ...]) -> bool:
+    """`--tag-output` writes `[1,0]<stdout>: ` (one space) from Open MPI 5 on, no space before."""
+    return release[:1] >= (5,)
+
+
 def build_mpirun_argv(spec: JobSpec, mpirun: str = "mpirun") -> tuple[str, ...]:
     """The whole mpirun command line, as an argv tuple (never a shell string)."""
     major = spec.mpi_version[0] if spec.mpi_version else DEFAULT_MAJOR
@@ -117,10 +122,10 @@ class OpenMpi:
     def build_argv(self, spec: JobSpec, launcher: str) -> tuple[str, ...]:
         return build_mpirun_argv(spec, launcher)
 
-    def new_demux(self, stream: str) -> OpenMpiDemux:
+    def new_demux(self, stream: str, release: tuple[int, ...] = ()) -> OpenMpiDemux:
         from dtlaunch.output import OpenMpiDemux
 
-        return OpenMpiDemux(stream)
+        return OpenMpiDemux(stream, space_after_tag=tag_has_space(release))
 
     def parse_failure(self, lines: Sequence[str], rank_hosts: Sequence[str]) -> Failure | None:
         from dtlaunch.failures import analyze
@@ -134,6 +139,9 @@ class OpenMpi:
         """--mpi-args or OMPI_MCA_*/PRTE_MCA_* variables that set the launch agent or its
         arguments could weaken mpirun's host-key checking."""
         return not ssh_overrides(extra_args, environ)
+
+    def support_files(self, spec: JobSpec) -> tuple[tuple[str, str], ...]:
+        return ()  # mpirun takes its ssh agent as a command line
 
 
 OPEN_MPI = OpenMpi()

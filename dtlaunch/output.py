@@ -191,6 +191,9 @@ class RecordParser:
 class TagSplitter:
     """Cuts Open MPI's `--tag-output` stream into (tag, bytes) pieces; tag None: untagged."""
 
+    # Open MPI >= 5 (PRRTE) writes one space after every tag (`[1,0]<stdout>: `); before 5
+    # there is none, and a space there is the rank's own.
+    space_after_tag: bool = False
     _pending: bytes = b""
     _current: tuple[int, str] | None = None  # the tag whose piece runs on; None: line start
 
@@ -208,9 +211,14 @@ class TagSplitter:
             if self._current is None:
                 match = TAG_RE.match(buf, pos)
                 if match is not None:
+                    end = match.end()
+                    if self.space_after_tag:
+                        if end >= len(buf):
+                            break  # the tag's own space may still come
+                        end += buf[end:end + 1] == b" "
                     stream = "stdout" if match.group(3) == b"stdout" else "stderr"
                     self._current = (int(match.group(2)), stream)
-                    pos = match.end()
+                    pos = end
                     continue
                 if _TAG_START_RE.match(buf, pos) and size - pos < 40:
                     break
@@ -281,8 +289,12 @@ class OpenMpiDemux:
     """mpirun's stdout or stderr (one instance each): tags, then each rank's records."""
 
     stream: str = "stdout"
+    space_after_tag: bool = False  # Open MPI >= 5
     _tags: TagSplitter = field(default_factory=TagSplitter)
     _records: dict[tuple[int, str], RecordParser] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._tags.space_after_tag = self.space_after_tag
 
     def feed(self, data: bytes) -> list[Event]:
         return merged(self._take(self._tags.feed(data)))

@@ -59,6 +59,7 @@ class RunPlan:
     family: MpiFamily = field(default=OPEN_MPI, compare=False)  # how the job is started
     # Variables the launcher needs beyond the ranks' (dtlaunch's ssh options): shown first.
     shown_env: tuple[tuple[str, str], ...] = ()
+    support_files: tuple[tuple[str, str], ...] = ()  # (path, text) written before the start
     # What runs: `argv` with each rank started through dtlaunch.rank_shim; () for a plan made
     # by hand, which then runs `argv` as it is.
     launch_argv: tuple[str, ...] = ()
@@ -174,6 +175,10 @@ def plan_run(
     if spec.slurm:
         # Open MPI's plm slurm reads the job from these and starts its daemons with srun.
         launcher_env.update(slurm_launch_env(environ))
+        # The daemons' step shares CPUs with other steps: after a lost node, the stopped
+        # attempt's step lingers until slurmctld declares the node down (minutes), and the
+        # next attempt's daemons must not wait for it.
+        launcher_env.setdefault("OMPI_MCA_plm_slurm_args", "--overlap")
     return RunPlan(
         argv=argv,
         launch_argv=launch_argv,
@@ -183,4 +188,5 @@ def plan_run(
         hosts=hosts,
         family=family,
         shown_env=tuple(own.items()),
+        support_files=family.support_files(spec),
     )

@@ -65,11 +65,11 @@ def checked_program(request: RunRequest) -> tuple[str | None, str | None, str | 
     return program.python, program.script, program.module
 
 
-def cache_key(request: RunRequest, hosts: tuple[str, ...], cwd: str) -> str:
+def cache_key(request: RunRequest, hosts: tuple[str, ...], cwd: str, launcher: str = "") -> str:
     ssh = request.ssh
     python, script, module = checked_program(request)
     watched = [ssh.config_file or "~/.ssh/config", ssh.identity_file, "~/.ssh/known_hosts",
-               "~/.ssh/known_hosts2", "/etc/ssh/ssh_known_hosts", script, python]
+               "~/.ssh/known_hosts2", "/etc/ssh/ssh_known_hosts", script, python, launcher or None]
     material = {
         "version": 2,
         "hosts": hosts,
@@ -81,6 +81,7 @@ def cache_key(request: RunRequest, hosts: tuple[str, ...], cwd: str) -> str:
         "ssh": [ssh.port, ssh.identity_file, ssh.config_file, ssh.host_key_policy],
         "tree_spawn": request.tree_spawn,
         "cwd": cwd,
+        "launcher": launcher,  # another MPI first on PATH is another job
         "uid": os.getuid(),
         "files": [_stamp(p) for p in watched],
     }
@@ -263,6 +264,7 @@ def run_preflight(request: RunRequest, plan: RunPlan, job_started: bool = False,
         DoctorRequest,
         build_expectations,
         doctor_and_network,
+        local_launcher,
     )
     from dtlaunch.gpus import slots_pending
     from dtlaunch.network import choice_from_json, choice_to_json
@@ -271,7 +273,8 @@ def run_preflight(request: RunRequest, plan: RunPlan, job_started: bool = False,
     cwd = os.getcwd()
     use_cache = (use_cache and not job_started
                  and os.environ.get("DTLAUNCH_PREFLIGHT_CACHE", "1") != "0")
-    key = cache_key(request, hosts, cwd)
+    launcher = local_launcher(plan.family.launcher)
+    key = cache_key(request, hosts, cwd, launcher)
     warnings: list[str] = []
     problem = cache_problem() if use_cache else None
     if problem is not None:
@@ -308,6 +311,7 @@ def run_preflight(request: RunRequest, plan: RunPlan, job_started: bool = False,
         cwd=cwd,
         command_timeout=command_timeout if command_timeout is not None else COMMAND_TIMEOUT,
         choose_network=request.iface is None and len(hosts) > 1,
+        mpi_launcher=launcher,
     )
     report, network = doctor_and_network(doctor_request, reach=ways)
     warnings += report.warning_lines(said=problem)

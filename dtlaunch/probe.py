@@ -57,6 +57,9 @@ class ProbeArgs:
     peer_ssh_args: tuple[str, ...] = ()
     imports: bool = True
     gpu_timeout: float = 10.0  # seconds nvidia-smi may take before the host's GPUs count as hung
+    # The launcher's own mpirun (absolute path): Open MPI starts the daemons from the same
+    # prefix on every host, so that path is checked there, not the login PATH's mpirun.
+    mpi_launcher: str = ""
 
     def positional(self) -> tuple[str, ...]:
         return (
@@ -70,6 +73,7 @@ class ProbeArgs:
             "1" if self.imports else "0",
             script_text("import_probe.py"),
             str(max(1, round(self.gpu_timeout * 1000))),
+            self.mpi_launcher,
         )
 
 

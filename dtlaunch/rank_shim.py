@@ -175,6 +175,14 @@ def _kill(pids: List[int], signum: int) -> None:
             os.kill(pid, signum)
 
 
+def _pmi_fds() -> Tuple[int, ...]:
+    """Descriptors the process manager hands each rank by number (Hydra's PMI_FD): the program
+    inherits them, and the shim keeps its copy open, so that the program's end is told by its
+    exit record rather than by the connection closing (which Hydra answers by killing us)."""
+    value = os.environ.get("PMI_FD", "")
+    return (int(value),) if value.isdigit() else ()
+
+
 class Shim:
     def __init__(self, program: List[str], rank: int, out_fd: int = 1,
                  record_limit: int = PIPE_BUF) -> None:
@@ -210,7 +218,7 @@ class Shim:
         try:
             self.proc = subprocess.Popen(self.program, stdin=subprocess.DEVNULL,
                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                         preexec_fn=_child_setup)
+                                         preexec_fn=_child_setup, pass_fds=_pmi_fds())
         except OSError as exc:
             why = exc.strerror or str(exc)
             self.send(STDERR, ("dtlaunch: cannot run %s: %s\n" % (self.program[0], why))

@@ -93,11 +93,19 @@ def launch_with_restarts(request: LaunchRequest, policy: RestartPolicy, on_event
 
         if not request.check:
             return {}
-        run = replace(request.run, hosts=hosts, num_proc=None)
-        plan = prepare(run, lambda event: None).plan
+        prepared = prepare(replace(request.run, hosts=hosts, num_proc=None), lambda event: None)
+        run = prepared.request or request.run
+        # Inside a Slurm job the re-check goes through srun like the first pre-flight: the
+        # allocated nodes may not be reachable over SSH at all.
+        reach = None
+        if run.launcher == "slurm":
+            from dtlaunch.srun_prober import srun_reach
+
+            reach = srun_reach()
         try:
             with signals_raise():
-                checked = run_preflight(run, plan, job_started=True)
+                checked = run_preflight(run, prepared.plan, job_started=True, reach=reach,
+                                        command_timeout=request.start_timeout)
         except KeyboardInterrupt:  # ends the loop at the sleep that follows
             pending.handler(signal.SIGINT, None)
             return {}

@@ -7,6 +7,7 @@ tested) without the command line.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import signal
@@ -21,8 +22,9 @@ from typing import TYPE_CHECKING
 from dtlaunch.envvars import kept_home_note
 from dtlaunch.errors import EXIT_FAILURE, DtlaunchError, UsageError
 from dtlaunch.gpus import choose_slots, slots_pending, unchecked_slots_text, visible_devices
+from dtlaunch.hydra import HYDRA_IMPLS, Hydra
 from dtlaunch.interrupts import signals_raise
-from dtlaunch.mpi import MpiFamily, MpiImpl
+from dtlaunch.mpi import Interfaces, MpiFamily, MpiImpl
 from dtlaunch.openmpi import OPEN_MPI
 from dtlaunch.plan import RunPlan, RunRequest, plan_run
 
@@ -71,7 +73,7 @@ class RunOutcome:
     error: str | None = None  # one line, when the pre-flight stopped the run
 
 
-def local_mpi(family: MpiFamily, program: str) -> MpiImpl:
+def local_mpi(family: MpiFamily, program: str, refuse: bool = True) -> MpiImpl:
     """Ask the local launcher what it is; refuse one that this family cannot drive."""
     from dtlaunch.bounded import run_bounded
 
@@ -80,10 +82,39 @@ def local_mpi(family: MpiFamily, program: str) -> MpiImpl:
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise DtlaunchError(f"cannot run {program} --version: {exc}") from None
     impl = family.parse_version(out)
-    why = family.unsupported(impl, program)
+    why = family.unsupported(impl, program) if refuse else None
     if why is not None:
         raise UsageError(f"{why}; {family.install_hint}")
     return impl
+
+
+def launcher_family(environ: Mapping[str, str] | None = None,
+                    ) -> tuple[MpiFamily, str | None, MpiImpl | None]:
+    """The MPI this job will start with: `mpirun` (or else `mpiexec`) first on PATH, asked
+    for its version. Open MPI runs through its mpirun, MPICH and Intel MPI through Hydra's
+    mpiexec (from the same directory). None found: Open MPI's family, no program."""
+    env = dict(os.environ) if environ is None else environ
+    path = env.get("PATH", os.defpath)
+    program = shutil.which("mpirun", path=path) or shutil.which("mpiexec", path=path)
+    if program is None:
+        return OPEN_MPI, None, None
+    impl = local_mpi(OPEN_MPI, program, refuse=False)
+    if impl.is_open_mpi or impl.name not in HYDRA_IMPLS:
+        return OPEN_MPI, program, impl
+    mpiexec = os.path.join(os.path.dirname(program), "mpiexec")
+    return hydra_family(env), mpiexec if os.access(mpiexec, os.X_OK) else program, impl
+
+
+def hydra_family(environ: Mapping[str, str]) -> Hydra:
+    """Hydra with dtlaunch's ssh agent in the user's cache directory."""
+    from dtlaunch import rsh
+
+    home = environ.get("HOME") or os.path.expanduser("~")
+    base = environ.get("XDG_CACHE_HOME") or os.path.join(home, ".cache")
+    wrapper = rsh.__file__ or ""
+    if not wrapper.endswith(".py") or any(c.isspace() for c in sys.executable):
+        return Hydra()  # a shebang cannot carry whitespace: plain ssh
+    return Hydra(os.path.join(base, "dtlaunch", "bin"), sys.executable, wrapper)
 
 
 def rsh_agent_command() -> str | None:
@@ -120,7 +151,7 @@ def replan(request: RunRequest, prepared: Prepared, environ: Mapping[str, str] |
 
 
 def prepare(request: RunRequest, on_event: OnEvent, *, dry_run: bool = False,
-            family: MpiFamily = OPEN_MPI, environ: Mapping[str, str] | None = None,
+            family: MpiFamily | None = None, environ: Mapping[str, str] | None = None,
             defer_slots: bool = False) -> Prepared:
     """Find and ask the local launcher, then build the plan. A dry run needs no launcher.
 
@@ -135,10 +166,20 @@ def prepare(request: RunRequest, on_event: OnEvent, *, dry_run: bool = False,
     request = placement.request
     if placement.allocation is not None:  # outside one, the hosts are what was typed
         on_event(Event(EventLevel.NOTE if dry_run else EventLevel.DETAIL, placement.source))
-    program = shutil.which(family.launcher)
+    impl: MpiImpl | None = None
+    if family is None:
+        family, program, impl = launcher_family(env)
+    else:
+        program = shutil.which(family.launcher)
     if program is None and not dry_run:
         raise UsageError(f"{family.launcher} not found on PATH; {family.install_hint}")
-    version = local_mpi(family, program).release if program else ()
+    if program is not None and impl is None:
+        impl = local_mpi(family, program)
+    elif program is not None and impl is not None:
+        why = family.unsupported(impl, program)
+        if why is not None:
+            raise UsageError(f"{why}; {family.install_hint}")
+    version = impl.release if impl is not None else ()
     pending = slots_pending(request.hosts)
     provisional = defer_slots and pending
     plan = plan_run(replace(request, oversubscribe=True) if provisional else request, env,
@@ -222,7 +263,12 @@ def launch(request: LaunchRequest, on_event: OnEvent, *, executor: Executor | No
         choice = checked.network
         run = run_request
         if choice is not None and choice.iface is not None and run_request.iface is None:
-            run = replace(run_request, iface=choice.iface,
+            iface: Interfaces | None = choice.iface
+            if isinstance(plan.family, Hydra):
+                # Hydra's -iface takes one name: the chosen network's, when every host calls
+                # it the same; else Hydra picks (the ranks' data path is UCX's choice anyway).
+                iface = Interfaces(names=(choice.gloo_iface,)) if choice.gloo_iface else None
+            run = replace(run_request, iface=iface,
                           extra_env=(*choice.env(), *run_request.extra_env))
             on_event(Event(EventLevel.NOTE, choice.describe()))
         if prepared.provisional:
@@ -236,7 +282,11 @@ def launch(request: LaunchRequest, on_event: OnEvent, *, executor: Executor | No
         from dtlaunch.launch import execute
 
         executor = execute
+    from dtlaunch.slurm_watch import blame, either, node_watch_for
+
     argv = plan.launch_argv or plan.argv
+    # Through Slurm no ssh link shows a lost node: a heartbeat step watches them instead.
+    nodes = node_watch_for(run_request.launcher, plan.rank_hosts, run_request.python)
     try:
         result = executor(
             (prepared.mpirun or plan.family.launcher, *argv[1:]),
@@ -245,14 +295,21 @@ def launch(request: LaunchRequest, on_event: OnEvent, *, executor: Executor | No
             timeout=request.timeout,
             output_dir=Path(request.output_dir) if request.output_dir else None,
             announce=lambda text: on_event(Event(EventLevel.NOTE, text)),
-            stop_when=watch.stop_reason if watch is not None else None,
-            new_demux=plan.family.new_demux,
+            stop_when=either(watch.stop_reason if watch is not None else None,
+                             nodes.stop_reason if nodes is not None else None),
+            family=plan.family,
+            support_files=plan.support_files,
+            new_demux=functools.partial(plan.family.new_demux, release=prepared.mpi_version),
             prefix_timestamp=request.prefix_timestamp,
         )
     except BaseException:
         if watch is not None:
             watch.stop()
         raise
+    finally:
+        if nodes is not None:
+            nodes.close()
+    result = blame(result, nodes)
     if watch is not None and result.interrupted_by is not None:
         watch.stop()  # the user stopped the job: no re-check, and no proxy left waiting
     elif watch is not None and watch.failed():

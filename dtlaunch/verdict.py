@@ -11,7 +11,6 @@ from dtlaunch.checks import (
     check_hostnames,
     check_iface,
     check_mpirun,
-    check_open_mpi,
     check_pairwise,
     check_python,
     check_script,
@@ -19,7 +18,7 @@ from dtlaunch.checks import (
 )
 from dtlaunch.facts import HostFacts, PythonFacts
 from dtlaunch.gpus import check_gpus, describe_gpus
-from dtlaunch.mpi import MIN_OMPI
+from dtlaunch.mpi_checks import check_mpi, uses_hydra
 from dtlaunch.report import (
     CHECK_NAMES,
     HOST,
@@ -38,9 +37,6 @@ from dtlaunch.report import (
 def check_host(facts: HostFacts, role: Role, expect: Expectations, launcher: HostFacts | None,
                peers: Sequence[str] = (), path: str = "") -> tuple[CheckResult, ...]:
     launcher_mpi = launcher.mpi if launcher is not None else None
-    launcher_version = None
-    if launcher_mpi is not None and launcher_mpi.is_open_mpi:
-        launcher_version = launcher_mpi.version if launcher_mpi.release >= MIN_OMPI else None
     launcher_py = launcher.python if launcher is not None else None
     if expect.check_python:
         python: tuple[CheckResult, ...] = (check_python(facts.python, expect, launcher_py),
@@ -51,8 +47,8 @@ def check_host(facts: HostFacts, role: Role, expect: Expectations, launcher: Hos
                        for name in ("python", "torch", "horovod"))
     return (
         CheckResult("ssh", PASS, "local" if role == LAUNCHER else (path or "ok")),
-        check_mpirun(facts, role),
-        check_open_mpi(facts, launcher_version),
+        check_mpirun(facts, role, needs_orted=not uses_hydra(launcher_mpi)),
+        check_mpi(facts, launcher_mpi),
         *python,
         check_script(facts, expect),
         check_iface(facts, expect.iface),

@@ -5,8 +5,10 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import subprocess
 import sys
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -96,3 +98,85 @@ def horovod() -> None:
 
 def dtlaunch_argv(*args: str) -> list[str]:
     return [sys.executable, "-m", "dtlaunch", *args]
+
+
+# --- one MPI per parameter ----------------------------------------------------------------------
+
+MPI_VENVS = Path(os.environ.get("DTLAUNCH_MPI_VENVS")
+                 or Path.home() / ".cache" / "dtlaunch" / "mpi-venvs")
+REPO = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class MpiEnv:
+    """One MPI installation with its own Python, torch and Horovod built against it.
+
+    openmpi4: the system's (Debian's) Open MPI with the interpreter running the tests;
+    openmpi5, mpich: PyPI's wheels in the venvs that scripts/setup_mpis.sh makes."""
+
+    id: str
+    python: str
+    bin_dir: str | None  # first on PATH; None: the system's MPI on the unchanged PATH
+    launcher: str  # absolute path of mpirun / mpiexec
+
+    def environ(self) -> dict[str, str]:
+        env = dict(os.environ)
+        if self.bin_dir is not None:
+            env["PATH"] = os.pathsep.join([self.bin_dir, env.get("PATH", os.defpath)])
+        # dtlaunch from this checkout, whichever checkout the venv was installed from.
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+        return env
+
+    def dtlaunch_argv(self, *args: str) -> list[str]:
+        return [self.python, "-m", "dtlaunch", *args]
+
+
+# id -> (venv under MPI_VENVS or None for the system's, launcher name)
+MPI_ENVS = {"openmpi4": (None, "mpirun"), "openmpi5": ("openmpi5", "mpirun"),
+            "mpich": ("mpich", "mpiexec")}
+# The MPIs that `dtlaunch run` drives. MPICH joins when run drives Hydra's mpiexec; until then
+# its Horovod build is proven by a hand-written mpiexec (tests/test_mpis_testbed.py).
+DTLAUNCH_RUN_MPIS = ("openmpi4", "openmpi5")
+
+
+def _horovod_imports(python: str, env: dict[str, str]) -> str | None:
+    code = "import horovod.torch as h; raise SystemExit(0 if h.mpi_built() else 3)"
+    done = subprocess.run([python, "-c", code], capture_output=True, text=True, env=env,
+                          timeout=120)
+    if done.returncode == 0:
+        return None
+    tail = (done.stderr.strip().splitlines() or ["Horovod was built without MPI"])[-1]
+    return tail
+
+
+def make_mpi_env(name: str) -> MpiEnv:
+    venv, launcher = MPI_ENVS[name]
+    if venv is None:
+        found = shutil.which(launcher)
+        if found is None:
+            _unavailable(f"{name}: {launcher} is not on PATH (run ./quickstart.sh setup)")
+        env = MpiEnv(name, sys.executable, None, str(found))
+    else:
+        folder = MPI_VENVS / venv
+        python, program = folder / "bin" / "python", folder / "bin" / launcher
+        if not (python.exists() and program.exists()):
+            _unavailable(f"{name}: no venv with {launcher} at {folder} (run ./quickstart.sh "
+                         "setup, which runs scripts/setup_mpis.sh)")
+        env = MpiEnv(name, str(python), str(folder / "bin"), str(program))
+    why = _horovod_imports(env.python, env.environ())
+    if why:
+        _unavailable(f"{name}: Horovod does not import with MPI for {env.python}: {why} "
+                     "(run scripts/setup_mpis.sh)")
+    return env
+
+
+@pytest.fixture(params=list(MPI_ENVS), scope="session")
+def mpi_env(request: pytest.FixtureRequest) -> MpiEnv:
+    """Every MPI the test bed runs: Open MPI 4 (system), Open MPI 5 and MPICH (venvs)."""
+    return make_mpi_env(request.param)
+
+
+@pytest.fixture(params=DTLAUNCH_RUN_MPIS, scope="session")
+def run_mpi_env(request: pytest.FixtureRequest) -> MpiEnv:
+    """The MPIs that `dtlaunch run` launches with."""
+    return make_mpi_env(request.param)

@@ -180,3 +180,34 @@ def test_parse_probe_output_tolerates_login_noise():
     assert parsed.mpi == MpiImpl("Open MPI", "2.1.1")
     assert parsed.script_exists is False
     assert parsed.python.found is False
+
+
+VENV_MPIRUN = "/shared/venvs/openmpi5/bin/mpirun"
+OMPI5 = dict(launcher=VENV_MPIRUN, mpirun=VENV_MPIRUN, orted="/shared/venvs/openmpi5/bin/prted",
+             mpi=MpiImpl("Open MPI", "5.0.11"))
+
+
+def test_venv_mpi_present_at_the_launchers_path_passes():
+    rep = report(facts(**OMPI5), launcher=facts(hostname="launch", **OMPI5))
+    assert status(rep, "h1", "mpirun") == PASS
+    assert status(rep, "h1", "open-mpi") == PASS
+
+
+def test_venv_mpi_missing_on_a_host_is_named_with_its_path():
+    host = facts(launcher=VENV_MPIRUN, mpirun=None, orted=None, mpi=None)
+    rep = report(host, launcher=facts(hostname="launch", **OMPI5))
+    check = next(h for h in rep.hosts if h.host == "h1").check("mpirun")
+    assert check is not None and check.status == FAIL
+    assert check.detail.startswith(f"{VENV_MPIRUN} not found on this host")
+    assert "/shared/venvs/openmpi5/bin on every host" in check.hint
+
+
+def test_venv_mpi_without_its_daemon_on_a_host_fails():
+    rep = report(facts(**{**OMPI5, "orted": None}), launcher=facts(hostname="launch", **OMPI5))
+    assert status(rep, "h1", "mpirun") == FAIL
+
+
+def test_other_version_at_the_launchers_path_fails():
+    other = {**OMPI5, "mpi": MpiImpl("Open MPI", "5.0.3")}
+    rep = report(facts(**other), launcher=facts(hostname="launch", **OMPI5))
+    assert status(rep, "h1", "open-mpi") == FAIL

@@ -71,6 +71,18 @@ def test_slurm_plan_has_no_ssh_and_keeps_only_the_launch_set() -> None:
     assert "MY_TOKEN" not in plan.launcher_env
 
 
+def test_slurm_daemons_step_overlaps_unless_the_user_says_otherwise() -> None:
+    """A restart after a lost node must not wait for the stopped attempt's step, which holds
+    its CPUs until slurmctld declares the node down."""
+    placed = plan_allocation(request(), detect(SLURM_ENV), "auto")
+    plan = plan_run(placed.request, SLURM_ENV, mpi_version=(4, 1, 4))
+    assert plan.launcher_env["OMPI_MCA_plm_slurm_args"] == "--overlap"
+    mine = {**SLURM_ENV, "OMPI_MCA_plm_slurm_args": "--exclusive"}
+    assert plan_run(placed.request, mine).launcher_env["OMPI_MCA_plm_slurm_args"] == "--exclusive"
+    ssh = plan_run(plan_allocation(request(), detect(SLURM_ENV), "ssh").request, SLURM_ENV)
+    assert "OMPI_MCA_plm_slurm_args" not in ssh.launcher_env
+
+
 def test_ssh_plan_inside_slurm_keeps_slurm_out() -> None:
     placed = plan_allocation(request(), detect(SLURM_ENV), "ssh")
     plan = plan_run(placed.request, SLURM_ENV)

@@ -13,10 +13,11 @@ from typing import Any
 import pytest
 from conftest import dtlaunch_argv
 
-from dtlaunch.checks import check_horovod, check_open_mpi
+from dtlaunch.checks import check_horovod
 from dtlaunch.envcheck import env_report, evaluate_env, gather_env
 from dtlaunch.facts import HostFacts, PythonFacts
 from dtlaunch.mpi import MpiImpl
+from dtlaunch.mpi_checks import check_mpi
 from dtlaunch.report import FAIL, PASS
 
 PY = PythonFacts(found=True, executable="/venv/bin/python", version="3.11.7",
@@ -54,9 +55,9 @@ def test_healthy_machine_lists_the_facts(facts: dict[str, Any]) -> None:
 
 
 def test_failures_carry_the_doctors_verdict_and_fix(facts: dict[str, Any]) -> None:
-    mpich = dataclasses.replace(HOST, mpi=MpiImpl("MPICH", "4.0"))
+    mpich = dataclasses.replace(HOST, mpi=MpiImpl("unknown", ""))
     no_mpi = dataclasses.replace(HOST, python=dataclasses.replace(PY, controllers=("Gloo",)))
-    for host, section, expected in ((mpich, "open-mpi", check_open_mpi(mpich, None)),
+    for host, section, expected in ((mpich, "open-mpi", check_mpi(mpich, None)),
                                     (no_mpi, "horovod", check_horovod(no_mpi.python, None))):
         items = evaluate_env(facts, host)
         failed = [i.check for i in items if i.section == section and i.check.status == FAIL]

@@ -98,6 +98,39 @@ def test_a_tied_command_that_finishes_returns_its_status_with_input_open():
     proc.stdin.close()
 
 
+def _fake_mpi(folder, version, daemon):
+    folder.mkdir(parents=True)
+    for name, text in (("mpirun", f"#!/bin/sh\necho 'mpirun (Open MPI) {version}'\n"),
+                       (daemon, "#!/bin/sh\n")):
+        (folder / name).write_text(text)
+        (folder / name).chmod(0o755)
+    return folder / "mpirun"
+
+
+def test_probe_checks_the_launchers_mpirun_path_not_the_login_path(tmp_path):
+    launcher = _fake_mpi(tmp_path / "venv" / "bin", "5.0.11", "prted")
+    other = _fake_mpi(tmp_path / "other" / "bin", "4.1.4", "orted")
+    old_path = os.environ["PATH"]
+    os.environ["PATH"] = f"{other.parent}:{old_path}"
+    try:
+        facts = probe_local(ProbeArgs(python=sys.executable, imports=False,
+                                      mpi_launcher=str(launcher)))
+        plain = probe_local(ProbeArgs(python=sys.executable, imports=False))
+    finally:
+        os.environ["PATH"] = old_path
+    assert (facts.launcher, facts.mpirun) == (str(launcher), str(launcher))
+    assert facts.orted == str(launcher.parent / "prted")
+    assert facts.mpi is not None and facts.mpi.version == "5.0.11"
+    assert plain.mpirun == str(other) and plain.mpi is not None and plain.mpi.version == "4.1.4"
+
+
+def test_probe_reports_a_missing_launcher_path(tmp_path):
+    facts = probe_local(ProbeArgs(python=sys.executable, imports=False,
+                                  mpi_launcher=str(tmp_path / "venv" / "bin" / "mpirun")))
+    assert facts.launcher == str(tmp_path / "venv" / "bin" / "mpirun")
+    assert facts.mpirun is None and facts.orted is None and facts.mpi is None
+
+
 def _pids_of(cmdline: bytes) -> list[int]:
     found = []
     for entry in os.listdir("/proc"):

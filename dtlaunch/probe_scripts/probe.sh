@@ -2,6 +2,7 @@
 # $1 python  $2 script  $3 module  $4 working directory  $5 remote_probe.py's text
 # $6 peers (space separated, names already validated)  $7 ssh options for peers
 # $8 imports 0/1  $9 import_probe.py's text  $10 milliseconds nvidia-smi may take
+# $11 the launcher's mpirun (absolute) or empty
 bounded() {  # a command that may hang (a broken mpirun, a stuck ip) gets 10 s
   if command -v timeout >/dev/null 2>&1; then timeout 10 "$@"; else "$@"; fi
 }
@@ -17,10 +18,24 @@ if command -v nvidia-smi >/dev/null 2>&1 && gpu_dir=$(mktemp -d 2>/dev/null); th
 fi
 echo @@hostname; uname -n
 echo @@path; printf '%s\n' "$PATH"
-echo @@mpirun; command -v mpirun 2>/dev/null
-echo @@orted; command -v orted 2>/dev/null
+# With ${11} (the launcher's MPI, an absolute path) the job starts that same file and its
+# daemon (orted; prted in Open MPI 5; Hydra's hydra_pmi_proxy) beside it on every host,
+# whatever the login PATH says.
+if [ -n "${11}" ]; then
+  launcher="" daemon=""
+  [ -f "${11}" ] && [ -x "${11}" ] && launcher=${11}
+  for name in orted prted hydra_pmi_proxy; do
+    if [ -z "$daemon" ] && [ -x "${11%/*}/$name" ]; then daemon=${11%/*}/$name; fi
+  done
+else
+  launcher=$(command -v mpirun 2>/dev/null) || launcher=""
+  daemon=$(command -v orted 2>/dev/null) || daemon=""
+fi
+echo @@launcher; printf '%s\n' "${11}"
+echo @@mpirun; [ -n "$launcher" ] && printf '%s\n' "$launcher"
+echo @@orted; [ -n "$daemon" ] && printf '%s\n' "$daemon"
 echo @@mpirun_version
-if command -v mpirun >/dev/null 2>&1; then bounded mpirun --version 2>&1 | head -n 5; fi
+if [ -n "$launcher" ]; then bounded "$launcher" --version 2>&1 | head -n 5; fi
 echo @@ip_link; bounded ip -o link show 2>/dev/null
 echo @@ip_addr; bounded ip -o addr show 2>/dev/null
 echo @@script

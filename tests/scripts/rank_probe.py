@@ -28,9 +28,12 @@ if args.horovod:
     rank, size = hvd.rank(), hvd.size()
     total = hvd.allreduce(torch.tensor([float(rank + 1)]), op=hvd.Sum).item()
 else:
-    # mpirun sets OMPI_COMM_WORLD_*; a direct launch by srun sets SLURM_PROCID/SLURM_NTASKS.
-    rank = int(os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ["SLURM_PROCID"])
-    size = int(os.environ.get("OMPI_COMM_WORLD_SIZE") or os.environ["SLURM_NTASKS"])
+    # mpirun sets OMPI_COMM_WORLD_*, Hydra's mpiexec PMI_RANK/PMI_SIZE; a direct launch by
+    # srun sets SLURM_PROCID/SLURM_NTASKS.
+    rank = int(os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ.get("PMI_RANK")
+               or os.environ["SLURM_PROCID"])
+    size = int(os.environ.get("OMPI_COMM_WORLD_SIZE") or os.environ.get("PMI_SIZE")
+               or os.environ["SLURM_NTASKS"])
     total = None
 
 record = {
@@ -38,6 +41,7 @@ record = {
     "size": size,
     "host": socket.gethostname(),
     "pid": os.getpid(),
+    "python": sys.executable,
     "argv": sys.argv[1:],
     "rest": rest,
     "env": dict(os.environ),

@@ -1,0 +1,160 @@
+"""MPICH and Intel MPI through Hydra's mpiexec: the command line (pure), its ssh agent, and how
+its version, output and failures read.
+
+Hydra starts one proxy per host: on the launcher's own host by fork, on the others through
+`-launcher-exec`, which it calls as `EXEC -x HOST PROXY-COMMAND...`. The proxy command is
+Hydra's own (the path of `hydra_pmi_proxy` and its control port); the ranks' program and
+arguments travel over the proxy's control connection, never through a remote shell.
+`-launcher-exec` takes one executable, not a command with arguments, so dtlaunch writes a tiny
+agent that runs its ssh wrapper (dtlaunch.rsh) with the same ssh options Open MPI gets.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from dtlaunch.errors import UsageError
+from dtlaunch.hosts import format_hosts
+from dtlaunch.mpi import JobSpec, MpiImpl, parse_mpirun_version
+
+if TYPE_CHECKING:  # imported when a job runs, not for a dry run
+    from dtlaunch.failures import Failure
+    from dtlaunch.hydra_output import HydraDemux
+
+HYDRA_IMPLS = ("MPICH", "Intel MPI")
+MIN_MPICH = (3, 0)
+INSTALL_MPICH_HINT = (
+    "install MPICH ('apt-get install mpich libmpich-dev', or 'pip install mpich' into the venv "
+    "the job runs from) or load Intel MPI's environment, then make its mpiexec come first on PATH"
+)
+
+# What picks Hydra's launcher (and so how ssh is run), on its command line or in its environment.
+LAUNCHER_ARGS = ("-launcher", "-launcher-exec", "-bootstrap", "-bootstrap-exec", "-rsh", "-ssh")
+LAUNCHER_VARIABLES = ("HYDRA_LAUNCHER", "HYDRA_LAUNCHER_EXEC", "HYDRA_BOOTSTRAP",
+                      "HYDRA_BOOTSTRAP_EXEC", "I_MPI_HYDRA_BOOTSTRAP", "I_MPI_HYDRA_BOOTSTRAP_EXEC")
+
+SupportFile = tuple[str, str]  # (path, text) written (mode 0700) before the job starts
+
+
+def agent_script(python: str, rsh_file: str, ssh_args: Sequence[str]) -> str:
+    """The `-launcher-exec` program: dtlaunch.rsh with the job's ssh options in front of
+    Hydra's own arguments. It starts with -I -S: only the standard library is needed."""
+    return (
+        f"#!{python} -IS\n"
+        "# Hydra's -launcher-exec for one set of ssh options, written by dtlaunch.\n"
+        "import importlib.util\n"
+        "import sys\n"
+        f"spec = importlib.util.spec_from_file_location('dtlaunch_rsh', {rsh_file!r})\n"
+        "rsh = importlib.util.module_from_spec(spec)\n"
+        "spec.loader.exec_module(rsh)\n"
+        f"sys.exit(rsh.main([*{tuple(ssh_args)!r}, *sys.argv[1:]]))\n"
+    )
+
+
+def agent_path(directory: str, script: str) -> str:
+    """Named by its content: a changed option or dtlaunch version gets a new file."""
+    digest = hashlib.sha256(script.encode()).hexdigest()[:16]
+    return str(Path(directory) / f"hydra-ssh-{digest}")
+
+
+def iface_arg(spec: JobSpec) -> tuple[str, ...]:
+    """Hydra's `-iface` takes one interface name (its proxies connect back over it)."""
+    if spec.iface is None:
+        return ()
+    if spec.iface.cidrs:
+        raise UsageError("--iface: Hydra (MPICH, Intel MPI) takes an interface name, not a subnet; "
+                         "give the name (e.g. eth0)")
+    return ("-iface", spec.iface.names[0])
+
+
+def build_mpiexec_argv(spec: JobSpec, mpiexec: str = "mpiexec",
+                       launcher_exec: str | None = None) -> tuple[str, ...]:
+    """The whole mpiexec command line, as an argv tuple (never a shell string).
+
+    Variables go by name only (`-genvlist`): their values stay in mpiexec's environment and
+    reach the proxies over their control connection, never a command line. `-genvlist` also
+    stops Hydra's default of exporting mpiexec's whole environment."""
+    if spec.tree_spawn:
+        raise UsageError("--tree-spawn: Open MPI's; Hydra (MPICH, Intel MPI) starts every proxy "
+                         "from the launcher")
+    argv: list[str] = [mpiexec, "-n", str(spec.num_proc), "-hosts", format_hosts(spec.hosts)]
+    if spec.slurm:
+        argv += ["-launcher", "slurm"]
+    else:
+        argv += ["-launcher", "ssh", "-launcher-exec", launcher_exec or "ssh"]
+    argv += iface_arg(spec)
+    argv.append("-prepend-rank")
+    names = [v.name for v in spec.env.variables if not v.inline]
+    argv += ["-genvlist", ",".join(names)] if names else ["-genvnone"]
+    for var in spec.env.variables:
+        if var.inline:
+            argv += ["-genv", var.name, var.value]
+    if spec.binding is not None:
+        argv += spec.binding
+    argv += spec.mpi_args
+    argv += spec.program
+    return tuple(argv)
+
+
+class Hydra:
+    """MPICH >= 3.0 and Intel MPI through Hydra's mpiexec."""
+
+    name = "MPICH"
+    launcher = "mpiexec"
+    install_hint = INSTALL_MPICH_HINT
+
+    def __init__(self, agent_dir: str = "", python: str = "", rsh_file: str = "") -> None:
+        # Where the ssh agent is written, and what it runs; empty: plain ssh (no options).
+        self.agent_dir = agent_dir
+        self.python = python
+        self.rsh_file = rsh_file
+
+    def parse_version(self, text: str) -> MpiImpl:
+        return parse_mpirun_version(text)
+
+    def unsupported(self, impl: MpiImpl, program: str) -> str | None:
+        if impl.name not in HYDRA_IMPLS:
+            return f"{program} is {impl.name}, not MPICH or Intel MPI"
+        if impl.name == "MPICH" and impl.release and impl.release < MIN_MPICH:
+            return f"{program} is MPICH {impl.version}; dtlaunch needs >= 3.0"
+        return None
+
+    def _agent(self, spec: JobSpec) -> SupportFile | None:
+        if spec.slurm or not (self.agent_dir and self.python and self.rsh_file):
+            return None
+        script = agent_script(self.python, self.rsh_file, spec.ssh.ssh_args())
+        return agent_path(self.agent_dir, script), script
+
+    def build_argv(self, spec: JobSpec, launcher: str) -> tuple[str, ...]:
+        agent = self._agent(spec)
+        return build_mpiexec_argv(spec, launcher, agent[0] if agent else None)
+
+    def support_files(self, spec: JobSpec) -> tuple[SupportFile, ...]:
+        agent = self._agent(spec)
+        return (agent,) if agent else ()
+
+    def new_demux(self, stream: str, release: tuple[int, ...] = ()) -> HydraDemux:
+        from dtlaunch.hydra_output import HydraDemux
+
+        return HydraDemux(stream)
+
+    def parse_failure(self, lines: Sequence[str], rank_hosts: Sequence[str]) -> Failure | None:
+        from dtlaunch.hydra_output import analyze_hydra
+
+        return analyze_hydra(lines, rank_hosts)
+
+    def launcher_env(self, spec: JobSpec) -> dict[str, str]:
+        return {}  # the ssh options are in the agent file (support_files)
+
+    def ssh_left_to_dtlaunch(self, extra_args: Sequence[str], environ: Mapping[str, str]) -> bool:
+        """--mpi-args or HYDRA_*/I_MPI_HYDRA_* variables that pick another launcher could
+        weaken host-key checking."""
+        if any(a in LAUNCHER_ARGS for a in extra_args):
+            return False
+        return not any(name in LAUNCHER_VARIABLES for name in environ)
+
+
+HYDRA = Hydra()

@@ -1,0 +1,314 @@
+"""dtlaunch run and doctor with MPICH (Hydra's mpiexec) on the multi-host test bed.
+
+MPICH comes from PyPI's `mpich` wheel in its own venv (scripts/setup_mpis.sh), at the same
+path on every bed host; dtlaunch picks Hydra because that venv's mpirun comes first on PATH.
+Hydra's proxies connect back to the launcher's hostname, so dtlaunch runs inside host h1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from conftest import MPI_VENVS, SCRIPTS, _unavailable, dtlaunch_argv, make_mpi_env
+from test_run_testbed import assert_no_strays as _assert_no_strays
+from test_run_testbed import records
+from testbed import TestBed
+
+pytestmark = pytest.mark.testbed
+PROBE = str(SCRIPTS / "rank_probe.py")
+
+
+def assert_no_strays(bed: TestBed, pids: tuple[int, ...] = ()) -> None:
+    """Nothing left on any host. Hydra's proxies end when mpiexec's control connection goes,
+    which on a loaded machine takes longer than Open MPI's daemons: wait up to 30 s."""
+    _assert_no_strays(bed, within=30.0, pids=pids)
+
+
+def mpich_bin() -> Path:
+    """MPICH alone is enough here: the ranks are plain Python programs (Horovod: the last test)."""
+    found = MPI_VENVS / "mpich" / "bin"
+    if not (found / "mpiexec").exists():
+        _unavailable(f"no MPICH venv at {found.parent} (run scripts/setup_mpis.sh mpich)")
+    return found
+
+
+@pytest.fixture
+def mpich_env() -> dict[str, str]:
+    """dtlaunch's environment with MPICH first on PATH."""
+    return {**os.environ, "PATH": f"{mpich_bin()}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
+
+
+def run_argv(bed: TestBed, hosts: str, *args: str, extra: tuple[str, ...] = (),
+             command: str = "run") -> list[str]:
+    flags = ("--no-check",) if command == "run" else ()
+    return bed.nsenter_argv("h1", dtlaunch_argv(
+        command, *flags, "-H", hosts, "--iface", "eth0", "--ssh-config", str(bed.ssh_config),
+        *extra, *args))
+
+
+def run(bed: TestBed, env: dict[str, str], hosts: str, *args: str, extra: tuple[str, ...] = (),
+        timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(run_argv(bed, hosts, *args, extra=extra), capture_output=True,
+                          text=True, timeout=timeout, env=env)
+
+
+def test_dry_run_is_an_mpiexec_line(bed: TestBed, mpich_env: dict[str, str]) -> None:
+    env = {**mpich_env, "API_TOKEN": "s3cr3t"}
+    result = run(bed, env, "h1:1,h2:2", PROBE, extra=("--dry-run", "-x", "API_TOKEN"))
+    assert result.returncode == 0, result.stderr
+    line = result.stdout.strip()
+    assert line.startswith("mpiexec -n 3 -hosts h1:1,h2:2 -launcher ssh -launcher-exec ")
+    assert " -iface eth0 -prepend-rank -genvlist " in line
+    assert "API_TOKEN" in line and "s3cr3t" not in line
+
+
+def test_two_hosts_tagged_output_and_only_named_variables(
+        bed: TestBed, mpich_env: dict[str, str], tmp_path: Path) -> None:
+    env = {**mpich_env, "HOROVOD_FUSION_THRESHOLD": "1234", "UNLISTED_VAR": "x"}
+    result = run(bed, env, "h1:1,h2:2", PROBE, "--out", str(tmp_path),
+                 extra=("--output-dir", str(tmp_path / "logs")))
+    assert result.returncode == 0, result.stderr
+    found = records(tmp_path)
+    assert [found[r]["host"] for r in range(3)] == ["h1", "h2", "h2"]
+    for rank in range(3):
+        assert f"[{rank}@{found[rank]['host']}] rank {rank} of 3 on {found[rank]['host']}" \
+            in result.stdout.splitlines()
+        assert (tmp_path / "logs" / f"rank.{rank}.log").read_text() == \
+            f"rank {rank} of 3 on {found[rank]['host']}\n"
+    remote = found[2]["env"]
+    assert remote["HOROVOD_FUSION_THRESHOLD"] == "1234" and remote["PYTHONUNBUFFERED"] == "1"
+    assert "UNLISTED_VAR" not in remote
+    assert_no_strays(bed)
+
+
+def test_killed_rank_names_rank_and_host(bed: TestBed, mpich_env: dict[str, str],
+                                         tmp_path: Path) -> None:
+    result = run(bed, mpich_env, "h1:1,h2:1", PROBE, "--out", str(tmp_path), "--kill-rank", "1",
+                 "--sleep", "30")
+    assert result.returncode != 0
+    last = result.stderr.splitlines()[-1]
+    assert last.startswith("dtlaunch: job failed: rank 1 on host h2 "), result.stderr
+    assert "signal 9" in last
+    assert_no_strays(bed)
+
+
+def test_rank_exit_code_names_rank_and_host(bed: TestBed, mpich_env: dict[str, str],
+                                            tmp_path: Path) -> None:
+    result = run(bed, mpich_env, "h1:1,h2:1", PROBE, "--out", str(tmp_path), "--exit-rank", "1",
+                 "--exit-code", "3")
+    assert result.returncode == 3
+    assert result.stderr.splitlines()[-1] == "dtlaunch: job failed: rank 1 on host h2 exited with code 3"
+    assert_no_strays(bed)
+
+
+def start_sleeping_job(bed: TestBed, env: dict[str, str], hosts: str, out: Path,
+                       extra: tuple[str, ...] = ()) -> subprocess.Popen[str]:
+    proc = subprocess.Popen(run_argv(bed, hosts, PROBE, "--out", str(out), "--sleep", "120",
+                                     extra=extra),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.monotonic() + 60
+    while len(written(out)) < len(hosts.split(",")):
+        if time.monotonic() > deadline or proc.poll() is not None:
+            proc.kill()
+            raise AssertionError(f"ranks did not start: {proc.communicate()}")
+        time.sleep(0.1)
+    return proc
+
+
+def written(out: Path) -> list[dict]:
+    """The ranks' records that are complete (a rank may be writing its file right now)."""
+    found = []
+    for path in out.glob("rank.*.json"):
+        try:
+            found.append(json.loads(path.read_text()))
+        except ValueError:
+            continue
+    return found
+
+
+@pytest.mark.parametrize(("sig", "expected"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_signal_stops_every_rank_on_every_host(bed: TestBed, mpich_env: dict[str, str],
+                                               tmp_path: Path, sig: signal.Signals,
+                                               expected: int) -> None:
+    proc = start_sleeping_job(bed, mpich_env, "h1:1,h2:1,h3:1", tmp_path)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == expected, err
+    assert f"stopped by {sig.name}" in err and "job failed" not in err
+    assert_no_strays(bed, pids=tuple(r["pid"] for r in records(tmp_path).values()))
+
+
+def test_timeout_stops_the_job(bed: TestBed, mpich_env: dict[str, str], tmp_path: Path) -> None:
+    result = run(bed, mpich_env, "h1:1,h2:1", PROBE, "--out", str(tmp_path), "--sleep", "120",
+                 extra=("--timeout", "5"))
+    assert result.returncode == 124, result.stderr
+    assert "--timeout 5 s" in result.stderr
+    assert_no_strays(bed)
+
+
+def test_lost_host_is_noticed(make_bed, mpich_env: dict[str, str], tmp_path: Path) -> None:
+    testbed = make_bed(2)
+    proc = start_sleeping_job(testbed, mpich_env, "h1:1,h2:1", tmp_path)
+    testbed.set_link("h2", up=False)  # h2 stops answering, as a powered-off machine would
+    _, err = proc.communicate(timeout=90)
+    assert proc.returncode != 0
+    assert err.splitlines()[-1] == "dtlaunch: job failed: lost the SSH connection to host h2"
+    assert not testbed.stray_pids("h1")
+
+
+def _mixed_mpi(folder: Path, h2_has: str) -> dict[str, str]:
+    """A bin directory, on the shared filesystem, whose `mpirun` is MPICH's on every host but
+    h2, where it is the system's Open MPI (or the reverse): one host with another MPI installed
+    at the launcher's path. Returns dtlaunch's environment with it first on PATH."""
+    mpich, ompi = mpich_bin(), Path("/usr/bin")
+    if not (ompi / "mpirun").exists():
+        _unavailable("the system's Open MPI (/usr/bin/mpirun) is not installed")
+    on_h2, elsewhere = (ompi, mpich) if h2_has == "openmpi" else (mpich, ompi)
+    folder.mkdir()
+    (folder / "mpirun").write_text(
+        f'#!/bin/sh\nif [ "$(uname -n)" = h2 ]; then exec {on_h2}/mpirun "$@"; fi\n'
+        f'exec {elsewhere}/mpirun "$@"\n')
+    (folder / "mpirun").chmod(0o755)
+    for name, source in (("orted", ompi), ("hydra_pmi_proxy", mpich)):
+        (folder / name).symlink_to(source / name)
+    return {**os.environ, "PATH": f"{folder}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
+
+
+@pytest.mark.parametrize("h2_has", ["openmpi", "mpich"])
+def test_doctor_names_a_host_with_the_other_mpi(bed: TestBed, tmp_path: Path, h2_has: str) -> None:
+    env = _mixed_mpi(tmp_path / "bin", h2_has)
+    result = subprocess.run(run_argv(bed, "h2", "--json", command="doctor"), capture_output=True,
+                            text=True, timeout=120, env=env)
+    assert result.returncode == 1, result.stderr
+    doc = json.loads(result.stdout)
+    hosts = {h["host"]: h for h in doc["hosts"]}
+    mpi = {c["name"]: c for c in hosts["h2"]["checks"]}["open-mpi"]
+    assert mpi["status"] == "fail"
+    launcher = next(h for h in doc["hosts"] if h["role"] == "launcher")
+    if h2_has == "openmpi":  # an Open MPI host in an MPICH job
+        assert "is Open MPI 4" in mpi["detail"]
+        assert mpi["detail"].endswith("the launcher's mpiexec is MPICH 5.0.2")
+        assert mpi["hint"].startswith("install MPICH 5.0.2 on this host at the launcher's path")
+        assert launcher["versions"]["mpi"] == "MPICH 5.0.2"
+    else:  # an MPICH host in an Open MPI job
+        assert "is MPICH 5.0.2; the launcher's mpirun is Open MPI 4" in mpi["detail"]
+        assert mpi["hint"].startswith("put Open MPI 4")
+        assert launcher["versions"]["mpi"].startswith("Open MPI 4")
+    # Each host's MPI is named in its versions.
+    assert hosts["h2"]["versions"]["mpi"].startswith("MPICH 5.0.2" if h2_has == "mpich"
+                                                     else "Open MPI 4")
+
+
+def test_preflight_passes_with_mpich_everywhere(make_bed, mpich_env: dict[str, str],
+                                                tmp_path: Path) -> None:
+    """The launcher's MPICH is at the same path on every host (a shared filesystem)."""
+    testbed = make_bed(2)
+    argv = testbed.nsenter_argv("h1", dtlaunch_argv(
+        "run", "-H", "h1:1,h2:1", "--iface", "eth0", "--ssh-config", str(testbed.ssh_config),
+        "--disable-cache", PROBE, "--out", str(tmp_path)))
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=180, env=mpich_env)
+    assert result.returncode == 0, result.stderr
+    assert sorted(r["host"] for r in records(tmp_path).values()) == ["h1", "h2"]
+    doctor = subprocess.run(testbed.nsenter_argv("h1", dtlaunch_argv(
+        "doctor", "-H", "h1,h2", "--iface", "eth0", "--ssh-config", str(testbed.ssh_config),
+        "--json")), capture_output=True, text=True, timeout=180, env=mpich_env)
+    doc = json.loads(doctor.stdout)
+    assert {h["host"]: h["versions"]["mpi"] for h in doc["hosts"]} == {
+        h: "MPICH 5.0.2" for h in ("h1", "h2", next(h["host"] for h in doc["hosts"]
+                                                     if h["role"] == "launcher"))}
+    assert doctor.returncode == 0, doctor.stdout
+
+
+def test_failed_rank_ends_the_job_while_others_still_run(bed: TestBed, mpich_env: dict[str, str],
+                                                          tmp_path: Path) -> None:
+    """Hydra itself waits for the other ranks (which may wait forever for the failed one):
+    the failed rank's exit record ends the job."""
+    result = run(bed, mpich_env, "h1:1,h2:1,h3:1", PROBE, "--out", str(tmp_path), "--exit-rank",
+                 "2", "--exit-code", "5", "--sleep", "600", timeout=90)
+    assert result.returncode == 5, result.stderr
+    assert result.stderr.splitlines()[-1] == "dtlaunch: job failed: rank 2 on host h3 exited with code 5"
+    assert_no_strays(bed, pids=tuple(r["pid"] for r in records(tmp_path).values()))
+
+
+def test_heavy_output_of_several_ranks_per_host_arrives_whole(
+        bed: TestBed, mpich_env: dict[str, str]) -> None:
+    result = run(bed, mpich_env, "h1:2,h2:2", str(SCRIPTS / "chatty_rank.py"), "3000")
+    assert result.returncode == 0, result.stderr[-2000:]
+    hosts = ["h1", "h1", "h2", "h2"]
+    for rank in range(4):
+        want_out = [f"[{rank}@{hosts[rank]}] rank {rank} line {i} " + "x" * (i % 300)
+                    for i in range(3000) if i % 10]
+        want_err = [f"[{rank}@{hosts[rank]}] rank {rank} line {i} " + "x" * (i % 300)
+                    for i in range(3000) if i % 10 == 0]
+        prefix = f"[{rank}@"
+        assert [line for line in result.stdout.splitlines() if line.startswith(prefix)] == want_out
+        assert [line for line in result.stderr.splitlines() if line.startswith(prefix)] == want_err
+
+
+def test_horovod_allreduce_under_mpich_on_two_hosts(bed: TestBed, tmp_path: Path) -> None:
+    """Horovod built against PyPI's MPICH (its own venv), through dtlaunch run."""
+    mpich = make_mpi_env("mpich")
+    argv = bed.nsenter_argv("h1", mpich.dtlaunch_argv(
+        "run", "-H", "h1:1,h2:1", "--iface", "eth0", "--ssh-config", str(bed.ssh_config),
+        PROBE, "--out", str(tmp_path), "--horovod"))
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=300,
+                            env=mpich.environ())
+    assert result.returncode == 0, result.stderr
+    found = records(tmp_path)
+    assert [found[r]["host"] for r in (0, 1)] == ["h1", "h2"]
+    assert all(r["allreduce_sum"] == 3.0 for r in found.values())  # 1 + 2
+    assert all(r["python"] == mpich.python for r in found.values())
+    assert "[1@h2] rank 1 of 2 on h2" in result.stdout
+    assert_no_strays(bed)
+
+
+@pytest.fixture(scope="module")
+def mpi_program(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """tests/scripts/mpi_allreduce.c built with MPICH's mpicc (a real MPI rank, no Python)."""
+    mpicc = mpich_bin() / "mpicc"
+    if shutil.which("cc") is None or not mpicc.exists():
+        _unavailable("a C compiler and MPICH's mpicc are needed to build the MPI test program")
+    target = tmp_path_factory.mktemp("mpi") / "mpi_allreduce"
+    subprocess.run([str(mpicc), "-o", str(target), str(SCRIPTS / "mpi_allreduce.c")],
+                   check=True, capture_output=True, timeout=120)
+    return str(target)
+
+
+def test_mpi_allreduce_of_a_real_mpi_program(bed: TestBed, mpich_env: dict[str, str],
+                                             mpi_program: str) -> None:
+    result = run(bed, mpich_env, "h1:1,h2:2", mpi_program)
+    assert result.returncode == 0, result.stderr
+    lines = sorted(line for line in result.stdout.splitlines() if line.startswith("["))
+    assert lines == ["[0@h1] rank 0 of 3 on h1 sum 6", "[1@h2] rank 1 of 3 on h2 sum 6",
+                     "[2@h2] rank 2 of 3 on h2 sum 6"]
+    assert_no_strays(bed)
+
+
+def test_mpi_rank_exiting_before_a_barrier_ends_the_job(bed: TestBed, mpich_env: dict[str, str],
+                                                         mpi_program: str) -> None:
+    """Hydra alone would leave rank 0 waiting in the barrier for ever."""
+    result = run(bed, mpich_env, "h1:1,h2:1", mpi_program, "1", timeout=90)
+    assert result.returncode == 3, result.stderr
+    assert result.stderr.splitlines()[-1] == "dtlaunch: job failed: rank 1 on host h2 exited with code 3"
+    assert_no_strays(bed)
+
+
+def test_network_chosen_by_the_preflight_becomes_hydras_iface(make_bed, mpich_env: dict[str, str],
+                                                              tmp_path: Path) -> None:
+    """No --iface: the pre-flight's choice (eth0 on every host, docker0 left out) is used."""
+    testbed = make_bed(2, docker0=True)
+    argv = testbed.nsenter_argv("h1", dtlaunch_argv(
+        "run", "-v", "-H", "h1:1,h2:1", "--ssh-config", str(testbed.ssh_config),
+        "--disable-cache", PROBE, "--out", str(tmp_path)))
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=180, env=mpich_env)
+    assert result.returncode == 0, result.stderr
+    assert "dtlaunch: network: " in result.stderr
+    assert " -iface eth0 " in result.stderr  # the line run shows with -v
+    assert sorted(r["host"] for r in records(tmp_path).values()) == ["h1", "h2"]

@@ -1,0 +1,200 @@
+"""The multi-host suite once per MPI: Open MPI 4 (the system's), Open MPI 5 and MPICH (PyPI's
+wheels in their own venvs, Horovod built against each). Real sshd, real launchers, real ranks.
+
+`run_mpi_env` covers the MPIs that `dtlaunch run` drives (conftest.DTLAUNCH_RUN_MPIS);
+`mpi_env` covers every MPI, for what holds for all of them (Horovod's build for that MPI).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from conftest import MPI_VENVS, SCRIPTS, MpiEnv
+from testbed import TestBed
+
+pytestmark = pytest.mark.testbed
+PROBE = str(SCRIPTS / "rank_probe.py")
+# What each MPI's own `--version` says, as doctor reports it.
+VERSIONS = {"openmpi5": "Open MPI 5.0.11", "mpich": "MPICH 5.0.2"}
+
+
+def records(out: Path) -> dict[int, dict]:
+    """The complete rank records (a rank may still be writing its file)."""
+    found = {}
+    for path in out.glob("rank.*.json"):
+        try:
+            found[int(path.name.split(".")[1])] = json.loads(path.read_text())
+        except ValueError:
+            continue
+    return found
+
+
+def dtl(mpi: MpiEnv, bed: TestBed, *args: str, check: bool = False, timeout: float = 180,
+        ) -> subprocess.CompletedProcess[str]:
+    argv = mpi.dtlaunch_argv(args[0], *(() if check else ("--no-check",)), "--ssh-config",
+                             str(bed.ssh_config), *args[1:])
+    return subprocess.run(argv, capture_output=True, text=True, env=mpi.environ(),
+                          timeout=timeout)
+
+
+def strays(bed: TestBed, within: float = 10.0) -> dict[str, list[int]]:
+    deadline = time.monotonic() + within
+    while True:
+        left = {h.name: bed.stray_pids(h) for h in bed.hosts}
+        if not any(left.values()) or time.monotonic() > deadline:
+            return {k: v for k, v in left.items() if v}
+        time.sleep(0.2)
+
+
+def test_horovod_allreduce_through_dtlaunch_run(bed: TestBed, run_mpi_env: MpiEnv,
+                                                tmp_path: Path) -> None:
+    result = dtl(run_mpi_env, bed, "run", "-H", "h1:1,h2:1", "--iface", bed.subnet, PROBE,
+                 "--out", str(tmp_path), "--horovod")
+    assert result.returncode == 0, result.stderr
+    found = records(tmp_path)
+    assert sorted(found) == [0, 1]
+    assert [found[r]["host"] for r in (0, 1)] == ["h1", "h2"]
+    assert all(r["allreduce_sum"] == 3.0 for r in found.values())  # 1 + 2
+    # The ranks ran the MPI's own interpreter (its venv), so Horovod was the one built for it.
+    assert all(r["python"] == run_mpi_env.python for r in found.values())
+    assert "[1@h2] rank 1 of 2 on h2" in result.stdout
+    assert strays(bed) == {}
+
+
+def test_failing_rank_is_named(bed: TestBed, run_mpi_env: MpiEnv, tmp_path: Path) -> None:
+    result = dtl(run_mpi_env, bed, "run", "-H", "h1:1,h2:1", "--iface", bed.subnet, PROBE,
+                 "--out", str(tmp_path), "--exit-rank", "1", "--exit-code", "3", "--sleep", "30")
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last == "dtlaunch: job failed: rank 1 on host h2 exited with code 3", result.stderr
+    assert strays(bed) == {}
+
+
+def test_dry_run_line(run_mpi_env: MpiEnv, tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("print(1)\n")
+    result = subprocess.run(run_mpi_env.dtlaunch_argv("run", "--dry-run", "-H", "h1:1,h2:1",
+                                                      "--iface", "eth0", str(script)),
+                            capture_output=True, text=True, env=run_mpi_env.environ(), timeout=60)
+    assert result.returncode == 0, result.stderr
+    argv = shlex.split(result.stdout)
+    # Every option in the double-dash form: Open MPI 5's prterun refuses `-bind-to`.
+    for pair in (["--bind-to", "none"], ["--map-by", "slot"]):
+        assert any(argv[i:i + 2] == pair for i in range(len(argv))), result.stdout
+    single_dash = {"-bind-to", "-map-by", "-mca", "-tag-output", "-oversubscribe",
+                   "-leave-session-attached", "-allow-run-as-root"}
+    assert not single_dash & set(argv), result.stdout
+    btl = argv[argv.index("btl") + 1]
+    assert btl == ("self,sm,tcp" if run_mpi_env.id == "openmpi5" else "self,vader,tcp")
+    assert argv[-2:] == [run_mpi_env.python, str(script)]
+
+
+def test_preflight_checks_the_venvs_mpi_on_every_host(bed: TestBed, run_mpi_env: MpiEnv,
+                                                      tmp_path: Path) -> None:
+    """With the checks on, the job's own mpirun path is what each host is asked about."""
+    result = dtl(run_mpi_env, bed, "doctor", "-H", "h1,h2", "--iface", bed.subnet, "--json",
+                 check=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads(result.stdout)
+    for host in report["hosts"]:
+        checks = {c["name"]: c for c in host["checks"]}
+        assert checks["mpirun"]["detail"] == run_mpi_env.launcher, checks["mpirun"]
+        if run_mpi_env.id in VERSIONS:
+            assert VERSIONS[run_mpi_env.id].endswith(checks["open-mpi"]["detail"])
+    run = dtl(run_mpi_env, bed, "run", "-H", "h1:1,h2:1", "--iface", bed.subnet, PROBE,
+              "--out", str(tmp_path), "--horovod", check=True)
+    assert run.returncode == 0, run.stderr
+    assert sorted(records(tmp_path)) == [0, 1]
+
+
+def test_signals_end_the_job_everywhere(bed: TestBed, run_mpi_env: MpiEnv,
+                                        tmp_path: Path) -> None:
+    for sig, expected in ((signal.SIGINT, 130), (signal.SIGTERM, 143)):
+        out = tmp_path / sig.name
+        out.mkdir()
+        argv = run_mpi_env.dtlaunch_argv("run", "--no-check", "--ssh-config", str(bed.ssh_config),
+                                         "-H", "h1:1,h2:1", "--iface", bed.subnet, PROBE,
+                                         "--out", str(out), "--sleep", "120")
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=run_mpi_env.environ())
+        deadline = time.monotonic() + 60
+        while len(records(out)) < 2:
+            if time.monotonic() > deadline:
+                proc.kill()
+                raise AssertionError(f"ranks did not start: {proc.communicate()[1]}")
+            time.sleep(0.1)
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == expected, err
+        assert strays(bed) == {}
+
+
+def test_lost_host_ends_the_job(make_bed, run_mpi_env: MpiEnv, tmp_path: Path) -> None:
+    testbed: TestBed = make_bed(2)
+    argv = run_mpi_env.dtlaunch_argv("run", "--no-check", "--ssh-config",
+                                     str(testbed.ssh_config), "-H", "h1:1,h2:1", "--iface",
+                                     testbed.subnet, PROBE, "--out", str(tmp_path),
+                                     "--sleep", "120")
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=run_mpi_env.environ())
+    deadline = time.monotonic() + 60
+    while len(records(tmp_path)) < 2:
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError(f"ranks did not start: {proc.communicate()[1]}")
+        time.sleep(0.1)
+    testbed.kill_all_sshd("h2")
+    _, err = proc.communicate(timeout=90)
+    assert proc.returncode != 0
+    assert err.splitlines()[-1] == "dtlaunch: job failed: lost the SSH connection to host h2", err
+    assert not testbed.stray_pids("h1")
+
+
+# --- MPICH: Horovod's build proven by Hydra's own mpiexec ---------------------------------------
+# `dtlaunch run` with MPICH (Hydra) goes in DTLAUNCH_RUN_MPIS (conftest.py) once run drives
+# mpiexec; the tests above then run for it too.
+
+
+def test_mpich_horovod_allreduce_by_hand_written_mpiexec(bed: TestBed, tmp_path: Path) -> None:
+    from conftest import make_mpi_env
+
+    mpi = make_mpi_env("mpich")
+    ssh = tmp_path / "ssh-bed"  # -launcher-exec takes one executable, not a command line
+    ssh.write_text(f"#!/bin/sh\nexec ssh -F {shlex.quote(str(bed.ssh_config))} \"$@\"\n")
+    ssh.chmod(0o755)
+    h1, h2 = bed.host("h1"), bed.host("h2")
+    # From inside h1: Hydra's proxies connect back to the launcher's address on eth0.
+    argv = [mpi.launcher, "-n", "2", "-hosts", f"{h1.address}:1,{h2.address}:1",
+            "-launcher", "ssh", "-launcher-exec", str(ssh), "-iface", "eth0", "-prepend-rank",
+            mpi.python, PROBE, "--out", str(tmp_path), "--horovod"]
+    result = subprocess.run(bed.nsenter_argv("h1", argv), capture_output=True, text=True,
+                            env=mpi.environ(), timeout=180)
+    assert result.returncode == 0, result.stdout + result.stderr
+    found = records(tmp_path)
+    assert sorted(found) == [0, 1]
+    assert [found[r]["host"] for r in (0, 1)] == ["h1", "h2"]
+    assert all(r["allreduce_sum"] == 3.0 for r in found.values())
+    assert strays(bed) == {}
+
+
+def test_horovod_is_built_for_each_mpi(mpi_env: MpiEnv) -> None:
+    """Each interpreter's Horovod loads that MPI's library, not another one on the machine."""
+    # Importing horovod.torch loads its MPI extension and with it the libmpi it links to.
+    code = ("import horovod.torch; "
+            "print([l.split()[-1] for l in open('/proc/self/maps') if '/libmpi' in l][0])")
+    result = subprocess.run([mpi_env.python, "-c", code], capture_output=True, text=True,
+                            env=mpi_env.environ(), timeout=120)
+    assert result.returncode == 0, result.stderr
+    lib = result.stdout.strip().splitlines()[-1]
+    if mpi_env.bin_dir is None:
+        assert lib.startswith("/usr/lib/") and str(MPI_VENVS) not in lib, lib  # Debian's
+    else:
+        assert os.path.realpath(lib).startswith(os.path.realpath(Path(mpi_env.bin_dir).parent)), lib
