@@ -157,8 +157,8 @@ class JobOutput:
             for key, started in list(self.since.items()):
                 if now - started >= LIVE_DELAY:
                     self._fragment(key)
+            self.logs.flush()  # first: a log file that cannot be written warns on the console
             self._write()
-            self.logs.flush()
 
     def close(self) -> None:
         with self.lock:
@@ -171,8 +171,8 @@ class JobOutput:
                 if console.open is not None:
                     console.out.append(b"\n")
                 console.open = None
+            self.logs.flush()  # first: its warning must reach the console too
             self._write()
-            self.logs.flush()
 
     def rank_hosts(self) -> tuple[str, ...]:
         """rank -> host: where each rank said it runs, else where it was expected to."""
