@@ -1,7 +1,7 @@
 """Hydra's output back into what each rank's shim sent, and its failure messages read into
 one precise line. Pure code.
 
-Every rank runs through dtlaunch.rank_shim, whose records (one line each, base64, never a
+Every rank runs through dtlaunch.rank_shim, whose records (one line each, escaped, never a
 `[`) carry the rank. Hydra's proxies forward what they read in chunks of their own size, so a
 record may be cut in two and another rank's chunk may come between the halves; with
 `-prepend-rank` Hydra starts every chunk, and every line inside one, with `[RANK] `, which
@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from dtlaunch.failures import Failure
-from dtlaunch.output import TEXT_LIMIT, Event, Piece, RecordParser
+from dtlaunch.output import RECORD_LIMIT, TEXT_LIMIT, Event, Piece, RecordParser
 
 TAG_RE = re.compile(rb"\[(\d+)\] ")
 _TAG_START_RE = re.compile(rb"\[\d{0,9}\]?\Z")  # what may still grow into a tag
@@ -103,7 +103,8 @@ class HydraDemux:
                 continue
             parser = self._records.get(rank)
             if parser is None:
-                parser = self._records[rank] = RecordParser(rank, self.stream)
+                # The shim writes records of at most PIPE_BUF bytes here: each is taken whole.
+                parser = self._records[rank] = RecordParser(rank, self.stream, RECORD_LIMIT)
             out.extend(parser.feed(data))
         return out
 

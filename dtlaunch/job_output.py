@@ -108,7 +108,7 @@ class _Console:
 
 def _prefixed(prefix: bytes, data: bytes, first: bool) -> bytes:
     """`prefix` before `data` (when `first`) and after each line end inside it."""
-    body = data.replace(b"\r\n", b"\n")
+    body = data.replace(b"\r\n", b"\n") if b"\r" in data else data  # `in`: memchr, fast
     end = body[-1:] if body[-1:] in (b"\n", b"\r") else b""
     inner = body[:len(body) - len(end)]
     inner = inner.replace(b"\n", b"\n" + prefix).replace(b"\r", b"\r" + prefix)
@@ -157,8 +157,8 @@ class JobOutput:
             for key, started in list(self.since.items()):
                 if now - started >= LIVE_DELAY:
                     self._fragment(key)
+            self.logs.flush()  # first: a log file that cannot be written warns on the console
             self._write()
-            self.logs.flush()
 
     def close(self) -> None:
         with self.lock:
@@ -171,8 +171,8 @@ class JobOutput:
                 if console.open is not None:
                     console.out.append(b"\n")
                 console.open = None
+            self.logs.flush()  # first: its warning must reach the console too
             self._write()
-            self.logs.flush()
 
     def rank_hosts(self) -> tuple[str, ...]:
         """rank -> host: where each rank said it runs, else where it was expected to."""

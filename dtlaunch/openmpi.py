@@ -105,6 +105,9 @@ class OpenMpi:
     name = "Open MPI"
     launcher = "mpirun"
     install_hint = INSTALL_OMPI_HINT
+    # The rank shim's largest record: `--tag-output` lets dtlaunch join each rank's pieces
+    # exactly, so a record need not be one atomic write (see dtlaunch.rank_shim).
+    record_limit = 1 << 20
 
     def parse_version(self, text: str) -> MpiImpl:
         return parse_mpirun_version(text)

@@ -1,30 +1,47 @@
 """Read the launcher's output back into what each rank wrote. Pure code, bytes in, events out.
 
-Every rank runs through dtlaunch.rank_shim, which writes records (`\\x1edtl1 RANK KIND B64\\n`,
+Every rank runs through dtlaunch.rank_shim, which writes records (`\\x1edtl2 RANK KIND ESCAPED\\n`,
 see there) to the stdout the MPI collects. Open MPI's `--tag-output` then tags every chunk it
 forwards, not every line: a record split by its I/O layer arrives as
-`[1,0]<stdout>:\\x1edtl1 0 o YW[1,1]<stdout>:...\\n[1,0]<stdout>:Jj\\n`, interleaved with other
+`[1,0]<stdout>:\\x1edtl2 0 o ab[1,1]<stdout>:...\\n[1,0]<stdout>:cd\\n`, interleaved with other
 ranks' chunks. So the stream is cut at its tags, each rank's pieces are joined, and the joined
 stream is cut into records; untagged text is the launcher's own message.
 
-Everything is linear in the input and holds at most one record (about PIPE_BUF bytes) per
-rank and stream, plus one line of the launcher's own text, capped.
+Tagged, a record's payload is passed on as its pieces come (its header read, what follows up
+to the newline is the rank's, unescaped piece by piece), so records may be of any size. A
+launcher that does not tag (RecordDemux) must deliver each record whole; there a record is
+held until its newline, up to a limit. Everything is linear in the input and holds at most a
+header per rank and stream (a record up to its limit where records come whole), plus one line
+of the launcher's own text, capped. Consecutive pieces of one rank from one read are passed on
+as one, so the cost per piece that mpirun cuts stays out of the rest of dtlaunch.
 """
 
 from __future__ import annotations
 
-import binascii
 import re
 from dataclasses import dataclass, field
 from typing import Union
 
-from dtlaunch.rank_shim import EXIT, HOST, MAGIC, NOSTART, PIPE_BUF, STDERR, STDOUT
+from dtlaunch.rank_shim import (
+    ESC,
+    EXIT,
+    HEADER_MAX,
+    HOST,
+    MAGIC,
+    NOSTART,
+    PIPE_BUF,
+    STDERR,
+    STDOUT,
+    unescape,
+)
 
 TAG_RE = re.compile(rb"\[(\d+),(\d+)\]<(stdout|stderr|stddiag)>:")
 # What may still grow into a tag when more bytes come.
 _TAG_START_RE = re.compile(rb"\[\d*(,\d*(\](<[a-z]{0,7}>?)?)?)?\Z")
+HEADER_RE = re.compile(rb"\x1edtl2 (-?\d{1,18}) ([a-z]) ")
 TEXT_LIMIT = 64 * 1024  # a line of the launcher's own text longer than this is passed on in pieces
-RECORD_LIMIT = 2 * PIPE_BUF  # more than this without a newline cannot be a record
+RECORD_LIMIT = PIPE_BUF  # where records come whole: more than this without a newline is not one
+META_LIMIT = 2 * PIPE_BUF  # a host, exit or not-started record longer than this is not one
 
 
 @dataclass(frozen=True)
@@ -58,21 +75,7 @@ Event = Union[Piece, RankHost, RankExit, RankNotStarted]
 _STREAMS = {STDOUT: "stdout", STDERR: "stderr"}
 
 
-def parse_record(line: bytes, default_rank: int | None) -> Event | None:
-    """One record without its newline, or None when the line is not one."""
-    parts = line.split(b" ", 3)
-    if len(parts) != 4 or parts[0] + b" " != MAGIC:
-        return None
-    try:
-        rank = int(parts[1])
-        payload = binascii.a2b_base64(parts[3])
-    except (ValueError, binascii.Error):
-        return None
-    if rank < 0:
-        if default_rank is None:
-            return None
-        rank = default_rank
-    kind = parts[2].decode("ascii", "replace")
+def _event(rank: int, kind: str, payload: bytes) -> Event | None:
     if kind in _STREAMS:
         return Piece(rank, _STREAMS[kind], payload)
     if kind == HOST:
@@ -84,38 +87,92 @@ def parse_record(line: bytes, default_rank: int | None) -> Event | None:
     return None
 
 
+def parse_record(line: bytes, default_rank: int | None) -> Event | None:
+    """One whole record without its newline, or None when the line is not one."""
+    match = HEADER_RE.match(line)
+    if match is None or b"\n" in line:
+        return None
+    rank = _rank(match, default_rank)
+    if rank is None:
+        return None
+    return _event(rank, match.group(2).decode("ascii"), unescape(line[match.end():]))
+
+
+def _rank(match: re.Match[bytes], default_rank: int | None) -> int | None:
+    rank = int(match.group(1))
+    return rank if rank >= 0 else default_rank
+
+
+def _could_be_header(data: bytes) -> bool:
+    """True when `data` (no newline, shorter than a header) may still grow into one."""
+    if len(data) <= len(MAGIC):
+        return MAGIC.startswith(data)
+    return data.startswith(MAGIC) and re.fullmatch(rb"-?\d{0,18}( [a-z]?)?", data[len(MAGIC):]) is not None
+
+
 @dataclass
 class RecordParser:
     """Cuts one source's byte stream into records. What is not a record is passed on as raw
     bytes: a rank's (rank set, e.g. a traceback of the shim's own interpreter) or the
-    launcher's (rank None)."""
+    launcher's (rank None).
+
+    `whole` None: the source is one rank's (tagged): a record's payload goes on as it comes.
+    `whole` N: records come whole, each at most N bytes, and are held until their newline."""
 
     rank: int | None = None  # the source's rank when the launcher told it (a tag)
     stream: str = "stdout"
+    whole: int | None = None
     _pending: bytes = b""
+    _open: tuple[int, str] | None = None  # (rank, stream) of the record whose payload runs on
+    _in_line: bool = False  # a line of raw text was passed on in part: the rest is raw too
 
     def feed(self, data: bytes) -> list[Event]:
         buf = self._pending + data if self._pending else data
         out: list[Event] = []
         pos = 0
-        while pos < len(buf):
-            newline = buf.find(b"\n", pos)
-            if buf.startswith(MAGIC, pos):
-                if newline < 0:
-                    if len(buf) - pos <= RECORD_LIMIT:
-                        break
-                    newline = len(buf) - 1  # too long: not a record after all
-                event = parse_record(buf[pos:newline], self.rank)
-                out.append(event if event is not None else self._raw(buf[pos:newline + 1]))
-                pos = newline + 1
-            elif len(buf) - pos < len(MAGIC) and MAGIC.startswith(buf[pos:]):
-                break  # maybe the start of a record
-            else:
-                if newline < 0 and self.rank is None and len(buf) - pos <= TEXT_LIMIT:
-                    break  # the launcher's own text goes on by whole lines
-                end = len(buf) if newline < 0 else newline + 1
-                out.append(self._raw(buf[pos:end]))
+        newline = -2  # where the next newline is (-1: none in buf); found again once passed
+        size = len(buf)
+        while pos < size:
+            if newline != -1 and newline < pos:
+                newline = buf.find(b"\n", pos)
+            if self._open is not None:
+                end = size if newline < 0 else newline
+                if newline < 0 and buf[end - 1:end] == ESC:
+                    end -= 1  # an escape pair cut in two: wait for its second byte
+                if end > pos:
+                    out.append(Piece(self._open[0], self._open[1], unescape(buf[pos:end])))
                 pos = end
+                if newline < 0:
+                    break
+                self._open = None
+                pos += 1
+                continue
+            if not self._in_line and buf[pos] == MAGIC[0]:
+                match = HEADER_RE.match(buf, pos)
+                if match is None:
+                    if newline < 0 and size - pos < HEADER_MAX and _could_be_header(buf[pos:]):
+                        break  # maybe the start of a record
+                else:
+                    rank, kind = _rank(match, self.rank), match.group(2).decode("ascii")
+                    if rank is not None and self.whole is None and kind in _STREAMS:
+                        self._open = (rank, _STREAMS[kind])
+                        pos = match.end()
+                        continue
+                    limit = self.whole or META_LIMIT
+                    if newline < 0 and size - pos <= limit:
+                        break  # the rest of the record is still to come
+                    if newline >= 0 and newline - pos <= limit:
+                        event = parse_record(buf[pos:newline], self.rank)
+                        out.append(event if event is not None else self._raw(buf[pos:newline + 1]))
+                        pos = newline + 1
+                        continue
+                    # too long: not a record after all
+            if newline < 0 and self.rank is None and size - pos <= TEXT_LIMIT and not self._in_line:
+                break  # the launcher's own text goes on by whole lines
+            end = size if newline < 0 else newline + 1
+            out.append(self._raw(buf[pos:end]))
+            pos = end
+            self._in_line = newline < 0
         self._pending = buf[pos:]
         return out
 
@@ -124,6 +181,9 @@ class RecordParser:
 
     def flush(self) -> list[Event]:
         rest, self._pending = self._pending, b""
+        self._in_line = False
+        if self._open is not None:
+            return [Piece(self._open[0], self._open[1], unescape(rest))] if rest else []
         return [self._raw(rest)] if rest else []
 
 
@@ -141,7 +201,13 @@ class TagSplitter:
         buf = self._pending + data if self._pending else data
         out: list[tuple[tuple[int, str] | None, bytes]] = []
         pos = 0
-        while pos < len(buf):
+        size = len(buf)
+        # The next newline and `[` at or after pos (-1: none in buf), searched again only once
+        # passed: each byte is looked at a bounded number of times.
+        newline = bracket = -2
+        while pos < size:
+            if newline != -1 and newline < pos:
+                newline = buf.find(b"\n", pos)
             if self._current is None:
                 match = TAG_RE.match(buf, pos)
                 if match is not None:
@@ -154,18 +220,32 @@ class TagSplitter:
                     self._current = (int(match.group(2)), stream)
                     pos = end
                     continue
-                if _TAG_START_RE.match(buf, pos) and len(buf) - pos < 40:
+                if _TAG_START_RE.match(buf, pos) and size - pos < 40:
                     break
-                newline = buf.find(b"\n", pos)
                 if newline < 0:
-                    if len(buf) - pos > TEXT_LIMIT:
+                    if size - pos > TEXT_LIMIT:
                         out.append((None, buf[pos:]))
-                        pos = len(buf)
+                        pos = size
                     break
                 out.append((None, buf[pos:newline + 1]))
                 pos = newline + 1
                 continue
-            end, wait = self._piece_end(buf, pos)
+            # The current piece ends after its newline, at the next tag, or at the buffer's end
+            # (where it waits when what follows may be the start of a tag).
+            limit = size if newline < 0 else newline + 1
+            end, wait = limit, False
+            while True:
+                if bracket != -1 and bracket < pos:
+                    bracket = buf.find(b"[", pos)
+                if bracket < 0 or bracket >= limit:
+                    break
+                if TAG_RE.match(buf, bracket):
+                    end = bracket
+                    break
+                if _TAG_START_RE.match(buf, bracket) and size - bracket < 40:
+                    end, wait = bracket, True
+                    break
+                bracket = buf.find(b"[", bracket + 1)
             if end > pos:
                 out.append((self._current, buf[pos:end]))
             pos = end
@@ -173,29 +253,35 @@ class TagSplitter:
                 break
             if buf[end - 1:end] == b"\n":
                 self._current = None
-            elif end < len(buf):
+            elif end < size:
                 self._current = None  # a tag follows; it is read at the loop's top
         self._pending = buf[pos:]
         return out
 
-    @staticmethod
-    def _piece_end(buf: bytes, pos: int) -> tuple[int, bool]:
-        """Where the current piece ends: after its newline, at the next tag, or at the end of
-        the buffer (then True when what follows may be the start of a tag)."""
-        newline = buf.find(b"\n", pos)
-        limit = len(buf) if newline < 0 else newline + 1
-        bracket = buf.find(b"[", pos, limit)
-        while bracket >= 0:
-            if TAG_RE.match(buf, bracket):
-                return bracket, False
-            if _TAG_START_RE.match(buf, bracket) and len(buf) - bracket < 40:
-                return bracket, True
-            bracket = buf.find(b"[", bracket + 1, limit)
-        return limit, False
-
     def flush(self) -> list[tuple[tuple[int, str] | None, bytes]]:
         rest, self._pending = self._pending, b""
         return [(self._current, rest)] if rest else []
+
+
+def merged(events: list[Event]) -> list[Event]:
+    """Consecutive pieces of one rank and stream as one piece."""
+    out: list[Event] = []
+    parts: list[bytes] = []
+    for event in events:
+        if isinstance(event, Piece) and event.rank is not None and out:
+            last = out[-1]
+            if isinstance(last, Piece) and last.rank == event.rank and last.stream == event.stream:
+                if not parts:
+                    parts.append(last.data)
+                parts.append(event.data)
+                continue
+        if parts:
+            out[-1] = Piece(out[-1].rank, out[-1].stream, b"".join(parts))  # type: ignore[union-attr]
+            parts = []
+        out.append(event)
+    if parts:
+        out[-1] = Piece(out[-1].rank, out[-1].stream, b"".join(parts))  # type: ignore[union-attr]
+    return out
 
 
 @dataclass
@@ -211,14 +297,25 @@ class OpenMpiDemux:
         self._tags.space_after_tag = self.space_after_tag
 
     def feed(self, data: bytes) -> list[Event]:
-        return self._take(self._tags.feed(data))
+        return merged(self._take(self._tags.feed(data)))
 
     def _take(self, pieces: list[tuple[tuple[int, str] | None, bytes]]) -> list[Event]:
         out: list[Event] = []
-        for tag, data in pieces:
+        index = 0
+        while index < len(pieces):
+            tag, data = pieces[index]
+            index += 1
             if tag is None:
                 out.append(Piece(None, self.stream, data))
                 continue
+            # mpirun cuts a rank's output into chunks of a few KB: the rank's consecutive
+            # chunks in this read go to its parser at once.
+            following = index
+            while following < len(pieces) and pieces[following][0] == tag:
+                following += 1
+            if following > index:
+                data = b"".join([data, *(piece for _, piece in pieces[index:following])])
+                index = following
             parser = self._records.get(tag)
             if parser is None:
                 parser = self._records[tag] = RecordParser(tag[0], tag[1])
@@ -235,13 +332,16 @@ class OpenMpiDemux:
 @dataclass
 class RecordDemux:
     """A launcher that does not tag its ranks' output: records must arrive whole (each is one
-    atomic write of at most PIPE_BUF bytes); anything else is the launcher's own text."""
+    atomic write of at most `record_limit` bytes, the shim's `record_limit`); anything else is
+    the launcher's own text."""
 
     stream: str = "stdout"
+    record_limit: int = RECORD_LIMIT
     _records: RecordParser = field(default_factory=RecordParser)
 
     def __post_init__(self) -> None:
         self._records.stream = self.stream
+        self._records.whole = self.record_limit
 
     def feed(self, data: bytes) -> list[Event]:
         return self._records.feed(data)

@@ -14,7 +14,7 @@ from dtlaunch.hosts import Host, assign_ranks, total_slots
 from dtlaunch.mca import refuse_insecure
 from dtlaunch.mpi import Interfaces, JobSpec, MpiFamily, format_command
 from dtlaunch.openmpi import OPEN_MPI
-from dtlaunch.rank_shim import wrap_program
+from dtlaunch.rank_shim import PIPE_BUF, wrap_program
 from dtlaunch.ssh_options import SshOptions
 
 
@@ -165,7 +165,9 @@ def plan_run(
     )
     argv = family.build_argv(spec, launcher or family.launcher)
     # What really runs: every rank through the rank shim, its argv one opaque word.
-    wrapped = wrap_program(program, shim_python(request))
+    # Records as large as the launcher can take apart (a family that does not say: PIPE_BUF).
+    record_limit = int(getattr(family, "record_limit", PIPE_BUF))
+    wrapped = wrap_program(program, shim_python(request), record_limit)
     launch_argv = family.build_argv(replace(spec, program=wrapped), launcher or family.launcher)
     launcher_env = build_launcher_env(environ, env)
     own = family.launcher_env(spec)

@@ -10,17 +10,21 @@ How it reaches the hosts: inline, `python -I -S -c <this file, compressed> <enco
 (see `wrap_program`), so dtlaunch need not be installed where the ranks run. This module
 therefore uses the standard library only (no dtlaunch imports) and stays valid Python 3.6.
 
-Records, one per line, each at most PIPE_BUF bytes so that one write() to a pipe is atomic
-even when several writers share it (Open MPI gives each rank a pty of its own instead, where a
-write may be cut: the reader joins the pieces by Open MPI's tags, see dtlaunch.output):
+Records, one per line (protocol version 2; the payload is escaped, not encoded):
 
-    \\x1edtl1 <rank> <kind> <base64 payload>\\n
+    \\x1edtl2 <rank> <kind> <escaped payload>\\n
 
 kinds: `h` the host's name (sent first), `o`/`e` a chunk of the program's stdout/stderr,
 sent as soon as it is read (binary-safe, no waiting for a newline), `x` the program's end
-(`exit N` or `signal N`), `n` the program could not be started (its name). The base64
-alphabet holds no `[`, `<`, `:` or newline, so a rank's own text can never pass for a
-launcher's tag or a record boundary.
+(`exit N` or `signal N`), `n` the program could not be started (its name). Escaping touches
+three bytes only: ESC (0x10) becomes ESC `0`, `\\n` ESC `1` and `[` ESC `2`, so a payload
+holds no newline (a record is one line) and no `[` (a rank's own text can never pass for a
+launcher's tag, Open MPI's `[1,7]<stdout>:` or Hydra's `[7] `), and text stays as it was.
+
+Record size: a launcher that tags each rank's output (Open MPI's `--tag-output`) lets the
+reader join a rank's pieces exactly, so records there are as large as one read of the
+program's output (`record_limit` of `wrap_program`, few writes, little CPU). A launcher that
+does not tag needs each record to be one atomic write: at most PIPE_BUF bytes, the default.
 """
 
 import base64
@@ -36,9 +40,14 @@ import time
 import zlib
 from typing import Dict, List, NoReturn, Optional, Sequence, Tuple
 
-MAGIC = b"\x1edtl1 "
+MAGIC = b"\x1edtl2 "
 PIPE_BUF = 4096  # Linux's; POSIX guarantees 512, and every record here fits Linux's
-CHUNK = 3000  # payload bytes per record: base64 makes 4000, plus a header of < 40
+HEADER_MAX = 40  # MAGIC, a rank, a kind and the spaces
+MIN_RECORD = 256  # a smaller record_limit is raised to this
+CHUNK = (PIPE_BUF - HEADER_MAX) // 2  # payload bytes that always fit one PIPE_BUF record
+READ_SIZE = 1 << 16  # one read of the program's output
+ESC = b"\x10"
+_ESCAPES = ((ESC, ESC + b"0"), (b"\n", ESC + b"1"), (b"[", ESC + b"2"))
 HOST, STDOUT, STDERR, EXIT, NOSTART = "h", "o", "e", "x", "n"
 RANK_VARIABLES = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID")
 GRACE = 0.8  # seconds a signalled rank gets before SIGKILL (Open MPI's own SIGKILL comes at 1 s)
@@ -63,17 +72,55 @@ def decode_argv(word: str) -> List[str]:
     return value
 
 
+def escape(data: bytes) -> bytes:
+    for raw, escaped in _ESCAPES:  # ESC first: the escapes made next hold one
+        if raw in data:
+            data = data.replace(raw, escaped)
+    return data
+
+
+def unescape(data: bytes) -> bytes:
+    """The inverse of `escape`. Every ESC starts a pair (a raw one was escaped), so each pair
+    is found by its own replace; ESC `0` goes last, or ESC `0` `1` would become a newline."""
+    if ESC not in data:
+        return data
+    for raw, escaped in reversed(_ESCAPES):
+        data = data.replace(escaped, raw)
+    return data
+
+
+def records(rank: int, kind: str, payload: bytes, limit: int = PIPE_BUF) -> List[bytes]:
+    """`payload` as records of at most `limit` bytes each (never an escape pair cut in two)."""
+    head = b"%s%d %s " % (MAGIC, rank, kind.encode("ascii"))
+    body = escape(payload)
+    room = max(limit, MIN_RECORD) - len(head) - 1
+    out = []
+    start = 0
+    while True:
+        end = min(start + room, len(body))
+        if body[end - 1:end] == ESC and end < len(body):
+            end -= 1
+        out.append(b"".join((head, body[start:end], b"\n")))
+        start = end
+        if start >= len(body):
+            return out
+
+
 def record(rank: int, kind: str, payload: bytes) -> bytes:
-    return b"%s%d %s %s\n" % (MAGIC, rank, kind.encode("ascii"), base64.b64encode(payload))
+    """One record, whatever its size (tests and small payloads)."""
+    return b"%s%d %s %s\n" % (MAGIC, rank, kind.encode("ascii"), escape(payload))
 
 
-def wrap_program(program: Sequence[str], python: str) -> Tuple[str, ...]:
-    """The argv the MPI launches instead of `program`: this shim, inline, with `python`."""
+def wrap_program(program: Sequence[str], python: str,
+                 record_limit: int = PIPE_BUF) -> Tuple[str, ...]:
+    """The argv the MPI launches instead of `program`: this shim, inline, with `python`;
+    its records at most `record_limit` bytes (see the module's docstring)."""
     with open(__file__, "rb") as handle:
         source = handle.read()
     packed = base64.b64encode(zlib.compress(source, 9)).decode("ascii")
     boot = "import base64,zlib;exec(zlib.decompress(base64.b64decode('%s')))" % packed
-    return (python, "-I", "-S", "-c", boot, encode_argv(program))
+    return (python, "-I", "-S", "-c", boot, str(max(record_limit, MIN_RECORD)),
+            encode_argv(program))
 
 
 # --- the rank's side ----------------------------------------------------------------------------
@@ -137,8 +184,10 @@ def _pmi_fds() -> Tuple[int, ...]:
 
 
 class Shim:
-    def __init__(self, program: List[str], rank: int, out_fd: int = 1) -> None:
+    def __init__(self, program: List[str], rank: int, out_fd: int = 1,
+                 record_limit: int = PIPE_BUF) -> None:
         self.program = program
+        self.record_limit = record_limit
         self.rank = rank
         self.out_fd = out_fd
         self.signals: List[int] = []
@@ -149,12 +198,13 @@ class Shim:
     def send(self, kind: str, payload: bytes) -> None:
         if self.out_broken:
             return
-        data = memoryview(record(self.rank, kind, payload))
         try:
-            # Open MPI gives a rank a pty, and a tty write that a signal (our SIGCHLD)
-            # interrupts returns what it wrote so far: write the rest.
-            while data:
-                data = data[os.write(self.out_fd, data):]
+            for one in records(self.rank, kind, payload, self.record_limit):
+                # Open MPI gives a rank a pty, and a tty write that a signal (our SIGCHLD)
+                # interrupts returns what it wrote so far: write the rest.
+                data = memoryview(one)
+                while data:
+                    data = data[os.write(self.out_fd, data):]
         except OSError:
             # The MPI daemon is gone: nobody reads us any more; stop the program.
             self.out_broken = True
@@ -254,14 +304,13 @@ class Shim:
                 with contextlib.suppress(OSError):
                     os.read(fd, 512)
                 continue
-            data = os.read(fd, 65536)
+            data = os.read(fd, READ_SIZE)
             if not data:
                 del streams[fd]
                 os.close(fd)
                 continue
             got = True
-            for start in range(0, len(data), CHUNK):
-                self.send(streams[fd], data[start:start + CHUNK])
+            self.send(streams[fd], data)
         return got
 
 
@@ -294,6 +343,7 @@ def _die_like(status: int) -> NoReturn:
 def main(argv: List[str]) -> None:
     try:
         program = decode_argv(argv[-1])
+        limit = int(argv[-2]) if len(argv) > 2 and argv[-2].isdigit() else PIPE_BUF
     except (ValueError, IndexError):
         sys.stderr.write("dtlaunch rank shim: expected the program's encoded argv\n")
         os._exit(2)
@@ -302,7 +352,7 @@ def main(argv: List[str]) -> None:
     if os.getppid() != ppid:  # the daemon died before the death signal was set
         os._exit(1)
     _prctl(PR_SET_CHILD_SUBREAPER, 1)
-    shim = Shim(program, _rank(dict(os.environ)))
+    shim = Shim(program, _rank(dict(os.environ)), record_limit=max(limit, MIN_RECORD))
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
         signal.signal(signum, shim._on_signal if signum != signal.SIGCHLD else lambda *a: None)
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)

@@ -171,7 +171,7 @@ def test_demux_joins_records_cut_by_hydra_and_keeps_its_own_lines() -> None:
                       Piece(1, "stdout", b"x" * 3000), RankExit(1, "exit 3")]
 
 
-@given(st.lists(st.sampled_from([b"[", b"0", b"1", b"] ", b"a", b"\n", b"\x1edtl1 ", b"o "]),
+@given(st.lists(st.sampled_from([b"[", b"0", b"1", b"] ", b"a", b"\n", b"\x1edtl2 ", b"o "]),
                 max_size=40), st.integers(1, 9))
 def test_demux_never_crashes_and_loses_nothing_untagged(parts: list[bytes], step: int) -> None:
     data = b"".join(parts)

@@ -69,6 +69,16 @@ def test_log_files_keep_exact_bytes_and_a_write_error_costs_one_warning(tmp_path
     assert err.getvalue().count(b"dtlaunch: warning: cannot write") == 1
 
 
+def test_a_write_error_found_at_the_end_is_still_told(tmp_path: Path) -> None:
+    """A job shorter than a tick: its log is first written at close, and the warning about it
+    was dropped (the console had been written already)."""
+    output, _, err = job(tmp_path)
+    (tmp_path / "rank.0.log").mkdir()
+    output.feed(tagged(0, "o", b"only line\n"), False)
+    output.close()
+    assert err.getvalue().count(b"dtlaunch: warning: cannot write") == 1
+
+
 def test_many_ranks_need_no_handle_each(tmp_path: Path) -> None:
     import resource
 

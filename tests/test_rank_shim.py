@@ -23,7 +23,19 @@ from dtlaunch.output import (
     RecordDemux,
     TagSplitter,
 )
-from dtlaunch.rank_shim import CHUNK, PIPE_BUF, decode_argv, encode_argv, record, wrap_program
+from dtlaunch.rank_shim import (
+    CHUNK,
+    ESC,
+    MIN_RECORD,
+    PIPE_BUF,
+    decode_argv,
+    encode_argv,
+    escape,
+    record,
+    records,
+    unescape,
+    wrap_program,
+)
 
 HOSTILE = ["prog.py", "--sep", ":", "-np", "1", "/bin/echo", "X", "", "a b", "\udcff", "\n", "-H"]
 
@@ -38,8 +50,23 @@ def test_the_argv_travels_as_one_word_that_no_launcher_can_read() -> None:
 
 
 def test_records_fit_one_atomic_write() -> None:
-    assert len(record(99999999, "o", b"\xff" * CHUNK)) <= PIPE_BUF
+    assert len(record(99999999, "o", b"\n[" * (CHUNK // 2))) <= PIPE_BUF
     assert record(3, "o", b"[1,7]<stdout>:x\n").count(b"\n") == 1
+    worst = (b"\n" + ESC + b"[") * 5000
+    cut = records(99999999, "o", worst)
+    assert len(cut) > 1 and all(len(r) <= PIPE_BUF and r.count(b"\n") == 1 for r in cut)
+    assert b"".join(read_all(b"".join(cut))[i].data for i in range(len(cut))) == worst  # type: ignore[attr-defined]
+    assert len(records(0, "o", b"x" * 100_000, 1 << 20)) == 1  # tagged launchers: one write
+
+
+@given(st.binary(), st.integers(MIN_RECORD, 600))
+def test_escaping_is_exact_and_leaves_no_newline_or_bracket(data: bytes, limit: int) -> None:
+    assert unescape(escape(data)) == data
+    assert b"\n" not in escape(data) and b"[" not in escape(data)
+    assert escape(b"plain text, no specials") == b"plain text, no specials"
+    cut = records(7, "e", data, limit)
+    assert all(len(r) <= limit and r.endswith(b"\n") and b"[" not in r for r in cut)
+    assert b"".join(unescape(r.split(b" ", 3)[3][:-1]) for r in cut) == data
 
 
 def tagged(rank: int, data: bytes, stream: str = "stdout") -> bytes:
@@ -76,20 +103,43 @@ def test_untagged_launcher_text_waits_for_its_line_but_is_capped() -> None:
     assert plain.feed(b"\n") == [Piece(4, "stdout", b"hi")]
 
 
+def test_untagged_records_must_come_whole_within_their_limit() -> None:
+    """Without tags a record is only one when it arrives whole: one longer than the limit is
+    the launcher's text, and so is a line that only starts like a record."""
+    plain = RecordDemux(record_limit=512)
+    long = record(4, "o", b"y" * 600)
+    events = plain.feed(long) + plain.feed(record(5, "o", b"ok") + b"\x1edtl2 x\n") + plain.flush()
+    assert events == [Piece(None, "stdout", long), Piece(5, "stdout", b"ok"),
+                      Piece(None, "stdout", b"\x1edtl2 x\n")]
+    assert RecordDemux(record_limit=1024).feed(long) == [Piece(4, "stdout", b"y" * 600)]
+
+
+def test_a_tagged_record_is_passed_on_as_it_comes() -> None:
+    """Open MPI's records are large: their payload goes on piece by piece (an escape pair cut
+    in two waits for its second byte), consecutive pieces of a read as one."""
+    payload = b"ab\ncd[" * 1000
+    wire = record(1, "o", payload)
+    demux = OpenMpiDemux()
+    first = demux.feed(tagged(1, wire[:100]) + tagged(1, wire[100:200]))
+    assert len(first) == 1 and isinstance(first[0], Piece)
+    rest = [e for i in range(200, len(wire), 333) for e in demux.feed(tagged(1, wire[i:i + 333]))]
+    assert b"".join(e.data for e in first + rest + demux.flush()) == payload  # type: ignore[union-attr]
+
+
 chunks = st.binary(max_size=CHUNK)
 
 
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 3), st.sampled_from("oe"), chunks), max_size=30),
-       st.data())
+       st.data(), st.sampled_from([MIN_RECORD, PIPE_BUF, 1 << 20]))
 def test_any_interleaving_and_cutting_gives_each_rank_its_bytes_in_order(
-        writes: list[tuple[int, str, bytes]], data: st.DataObject) -> None:
-    """Ranks write records; mpirun forwards each rank's stream in pieces of any size, tags
-    them and interleaves the pieces of different ranks in any order; dtlaunch reads the
-    result in reads of any size."""
+        writes: list[tuple[int, str, bytes]], data: st.DataObject, limit: int) -> None:
+    """Ranks write records (of any size limit); mpirun forwards each rank's stream in pieces
+    of any size, tags them and interleaves the pieces of different ranks in any order;
+    dtlaunch reads the result in reads of any size."""
     per_rank: dict[int, bytes] = {}
     for rank, kind, payload in writes:
-        per_rank[rank] = per_rank.get(rank, b"") + record(rank, kind, payload)
+        per_rank[rank] = per_rank.get(rank, b"") + b"".join(records(rank, kind, payload, limit))
     pieces: dict[int, list[bytes]] = {}
     for rank, stream in per_rank.items():
         cuts = sorted(data.draw(st.lists(st.integers(1, max(1, len(stream) - 1)), max_size=6)))
@@ -118,6 +168,36 @@ def test_any_interleaving_and_cutting_gives_each_rank_its_bytes_in_order(
     assert {k: v for k, v in got.items() if v} == {k: v for k, v in want.items() if v}
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(-1, 3), st.sampled_from("oe"), chunks), max_size=30),
+       st.lists(st.integers(0, 1 << 16), max_size=8))
+def test_whole_records_among_launcher_lines_in_reads_of_any_size(
+        writes: list[tuple[int, str, bytes]], reads: list[int]) -> None:
+    """Untagged (RecordDemux): records written whole between the launcher's own lines, read in
+    any cuts, give each rank its bytes and the launcher its lines."""
+    wire = b""
+    want: dict[int | None, bytes] = {}
+    for rank, kind, payload in writes:
+        if rank < 0:
+            line = payload.replace(b"\n", b"").replace(b"\x1e", b"") + b"\n"
+            wire += line
+            want[None] = want.get(None, b"") + line
+        else:
+            wire += b"".join(records(rank, kind, payload))
+            want[rank] = want.get(rank, b"") + payload
+    demux = RecordDemux()
+    events = []
+    cuts = sorted(min(r, len(wire)) for r in reads)
+    for a, b in zip([0, *cuts], [*cuts, len(wire)]):
+        events += demux.feed(wire[a:b])
+    events += demux.flush()
+    got: dict[int | None, bytes] = {}
+    for event in events:
+        assert isinstance(event, Piece)
+        got[event.rank] = got.get(event.rank, b"") + event.data
+    assert {k: v for k, v in got.items() if v} == {k: v for k, v in want.items() if v}
+
+
 def test_demux_is_linear_on_a_long_stream() -> None:
     """100 MB of one rank without a newline, read as mpirun would pass it on: no quadratic
     joining (this ran for minutes before) and nothing held back."""
@@ -138,8 +218,8 @@ def shim(program: list[str], **kw: object) -> subprocess.Popen[bytes]:
                             stderr=subprocess.PIPE, env=env, **kw)  # type: ignore[call-overload]
 
 
-def read_all(out: bytes) -> list[object]:
-    demux = RecordDemux()
+def read_all(out: bytes, limit: int = PIPE_BUF) -> list[object]:
+    demux = RecordDemux(record_limit=limit)
     return demux.feed(out) + demux.flush()
 
 
@@ -201,6 +281,20 @@ def test_sigterm_reaches_the_program_and_one_that_ignores_it_is_killed() -> None
     proc.send_signal(signal.SIGTERM)
     proc.communicate(timeout=30)
     assert proc.returncode == -signal.SIGKILL
+
+
+def test_the_shim_keeps_its_records_within_the_limit_it_is_given() -> None:
+    program = [sys.executable, "-c", "import os; os.write(1, b'[\\n' * 50000)"]
+    sizes = {}
+    for limit in (PIPE_BUF, 1 << 20):
+        env = {**os.environ, "OMPI_COMM_WORLD_RANK": "3"}
+        out = subprocess.run(wrap_program(program, sys.executable, limit), capture_output=True,
+                             env=env, timeout=30, check=True).stdout
+        lines = out.splitlines(keepends=True)
+        assert max(len(line) for line in lines) <= limit
+        sizes[limit] = len(lines)
+        assert b"".join(e.data for e in read_all(out, limit) if isinstance(e, Piece)) == b"[\n" * 50000
+    assert sizes[1 << 20] < sizes[PIPE_BUF] / 10
 
 
 def test_a_short_write_is_completed(monkeypatch: pytest.MonkeyPatch) -> None:
