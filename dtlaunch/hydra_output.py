@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from dtlaunch.failures import Failure
-from dtlaunch.output import RECORD_LIMIT, TEXT_LIMIT, Event, Piece, RecordParser
+from dtlaunch.output import RECORD_LIMIT, TEXT_LIMIT, Event, PieceRouter, RecordParser
 
 TAG_RE = re.compile(rb"\[(\d+)\] ")
 _TAG_START_RE = re.compile(rb"\[\d{0,9}\]?\Z")  # what may still grow into a tag
@@ -90,29 +90,17 @@ class HydraDemux:
 
     stream: str = "stdout"
     _tags: HydraTagSplitter = field(default_factory=HydraTagSplitter)
-    _records: dict[int, RecordParser] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # The shim writes records of at most PIPE_BUF bytes here: each is taken whole.
+        self._router = PieceRouter(self.stream,
+                                   lambda rank: RecordParser(rank, self.stream, RECORD_LIMIT))
 
     def feed(self, data: bytes) -> list[Event]:
-        return self._take(self._tags.feed(data))
-
-    def _take(self, pieces: Pieces) -> list[Event]:
-        out: list[Event] = []
-        for rank, data in pieces:
-            if rank is None:
-                out.append(Piece(None, self.stream, data))
-                continue
-            parser = self._records.get(rank)
-            if parser is None:
-                # The shim writes records of at most PIPE_BUF bytes here: each is taken whole.
-                parser = self._records[rank] = RecordParser(rank, self.stream, RECORD_LIMIT)
-            out.extend(parser.feed(data))
-        return out
+        return self._router.take(self._tags.feed(data))
 
     def flush(self) -> list[Event]:
-        out = self._take(self._tags.flush())
-        for parser in self._records.values():
-            out.extend(parser.flush())
-        return out
+        return self._router.flush(self._tags.flush())
 
 
 _BAD_TERMINATION = re.compile(r"BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES"

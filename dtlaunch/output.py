@@ -19,8 +19,9 @@ as one, so the cost per piece that mpirun cuts stays out of the rest of dtlaunch
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Union
+from typing import Any, Union
 
 from dtlaunch.rank_shim import (
     ESC,
@@ -285,21 +286,16 @@ def merged(events: list[Event]) -> list[Event]:
 
 
 @dataclass
-class OpenMpiDemux:
-    """mpirun's stdout or stderr (one instance each): tags, then each rank's records."""
+class PieceRouter:
+    """Sends a tag splitter's pieces to one RecordParser per tag (the rank's, or the rank's
+    and stream's); untagged pieces are the launcher's own text. Shared by every tagged
+    launcher's demux (Open MPI's here, Hydra's in hydra_output.py)."""
 
-    stream: str = "stdout"
-    space_after_tag: bool = False  # Open MPI >= 5
-    _tags: TagSplitter = field(default_factory=TagSplitter)
-    _records: dict[tuple[int, str], RecordParser] = field(default_factory=dict)
+    stream: str
+    new_parser: Callable[[Any], RecordParser]
+    _parsers: dict[Any, RecordParser] = field(default_factory=dict)
 
-    def __post_init__(self) -> None:
-        self._tags.space_after_tag = self.space_after_tag
-
-    def feed(self, data: bytes) -> list[Event]:
-        return merged(self._take(self._tags.feed(data)))
-
-    def _take(self, pieces: list[tuple[tuple[int, str] | None, bytes]]) -> list[Event]:
+    def take(self, pieces: Sequence[tuple[Any, bytes]]) -> list[Event]:
         out: list[Event] = []
         index = 0
         while index < len(pieces):
@@ -308,7 +304,7 @@ class OpenMpiDemux:
             if tag is None:
                 out.append(Piece(None, self.stream, data))
                 continue
-            # mpirun cuts a rank's output into chunks of a few KB: the rank's consecutive
+            # A launcher cuts a rank's output into chunks of a few KB: the rank's consecutive
             # chunks in this read go to its parser at once.
             following = index
             while following < len(pieces) and pieces[following][0] == tag:
@@ -316,17 +312,36 @@ class OpenMpiDemux:
             if following > index:
                 data = b"".join([data, *(piece for _, piece in pieces[index:following])])
                 index = following
-            parser = self._records.get(tag)
+            parser = self._parsers.get(tag)
             if parser is None:
-                parser = self._records[tag] = RecordParser(tag[0], tag[1])
+                parser = self._parsers[tag] = self.new_parser(tag)
             out.extend(parser.feed(data))
         return out
 
-    def flush(self) -> list[Event]:
-        out = self._take(self._tags.flush())
-        for parser in self._records.values():
+    def flush(self, rest: Sequence[tuple[Any, bytes]]) -> list[Event]:
+        out = self.take(rest)
+        for parser in self._parsers.values():
             out.extend(parser.flush())
         return out
+
+
+@dataclass
+class OpenMpiDemux:
+    """mpirun's stdout or stderr (one instance each): tags, then each rank's records."""
+
+    stream: str = "stdout"
+    space_after_tag: bool = False  # Open MPI >= 5
+    _tags: TagSplitter = field(default_factory=TagSplitter)
+
+    def __post_init__(self) -> None:
+        self._tags.space_after_tag = self.space_after_tag
+        self._router = PieceRouter(self.stream, lambda tag: RecordParser(tag[0], tag[1]))
+
+    def feed(self, data: bytes) -> list[Event]:
+        return merged(self._router.take(self._tags.feed(data)))
+
+    def flush(self) -> list[Event]:
+        return self._router.flush(self._tags.flush())
 
 
 @dataclass
