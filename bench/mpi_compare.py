@@ -172,9 +172,25 @@ def ptb(reps: int, steps: int, data: Path) -> dict[str, Any]:
     return out
 
 
+def plain_argv(argv: list[str]) -> list[str]:
+    """The hand-written line with this machine's paths replaced by what they are."""
+    out = []
+    for arg in argv:
+        if arg == JOB:
+            arg = "bench/scripts/tiny_job.py"
+        elif arg.endswith("/python") or arg == PYTHON:
+            arg = "<that MPI's python>"
+        elif arg.startswith("-F "):
+            arg = "-F <bed ssh_config>"
+        elif arg.endswith("/ssh"):
+            arg = "<ssh that adds -F bed ssh_config>"
+        out.append(arg)
+    return out
+
+
 def report(launch_res: dict[str, Any] | None, ptb_res: dict[str, Any] | None, command: str) -> str:
     parts = ["## Per MPI: launch ratio and PTB scaling efficiency", "",
-             f"Command: `{command}`", ""]
+             f"Command (as root, from the repository root): `{command}`", ""]
     summary = []
     if launch_res:
         parts += ["### Launch: tiny Horovod job (init + one allreduce), 2 test-bed hosts", "",
@@ -195,7 +211,7 @@ def report(launch_res: dict[str, Any] | None, ptb_res: dict[str, Any] | None, co
                       f"average {res['load']})", "",
                       md_table(["launcher", "wall s, median (min–max)", "× by hand (medians)",
                                 "× by hand (paired)", "overhead s"], rows), "",
-                      f"By hand: `{shlex.join(res['hand_argv'])}`", ""]
+                      f"By hand: `{shlex.join(plain_argv(res['hand_argv']))}`", ""]
             if res["warm_misses"]:
                 parts += [f"({res['warm_misses']} warm sample(s) missed the cache)", ""]
             summary.append((name, res["version"],
@@ -222,7 +238,12 @@ def report(launch_res: dict[str, Any] | None, ptb_res: dict[str, Any] | None, co
             rows.append([name, f"{one:,.0f}", f"{two:,.0f}", f"{effs[name]:.2f} (paired {paired:.2f})",
                          "met" if effs[name] >= GOAL_EFF else "MISSED", res["load"]])
         parts += [md_table(["MPI", "words/s 1 rank × 1 thread", "words/s 2 ranks × 1 thread",
-                            "efficiency", f"goal ≥ {GOAL_EFF:.2f}", "load average"], rows), ""]
+                            "efficiency", f"goal ≥ {GOAL_EFF:.2f}", "load average"], rows), "",
+                  "Per-core efficiency says what the launch and allreduce path cost only when "
+                  "the machine has 2 idle cores: with a load average above the core count, each "
+                  "1-thread rank gets a share of a core, not a core, and 2 ranks wait on each "
+                  "other's allreduce at the pace of the slower share; read the load column first.",
+                  ""]
     if summary or effs:
         rows = []
         for name in MPIS:
@@ -284,12 +305,15 @@ def main(argv: list[str] | None = None) -> str:
     RAW.mkdir(parents=True, exist_ok=True)
     command = "python bench/mpi_compare.py " + shlex.join(sys.argv[1:] if argv is None else argv)
     if args.part in ("launch", "all"):
-        (RAW / "mpi_compare_launch.json").write_text(json.dumps(launch(args.reps), indent=1))
+        res = {"_command": command.strip(), **launch(args.reps)}
+        (RAW / "mpi_compare_launch.json").write_text(json.dumps(res, indent=1))
     if args.part in ("ptb", "all"):
-        (RAW / "mpi_compare_ptb.json").write_text(json.dumps(ptb(args.ptb_reps, args.max_steps, args.data_path), indent=1))
+        res = {"_command": command.strip(), **ptb(args.ptb_reps, args.max_steps, args.data_path)}
+        (RAW / "mpi_compare_ptb.json").write_text(json.dumps(res, indent=1))
     loaded = [json.loads(p.read_text()) if p.exists() else None
               for p in (RAW / "mpi_compare_launch.json", RAW / "mpi_compare_ptb.json")]
-    text = report(loaded[0], loaded[1], command.strip())
+    commands = [r.pop("_command", "") for r in loaded if r]
+    text = report(loaded[0], loaded[1], " ; ".join(dict.fromkeys(c for c in commands if c)))
     log(plot(loaded[0], loaded[1]))
     return write_result("mpi_compare.md", text)
 
