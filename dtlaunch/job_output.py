@@ -26,7 +26,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, cast
 
-from dtlaunch.output import Event, OpenMpiDemux, Piece, RankExit, RankHost, RankNotStarted
+from dtlaunch.openmpi_output import OpenMpiDemux
+from dtlaunch.output import Event, Piece, RankExit, RankHost, RankNotStarted
 from dtlaunch.rsh import LOST_PREFIX
 
 if TYPE_CHECKING:

@@ -18,7 +18,7 @@ from dtlaunch.ssh_options import check_rsh_arg
 
 if TYPE_CHECKING:  # imported when a job runs, not for a dry run
     from dtlaunch.failures import Failure
-    from dtlaunch.output import OpenMpiDemux
+    from dtlaunch.openmpi_output import OpenMpiDemux
 
 DEFAULT_MAJOR = 4  # assumed when the local mpirun cannot be asked (a dry run without one)
 
@@ -123,7 +123,7 @@ class OpenMpi:
         return build_mpirun_argv(spec, launcher)
 
     def new_demux(self, stream: str, release: tuple[int, ...] = ()) -> OpenMpiDemux:
-        from dtlaunch.output import OpenMpiDemux
+        from dtlaunch.openmpi_output import OpenMpiDemux
 
         return OpenMpiDemux(stream, space_after_tag=tag_has_space(release))
 

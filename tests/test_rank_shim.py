@@ -14,14 +14,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dtlaunch.openmpi_output import OpenMpiDemux, TagSplitter
 from dtlaunch.output import (
-    OpenMpiDemux,
     Piece,
     RankExit,
     RankHost,
     RankNotStarted,
     RecordDemux,
-    TagSplitter,
 )
 from dtlaunch.rank_shim import (
     CHUNK,
