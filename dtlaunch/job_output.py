@@ -157,8 +157,8 @@ class JobOutput:
             for key, started in list(self.since.items()):
                 if now - started >= LIVE_DELAY:
                     self._fragment(key)
+            self.logs.flush()  # before _write: a failed log write queues a warning line
             self._write()
-            self.logs.flush()
 
     def close(self) -> None:
         with self.lock:
@@ -171,8 +171,8 @@ class JobOutput:
                 if console.open is not None:
                     console.out.append(b"\n")
                 console.open = None
+            self.logs.flush()  # before the last _write, or its warning is never printed
             self._write()
-            self.logs.flush()
 
     def rank_hosts(self) -> tuple[str, ...]:
         """rank -> host: where each rank said it runs, else where it was expected to."""

@@ -69,6 +69,14 @@ def test_log_files_keep_exact_bytes_and_a_write_error_costs_one_warning(tmp_path
     assert err.getvalue().count(b"dtlaunch: warning: cannot write") == 1
 
 
+def test_a_write_error_at_the_last_flush_is_still_warned(tmp_path: Path) -> None:
+    output, _, err = job(tmp_path)
+    (tmp_path / "rank.0.log").mkdir()
+    output.feed(tagged(0, "o", b"only line\n"), False)  # no tick: the log is first written at close
+    output.close()
+    assert err.getvalue().count(b"dtlaunch: warning: cannot write") == 1
+
+
 def test_many_ranks_need_no_handle_each(tmp_path: Path) -> None:
     import resource
 
