@@ -18,6 +18,7 @@ from conftest import SCRIPTS, dtlaunch_argv
 from slurm_bed import SlurmCluster
 from testbed import TestBed
 
+from dtlaunch.lifeline import stop_session
 from dtlaunch.rsh import LOST_PREFIX, SSH_ARGS_ENV
 
 pytestmark = pytest.mark.testbed
@@ -233,7 +234,10 @@ def test_killing_dtlaunch_inside_slurm_leaves_nothing(slurm_cluster: SlurmCluste
             time.sleep(0.2)
         assert left == [], "mpirun, srun or ranks outlived dtlaunch"
     finally:
-        with contextlib.suppress(OSError):
-            os.killpg(proc.pid, signal.SIGKILL)
+        # On a failure: salloc puts dtlaunch in a process group of its own, and a SIGKILLed
+        # salloc never releases its nodes (InactiveLimit=0), which would leave the next
+        # test's salloc waiting for them. End the whole session and cancel the job.
+        stop_session(proc.pid, signal_leader=False, grace=0)
         proc.wait()
+        slurm_cluster.run("scancel", "--name=dtl-lifeline", timeout=30)
     slurm_cluster.wait_idle(60)
