@@ -18,6 +18,7 @@ from conftest import SCRIPTS, dtlaunch_argv
 from slurm_bed import SlurmCluster
 from testbed import TestBed
 
+from dtlaunch.lifeline import stop_session
 from dtlaunch.rsh import LOST_PREFIX, SSH_ARGS_ENV
 
 pytestmark = pytest.mark.testbed
@@ -172,6 +173,32 @@ def _pids_with(marker: str) -> list[int]:
     return found
 
 
+def _ppid(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def _descendants(pid: int) -> list[int]:
+    """pid's children, theirs, and so on (read from /proc)."""
+    parents = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError):
+                parents[int(entry.name)] = _ppid(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        parent_pid = todo.pop()
+        kids = [p for p, parent in parents.items() if parent == parent_pid]
+        found += kids
+        todo += kids
+    return found
+
+
+def _argv0(pid: int) -> bytes:
+    with contextlib.suppress(OSError):
+        return os.path.basename(Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0])
+    return b""
+
+
 def test_killing_dtlaunch_inside_slurm_leaves_nothing(slurm_cluster: SlurmCluster,
                                                       tmp_path: Path) -> None:
     """--launcher slurm: mpirun's daemons come from srun; SIGKILL of dtlaunch ends them all."""
@@ -190,15 +217,27 @@ def test_killing_dtlaunch_inside_slurm_leaves_nothing(slurm_cluster: SlurmCluste
         argvs = {p: Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0") for p in _pids_with(marker)}
         launcher = [p for p, a in argvs.items() if a[1:3] == [b"-m", b"dtlaunch"]]
         assert len(launcher) == 1, argvs
-        mpirun = [p for p, a in argvs.items() if os.path.basename(a[0]) == b"mpirun"]
+        # mpirun's argv does not hold the marker (the rank shim carries the program encoded):
+        # mpirun and its srun are found under dtlaunch, each rank's shim and daemon above it.
+        below = _descendants(launcher[0])
+        mpirun = [p for p in below if _argv0(p) == b"mpirun"]
         assert mpirun, "mpirun not found"
+        assert any(_argv0(p) == b"srun" for p in below), "srun not found"
+        ranks = [p for p in argvs if p not in below and p != proc.pid and p != launcher[0]]
+        shims = [_ppid(p) for p in ranks]
+        daemons = [_ppid(p) for p in shims]
+        watched = set(below + shims + daemons)
         os.kill(launcher[0], signal.SIGKILL)
         deadline = time.monotonic() + 20
-        while (left := _pids_with(marker)) and time.monotonic() < deadline:
+        while ((left := _pids_with(marker) + [p for p in watched if alive(p)])
+               and time.monotonic() < deadline):
             time.sleep(0.2)
         assert left == [], "mpirun, srun or ranks outlived dtlaunch"
     finally:
-        with contextlib.suppress(OSError):
-            os.killpg(proc.pid, signal.SIGKILL)
+        # On a failure: salloc puts dtlaunch in a process group of its own, and a SIGKILLed
+        # salloc never releases its nodes (InactiveLimit=0), which would leave the next
+        # test's salloc waiting for them. End the whole session and cancel the job.
+        stop_session(proc.pid, signal_leader=False, grace=0)
         proc.wait()
+        slurm_cluster.run("scancel", "--name=dtl-lifeline", timeout=30)
     slurm_cluster.wait_idle(60)

@@ -155,7 +155,12 @@ def test_lost_host_ends_the_job(make_bed, run_mpi_env: MpiEnv, tmp_path: Path) -
     _, err = proc.communicate(timeout=90)
     assert proc.returncode != 0
     assert err.splitlines()[-1] == "dtlaunch: job failed: lost the SSH connection to host h2", err
-    assert not testbed.stray_pids("h1")
+    # h1's daemon ends when it sees its ssh link close, which may be just after dtlaunch's
+    # exit (mpirun ends at once on h2's loss): wait for it, within a bound.
+    deadline = time.monotonic() + 30
+    while (left := testbed.stray_pids("h1")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not left
 
 
 # --- MPICH: Horovod's build proven by Hydra's own mpiexec ---------------------------------------
