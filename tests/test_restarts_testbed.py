@@ -85,7 +85,13 @@ def test_a_lost_host_is_dropped_and_the_job_finishes_on_the_others(make_bed: Any
     assert runs[1]["dropped_before"][0]["host"] == "h3"
     assert sorted(ranks_of(tmp_path, 1).values()) == ["h1", "h2"]
     assert "h3" in err  # the end report names the dropped host
-    assert not testbed.stray_pids("h1") and not testbed.stray_pids("h2")
+    # A host's daemon ends when mpirun's link to it closes, which may be just after dtlaunch's
+    # exit: wait for the daemons and ranks to go, within a bound (a leak still fails).
+    deadline = time.monotonic() + 30
+    while (left := testbed.stray_pids("h1") + testbed.stray_pids("h2")) and \
+            time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not left
 
 
 def _ranks_running() -> list[psutil.Process]:

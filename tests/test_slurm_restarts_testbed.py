@@ -86,8 +86,14 @@ def test_a_rank_failing_once_is_restarted_on_the_allocated_nodes(
                                          f"h[{allocated[0][1:]},{allocated[1][1:]}]")
     ranks = runs[1]["ranks"]
     assert ranks == runs[0]["ranks"] and ranks >= 2
-    second = ranks_of(tmp_path, 1)  # every rank of attempt 2 saw DTLAUNCH_RESTART_COUNT=1
-    assert sorted(second) == list(range(ranks))
+    # every rank of attempt 2 saw DTLAUNCH_RESTART_COUNT=1. Once, under load, one rank's file
+    # was missing at this check: waited for within a bound, and the run's output is kept in the
+    # message should it happen again.
+    deadline = time.monotonic() + 10
+    while len(second := ranks_of(tmp_path, 1)) < ranks and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert sorted(second) == list(range(ranks)), (sorted(p.name for p in tmp_path.iterdir()),
+                                                  proc.stderr[-3000:])
     assert set(second.values()) <= set(allocated)
     assert socket.gethostname() not in second.values()
     assert sorted(ranks_of(tmp_path, 0)) == list(range(ranks))
