@@ -21,7 +21,7 @@ from pathlib import Path
 from dtlaunch.errors import EXIT_TIMEOUT, DtlaunchError, exit_for_signal
 from dtlaunch.failures import Failure
 from dtlaunch.job_output import JobOutput
-from dtlaunch.lifeline import guarded_argv
+from dtlaunch.lifeline import guarded_argv, session_members
 from dtlaunch.mpi import MpiFamily, OutputDemux
 from dtlaunch.openmpi import OPEN_MPI, OpenMpi
 from dtlaunch.spool import Spool
@@ -45,18 +45,6 @@ def _signal(proc: subprocess.Popen[bytes], signum: int) -> None:
         proc.send_signal(signum)
 
 
-def _session_pids(sid: int) -> list[int]:
-    """Processes in session `sid`; a session id stays taken while any member lives."""
-    found = []
-    with contextlib.suppress(OSError):
-        for entry in os.listdir("/proc"):
-            if entry.isdigit():
-                with contextlib.suppress(OSError):
-                    if os.getsid(int(entry)) == sid:
-                        found.append(int(entry))
-    return found
-
-
 def _kill_tree(proc: subprocess.Popen[bytes]) -> None:
     """SIGKILL mpirun's whole session (local ranks included); remote orteds lose their
     lifeline when mpirun's ssh links close and take their ranks down. Not just its process
@@ -64,7 +52,7 @@ def _kill_tree(proc: subprocess.Popen[bytes]) -> None:
     that srun would wait for the node (minutes) after everything else is gone."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
-    for pid in _session_pids(proc.pid):
+    for pid in session_members(proc.pid):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
 
