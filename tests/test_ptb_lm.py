@@ -109,6 +109,36 @@ def test_token_ids_cache_round_trip_and_corrupt_file(
     assert data._cached_corpus(cached) is not None  # and rewritten
 
 
+class _Recording(SingleProcess):
+    """Rank 0 of a world whose broadcasts are recorded (sizes of what each call carries)."""
+
+    def __init__(self) -> None:
+        self.objects: list[int] = []
+        self.tensors: list[int] = []
+
+    def broadcast_object(self, obj: object, root_rank: int = 0, name: object = None) -> object:
+        import pickle
+        self.objects.append(len(pickle.dumps(obj)))
+        return obj
+
+    def broadcast_(self, tensor: torch.Tensor, root_rank: int, name: object = None) -> torch.Tensor:
+        self.tensors.append(tensor.numel() * tensor.element_size())
+        return tensor
+
+
+@needs_ptb
+def test_the_corpus_travels_as_tensors_not_as_one_pickle(corpus: data.Corpus) -> None:
+    # broadcast_object copies its pickle into a tensor byte by byte in Python: 1-4 s of every
+    # (re)start for the 8 MB of ids. Only the vocabulary and the lengths go that way now.
+    comm = _Recording()
+    got = train.shared_corpus(comm, str(PTB_DIR))
+    assert got.words == corpus.words
+    for split in data.SPLITS:
+        assert np.array_equal(getattr(got, split), getattr(corpus, split))
+    assert max(comm.objects) < 200_000
+    assert sum(comm.tensors) == 8 * sum(len(getattr(corpus, s)) for s in data.SPLITS)
+
+
 def test_vocab_and_word_counts(corpus: data.Corpus) -> None:
     assert len(corpus.words) == 10000
     assert "<eos>" in corpus.words and "<unk>" in corpus.words

@@ -35,6 +35,9 @@ class SingleProcess:
     def broadcast_object(self, obj: Any, root_rank: int = 0, name: Any = None) -> Any:
         return obj
 
+    def broadcast_(self, tensor: Any, root_rank: int, name: Any = None) -> Any:
+        return tensor
+
     def allreduce(self, tensor: Any, op: Any = None, name: Any = None) -> Any:
         return tensor
 
