@@ -8,7 +8,9 @@ its MPI daemon.
 
 How it reaches the hosts: inline, `python -I -S -c <this file, compressed> <encoded argv>`
 (see `wrap_program`), so dtlaunch need not be installed where the ranks run. This module
-therefore uses the standard library only (no dtlaunch imports) and stays valid Python 3.6.
+therefore uses the standard library only (no dtlaunch imports) and stays valid Python 3.7.
+Every rank pays its start-up before the program's own, so it imports only what it needs (no
+`typing`, `json`, `base64` or `re` at run time): about 30 ms of CPU per rank, not 65.
 
 Records, one per line (protocol version 2; the payload is escaped, not encoded):
 
@@ -27,18 +29,21 @@ program's output (`record_limit` of `wrap_program`, few writes, little CPU). A l
 does not tag needs each record to be one atomic write: at most PIPE_BUF bytes, the default.
 """
 
-import base64
+from __future__ import annotations  # no annotation is evaluated at run time
+
+import binascii
 import contextlib
-import json
 import os
 import select
 import signal
-import socket
 import subprocess
 import sys
 import time
 import zlib
-from typing import Dict, List, NoReturn, Optional, Sequence, Tuple
+
+TYPE_CHECKING = False  # the checkers' name for it: the typing module is never imported here
+if TYPE_CHECKING:
+    from typing import Dict, List, NoReturn, Optional, Sequence, Tuple
 
 MAGIC = b"\x1edtl2 "
 PIPE_BUF = 4096  # Linux's; POSIX guarantees 512, and every record here fits Linux's
@@ -60,16 +65,26 @@ PR_SET_CHILD_SUBREAPER = 36
 # --- both sides: encoding ---------------------------------------------------------------------
 
 
+_BASE64 = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=")
+
+
 def encode_argv(program: Sequence[str]) -> str:
-    """The program's argv as one word of base64 (JSON inside; lone surrogates survive)."""
-    return base64.b64encode(json.dumps(list(program)).encode("ascii")).decode("ascii")
+    """The program's argv as one word of base64: its arguments in UTF-8 (lone surrogates
+    survive) joined by NUL, the one byte no argument of an exec can hold."""
+    if not program or any("\0" in arg for arg in program):
+        raise ValueError("a program's argv is not empty and holds no NUL")
+    data = b"\0".join(arg.encode("utf-8", "surrogatepass") for arg in program)
+    return binascii.b2a_base64(data).decode("ascii").rstrip("\n")
 
 
 def decode_argv(word: str) -> List[str]:
-    value = json.loads(base64.b64decode(word.encode("ascii"), validate=True).decode("ascii"))
-    if not isinstance(value, list) or not value or not all(isinstance(a, str) for a in value):
+    if not word or not _BASE64.issuperset(word):
         raise ValueError("not a program's argv")
-    return value
+    try:
+        data = binascii.a2b_base64(word.encode("ascii"))
+    except binascii.Error:
+        raise ValueError("not a program's argv") from None
+    return [arg.decode("utf-8", "surrogatepass") for arg in data.split(b"\0")]
 
 
 def escape(data: bytes) -> bytes:
@@ -117,8 +132,8 @@ def wrap_program(program: Sequence[str], python: str,
     its records at most `record_limit` bytes (see the module's docstring)."""
     with open(__file__, "rb") as handle:
         source = handle.read()
-    packed = base64.b64encode(zlib.compress(source, 9)).decode("ascii")
-    boot = "import base64,zlib;exec(zlib.decompress(base64.b64decode('%s')))" % packed
+    packed = binascii.b2a_base64(zlib.compress(source, 9)).decode("ascii").rstrip("\n")
+    boot = "import binascii,zlib;exec(zlib.decompress(binascii.a2b_base64('%s')))" % packed
     return (python, "-I", "-S", "-c", boot, str(max(record_limit, MIN_RECORD)),
             encode_argv(program))
 
@@ -356,7 +371,7 @@ def main(argv: List[str]) -> None:
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
         signal.signal(signum, shim._on_signal if signum != signal.SIGCHLD else lambda *a: None)
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
-    shim.send(HOST, (os.environ.get("PMIX_HOSTNAME") or socket.gethostname()).encode())
+    shim.send(HOST, (os.environ.get("PMIX_HOSTNAME") or os.uname().nodename).encode())
     code = shim.start()
     if code is not None:
         shim.send(EXIT, b"exit %d" % code)
