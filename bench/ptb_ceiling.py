@@ -14,7 +14,20 @@ A / B is the ceiling for 2 ranks with free communication; A / (B + C) the ceilin
 one unavoidable exchange; A / D what Horovod achieves. Random token ids stand in for the data:
 the cost of a step does not depend on which words it sees.
 
-    python bench/ptb_ceiling.py [--reps 5] [--steps 60]
+`--part cores` asks the same of the per-core scaling efficiency (bench/mpi_compare.py:
+words/s of 2 ranks x 1 thread / (2 x words/s of 1 rank x 1 thread)), which can be below 1 with
+free communication too, as the 2 cores share one L3 cache and the memory bus:
+
+  P1   one process alone, batch 20, 1 thread
+  P2g  two processes at once, batch 10 each, 1 thread, no communication (global batch fixed)
+  P2r  two processes at once, batch 20 each, 1 thread, no communication (per-rank batch fixed)
+  H2g  Horovod, 2 ranks x batch 10 (mpirun, as P2g plus the gradient exchange)
+  H2r  Horovod, 2 ranks x batch 20
+
+P1 / (2 x P2g) and P1 / P2r are the efficiencies the machine allows; P1 / (2 x H2g) and
+P1 / H2r what Horovod reaches; their quotient is the share the exchange and the launch keep.
+
+    python bench/ptb_ceiling.py [--reps 5] [--steps 60] [--part threads|cores]
 """
 
 from __future__ import annotations
@@ -95,10 +108,27 @@ def _ms(out: str) -> float:
     return float(next(json.loads(line)["ms"] for line in out.splitlines() if line.startswith("{")))
 
 
+# per-core kinds: (how, batch per process)
+CORE_KINDS = {"P1": ("alone", 20), "P2g": ("pair", 10), "P2r": ("pair", 20),
+              "H2g": ("horovod", 10), "H2r": ("horovod", 20)}
+
+
 def measure(kind: str, steps: int) -> float:
     env = worktree_env({"OMP_NUM_THREADS": "1", "HOROVOD_FUSION_THRESHOLD": "0",
                         "OMPI_MCA_mpi_yield_when_idle": "1"})
     me = [PYTHON, HERE, "--worker"]
+    if kind in CORE_KINDS:
+        how, batch = CORE_KINDS[kind]
+        if how == "alone":
+            kind, single = "A", ["local", str(batch), "1", str(steps)]
+        elif how == "pair":
+            procs = [subprocess.Popen([*me, "local", str(batch), "1", str(steps)], env=env,
+                                      text=True, stdout=subprocess.PIPE) for _ in range(2)]
+            return max(_ms(p.communicate(timeout=600)[0]) for p in procs)
+        else:
+            return _mpirun(me, env, "horovod", batch, steps)
+        return _ms(subprocess.run([*me, *single], env=env, check=True, capture_output=True,
+                                  text=True, timeout=600).stdout)
     if kind == "A":
         out = subprocess.run([*me, "local", "20", "2", str(steps)], env=env, check=True,
                              capture_output=True, text=True, timeout=600).stdout
@@ -108,22 +138,72 @@ def measure(kind: str, steps: int) -> float:
                                   stdout=subprocess.PIPE) for _ in range(2)]
         outs = [p.communicate(timeout=600)[0] for p in procs]
         return max(_ms(o) for o in outs)
-    mode = {"C": "allreduce", "D": "horovod"}[kind]
+    return _mpirun(me, env, {"C": "allreduce", "D": "horovod"}[kind], 10, steps)
+
+
+def _mpirun(me: list[str], env: dict[str, str], mode: str, batch: int, steps: int) -> float:
     mpirun = ["mpirun", "-np", "2", "-bind-to", "none", "-mca", "pml", "ob1", "-mca", "btl",
               "self,vader", "-x", "OMP_NUM_THREADS", "-x", "HOROVOD_FUSION_THRESHOLD",
               "-x", "OMPI_MCA_mpi_yield_when_idle", "-x", "PYTHONPATH"]
     if os.geteuid() == 0:
         mpirun.insert(1, "--allow-run-as-root")
-    out = subprocess.run([*mpirun, *me, mode, "10", "1", str(steps)], env=env, check=True,
+    out = subprocess.run([*mpirun, *me, mode, str(batch), "1", str(steps)], env=env, check=True,
                          capture_output=True, text=True, timeout=600).stdout
     return _ms(out)
+
+
+def cores(reps: int, steps: int) -> str:
+    before = loadavg()
+    kinds = list(CORE_KINDS)
+    samples: dict[str, list[float]] = {k: [] for k in kinds}
+    for rep in range(reps):
+        shift = rep % len(kinds)
+        for kind in kinds[shift:] + kinds[:shift]:
+            samples[kind].append(measure(kind, steps))
+        log(f"  cores rep {rep + 1}: " + ", ".join(f"{k} {v[-1]:.1f} ms" for k, v in samples.items()))
+    med = {k: statistics.median(v) for k, v in samples.items()}
+    labels = {
+        "P1": "1 process alone, batch 20, 1 thread",
+        "P2g": "2 processes at once, batch 10 each, no communication (slower one)",
+        "P2r": "2 processes at once, batch 20 each, no communication (slower one)",
+        "H2g": "Horovod, 2 ranks × batch 10 (global batch fixed)",
+        "H2r": "Horovod, 2 ranks × batch 20 (per-rank batch fixed)",
+    }
+    rows = [[k, labels[k], f"{med[k]:.1f}", f"{min(samples[k]):.1f}–{max(samples[k]):.1f}"]
+            for k in kinds]
+    allowed_g, allowed_r = med["P1"] / (2 * med["P2g"]), med["P1"] / med["P2r"]
+    reached_g, reached_r = med["P1"] / (2 * med["H2g"]), med["P1"] / med["H2r"]
+    eff_rows = [
+        ["global batch fixed (20 = 2 × 10)", f"{allowed_g:.2f}", f"{reached_g:.2f}",
+         f"{reached_g / allowed_g:.2f}"],
+        ["per-rank batch fixed (2 × 20)", f"{allowed_r:.2f}", f"{reached_r:.2f}",
+         f"{reached_r / allowed_r:.2f}"],
+    ]
+    text = "\n".join([
+        "## 4c. Per-core scaling: what the machine allows and what Horovod reaches (PTB small)",
+        "", f"`python bench/ptb_ceiling.py --part cores --reps {reps} --steps {steps}`: one step "
+        f"of PTB small's training (forward, backward, clipping, SGD), 1 thread per process, each "
+        f"figure in fresh processes, alternating, medians of {reps} (each the median of {steps} "
+        f"steps); Horovod through mpirun with shared memory; load average {before} → "
+        f"{loadavg()}.", "",
+        md_table(["", "what", "ms per step, median", "range"], rows), "",
+        md_table(["per-core efficiency", "the machine allows (no communication)",
+                  "Horovod reaches", "share kept by Horovod"], eff_rows), "",
+        "Efficiency = words/s of 2 ranks ÷ (2 × words/s of 1 rank). The 2 cores share one L3 "
+        "cache (32 MiB) and the memory bus: two processes that each do the single process's "
+        "work slow each other down without exchanging a byte, so the first column, not 1.00, is "
+        "the ceiling for any launcher and any allreduce on this machine.", ""])
+    return write_result("ptb_ceiling_cores.md", text)
 
 
 def main(argv: list[str] | None = None) -> str:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--part", choices=("threads", "cores"), default="threads")
     args = parser.parse_args(argv)
+    if args.part == "cores":
+        return cores(args.reps, args.steps)
     before = loadavg()
     kinds = ["A", "B", "C", "D"]
     samples: dict[str, list[float]] = {k: [] for k in kinds}
