@@ -312,9 +312,16 @@ def bed_of(n: int) -> Iterator[object]:
         signal.signal(signal.SIGTERM, previous)
 
 
+def public(text: str) -> str:
+    """`text` without this machine's paths: the checkout becomes relative, the interpreter
+    running the benchmark `python` (results are read elsewhere, paths mean nothing there)."""
+    return text.replace(PYTHON, "python").replace(str(ROOT) + "/", "").replace(str(ROOT), ".")
+
+
 def write_result(name: str, text: str) -> str:
     """Write one figure's markdown table to results/NAME, show it, and return it."""
     RESULTS.mkdir(exist_ok=True)
+    text = public(text)
     (RESULTS / name).write_text(text)
     log(text)
     return text

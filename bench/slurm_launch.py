@@ -42,6 +42,7 @@ from common import (
     loadavg,
     log,
     md_table,
+    public,
     ratio,
     round_robin,
     timed,
@@ -211,7 +212,8 @@ def outside(args: argparse.Namespace) -> str:
             shutil.rmtree(out.parent, ignore_errors=True)
     command = "python bench/slurm_launch.py --reps " + str(args.reps) + (
         f" --baseline {args.baseline}" if args.baseline else "")
-    (ROOT / "bench" / "results" / "slurm_launch.json").write_text(json.dumps(res, indent=1) + "\n")
+    (ROOT / "bench" / "results" / "slurm_launch.json").write_text(
+        public(json.dumps(res, indent=1)) + "\n")
     return write_result("slurm_launch.md", report(res, command))
 
 
