@@ -175,7 +175,8 @@ def doctor_placement(hosts: Sequence[Host], launcher: str = "auto",
 
 def launch(request: LaunchRequest, on_event: OnEvent, *, executor: Executor | None = None,
            reach: Reach | None = None) -> RunOutcome:
-    """Pre-flight, execute, and after a host key went bad during the start, check again.
+    """Pre-flight, execute, and when a job started on a cached pre-flight fails because a
+    host key went bad, check again.
     `executor` runs the job (default: launch.execute); `reach`: how the checks reach the
     hosts (default: SSH)."""
     from dtlaunch.preflight import failure_message, run_preflight
@@ -187,7 +188,7 @@ def launch(request: LaunchRequest, on_event: OnEvent, *, executor: Executor | No
         from dtlaunch.srun_prober import srun_reach
 
         reach = srun_reach()
-    watch = None
+    keys = None
     if request.check:
         with signals_raise():
             checked = run_preflight(run_request, plan, reach=reach, use_cache=request.use_cache,
@@ -199,7 +200,7 @@ def launch(request: LaunchRequest, on_event: OnEvent, *, executor: Executor | No
         if not checked.ok:
             return RunOutcome(plan, checked.report, None, EXIT_FAILURE,
                               failure_message(checked.report, job_started=False))
-        watch = checked.watch
+        keys = checked.keys
         choice = checked.network
         run = run_request
         if choice is not None and choice.iface is not None and run_request.iface is None:
@@ -222,7 +223,7 @@ def launch(request: LaunchRequest, on_event: OnEvent, *, executor: Executor | No
         from dtlaunch.launch import execute
 
         executor = execute
-    from dtlaunch.slurm_watch import blame, either, node_watch_for
+    from dtlaunch.slurm_watch import blame, node_watch_for
 
     argv = plan.launch_argv or plan.argv
     # Through Slurm no ssh link shows a lost node: a heartbeat step watches them instead.
@@ -235,32 +236,28 @@ def launch(request: LaunchRequest, on_event: OnEvent, *, executor: Executor | No
             timeout=request.timeout,
             output_dir=Path(request.output_dir) if request.output_dir else None,
             announce=lambda text: on_event(Event(EventLevel.NOTE, text)),
-            stop_when=either(watch.stop_reason if watch is not None else None,
-                             nodes.stop_reason if nodes is not None else None),
+            stop_when=nodes.stop_reason if nodes is not None else None,
             family=plan.family,
             support_files=plan.support_files,
             new_demux=functools.partial(plan.family.new_demux, release=prepared.mpi_version),
             prefix_timestamp=request.prefix_timestamp,
         )
-    except BaseException:
-        if watch is not None:
-            watch.stop()
-        raise
     finally:
         if nodes is not None:
             nodes.close()
     result = blame(result, nodes)
-    if watch is not None and result.interrupted_by is not None:
-        watch.stop()  # the user stopped the job: no re-check, and no proxy left waiting
-    elif watch is not None and watch.failed():
-        # A host key changed (or vanished) since the cached pre-flight: the full checks
-        # name the host and the fix.
+    failed_itself = (result.exit_code != 0 and result.interrupted_by is None
+                     and not result.timed_out)
+    if keys is not None and failed_itself:
         with signals_raise():
-            checked = run_preflight(run_request, plan, job_started=True, reach=reach,
-                                    command_timeout=request.start_timeout)
-        if not checked.ok:
-            return RunOutcome(plan, checked.report, result, EXIT_FAILURE,
-                              failure_message(checked.report, job_started=True))
+            # A host key changed (or vanished) since the cached pre-flight, and ssh refused
+            # the host: the full checks name it and the fix.
+            again = run_preflight(run_request, plan, job_started=True, reach=reach,
+                                  command_timeout=request.start_timeout) \
+                if keys.failed() else None
+        if again is not None and not again.ok:
+            return RunOutcome(plan, again.report, result, EXIT_FAILURE,
+                              failure_message(again.report, job_started=True))
     return RunOutcome(plan, None, result, result.exit_code)
 
 

@@ -184,14 +184,6 @@ def node_watch_for(launcher: str, hosts: Sequence[str], python: str) -> NodeWatc
     return NodeWatch(list(dict.fromkeys(hosts)), python, shutil.which("srun") or "srun")
 
 
-def either(*polls: Callable[[], str | None] | None) -> Callable[[], str | None] | None:
-    """One stop_when from several (the first reason wins); None when there is none."""
-    active = [p for p in polls if p is not None]
-    if not active:
-        return None
-    return lambda: next((r for r in (p() for p in active) if r is not None), None)
-
-
 def blame(result: LaunchResult, watch: NodeWatch | None) -> LaunchResult:
     """A job the watch stopped failed because of the lost node: say so, naming it (the restart
     loop drops a node named this way)."""

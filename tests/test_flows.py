@@ -159,17 +159,19 @@ def run_request(**kw: Any) -> RunRequest:
     return RunRequest(**base)
 
 
-def test_preflight_cache_miss_then_hit_checks_keys_alongside_the_launch(cache: Path) -> None:
+def test_preflight_cache_miss_then_hit_leaves_the_keys_to_ssh_until_a_failure(
+        cache: Path) -> None:
     world = FakeWorld(h1=facts("h1"), h2=facts("h2"))
     request = run_request()
     plan = plan_run(request, {"PATH": "/usr/bin"})
     first = preflight.run_preflight(request, plan, reach=world.reach())
-    assert first.ok and first.report is not None and first.watch is None
+    assert first.ok and first.report is not None and first.keys is None
     assert sorted(world.probed) == ["h1", "h2"] and world.verified == []
     second = preflight.run_preflight(request, plan, reach=world.reach())
-    assert second.ok and second.report is None and second.watch is not None
+    assert second.ok and second.report is None and second.keys is not None
     assert "cached" in second.message
-    assert not second.watch.failed()  # waits for the key check: every key is fine
+    assert world.verified == []  # nothing checked before or while the job starts
+    assert not second.keys.failed()  # the check a failed job makes: every key is fine
     assert sorted(world.verified) == ["h1", "h2"]
     assert sorted(world.probed) == ["h1", "h2"]  # the full checks did not run again
 
@@ -190,7 +192,7 @@ def test_preflight_cache_hit_with_an_agent_override_checks_keys_first(
     world.keys["h2"] = CHANGED_HOST_KEY
     world.hosts["h2"] = CHANGED
     again = preflight.run_preflight(request, plan, reach=world.reach())
-    assert again.watch is None and not again.ok
+    assert again.keys is None and not again.ok
     assert world.verified.count("h2") == 1
     assert preflight.failure_message(again.report, job_started=False) == (
         "pre-flight checks failed: h2 (ssh); not launching "
@@ -200,53 +202,69 @@ def test_preflight_cache_hit_with_an_agent_override_checks_keys_first(
 needs_mpirun = pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs mpirun")
 
 
-class StoppableJob:
-    """Stands in for launch.execute: runs until its stop_when gives a reason."""
+class SshJob:
+    """Stands in for launch.execute as OpenSSH behaves under it: a host whose key the world
+    has made bad refuses the login, and the job fails at its start."""
 
-    def __init__(self) -> None:
+    def __init__(self, world: FakeWorld, result: LaunchResult | None = None) -> None:
+        self.world = world
+        self.result = result
         self.calls = 0
 
     def __call__(self, argv: Any, env: Any, rank_hosts: Any, **kw: Any) -> LaunchResult:
         self.calls += 1
-        stop_when = kw["stop_when"]
-        deadline = time.monotonic() + 20
-        while stop_when is not None and time.monotonic() < deadline:
-            reason = stop_when()
-            if reason is not None:
-                kw["announce"](reason)
-                return LaunchResult(143, Failure(reason=reason))
-            time.sleep(0.01)
-        return LaunchResult(0, None)
+        bad = sorted(h for h, kind in self.world.keys.items() if kind is not None)
+        if bad:
+            return LaunchResult(255, Failure(host=bad[0], reason="ssh refused the host"))
+        return self.result or LaunchResult(0, None)
 
 
 @needs_mpirun
-def test_run_whose_host_key_changed_after_a_cached_preflight_is_stopped(cache: Path) -> None:
+def test_run_whose_host_key_changed_after_a_cached_preflight_names_it(cache: Path) -> None:
     world = FakeWorld(h1=facts("h1"), h2=facts("h2"))
-    job = StoppableJob()
+    job = SshJob(world)
     launch = session.LaunchRequest(run_request())
-    events: list[session.Event] = []
-    first = session.launch(launch, events.append, executor=job, reach=world.reach())
+    first = session.launch(launch, lambda e: None, executor=job, reach=world.reach())
     assert first.exit_code == 0 and first.error is None and job.calls == 1
+    assert session.launch(launch, lambda e: None, executor=job,
+                          reach=world.reach()).exit_code == 0  # a cache hit
+    assert world.verified == []  # a job that succeeds pays for no key check
     world.keys["h2"] = CHANGED_HOST_KEY
     world.hosts["h2"] = CHANGED
-    second = session.launch(launch, events.append, executor=job, reach=world.reach())
-    assert job.calls == 2 and second.result is not None and second.result.exit_code == 143
+    second = session.launch(launch, lambda e: None, executor=job, reach=world.reach())
+    assert job.calls == 3 and second.result is not None and second.result.exit_code == 255
     assert second.exit_code == 1
-    assert second.error == ("pre-flight checks failed: h2 (ssh); the job was stopped "
+    assert second.error == ("pre-flight checks failed: h2 (ssh); the job did not start "
                             "(fix the problems above, or pass --no-check)")
     assert second.preflight is not None and second.preflight.hosts[2].check("ssh") == CHANGED
-    notes = [e.text for e in events if e.level is session.EventLevel.NOTE]
-    assert notes == ["host key check failed for h2: stopping the job"]
     # The cache was dropped: the next run checks everything again and refuses to launch.
-    third = session.launch(launch, events.append, executor=job, reach=world.reach())
-    assert job.calls == 2 and third.result is None and third.exit_code == 1
+    third = session.launch(launch, lambda e: None, executor=job, reach=world.reach())
+    assert job.calls == 3 and third.result is None and third.exit_code == 1
     assert third.error is not None and "not launching" in third.error
+
+
+@needs_mpirun
+@pytest.mark.parametrize("result", [
+    LaunchResult(3, Failure(rank=1, host="h2", exit_code=3)),  # checked: keys are fine
+    LaunchResult(130, None, interrupted_by=2),  # never checked: the user stopped it
+    LaunchResult(124, None, timed_out=True),  # never checked: --timeout
+])
+def test_a_failed_cached_job_is_reported_as_it_failed(cache: Path, result: LaunchResult) -> None:
+    world = FakeWorld(h1=facts("h1"), h2=facts("h2"))
+    launch = session.LaunchRequest(run_request())
+    assert session.launch(launch, lambda e: None, executor=SshJob(world),
+                          reach=world.reach()).exit_code == 0
+    outcome = session.launch(launch, lambda e: None, executor=SshJob(world, result),
+                             reach=world.reach())
+    assert outcome.exit_code == result.exit_code and outcome.preflight is None
+    checked = result.interrupted_by is None and not result.timed_out
+    assert sorted(world.verified) == (["h1", "h2"] if checked else [])
 
 
 @needs_mpirun
 def test_run_with_a_dead_host_launches_nothing(cache: Path) -> None:
     world = FakeWorld(h1=facts("h1"), h2=ssh_failed("no answer from 10.0.0.2:22 within 1 s", "x"))
-    job = StoppableJob()
+    job = SshJob(world)
     outcome = session.launch(session.LaunchRequest(run_request()), lambda e: None, executor=job,
                              reach=world.reach())
     assert job.calls == 0 and outcome.result is None and outcome.exit_code == 1
@@ -442,52 +460,6 @@ def test_a_hosts_import_cache_problem_is_one_warning(cache: Path) -> None:
     assert session.launch(request, events.append, executor=job, reach=world.reach()).exit_code == 0
     warnings = [e.text for e in events if e.level is session.EventLevel.WARNING]
     assert warnings == [f"h1, h2, h3, h4, h5, h6, h7, h8 and 4 more: import cache not used: {problem}"]
-
-
-class HangingKeyCheck(FakeProber):
-    """A host whose key check never completes (a ProxyCommand stuck in its handshake) until
-    the prober is closed, as SshProber.close ends its proxies."""
-
-    def __init__(self, world: FakeWorld) -> None:
-        super().__init__(world)
-        self.ended = threading.Event()
-        self.connect_timeout = 60
-        self.closed_by: threading.Thread | None = None
-
-    def verify(self, host: str) -> str | None:
-        self.world.verified.append(host)
-        self.ended.wait(120)
-        return None
-
-    def close(self) -> None:
-        super().close()
-        if not self.ended.is_set():
-            self.closed_by = threading.current_thread()
-        self.ended.set()
-
-
-@needs_mpirun
-def test_a_job_stopped_by_a_signal_ends_the_key_check_still_running(cache: Path) -> None:
-    world = FakeWorld(h1=facts("h1"), h2=facts("h2"))
-    launch = session.LaunchRequest(run_request())
-    assert session.launch(launch, lambda e: None, executor=RecordingJob(),
-                          reach=world.reach()).exit_code == 0  # the cached success
-    hanging: list[HangingKeyCheck] = []
-
-    def prober() -> HangingKeyCheck:
-        hanging.append(HangingKeyCheck(world))
-        return hanging[-1]
-
-    def stopped_job(argv: Any, env: Any, rank_hosts: Any, **kw: Any) -> LaunchResult:
-        while len(world.verified) < 2:  # both key checks are under way
-            time.sleep(0.01)
-        return LaunchResult(143, None, interrupted_by=15)
-
-    outcome = session.launch(launch, lambda e: None, executor=stopped_job,
-                             reach=Reach(prober=prober, here=world.here))
-    assert outcome.exit_code == 143
-    # Ended by the launch as soon as the job stopped, not by the check's own deadline.
-    assert len(hanging) == 1 and hanging[0].closed_by is threading.main_thread()
 
 
 def test_a_cached_network_that_is_damaged_is_a_cache_miss(cache: Path) -> None:

@@ -312,3 +312,22 @@ def test_network_chosen_by_the_preflight_becomes_hydras_iface(make_bed, mpich_en
     assert "dtlaunch: network: " in result.stderr
     assert " -iface eth0 " in result.stderr  # the line run shows with -v
     assert sorted(r["host"] for r in records(tmp_path).values()) == ["h1", "h2"]
+
+
+def test_a_host_key_changed_since_a_cached_preflight_is_named_not_hung(
+        make_bed, mpich_env: dict[str, str], tmp_path: Path) -> None:
+    """A cache hit leaves the keys to ssh: Hydra's launch of h2 is refused, the job fails at
+    its start, and only then are the keys checked and the full report printed."""
+    bed = make_bed(2)
+    env = {**mpich_env, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    argv = bed.nsenter_argv("h1", dtlaunch_argv(
+        "run", "-H", "h1:1,h2:1", "--iface", "eth0", "--ssh-config", str(bed.ssh_config),
+        PROBE, "--out", str(tmp_path)))
+    first = subprocess.run(argv, capture_output=True, text=True, timeout=180, env=env)
+    assert first.returncode == 0, first.stderr
+    bed.restart_with_new_host_key("h2")
+    second = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env)
+    assert second.returncode == 1, second.stderr
+    assert "pre-flight checks failed: h2 (ssh); the job did not start" in second.stderr
+    assert "MAN-IN-THE-MIDDLE" in second.stderr
+    assert_no_strays(bed)

@@ -115,6 +115,27 @@ def test_preflight_checks_the_venvs_mpi_on_every_host(bed: TestBed, run_mpi_env:
     assert sorted(records(tmp_path)) == [0, 1]
 
 
+def test_a_host_key_changed_since_a_cached_preflight_is_named(make_bed, run_mpi_env: MpiEnv,
+                                                              tmp_path: Path) -> None:
+    """With the pre-flight cache on: the success is cached; a host key changed since then is
+    refused by the launcher's ssh, the job fails at its start, and the keys checked then name
+    the host (no hang)."""
+    bed = make_bed(2)
+    env = {k: v for k, v in run_mpi_env.environ().items() if k != "DTLAUNCH_PREFLIGHT_CACHE"}
+    env["XDG_CACHE_HOME"] = str(tmp_path / "cache")
+    argv = run_mpi_env.dtlaunch_argv("run", "--ssh-config", str(bed.ssh_config), "-H",
+                                     "h1:1,h2:1", "--iface", bed.subnet, PROBE, "--out",
+                                     str(tmp_path))
+    run = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=180)
+    assert run.returncode == 0, run.stderr
+    assert sorted(records(tmp_path)) == [0, 1]
+    bed.restart_with_new_host_key("h2")
+    again = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
+    assert again.returncode == 1, again.stderr
+    assert "pre-flight checks failed: h2 (ssh); the job did not start" in again.stderr
+    assert not strays(bed)
+
+
 def test_signals_end_the_job_everywhere(bed: TestBed, run_mpi_env: MpiEnv,
                                         tmp_path: Path) -> None:
     for sig, expected in ((signal.SIGINT, 130), (signal.SIGTERM, 143)):
