@@ -1,13 +1,16 @@
 """Open MPI / PRRTE parameters that change how mpirun runs ssh. Pure.
 
-dtlaunch lets its cached pre-flight check host keys while mpirun starts only because mpirun's
-ssh refuses a changed or unknown key itself. A launch agent or ssh arguments set by the user
-(`--mca plm_rsh_agent ...`, `-mca orte_rsh_agent ...`, `--prtemca plm_ssh_args ...`,
-`OMPI_MCA_plm_rsh_args=...`, a parameter file) may not, so such a run is checked first.
+dtlaunch lets a cached pre-flight leave host keys to mpirun's ssh (checking them only when the
+job fails) only because that ssh refuses a changed or unknown key itself. A launch agent or
+ssh arguments set by the user (`--mca plm_rsh_agent ...`, `-mca orte_rsh_agent ...`,
+`--prtemca plm_ssh_args ...`, `OMPI_MCA_plm_rsh_args=...`, a parameter file named on the
+command line or read by default, such as `~/.openmpi/mca-params.conf`) may not, so such a run
+is checked first.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping, Sequence
 
@@ -55,3 +58,28 @@ def refuse_insecure(args: Sequence[str], environ: Mapping[str, str]) -> None:
             raise UsageError(f"{where} sets {match.group(0)!r}, which lets ssh log in to hosts "
                              "whose key is unknown or changed; dtlaunch refuses that (use "
                              "--accept-new-host-keys to trust hosts on first contact)")
+
+
+def default_param_files(launcher: str, home: str) -> tuple[str, ...]:
+    """The parameter files Open MPI, PRRTE and PMIx read without being told: the user's, and
+    the installation's (beside `launcher`'s prefix, and Debian's /etc/openmpi)."""
+    prefix = os.path.dirname(os.path.dirname(launcher)) if launcher else ""
+    user = tuple(os.path.join(home, folder, "mca-params.conf")
+                 for folder in (".openmpi", ".prte", ".pmix"))
+    system = tuple(os.path.join(folder, f"{name}-mca-params.conf")
+                   for folder in ((os.path.join(prefix, "etc"),) if prefix else ()) + ("/etc/openmpi",)
+                   for name in ("openmpi", "prte", "pmix"))
+    return user + system
+
+
+def param_file_overrides(text: str) -> list[str]:
+    """The names that may change how ssh is run, set in one parameter file's text
+    (`name = value` lines, `#` comments)."""
+    names = []
+    for line in text.splitlines():
+        line = line.split("#", 1)[0]
+        if "=" in line:
+            name = line.split("=", 1)[0].strip()
+            if _is_override(name):
+                names.append(name)
+    return names

@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from dtlaunch.openmpi import OPEN_MPI
+from dtlaunch.openmpi import OPEN_MPI, OpenMpi
 from dtlaunch.preflight_cache import (
     cache_key,
     cache_problem,
@@ -82,11 +82,34 @@ class DeferredKeyCheck:
 
 
 def may_overlap(request: RunRequest, family: MpiFamily = OPEN_MPI,
-                launcher_env: Mapping[str, str] | None = None) -> bool:
+                launcher_env: Mapping[str, str] | None = None, launcher: str = "") -> bool:
     """The key check may wait for a failed job only while dtlaunch controls the launcher's
-    ssh: extra launcher arguments or MCA variables could weaken its host-key checking."""
+    ssh: extra launcher arguments, MCA variables or Open MPI's default parameter files could
+    weaken its host-key checking."""
     env = os.environ if launcher_env is None else launcher_env
-    return family.ssh_left_to_dtlaunch(request.mpi_args, env)
+    if not family.ssh_left_to_dtlaunch(request.mpi_args, env):
+        return False
+    return not (isinstance(family, OpenMpi) and param_files_set_ssh(launcher))
+
+
+def param_files_set_ssh(launcher: str) -> list[str]:
+    """`file: name` for each launch-agent parameter set in a parameter file Open MPI reads by
+    default. An unreadable file counts as setting one: nothing is assumed about it."""
+    from dtlaunch.errors import UsageError
+    from dtlaunch.mca import default_param_files, param_file_overrides
+    from dtlaunch.textfile import read_small_text
+
+    found = []
+    for path in default_param_files(launcher, os.path.expanduser("~")):
+        if not os.path.lexists(path):
+            continue
+        try:
+            text = read_small_text(path, "mca", 1 << 20, "an MCA parameter file")
+        except UsageError:
+            found.append(f"{path}: unreadable")
+            continue
+        found += [f"{path}: {name}" for name in param_file_overrides(text)]
+    return found
 
 
 @dataclass(frozen=True)
@@ -158,7 +181,7 @@ def run_preflight(request: RunRequest, plan: RunPlan, job_started: bool = False,
             entry = None  # damaged: check again (and write it anew), never run without a network
     if entry is not None:
         gpus = gpus_from_json(entry.get("gpus"))
-        if may_overlap(request, plan.family, plan.launcher_env):
+        if may_overlap(request, plan.family, plan.launcher_env, launcher):
             return PreflightOutcome(keys=DeferredKeyCheck(hosts, ways.prober), network=network,
                                     message=("pre-flight: passed recently (cached); ssh "
                                              "checks the host keys as the job starts"), gpus=gpus)

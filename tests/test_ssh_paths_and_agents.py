@@ -15,7 +15,7 @@ from dtlaunch import preflight, rsh
 from dtlaunch.errors import UsageError
 from dtlaunch.failures import analyze
 from dtlaunch.hosts import Host
-from dtlaunch.mca import refuse_insecure, ssh_overrides
+from dtlaunch.mca import default_param_files, param_file_overrides, refuse_insecure, ssh_overrides
 from dtlaunch.mpi import JobSpec
 from dtlaunch.openmpi import OPEN_MPI, build_mpirun_argv
 from dtlaunch.plan import RunRequest, plan_run
@@ -136,6 +136,44 @@ def test_other_parameters_leave_ssh_to_dtlaunch() -> None:
     env = {"OMPI_MCA_btl": "self,tcp", "PRTE_MCA_verbose": "1"}
     assert ssh_overrides(args, env) == []
     assert preflight.may_overlap(RunRequest(hosts=(), python="p", mpi_args=args), OPEN_MPI, env)
+
+
+def test_the_default_parameter_files_are_the_users_and_the_installations() -> None:
+    files = default_param_files("/opt/ompi/bin/mpirun", "/home/me")
+    assert files[:3] == ("/home/me/.openmpi/mca-params.conf", "/home/me/.prte/mca-params.conf",
+                         "/home/me/.pmix/mca-params.conf")
+    assert "/opt/ompi/etc/openmpi-mca-params.conf" in files
+    assert "/opt/ompi/etc/prte-mca-params.conf" in files
+    assert "/etc/openmpi/openmpi-mca-params.conf" in files
+
+
+def test_a_parameter_files_agent_settings_are_seen() -> None:
+    text = ("# plm_rsh_agent = commented out\n"
+            "btl = ^uct,openib\n"
+            "  plm_rsh_args = -o StrictHostKeyChecking=no  # why not\n"
+            "orte_rsh_agent=ssh\n"
+            "mtl = ^ofi\n")
+    assert param_file_overrides(text) == ["plm_rsh_args", "orte_rsh_agent"]
+    assert param_file_overrides("btl_base_warn_component_unused=0\npml = ^ucx\n") == []
+
+
+@pytest.mark.parametrize("content", ["plm_rsh_args = -o StrictHostKeyChecking=no\n", None])
+def test_the_users_parameter_file_takes_the_key_check_back_before_the_launch(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, content: str | None) -> None:
+    """~/.openmpi/mca-params.conf is read by every mpirun: an agent set there (or a file that
+    cannot be read) means dtlaunch no longer knows how ssh runs."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    request = RunRequest(hosts=(), python="p")
+    assert preflight.may_overlap(request, OPEN_MPI, {}, "/usr/bin/mpirun")
+    conf = tmp_path / ".openmpi" / "mca-params.conf"
+    conf.parent.mkdir()
+    if content is None:
+        os.mkfifo(conf)  # not a regular file: unreadable, never waited on
+    else:
+        conf.write_text(content)
+    assert not preflight.may_overlap(request, OPEN_MPI, {}, "/usr/bin/mpirun")
+    assert preflight.param_files_set_ssh("/usr/bin/mpirun") == [
+        f"{conf}: " + ("plm_rsh_args" if content else "unreadable")]
 
 
 @pytest.mark.parametrize(("args", "env"), [
