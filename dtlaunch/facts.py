@@ -43,6 +43,7 @@ class PythonFacts:
     horovod_imported: str | None = None
     horovod_error: str = ""
     horovod_nccl: str | None = None  # the NCCL Horovod was built with (nccl_built())
+    horovod_mpi_lib: str | None = None  # the libmpi file `import horovod.torch` loaded
     frameworks: tuple[str, ...] = ()
     controllers: tuple[str, ...] = ()
     tensor_ops: tuple[str, ...] = ()
@@ -149,6 +150,7 @@ def parse_python_json(text: str) -> PythonFacts:
         horovod_imported=_str_or_none(imports.get("horovod")),
         horovod_error=str(imports.get("horovod_error", "")),
         horovod_nccl=nccl_from_code(imports.get("horovod_nccl")),
+        horovod_mpi_lib=_str_or_none(imports.get("horovod_mpi_lib")),
         frameworks=names("frameworks"),
         controllers=names("controllers"),
         tensor_ops=names("tensor_ops"),

@@ -18,6 +18,7 @@ from dtlaunch.checks import (
 )
 from dtlaunch.facts import HostFacts, PythonFacts
 from dtlaunch.gpus import check_gpus, describe_gpus
+from dtlaunch.horovod_mpi import check_horovod_mpi
 from dtlaunch.mpi_checks import check_mpi, uses_hydra
 from dtlaunch.report import (
     CHECK_NAMES,
@@ -41,7 +42,9 @@ def check_host(facts: HostFacts, role: Role, expect: Expectations, launcher: Hos
     if expect.check_python:
         python: tuple[CheckResult, ...] = (check_python(facts.python, expect, launcher_py),
                                            check_torch(facts.python, launcher_py),
-                                           check_horovod(facts.python, launcher_py))
+                                           check_horovod_mpi(
+                                               check_horovod(facts.python, launcher_py),
+                                               facts.python, facts.mpi, str(facts.mpirun or "")))
     else:  # an executable that names no interpreter: nothing Python to check
         python = tuple(CheckResult(name, SKIP, "not a Python command")
                        for name in ("python", "torch", "horovod"))

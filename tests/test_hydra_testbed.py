@@ -12,6 +12,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -37,6 +38,12 @@ def mpich_bin() -> Path:
     if not (found / "mpiexec").exists():
         _unavailable(f"no MPICH venv at {found.parent} (run scripts/setup_mpis.sh mpich)")
     return found
+
+
+def mpich_python() -> str:
+    """The MPICH venv's interpreter: its Horovod is built for MPICH, which the pre-flight
+    requires of a job that mpiexec starts."""
+    return str(mpich_bin() / "python")
 
 
 @pytest.fixture
@@ -212,13 +219,14 @@ def test_preflight_passes_with_mpich_everywhere(make_bed, mpich_env: dict[str, s
     testbed = make_bed(2)
     argv = testbed.nsenter_argv("h1", dtlaunch_argv(
         "run", "-H", "h1:1,h2:1", "--iface", "eth0", "--ssh-config", str(testbed.ssh_config),
-        "--disable-cache", PROBE, "--out", str(tmp_path)))
+        "--disable-cache", "--python", mpich_python(), PROBE, "--out", str(tmp_path)))
     result = subprocess.run(argv, capture_output=True, text=True, timeout=180, env=mpich_env)
     assert result.returncode == 0, result.stderr
     assert sorted(r["host"] for r in records(tmp_path).values()) == ["h1", "h2"]
     doctor = subprocess.run(testbed.nsenter_argv("h1", dtlaunch_argv(
         "doctor", "-H", "h1,h2", "--iface", "eth0", "--ssh-config", str(testbed.ssh_config),
-        "--json")), capture_output=True, text=True, timeout=180, env=mpich_env)
+        "--python", mpich_python(), "--json")), capture_output=True, text=True, timeout=180,
+        env=mpich_env)
     doc = json.loads(doctor.stdout)
     assert {h["host"]: h["versions"]["mpi"] for h in doc["hosts"]} == {
         h: "MPICH 5.0.2" for h in ("h1", "h2", next(h["host"] for h in doc["hosts"]
@@ -306,7 +314,7 @@ def test_network_chosen_by_the_preflight_becomes_hydras_iface(make_bed, mpich_en
     testbed = make_bed(2, docker0=True)
     argv = testbed.nsenter_argv("h1", dtlaunch_argv(
         "run", "-v", "-H", "h1:1,h2:1", "--ssh-config", str(testbed.ssh_config),
-        "--disable-cache", PROBE, "--out", str(tmp_path)))
+        "--disable-cache", "--python", mpich_python(), PROBE, "--out", str(tmp_path)))
     result = subprocess.run(argv, capture_output=True, text=True, timeout=180, env=mpich_env)
     assert result.returncode == 0, result.stderr
     assert "dtlaunch: network: " in result.stderr
@@ -322,7 +330,7 @@ def test_a_host_key_changed_since_a_cached_preflight_is_named_not_hung(
     env = {**mpich_env, "XDG_CACHE_HOME": str(tmp_path / "cache")}
     argv = bed.nsenter_argv("h1", dtlaunch_argv(
         "run", "-H", "h1:1,h2:1", "--iface", "eth0", "--ssh-config", str(bed.ssh_config),
-        PROBE, "--out", str(tmp_path)))
+        "--python", mpich_python(), PROBE, "--out", str(tmp_path)))
     first = subprocess.run(argv, capture_output=True, text=True, timeout=180, env=env)
     assert first.returncode == 0, first.stderr
     bed.restart_with_new_host_key("h2")
@@ -331,3 +339,27 @@ def test_a_host_key_changed_since_a_cached_preflight_is_named_not_hung(
     assert "pre-flight checks failed: h2 (ssh); the job did not start" in second.stderr
     assert "MAN-IN-THE-MIDDLE" in second.stderr
     assert_no_strays(bed)
+
+
+@pytest.mark.parametrize("runs", ["mpich", "openmpi"])
+def test_doctor_names_a_horovod_built_for_the_other_mpi(bed: TestBed, mpich_env: dict[str, str],
+                                                       runs: str) -> None:
+    """Horovod links one MPI: the main venv's is built for Open MPI 4, the MPICH venv's for
+    MPICH. Each started by the other MPI's launcher is named, with the rebuild."""
+    python = sys.executable if runs == "mpich" else mpich_python()
+    env = mpich_env if runs == "mpich" else dict(os.environ)
+    result = subprocess.run(bed.nsenter_argv("h1", dtlaunch_argv(
+        "doctor", "-H", "h2", "--iface", "eth0", "--ssh-config", str(bed.ssh_config),
+        "--python", python, "--json")), capture_output=True, text=True, timeout=120, env=env)
+    assert result.returncode == 1, result.stderr
+    doc = json.loads(result.stdout)
+    for host in doc["hosts"]:  # h2 and the launcher alike
+        horovod = {c["name"]: c for c in host["checks"]}["horovod"]
+        assert horovod["status"] == "fail", horovod
+        if runs == "mpich":
+            assert horovod["detail"].startswith("horovod loads Open MPI 4 (")
+            assert f"but the job runs MPICH 5.0.2 ({mpich_bin()}/" in horovod["detail"]
+        else:
+            assert "horovod loads an MPICH-family MPI (MPICH, Intel MPI) (" in horovod["detail"]
+            assert "but the job runs Open MPI 4" in horovod["detail"]
+        assert horovod["hint"].startswith("build Horovod against the job's MPI")

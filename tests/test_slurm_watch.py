@@ -12,7 +12,6 @@ from dtlaunch.slurm_watch import (
     TASK_CODE,
     NodeWatch,
     blame,
-    either,
     failed_node,
     node_watch_for,
     silent_nodes,
@@ -65,12 +64,6 @@ def test_the_watch_starts_nothing_before_its_delay() -> None:
     watch = NodeWatch(["h1", "h2"], "python3", srun="/nonexistent/srun", clock=lambda: clock[0])
     assert watch.stop_reason() is None and watch.started is None
     watch.close()
-
-
-def test_either_takes_the_first_reason() -> None:
-    assert either(None, None) is None
-    poll = either(lambda: None, lambda: "b", lambda: "c")
-    assert poll is not None and poll() == "b"
 
 
 def test_a_stop_by_the_watch_names_the_lost_node_and_the_restart_loop_drops_it() -> None:

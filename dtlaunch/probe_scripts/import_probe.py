@@ -46,8 +46,23 @@ def probe_horovod(found: Dict[str, Any]) -> None:
                                          ("Gloo", hvd.gloo_built)) if built()]
             # NCCL_VERSION_CODE when built with NCCL (0 without; a bool before 0.21).
             found["horovod_nccl"] = int(hvd.nccl_built())
+            found["horovod_mpi_lib"] = loaded_mpi_library()
     except BaseException as e:
         found["horovod_error"] = (type(e).__name__ + ": " + str(e)).strip()[:300]
+
+
+def loaded_mpi_library() -> Any:
+    """The libmpi this process loaded with Horovod (its real file: the name carries the ABI),
+    or None; read from the process's own memory map, so no tool is needed."""
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                path = line.rstrip("\n").split(None, 5)[-1]
+                if os.path.basename(path).startswith("libmpi.so"):
+                    return path
+    except (OSError, IndexError):
+        pass
+    return None
 
 
 def main() -> None:

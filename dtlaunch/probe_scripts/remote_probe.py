@@ -56,7 +56,7 @@ def import_key(dists: Dists) -> str:
     import hashlib
 
     exe = os.path.realpath(sys.executable)
-    parts: List[Any] = ["probe-4", sys.executable, exe, stamp(exe), sys.version]
+    parts: List[Any] = ["probe-5", sys.executable, exe, stamp(exe), sys.version]
     for name in ("torch", "horovod"):
         version, path = dists.get(name) or (None, None)
         parts.append([name, version, path, stamp(path) if path else None])
