@@ -106,7 +106,8 @@ def format_command(argv: Sequence[str], env_prefix: Sequence[tuple[str, str]] = 
 # --- versions ---------------------------------------------------------------------------------
 
 # Each implementation's `--version` banner; the version text itself is read by `packaging`.
-_OMPI_RE = re.compile(r"\(Open MPI\)\s+(\S+)")
+# Open MPI 4's mpiexec (Debian's too) answers as OpenRTE's, under its own name.
+_OMPI_RE = re.compile(r"\((?:Open MPI|OpenRTE)\)\s+(\S+)")
 _INTEL_RE = re.compile(r"Version\s+(\S+)")
 _HYDRA_RE = re.compile(r"Version:\s+(\S+)")
 
