@@ -70,6 +70,17 @@ def iface_arg(spec: JobSpec) -> tuple[str, ...]:
     return ("-iface", spec.iface.names[0])
 
 
+def fabric_args(spec: JobSpec) -> tuple[str, ...]:
+    """libfabric's TCP provider (Intel MPI's data path; MPICH's with its OFI netmod) picks an
+    interface of its own, a docker0 bridge as readily as eth0 (measured: Intel MPI's ranks
+    then wait for ever): the `--iface` name pins it too, unless the job sets FI_TCP_IFACE."""
+    if spec.iface is None or not spec.iface.names:
+        return ()
+    if any(v.name == "FI_TCP_IFACE" for v in spec.env.variables):
+        return ()
+    return ("-genv", "FI_TCP_IFACE", spec.iface.names[0])
+
+
 def ranks_per_host(hosts: Sequence[Host], num_proc: int) -> list[tuple[str, int]]:
     """How many ranks each host gets, filling hosts in slot order as `-hosts h1:2,h2:2` does
     (again from the first host when there are more ranks than slots); hosts left out get none."""
@@ -124,6 +135,7 @@ def build_mpiexec_argv(spec: JobSpec, mpiexec: str = "mpiexec",
     for var in spec.env.variables:
         if var.inline:
             argv += ["-genv", var.name, var.value]
+    argv += fabric_args(spec)
     if spec.binding is not None:
         argv += spec.binding
     argv += spec.mpi_args

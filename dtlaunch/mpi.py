@@ -139,8 +139,10 @@ def parse_mpirun_version(text: str) -> MpiImpl:
     if "intel(r) mpi" in lowered or "intel mpi" in lowered:
         found = _INTEL_RE.search(text)
         return MpiImpl("Intel MPI", found.group(1) if found else "")
-    if "hydra" in lowered or "mpich" in lowered:
-        found = _HYDRA_RE.search(text)
+    found = _HYDRA_RE.search(text)
+    # "hydra" alone is no banner: Intel MPI's mpirun says "mpiexec.hydra: not found" when
+    # mpiexec.hydra is not on PATH.
+    if ("hydra" in lowered and found) or "mpich" in lowered:
         return MpiImpl("MPICH", found.group(1) if found else "")
     if "mvapich" in lowered:
         return MpiImpl("MVAPICH", "")

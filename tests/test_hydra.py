@@ -63,7 +63,7 @@ def test_argv_two_hosts() -> None:
         "mpiexec", "-n", "4", "-hosts", "h1:2,h2:2", "-launcher", "ssh",
         "-launcher-exec", "/cache/hydra-ssh-1", "-iface", "eth0", "-prepend-rank",
         "-genvlist", "PATH,API_TOKEN", "-genv", "PYTHONUNBUFFERED", "1",
-        "/venv/bin/python", "train.py", "--lr", "1",
+        "-genv", "FI_TCP_IFACE", "eth0", "/venv/bin/python", "train.py", "--lr", "1",
     )
 
 

@@ -12,6 +12,7 @@ import pytest
 from test_hydra import INTEL, _fake_mpi, spec
 
 from dtlaunch import launcher_choice, rsh
+from dtlaunch.envvars import EnvPlan, EnvVar
 from dtlaunch.hosts import Host
 from dtlaunch.hydra import Hydra, agent_script, build_mpiexec_argv, ranks_per_host
 from dtlaunch.hydra_output import analyze_hydra
@@ -24,7 +25,7 @@ PROGRAM = ("/venv/bin/python", "train.py", "--lr", "1")
 
 def placement(argv: tuple[str, ...]) -> tuple[str, ...]:
     """The argv less the options every Hydra job has (launcher, interface, variables)."""
-    start = argv.index("-genv") + 3  # -genv PYTHONUNBUFFERED 1
+    start = max(i for i, a in enumerate(argv) if a == "-genv") + 3  # after -genv NAME VALUE
     return argv[1:argv.index("-launcher")] + argv[start:]
 
 
@@ -53,6 +54,18 @@ def test_different_slots_become_one_argument_set_per_host() -> None:
     # The same spec for MPICH keeps `-hosts h1:1,h2:2`.
     mpich = build_mpiexec_argv(spec(hosts=(Host("h1", 1), Host("h2", 2)), num_proc=3))
     assert mpich[1:5] == ("-n", "3", "-hosts", "h1:1,h2:2")
+
+
+def test_iface_pins_libfabrics_tcp_provider_too() -> None:
+    """Measured on the bed with a docker0 bridge on every host: without FI_TCP_IFACE Intel MPI's
+    ranks talk over docker0 and wait for ever."""
+    argv = INTEL_MPI.build_argv(spec(), "mpiexec")
+    assert any(argv[i:i + 3] == ("-genv", "FI_TCP_IFACE", "eth0") for i in range(len(argv)))
+    assert "FI_TCP_IFACE" not in INTEL_MPI.build_argv(spec(iface=None), "mpiexec")
+    # The job's own FI_TCP_IFACE (-x) wins: it goes by name, dtlaunch adds none.
+    mine = spec(env=EnvPlan((EnvVar("FI_TCP_IFACE", "ib0"),)))
+    argv = INTEL_MPI.build_argv(mine, "mpiexec")
+    assert argv.count("FI_TCP_IFACE") == 1 and argv[argv.index("-genvlist") + 1] == "FI_TCP_IFACE"
 
 
 def test_ranks_fill_hosts_in_slot_order_and_wrap_when_oversubscribed() -> None:

@@ -111,6 +111,7 @@ def test_mpi_args_split_like_a_shell() -> None:
          "Open MPI", "4.1.4"),
         ("HYDRA build details:\n    Version:                                 4.0\n", "MPICH", "4.0"),
         ("Intel(R) MPI Library for Linux* OS, Version 2021.9 Build 2023", "Intel MPI", "2021.9"),
+        ("/venv/bin/mpirun: 109: mpiexec.hydra: not found", "unknown", ""),
         ("something else", "unknown", ""),
     ],
 )
