@@ -206,10 +206,10 @@ def doctor(hosts: str | None, hostfile: str | None, iface: str | None, python: s
         COMMAND_TIMEOUT,
         DoctorRequest,
         build_expectations,
-        local_launcher,
         run_doctor,
     )
     from dtlaunch.hosts import read_hosts
+    from dtlaunch.launcher_choice import job_launcher
     from dtlaunch.mpi import parse_iface
     from dtlaunch.plan import check_module_name
     from dtlaunch.session import doctor_placement
@@ -232,7 +232,7 @@ def doctor(hosts: str | None, hostfile: str | None, iface: str | None, python: s
         cwd=os.getcwd(),
         command_timeout=timeout if timeout is not None else COMMAND_TIMEOUT,
         choose_network=iface is None and len(host_names) > 1,  # as run's pre-flight
-        mpi_launcher=local_launcher(),
+        mpi_launcher=job_launcher(),
     )
     from dtlaunch.render import Spinner, preload
 

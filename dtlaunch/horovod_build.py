@@ -163,6 +163,10 @@ def build_env(key: BuildKey, environ: dict[str, str]) -> dict[str, str]:
         wrapper = os.path.join(key.mpi.bin_dir, var.lower())
         if os.access(wrapper, os.X_OK):
             env[var] = wrapper
+    if key.mpi.impl.name == "Intel MPI":
+        # Intel's wrappers read their prefix from I_MPI_ROOT (PyPI's impi-devel leaves the
+        # installer's placeholder in them), and the one set for another Intel MPI must not win.
+        env["I_MPI_ROOT"] = key.mpi.prefix
     if key.cuda:
         env["HOROVOD_GPU_OPERATIONS"] = "NCCL"
     return env

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dtlaunch.errors import UsageError
-from dtlaunch.hosts import format_hosts
+from dtlaunch.hosts import Host, format_hosts
 from dtlaunch.mpi import JobSpec, MpiImpl, parse_mpirun_version
 
 if TYPE_CHECKING:  # imported when a job runs, not for a dry run
@@ -70,8 +70,50 @@ def iface_arg(spec: JobSpec) -> tuple[str, ...]:
     return ("-iface", spec.iface.names[0])
 
 
+def fabric_args(spec: JobSpec) -> tuple[str, ...]:
+    """libfabric's TCP provider (Intel MPI's data path; MPICH's with its OFI netmod) picks an
+    interface of its own, a docker0 bridge as readily as eth0 (measured: Intel MPI's ranks
+    then wait for ever): the `--iface` name pins it too, unless the job sets FI_TCP_IFACE."""
+    if spec.iface is None or not spec.iface.names:
+        return ()
+    if any(v.name == "FI_TCP_IFACE" for v in spec.env.variables):
+        return ()
+    return ("-genv", "FI_TCP_IFACE", spec.iface.names[0])
+
+
+def ranks_per_host(hosts: Sequence[Host], num_proc: int) -> list[tuple[str, int]]:
+    """How many ranks each host gets, filling hosts in slot order as `-hosts h1:2,h2:2` does
+    (again from the first host when there are more ranks than slots); hosts left out get none."""
+    counts = [0] * len(hosts)
+    left = num_proc
+    while left > 0 and hosts:
+        for i, host in enumerate(hosts):
+            take = min(max(host.slots, 1), left)
+            counts[i] += take
+            left -= take
+            if left == 0:
+                break
+    return [(h.name, n) for h, n in zip(hosts, counts) if n]
+
+
+def placement_args(spec: JobSpec, intel: bool) -> tuple[list[str], list[list[str]]]:
+    """(global arguments, one argument set per host or none) that place the ranks host by host.
+
+    MPICH: `-n N -hosts h1:2,h2:2`. Intel MPI's Hydra ignores `:N` there (it places as many
+    ranks on a host as it has cores): the same count on every host becomes `-n N -hosts h1,h2
+    -ppn 2`, different counts one argument set per host, `-n 2 -host h1 PROGRAM : -n 1 -host
+    h2 PROGRAM` (ranks are numbered in that order)."""
+    if not intel:
+        return ["-n", str(spec.num_proc), "-hosts", format_hosts(spec.hosts)], []
+    counts = ranks_per_host(spec.hosts, spec.num_proc)
+    if len({n for _, n in counts}) == 1:
+        return ["-n", str(spec.num_proc), "-hosts", ",".join(h for h, _ in counts),
+                "-ppn", str(counts[0][1])], []
+    return [], [["-n", str(n), "-host", name] for name, n in counts]
+
+
 def build_mpiexec_argv(spec: JobSpec, mpiexec: str = "mpiexec",
-                       launcher_exec: str | None = None) -> tuple[str, ...]:
+                       launcher_exec: str | None = None, intel: bool = False) -> tuple[str, ...]:
     """The whole mpiexec command line, as an argv tuple (never a shell string).
 
     Variables go by name only (`-genvlist`): their values stay in mpiexec's environment and
@@ -80,7 +122,8 @@ def build_mpiexec_argv(spec: JobSpec, mpiexec: str = "mpiexec",
     if spec.tree_spawn:
         raise UsageError("--tree-spawn: Open MPI's; Hydra (MPICH, Intel MPI) starts every proxy "
                          "from the launcher")
-    argv: list[str] = [mpiexec, "-n", str(spec.num_proc), "-hosts", format_hosts(spec.hosts)]
+    placement, per_host = placement_args(spec, intel)
+    argv: list[str] = [mpiexec, *placement]
     if spec.slurm:
         argv += ["-launcher", "slurm"]
     else:
@@ -92,25 +135,30 @@ def build_mpiexec_argv(spec: JobSpec, mpiexec: str = "mpiexec",
     for var in spec.env.variables:
         if var.inline:
             argv += ["-genv", var.name, var.value]
+    argv += fabric_args(spec)
     if spec.binding is not None:
         argv += spec.binding
     argv += spec.mpi_args
-    argv += spec.program
+    if not per_host:
+        return (*argv, *spec.program)
+    for i, local in enumerate(per_host):
+        argv += [*([":"] if i else []), *local, *spec.program]
     return tuple(argv)
 
 
 class Hydra:
     """MPICH >= 3.0 and Intel MPI through Hydra's mpiexec."""
 
-    name = "MPICH"
     launcher = "mpiexec"
     install_hint = INSTALL_MPICH_HINT
 
-    def __init__(self, agent_dir: str = "", python: str = "", rsh_file: str = "") -> None:
+    def __init__(self, agent_dir: str = "", python: str = "", rsh_file: str = "",
+                 name: str = "MPICH") -> None:
         # Where the ssh agent is written, and what it runs; empty: plain ssh (no options).
         self.agent_dir = agent_dir
         self.python = python
         self.rsh_file = rsh_file
+        self.name = name  # "MPICH" or "Intel MPI": how the ranks are placed differs
 
     def parse_version(self, text: str) -> MpiImpl:
         return parse_mpirun_version(text)
@@ -130,7 +178,8 @@ class Hydra:
 
     def build_argv(self, spec: JobSpec, launcher: str) -> tuple[str, ...]:
         agent = self._agent(spec)
-        return build_mpiexec_argv(spec, launcher, agent[0] if agent else None)
+        return build_mpiexec_argv(spec, launcher, agent[0] if agent else None,
+                                  intel=self.name == "Intel MPI")
 
     def support_files(self, spec: JobSpec) -> tuple[SupportFile, ...]:
         agent = self._agent(spec)

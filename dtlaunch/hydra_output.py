@@ -106,10 +106,13 @@ class HydraDemux:
 _BAD_TERMINATION = re.compile(r"BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES"
                               r".*?PID \d+ RUNNING AT (\S+).*?EXIT CODE: (-?\d+)", re.DOTALL)
 _EXIT_STRING = re.compile(r"EXIT STRING:.*?\(signal (\d+)\)")
+# Intel MPI's banner names the rank and the signal (it has none for a plain exit code).
+_INTEL_KILLED = re.compile(r"BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES\s*\n=\s*RANK "
+                           r"(\d+) PID \d+ RUNNING AT (\S+)\s*\n=\s*KILLED BY SIGNAL: (\d+)")
 _ABORT = re.compile(r"application called MPI_Abort\(\S*, (-?\d+)\) - process (\d+)")
 _EXECVP = re.compile(r"\[proxy:\d+@(\S+)\].*execvp error on file (\S+)")
 _SSH_ERR = re.compile(r"^(ssh: .*|.*Permission denied.*|.*Host key verification failed.*)$", re.M)
-_PROXY_FAILED = re.compile(r"unable to (?:connect|launch|start)|"
+_PROXY_FAILED = re.compile(r"unable to (?:connect|launch|start)|Unable to run bstrap_proxy|"
                            r"one of the processes terminated badly|proxy.*(?:failed|error)")
 
 
@@ -129,6 +132,9 @@ def analyze_hydra(lines: Sequence[str], rank_hosts: Sequence[str]) -> Failure | 
         rank = int(abort.group(2))
         host = rank_hosts[rank] if 0 <= rank < len(rank_hosts) else None
         return Failure(rank, host, exit_code=int(abort.group(1)), reason="called MPI_Abort")
+    killed = _INTEL_KILLED.search(text)
+    if killed:
+        return Failure(int(killed.group(1)), killed.group(2), signal=int(killed.group(3)))
     bad = _BAD_TERMINATION.search(text)
     if bad:
         host, code = bad.group(1), int(bad.group(2))

@@ -44,19 +44,31 @@ def launcher_family(environ: Mapping[str, str] | None = None,
     if impl.is_open_mpi or impl.name not in HYDRA_IMPLS:
         return OPEN_MPI, program, impl
     mpiexec = os.path.join(os.path.dirname(program), "mpiexec")
-    return hydra_family(env), mpiexec if os.access(mpiexec, os.X_OK) else program, impl
+    return hydra_family(env, impl.name), mpiexec if os.access(mpiexec, os.X_OK) else program, impl
 
 
-def hydra_family(environ: Mapping[str, str]) -> Hydra:
-    """Hydra with dtlaunch's ssh agent in the user's cache directory."""
+def job_launcher(environ: Mapping[str, str] | None = None) -> str:
+    """The launcher doctor asks every host about, as the job will start it: Hydra's mpiexec
+    beside a Hydra mpirun, else the PATH's mpirun; absolute, links kept. Intel MPI's mpirun is
+    a script that looks for mpiexec.hydra on PATH, which a remote login's PATH lacks."""
+    try:
+        _, program, _ = launcher_family(environ)
+    except DtlaunchError:  # its --version failed: doctor reports that host by host
+        env = os.environ if environ is None else environ
+        program = shutil.which("mpirun", path=env.get("PATH", os.defpath))
+    return os.path.abspath(program) if program else ""
+
+
+def hydra_family(environ: Mapping[str, str], name: str = "MPICH") -> Hydra:
+    """Hydra (for MPICH or Intel MPI) with dtlaunch's ssh agent in the user's cache directory."""
     from dtlaunch import rsh
 
     home = environ.get("HOME") or os.path.expanduser("~")
     base = environ.get("XDG_CACHE_HOME") or os.path.join(home, ".cache")
     wrapper = rsh.__file__ or ""
     if not wrapper.endswith(".py") or any(c.isspace() for c in sys.executable):
-        return Hydra()  # a shebang cannot carry whitespace: plain ssh
-    return Hydra(os.path.join(base, "dtlaunch", "bin"), sys.executable, wrapper)
+        return Hydra(name=name)  # a shebang cannot carry whitespace: plain ssh
+    return Hydra(os.path.join(base, "dtlaunch", "bin"), sys.executable, wrapper, name)
 
 
 def rsh_agent_command() -> str | None:

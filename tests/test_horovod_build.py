@@ -131,6 +131,17 @@ def test_build_env_puts_that_mpi_first(tmp_path: Path) -> None:
     assert "MPICXX" not in env and env["HOROVOD_WITH_MPI"] == "1"
 
 
+def test_build_env_points_intel_mpis_wrappers_at_its_prefix(tmp_path: Path) -> None:
+    """PyPI's impi-devel: mpicc's prefix is a placeholder, I_MPI_ROOT gives the real one."""
+    launcher = fake_launcher(tmp_path / "impi" / "bin", "mpiexec",
+                             "Intel(R) MPI Library for Linux* OS, Version 2021.18 Build 20250501")
+    env = build_env(key_for(launcher), {"PATH": "/usr/bin", "I_MPI_ROOT": "/opt/intel/mpi/old"})
+    assert env["I_MPI_ROOT"] == str(tmp_path / "impi")
+    assert "-impi2021.18-" in key_for(launcher).tag()
+    mpich = fake_launcher(tmp_path / "m" / "bin", "mpiexec", "HYDRA\n Version: 5.0.2")
+    assert "I_MPI_ROOT" not in build_env(key_for(mpich), {"PATH": "/usr/bin"})
+
+
 def test_cache_dir_is_private(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     folder = cache_dir()

@@ -63,7 +63,7 @@ def test_argv_two_hosts() -> None:
         "mpiexec", "-n", "4", "-hosts", "h1:2,h2:2", "-launcher", "ssh",
         "-launcher-exec", "/cache/hydra-ssh-1", "-iface", "eth0", "-prepend-rank",
         "-genvlist", "PATH,API_TOKEN", "-genv", "PYTHONUNBUFFERED", "1",
-        "/venv/bin/python", "train.py", "--lr", "1",
+        "-genv", "FI_TCP_IFACE", "eth0", "/venv/bin/python", "train.py", "--lr", "1",
     )
 
 
@@ -245,6 +245,23 @@ def test_family_follows_the_mpi_first_on_path(tmp_path: Path) -> None:
     family, program, impl = launcher_choice.launcher_family({"PATH": str(tmp_path / "intel")})
     assert isinstance(family, Hydra) and impl is not None and impl.name == "Intel MPI"
     assert launcher_choice.launcher_family({"PATH": str(tmp_path / "none")}) == (OPEN_MPI, None, None)
+
+
+def test_doctor_asks_the_hosts_about_hydras_mpiexec(tmp_path: Path) -> None:
+    """Intel MPI's mpirun is a script that finds mpiexec.hydra on PATH (absent on a remote
+    login's): doctor asks each host about the mpiexec the job starts, as run's pre-flight does."""
+    _fake_mpi(tmp_path / "intel", INTEL)
+    _fake_mpi(tmp_path / "ompi", OMPI, ("mpirun", "mpiexec"))
+    assert launcher_choice.job_launcher({"PATH": str(tmp_path / "intel")}) == \
+        str(tmp_path / "intel" / "mpiexec")
+    assert launcher_choice.job_launcher({"PATH": str(tmp_path / "ompi")}) == \
+        str(tmp_path / "ompi" / "mpirun")
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "mpirun").write_text("#!/bin/sh\nexit 1\n")
+    (tmp_path / "broken" / "mpirun").chmod(0o755)  # answers nothing: still the one asked about
+    assert launcher_choice.job_launcher({"PATH": str(tmp_path / "broken")}) == \
+        str(tmp_path / "broken" / "mpirun")
+    assert launcher_choice.job_launcher({"PATH": str(tmp_path / "none")}) == ""
 
 
 def _facts(impl: MpiImpl, orted: str | None = None) -> HostFacts:

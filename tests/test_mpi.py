@@ -107,8 +107,11 @@ def test_mpi_args_split_like_a_shell() -> None:
         ("mpirun (Open MPI) 4.1.4\n\nReport bugs to http://www.open-mpi.org/community/help/", "Open MPI", "4.1.4"),
         ("mpirun (Open MPI) 5.0.3", "Open MPI", "5.0.3"),
         ("mpirun (Open MPI) 2.1.1", "Open MPI", "2.1.1"),
+        ("mpiexec (OpenRTE) 4.1.4\n\nReport bugs to http://www.open-mpi.org/community/help/",
+         "Open MPI", "4.1.4"),
         ("HYDRA build details:\n    Version:                                 4.0\n", "MPICH", "4.0"),
         ("Intel(R) MPI Library for Linux* OS, Version 2021.9 Build 2023", "Intel MPI", "2021.9"),
+        ("/venv/bin/mpirun: 109: mpiexec.hydra: not found", "unknown", ""),
         ("something else", "unknown", ""),
     ],
 )

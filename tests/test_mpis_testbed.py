@@ -1,8 +1,10 @@
-"""The multi-host suite once per MPI: Open MPI 4 (the system's), Open MPI 5 and MPICH (PyPI's
-wheels in their own venvs, Horovod built against each). Real sshd, real launchers, real ranks.
+"""The multi-host suite once per MPI: Open MPI 4 (the system's), Open MPI 5, MPICH and Intel
+MPI (PyPI's wheels in their own venvs, Horovod built against each). Real sshd, real launchers,
+real ranks.
 
-`run_mpi_env` covers the MPIs that `dtlaunch run` drives (conftest.DTLAUNCH_RUN_MPIS);
-`mpi_env` covers every MPI, for what holds for all of them (Horovod's build for that MPI).
+`run_mpi_env` covers the Open MPIs (conftest.DTLAUNCH_RUN_MPIS); MPICH and Intel MPI have the
+same suite through Hydra in tests/test_hydra_testbed.py. `mpi_env` covers every MPI, for what
+holds for all of them (Horovod's build for that MPI).
 """
 
 from __future__ import annotations
@@ -184,9 +186,7 @@ def test_lost_host_ends_the_job(make_bed, run_mpi_env: MpiEnv, tmp_path: Path) -
     assert not left
 
 
-# --- MPICH: Horovod's build proven by Hydra's own mpiexec ---------------------------------------
-# `dtlaunch run` with MPICH (Hydra) goes in DTLAUNCH_RUN_MPIS (conftest.py) once run drives
-# mpiexec; the tests above then run for it too.
+# --- MPICH: Horovod's build proven by Hydra's own mpiexec, without dtlaunch ----------------------
 
 
 def test_mpich_horovod_allreduce_by_hand_written_mpiexec(bed: TestBed, tmp_path: Path) -> None:
