@@ -58,7 +58,8 @@ MODULE = "dtlaunch.examples.ptb_lm"
 GOAL_EFF = 0.90
 VENVS = Path(os.environ.get("DTLAUNCH_MPI_VENVS") or Path.home() / ".cache" / "dtlaunch" / "mpi-venvs")
 DATA = Path(os.environ.get("DTLAUNCH_PTB_DATA", ROOT.parent / "shared" / "data" / "ptb"))
-MPIS = ("openmpi4", "openmpi5", "mpich")
+MPIS = ("openmpi4", "openmpi5", "mpich", "intelmpi")
+HYDRA_MPIS = ("mpich", "intelmpi")
 CACHE_REFRESH_S = 200.0  # the pre-flight cache lives 300 s
 RAW = RESULTS / "raw"
 
@@ -76,9 +77,12 @@ def mpi_setup(name: str) -> tuple[str, dict[str, str]] | None:
 
 
 def version(name: str, env: dict[str, str]) -> str:
-    launcher = "mpiexec" if name == "mpich" else "mpirun"
+    launcher = "mpiexec" if name in HYDRA_MPIS else "mpirun"
     out = timed([launcher, "--version"], env=env, check=False)
     lines = [ln.strip() for ln in (out.stdout + out.stderr).splitlines() if ln.strip()]
+    if name == "intelmpi":
+        found = [ln for ln in lines if "Version" in ln and "Intel" in ln]
+        return found[0] if found else "Intel MPI ?"
     if name == "mpich":
         found = [ln for ln in lines if ln.startswith("Version:")]
         return "MPICH " + found[0].split(":", 1)[1].strip() if found else "MPICH ?"
@@ -88,6 +92,11 @@ def version(name: str, env: dict[str, str]) -> str:
 def hand_argv(name: str, python: str, cfg: str, ssh_dir: Path) -> list[str]:
     """What a user would type for that MPI: the flags dtlaunch generates, minus its extras (its
     ssh agent, output tagging, environment allow-list); plain ssh with the bed's config."""
+    if name == "intelmpi":  # its Hydra takes the ranks per host from -ppn, not -hosts h:N
+        return ["mpiexec", "-n", "2", "-hosts", "h1,h2", "-ppn", "1", "-launcher", "ssh",
+                "-launcher-exec", str(ssh_dir / "ssh"), "-iface", "eth0",
+                "-genv", "FI_TCP_IFACE", "eth0",
+                "-genvlist", "PATH,PYTHONPATH,OMP_NUM_THREADS", python, JOB]
     if name == "mpich":
         return ["mpiexec", "-n", "2", "-hosts", "h1:1,h2:1", "-launcher", "ssh",
                 "-launcher-exec", str(ssh_dir / "ssh"), "-iface", "eth0",
@@ -100,11 +109,11 @@ def hand_argv(name: str, python: str, cfg: str, ssh_dir: Path) -> list[str]:
             "-x", "OMP_NUM_THREADS", python, JOB]
 
 
-def launch(reps: int) -> dict[str, Any]:
+def launch(reps: int, mpis: tuple[str, ...] = MPIS) -> dict[str, Any]:
     out: dict[str, Any] = {}
     with bed_of(2) as bed, ssh_wrapper(bed.ssh_config) as wrap:  # type: ignore[attr-defined]
         cfg = str(bed.ssh_config)  # type: ignore[attr-defined]
-        for name in MPIS:
+        for name in mpis:
             setup = mpi_setup(name)
             if setup is None:
                 out[name] = {"missing": f"no venv at {VENVS / name}"}
@@ -132,7 +141,7 @@ def launch(reps: int) -> dict[str, Any]:
                     misses[0] += 1
                 return sample
 
-            hand_name = "mpiexec (by hand)" if name == "mpich" else "mpirun (by hand)"
+            hand_name = "mpiexec (by hand)" if name in HYDRA_MPIS else "mpirun (by hand)"
             tools = {
                 hand_name: lambda hand=hand, env=env: inside(hand, env),
                 "dtlaunch run (warm pre-flight)": warm,
@@ -163,11 +172,11 @@ def ptb_run(python: str, env: dict[str, str], np: int, steps: int, data: Path,
     return float(next(r for r in reversed(records) if r.get("event") == "final")["words_per_sec"])
 
 
-def ptb(reps: int, steps: int, data: Path) -> dict[str, Any]:
+def ptb(reps: int, steps: int, data: Path, mpis: tuple[str, ...] = MPIS) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if not (data / "ptb.train.txt").is_file():
-        return {name: {"missing": f"no PTB data in {data}"} for name in MPIS}
-    for name in MPIS:
+        return {name: {"missing": f"no PTB data in {data}"} for name in mpis}
+    for name in mpis:
         setup = mpi_setup(name)
         if setup is None:
             out[name] = {"missing": f"no venv at {VENVS / name}"}
@@ -328,6 +337,18 @@ def plot(launch_res: dict[str, Any] | None, ptb_res: dict[str, Any] | None) -> s
     return "plot: results/mpi_compare.png"
 
 
+def _save(path: Path, res: dict[str, Any], merge: bool) -> None:
+    """Write one part's raw results; with --only, over the last run's for the other MPIs (the
+    commands of both are kept)."""
+    if merge and path.exists():
+        old = json.loads(path.read_text())
+        command = " ; ".join(dict.fromkeys(filter(None, [old.pop("_command", ""),
+                                                          res.pop("_command", "")])))
+        res = {"_command": command, **{k: v for k, v in old.items() if k not in res}, **res}
+        res = {"_command": res.pop("_command"), **{m: res[m] for m in MPIS if m in res}}
+    path.write_text(json.dumps(res, indent=1))
+
+
 def main(argv: list[str] | None = None) -> str:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--reps", type=int, default=5, help="launch repetitions (after 1 warm-up)")
@@ -336,15 +357,20 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--data-path", type=Path, default=DATA)
     parser.add_argument("--part", choices=("launch", "ptb", "all", "report"), default="all",
                         help="measure one part (the other's last raw results are reused)")
+    parser.add_argument("--only", choices=MPIS, action="append",
+                        help="measure only this MPI (repeatable); the others' last raw results "
+                             "are kept")
     args = parser.parse_args(argv)
+    mpis = tuple(args.only or MPIS)
     RAW.mkdir(parents=True, exist_ok=True)
     command = "python bench/mpi_compare.py " + shlex.join(sys.argv[1:] if argv is None else argv)
     if args.part in ("launch", "all"):
-        res = {"_command": command.strip(), **launch(args.reps)}
-        (RAW / "mpi_compare_launch.json").write_text(json.dumps(res, indent=1))
+        res = {"_command": command.strip(), **launch(args.reps, mpis)}
+        _save(RAW / "mpi_compare_launch.json", res, bool(args.only))
     if args.part in ("ptb", "all"):
-        res = {"_command": command.strip(), **ptb(args.ptb_reps, args.max_steps, args.data_path)}
-        (RAW / "mpi_compare_ptb.json").write_text(json.dumps(res, indent=1))
+        res = {"_command": command.strip(),
+               **ptb(args.ptb_reps, args.max_steps, args.data_path, mpis)}
+        _save(RAW / "mpi_compare_ptb.json", res, bool(args.only))
     loaded = [json.loads(p.read_text()) if p.exists() else None
               for p in (RAW / "mpi_compare_launch.json", RAW / "mpi_compare_ptb.json")]
     commands = [r.pop("_command", "") for r in loaded if r]

