@@ -55,6 +55,10 @@ def get_comm() -> Any:
     # steals their time; yielding costs microseconds. A value set by the launcher (mpirun
     # -mca mpi_yield_when_idle ...) arrives in this variable and wins.
     os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
+    # MPICH and Intel MPI poll as well, unless told otherwise. Measured on 2 cores, 2 ranks x
+    # 1 thread: 3,060 -> 4,488 words/s (MPICH 5.0.2) and 2,923 -> 4,077 (Intel MPI 2021.18).
+    os.environ.setdefault("MPIR_CVAR_CH4_PROGRESS_THROTTLE", "1")
+    os.environ.setdefault("I_MPI_WAIT_MODE", "1")
     # The model has a dozen gradient tensors, one of them 8 MB: copying them through a fusion
     # buffer costs more CPU time than the few extra small allreduces it saves.
     os.environ.setdefault("HOROVOD_FUSION_THRESHOLD", "0")
