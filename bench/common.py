@@ -9,6 +9,7 @@ the load average is sampled before and after each figure and printed with it.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import platform
 import resource
@@ -209,9 +210,11 @@ def machine_info() -> dict[str, str]:
 # --- environments for the three launchers -------------------------------------------------------
 
 
+@functools.cache
 def compile_tree(folder: Path) -> None:
-    """Byte-compile a dtlaunch tree once, as `pip install` does: with PYTHONDONTWRITEBYTECODE
-    set, every run would compile ~45 modules again (~0.1 s, not a cost an installed copy has)."""
+    """Byte-compile a dtlaunch tree once per benchmark process, as `pip install` does: with
+    PYTHONDONTWRITEBYTECODE set, every run would compile ~45 modules again (~0.1 s, not a cost
+    an installed copy has)."""
     subprocess.run([PYTHON, "-m", "compileall", "-q", str(folder)], check=False,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=120)
 

@@ -152,15 +152,26 @@ def _mpirun(me: list[str], env: dict[str, str], mode: str, batch: int, steps: in
     return _ms(out)
 
 
-def cores(reps: int, steps: int) -> str:
-    before = loadavg()
-    kinds = list(CORE_KINDS)
+def rotating(kinds: list[str], reps: int, steps: int, label: str) -> dict[str, list[float]]:
+    """Every kind measured once per repetition, the order rotating; ms per step of each."""
     samples: dict[str, list[float]] = {k: [] for k in kinds}
     for rep in range(reps):
         shift = rep % len(kinds)
         for kind in kinds[shift:] + kinds[:shift]:
             samples[kind].append(measure(kind, steps))
-        log(f"  cores rep {rep + 1}: " + ", ".join(f"{k} {v[-1]:.1f} ms" for k, v in samples.items()))
+        log(f"  {label} rep {rep + 1}: " + ", ".join(f"{k} {v[-1]:.1f} ms" for k, v in samples.items()))
+    return samples
+
+
+def ms_rows(samples: dict[str, list[float]], labels: dict[str, str]) -> list[list[str]]:
+    """One table row per kind: its label, median and range."""
+    return [[k, labels[k], f"{statistics.median(v):.1f}", f"{min(v):.1f}–{max(v):.1f}"]
+            for k, v in samples.items()]
+
+
+def cores(reps: int, steps: int) -> str:
+    before = loadavg()
+    samples = rotating(list(CORE_KINDS), reps, steps, "cores")
     med = {k: statistics.median(v) for k, v in samples.items()}
     labels = {
         "P1": "1 process alone, batch 20, 1 thread",
@@ -169,8 +180,7 @@ def cores(reps: int, steps: int) -> str:
         "H2g": "Horovod, 2 ranks × batch 10 (global batch fixed)",
         "H2r": "Horovod, 2 ranks × batch 20 (per-rank batch fixed)",
     }
-    rows = [[k, labels[k], f"{med[k]:.1f}", f"{min(samples[k]):.1f}–{max(samples[k]):.1f}"]
-            for k in kinds]
+    rows = ms_rows(samples, labels)
     allowed_g, allowed_r = med["P1"] / (2 * med["P2g"]), med["P1"] / med["P2r"]
     reached_g, reached_r = med["P1"] / (2 * med["H2g"]), med["P1"] / med["H2r"]
     eff_rows = [
@@ -205,12 +215,7 @@ def main(argv: list[str] | None = None) -> str:
     if args.part == "cores":
         return cores(args.reps, args.steps)
     before = loadavg()
-    kinds = ["A", "B", "C", "D"]
-    samples: dict[str, list[float]] = {k: [] for k in kinds}
-    for rep in range(args.reps):
-        for kind in kinds[rep % 4:] + kinds[:rep % 4]:
-            samples[kind].append(measure(kind, args.steps))
-        log(f"  ceiling rep {rep + 1}: " + ", ".join(f"{k} {v[-1]:.1f} ms" for k, v in samples.items()))
+    samples = rotating(["A", "B", "C", "D"], args.reps, args.steps, "ceiling")
     med = {k: statistics.median(v) for k, v in samples.items()}
     labels = {
         "A": "1 process, batch 20, 2 threads: one step",
@@ -218,8 +223,7 @@ def main(argv: list[str] | None = None) -> str:
         "C": "allreduce of the decoder gradient (8 MB), 2 ranks",
         "D": "Horovod, 2 ranks, batch 10 each: one step",
     }
-    rows = [[k, labels[k], f"{med[k]:.1f}", f"{min(samples[k]):.1f}–{max(samples[k]):.1f}"]
-            for k in kinds]
+    rows = ms_rows(samples, labels)
     text = "\n".join([
         "## 4b. Training scaling: the ceiling on this machine (PTB small)", "",
         f"`python bench/ptb_ceiling.py --reps {args.reps} --steps {args.steps}`: each figure in "
