@@ -121,8 +121,27 @@ def write_cache(key: str, network: dict[str, Any] | None = None,
     try:
         with private_dir(_cache_dir()) as folder:
             write_private(folder, _cache_name(key), data)
+            prune_expired(folder, keep=_cache_name(key))
     except (OSError, NotPrivate):
         pass  # no cache is only slower (run_preflight has said why)
+
+
+def prune_expired(folder: int, keep: str, now: float | None = None) -> int:
+    """Remove the entries that can no longer be used (older than CACHE_SECONDS): each distinct
+    job writes its own, and without this the directory only grows. Runs after a full pre-flight,
+    never on the cached path. Returns how many were removed."""
+    limit = (now if now is not None else time.time()) - CACHE_SECONDS
+    removed = 0
+    for name in os.listdir(folder):
+        if not (name.startswith("preflight-") and name.endswith(".json")) or name == keep:
+            continue
+        try:
+            if os.stat(name, dir_fd=folder, follow_symlinks=False).st_mtime < limit:
+                remove_private(folder, name)
+                removed += 1
+        except OSError:
+            continue  # another dtlaunch removed it first
+    return removed
 
 
 def drop_cache(key: str) -> None:

@@ -165,3 +165,23 @@ def test_the_cache_directory_is_created_private(tmp_path, monkeypatch):
     finally:
         os.umask(old)
     assert (tmp_path / "new" / "cache" / "dtlaunch").stat().st_mode & 0o777 == 0o700
+
+
+def test_expired_entries_are_removed_when_a_new_one_is_written(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    old_key = preflight_cache.cache_key(request(), ("h1",), "/work")
+    fresh_key = preflight_cache.cache_key(request(), ("h2",), "/work")
+    new_key = preflight_cache.cache_key(request(), ("h1", "h2"), "/work")
+    preflight_cache.write_cache(old_key)
+    preflight_cache.write_cache(fresh_key)
+    old = preflight_cache._cache_path(old_key)
+    stale = time.time() - preflight_cache.CACHE_SECONDS - 5
+    os.utime(old, (stale, stale))
+    other = os.path.join(os.path.dirname(old), "imports-abc.json")  # not the pre-flight's
+    with open(other, "w") as handle:
+        handle.write("{}")
+    os.utime(other, (stale, stale))
+    preflight_cache.write_cache(new_key)
+    assert not os.path.exists(old)
+    assert preflight_cache.read_cache(fresh_key) and preflight_cache.read_cache(new_key)
+    assert os.path.exists(other)

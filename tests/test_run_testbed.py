@@ -49,8 +49,19 @@ def assert_no_strays(bed: TestBed, within: float = 10.0, pids: tuple[int, ...] =
         if not any(strays.values()):
             return
         if time.monotonic() > deadline:
-            raise AssertionError(f"processes left on test hosts: {strays}")
+            named = {where: [f"{p} {cmdline(p)}" for p in found] for where, found in strays.items()
+                     if found}
+            raise AssertionError(f"processes left on test hosts: {named}")
         time.sleep(0.2)
+
+
+def cmdline(pid: int) -> str:
+    """What a stray runs, so a failure names it (it may be gone by the time it is read)."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return "(gone)"
+    return " ".join(raw.decode(errors="replace").split("\0")).strip()[:300] or "(no command line)"
 
 
 def test_ranks_run_on_every_host_with_cidr(bed: TestBed, tmp_path: Path) -> None:
