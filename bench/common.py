@@ -150,6 +150,31 @@ def round_robin(tools: Mapping[str, Callable[[], Sample]], reps: int, warmup: in
     return series
 
 
+def sandwiched_ratios(sequence: Sequence[tuple[str, float]], key: str, base: str,
+                      scale: float = 1.0) -> list[float]:
+    """Each `key` measurement divided by `scale` x the mean of the nearest `base` measurements
+    before and after it in time (one of them at the ends). On a machine whose speed drifts
+    from minute to minute (a shared VM: ±10 %), pairing neighbours cancels the drift that a
+    ratio of medians taken minutes apart keeps."""
+    out = []
+    for i, (name, value) in enumerate(sequence):
+        if name != key:
+            continue
+        before = next((v for n, v in reversed(sequence[:i]) if n == base), None)
+        after = next((v for n, v in sequence[i + 1:] if n == base), None)
+        near = [v for v in (before, after) if v is not None]
+        if near:
+            out.append(value / (scale * statistics.fmean(near)))
+    return out
+
+
+def steady_rate(rates: Sequence[float], drop: int = 1) -> float:
+    """The rate over equal-sized intervals after the first `drop` (warm-up: allocation, the
+    first negotiation of every tensor): total work / total time, i.e. their harmonic mean."""
+    kept = list(rates[drop:]) or list(rates)
+    return len(kept) / sum(1.0 / r for r in kept)
+
+
 def ratio(a: float, b: float) -> float:
     return a / b if b else float("nan")
 
