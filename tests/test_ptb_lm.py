@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +20,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dtlaunch.examples.ptb_lm import data, train
+from dtlaunch.examples.ptb_lm import comm, data, train
 from dtlaunch.examples.ptb_lm.comm import SingleProcess
 from dtlaunch.examples.ptb_lm.config import CONFIGS, LARGE, MEDIUM, SMALL, Config, learning_rate
 from dtlaunch.examples.ptb_lm.model import PTBModel
@@ -350,6 +351,8 @@ def test_two_ranks_end_identical_on_different_streams(tmp_path: Path) -> None:
     assert shards[0]["streams"] == list(range(10)) and shards[1]["streams"] == list(range(10, 20))
     assert shards[0]["first_tokens"] != shards[1]["first_tokens"]
     assert "2 rank(s)" in result.stdout
+    # Horovod's threads were found and lowered (read back from the kernel, not assumed).
+    assert "communication threads at nice 19" in result.stdout
 
 
 @pytest.mark.horovod
@@ -368,3 +371,21 @@ def test_unequal_shares_give_the_single_process_update(tmp_path: Path) -> None:
     m = torch.load(tmp_path / "m.rank0.pt")
     s = torch.load(tmp_path / "s.rank0.pt")
     assert (m - s).abs().max().item() < 1e-5
+
+
+def test_threads_started_by_the_communication_init_are_lowered_and_no_other() -> None:
+    release = threading.Event()
+    mine = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    before = comm.thread_ids()
+    worker = threading.Thread(target=release.wait)  # stands in for Horovod's background loop
+    worker.start()
+    try:
+        lowered = comm.lower_priority(comm.thread_ids() - before, 19)
+        assert lowered == [worker.native_id]
+        assert os.getpriority(os.PRIO_PROCESS, worker.native_id) == 19
+        assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == mine
+        assert comm.lower_priority({worker.native_id}, 0) == []  # 0 leaves them as they are
+    finally:
+        release.set()
+        worker.join()
+    assert comm.lower_priority({worker.native_id}, 19) == []  # a thread gone is skipped

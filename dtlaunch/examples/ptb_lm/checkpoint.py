@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from .comm import communication_threads
 from .data import DataError
 from .model import State
 
@@ -228,13 +229,15 @@ def start(args: argparse.Namespace, job: Job, timing: dict[str, Any] | None = No
     comm.broadcast_parameters(job.model.state_dict(), root_rank=0)
     comm.broadcast_optimizer_state(job.optimizer, root_rank=0)
     restarts = restart_count()
+    niced = sorted(set(communication_threads().values()))
     job.report.emit(
         f"config {cfg.name}: {comm.size()} rank(s), global batch {cfg.batch_size}, "
         f"{torch.get_num_threads()} thread(s) per rank"
+        + (f", communication threads at nice {'/'.join(map(str, niced))}" if niced else "")
         + (f", restart {restarts}" if restarts else ""),
         {"event": "start", "config": cfg.name, "ranks": comm.size(),
          "batch_size": cfg.batch_size, "threads": torch.get_num_threads(),
-         "restart_count": restarts, **(timing or {})})
+         "comm_nice": niced, "restart_count": restarts, **(timing or {})})
     if resumed is None:
         if args.resume:
             job.report.emit(f"no checkpoint at {args.checkpoint}: starting from the beginning",

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from .checkpoint import Position, checkpoint, next_epoch, start
-from .comm import get_comm
+from .comm import COMM_NICE, get_comm
 from .config import CONFIGS, Config, learning_rate
 from .data import (
     IGNORE_INDEX,
@@ -76,6 +76,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--dense-grads", action="store_true",
                    help="dense embedding gradients (default sparse: less to exchange)")
     p.add_argument("--no-eval", action="store_true", help="skip validation and test")
+    p.add_argument("--comm-nice", type=int, default=COMM_NICE, metavar="N",
+                   help="nice value of Horovod's and MPI's threads (0: leave them; default "
+                        f"{COMM_NICE}: the exchange waits for the compute threads to leave a "
+                        "core instead of taking it from them)")
     p.add_argument("--dump-params", help="each rank writes FILE.rank<r> with a params digest")
     p.add_argument("--dump-shard", help="each rank writes FILE.rank<r> with its streams")
     args = p.parse_args(argv)
@@ -87,6 +91,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--checkpoint-every must be at least 1")
     if args.keep_prob is not None and not 0.0 < args.keep_prob <= 1.0:
         p.error("--keep-prob must be in (0, 1]")
+    if not 0 <= args.comm_nice <= 19:
+        p.error("--comm-nice must be in 0..19")
     if args.hidden_size is not None and args.hidden_size < 1:
         p.error("--hidden-size must be at least 1")
     return args
@@ -389,7 +395,7 @@ def shown(value: float, digits: int = 2, unit: str = "") -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    comm = get_comm()
+    comm = get_comm(args.comm_nice)
     up_at = time.time()  # modules imported and Horovod initialised: for recovery timings
     try:
         run(args, comm, up_at)
