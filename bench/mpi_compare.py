@@ -163,13 +163,22 @@ PTB_RUNS = {"1": (1, BATCH), "2": (2, BATCH), "2w": (2, 2 * BATCH)}
 LOG_INTERVAL = 20  # steps per measured interval; the first is warm-up
 
 
+# One rank per core: the 1-rank run's Horovod thread would otherwise run on the second core, so
+# "1 rank x 1 thread" would use 2 cores and the 2-rank run would be compared with more than one
+# core's work. Intel MPI pins each rank to a core by default; the others are told.
+BIND = {"openmpi4": ["--binding-args", "-bind-to core"],
+        "openmpi5": ["--binding-args", "-bind-to core"],
+        "mpich": ["--binding-args", "-bind-to core"], "intelmpi": []}
+
+
 def ptb_run(python: str, env: dict[str, str], np: int, steps: int, data: Path,
-            batch: int = BATCH) -> float:
+            batch: int = BATCH, binding: list[str] | None = None) -> float:
     """Steady words/s of one run: the first LOG_INTERVAL steps (allocation, Horovod's first
     negotiation of every tensor) are left out, as a long training run amortises them."""
     with tempfile.TemporaryDirectory(prefix="dtlaunch-bench-ptb-") as tmp:
         metrics = Path(tmp) / "metrics.jsonl"
-        argv = [python, "-m", "dtlaunch", "run", "-np", str(np), "-x", "OMP_NUM_THREADS=1",
+        argv = [python, "-m", "dtlaunch", "run", "-np", str(np), *(binding or []),
+                "-x", "OMP_NUM_THREADS=1",
                 "-m", MODULE, "--threads", "1", "--max-steps", str(steps), "--no-eval",
                 "--batch-size", str(batch), "--log-interval", str(LOG_INTERVAL),
                 "--data-path", str(data), "--metrics", str(metrics)]
@@ -182,7 +191,8 @@ def ptb_run(python: str, env: dict[str, str], np: int, steps: int, data: Path,
     return steady_rate(rates)
 
 
-def ptb(reps: int, steps: int, data: Path, mpis: tuple[str, ...] = MPIS) -> dict[str, Any]:
+def ptb(reps: int, steps: int, data: Path, mpis: tuple[str, ...] = MPIS,
+        bind: bool = True) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if not (data / "ptb.train.txt").is_file():
         return {name: {"missing": f"no PTB data in {data}"} for name in mpis}
@@ -199,12 +209,13 @@ def ptb(reps: int, steps: int, data: Path, mpis: tuple[str, ...] = MPIS) -> dict
             order = list(PTB_RUNS) if rep % 2 == 0 else list(reversed(PTB_RUNS))
             for key in order:
                 np, batch = PTB_RUNS[key]
-                runs[key].append(ptb_run(python, env, np, steps, data, batch))
+                runs[key].append(ptb_run(python, env, np, steps, data, batch,
+                                         BIND[name] if bind else None))
                 sequence.append((key, runs[key][-1]))
             log(f"  ptb {name} rep {rep + 1}/{reps}: 1 rank {runs['1'][-1]:,.0f} w/s, "
                 f"2 ranks {runs['2'][-1]:,.0f} w/s, 2 ranks x batch 20 {runs['2w'][-1]:,.0f} w/s")
         out[name] = {"load": f"{before} → {loadavg()}", "runs": runs, "steps": steps,
-                     "sequence": sequence}
+                     "sequence": sequence, "bound": bind}
     return out
 
 
@@ -257,8 +268,12 @@ def report(launch_res: dict[str, Any] | None, ptb_res: dict[str, Any] | None, co
     if ptb_res:
         steps = next((r["steps"] for r in ptb_res.values() if "steps" in r), "?")
         parts += ["### PTB small: per-core scaling efficiency", "",
-                  f"`dtlaunch run -np N -x OMP_NUM_THREADS=1 -m {MODULE} --threads 1 --max-steps "
-                  f"{steps} --no-eval --batch-size B` on this machine; the runs alternate, the "
+                  f"`dtlaunch run -np N [--binding-args '-bind-to core'] -x OMP_NUM_THREADS=1 "
+                  f"-m {MODULE} --threads 1 --max-steps {steps} --no-eval --batch-size B` on this "
+                  "machine, each rank bound to a core (Intel MPI's default pinning, "
+                  "`-bind-to core` for the others; unbound, the 1-rank run's Horovod thread "
+                  "takes the second core, so its baseline is more than one core's work; "
+                  "`--no-bind` measures that way); the runs alternate, the "
                   "order reversed every repetition; words/s leave out each run's first "
                   f"{LOG_INTERVAL} steps (warm-up). Efficiency = words/s(2 ranks × 1 thread) ÷ "
                   f"(2 × words/s(1 rank × 1 thread, B = {BATCH})), each 2-rank run against the "
@@ -386,6 +401,8 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--ptb-reps", type=int, default=2)
     parser.add_argument("--max-steps", type=int, default=150)
     parser.add_argument("--data-path", type=Path, default=DATA)
+    parser.add_argument("--no-bind", action="store_true",
+                        help="PTB: leave the ranks unbound (the 1-rank run then uses 2 cores)")
     parser.add_argument("--part", choices=("launch", "ptb", "all", "report"), default="all",
                         help="measure one part (the other's last raw results are reused)")
     parser.add_argument("--only", choices=MPIS, action="append",
@@ -400,7 +417,7 @@ def main(argv: list[str] | None = None) -> str:
         _save(RAW / "mpi_compare_launch.json", res, bool(args.only))
     if args.part in ("ptb", "all"):
         res = {"_command": command.strip(),
-               **ptb(args.ptb_reps, args.max_steps, args.data_path, mpis)}
+               **ptb(args.ptb_reps, args.max_steps, args.data_path, mpis, not args.no_bind)}
         _save(RAW / "mpi_compare_ptb.json", res, bool(args.only))
     loaded = [json.loads(p.read_text()) if p.exists() else None
               for p in (RAW / "mpi_compare_launch.json", RAW / "mpi_compare_ptb.json")]
