@@ -73,3 +73,12 @@ def parse_binding_args(words: Sequence[str]) -> tuple[str, ...]:
             _check_placement(word, words[i + 1])
         i += 2
     return tuple(words)
+
+
+def double_dash(words: Sequence[str]) -> tuple[str, ...]:
+    """The same options in the double-dash forms, which every Open MPI version accepts: Open
+    MPI 5's launcher (PRRTE) refuses `-bind-to`, `-map-by` and the like, while horovodrun users
+    write them with one dash. Values and anything else stay as they are."""
+    known = _VALUE_OPTIONS | _FLAGS
+    return tuple(f"-{w}" if w.startswith("-") and not w.startswith("--") and w[1:] in known
+                 else w for w in words)

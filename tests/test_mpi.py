@@ -159,3 +159,13 @@ def test_iface_parser_never_crashes(text: str) -> None:
         parse_iface(text)
     except UsageError as exc:
         assert "\n" not in str(exc)
+
+
+def test_binding_args_reach_open_mpi_in_the_double_dash_forms_every_version_takes() -> None:
+    spec = JobSpec(hosts=(Host("a", 2),), num_proc=2, program=("p",),
+                   binding=("-bind-to", "core", "-map-by", "core", "-report-bindings"),
+                   mpi_version=(5, 0, 11))
+    argv = build_mpirun_argv(spec)
+    i = argv.index("--bind-to")
+    assert argv[i:i + 5] == ("--bind-to", "core", "--map-by", "core", "--report-bindings")
+    assert "-bind-to" not in argv and "-map-by" not in argv
