@@ -17,7 +17,7 @@ and the PTB small model's per-core scaling efficiency.
 Each MPI runs with its own bin directory first on PATH and its own Python (torch and Horovod
 built against it): the system's for Open MPI 4, the venvs of scripts/setup_mpis.sh for the others.
 
-    python bench/mpi_compare.py [--reps 5] [--ptb-reps 2] [--max-steps 150] [--part launch|ptb|all]
+    python bench/mpi_compare.py [--reps 5] [--ptb-reps 5] [--max-steps 120] [--part launch|ptb|all]
 """
 
 from __future__ import annotations
@@ -398,8 +398,8 @@ def _save(path: Path, res: dict[str, Any], merge: bool) -> None:
 def main(argv: list[str] | None = None) -> str:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--reps", type=int, default=5, help="launch repetitions (after 1 warm-up)")
-    parser.add_argument("--ptb-reps", type=int, default=2)
-    parser.add_argument("--max-steps", type=int, default=150)
+    parser.add_argument("--ptb-reps", type=int, default=5)
+    parser.add_argument("--max-steps", type=int, default=120)
     parser.add_argument("--data-path", type=Path, default=DATA)
     parser.add_argument("--no-bind", action="store_true",
                         help="PTB: leave the ranks unbound (the 1-rank run then uses 2 cores)")
