@@ -80,6 +80,21 @@ def test_failing_rank_is_named(bed: TestBed, run_mpi_env: MpiEnv, tmp_path: Path
     assert strays(bed) == {}
 
 
+def test_horovodrun_binding_args_bind_the_ranks_under_every_open_mpi(
+        bed: TestBed, run_mpi_env: MpiEnv, tmp_path: Path) -> None:
+    """horovodrun users write `-bind-to core`; Open MPI 5's launcher refused that form."""
+    result = dtl(run_mpi_env, bed, "run", "-H", "h1:1,h2:1", "--iface", bed.subnet,
+                 "--binding-args", "-bind-to core -map-by core -report-bindings", PROBE,
+                 "--out", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    found = records(tmp_path)
+    assert [found[r]["host"] for r in (0, 1)] == ["h1", "h2"]
+    # Open MPI's own report that each rank was bound (its wording differs between 4 and 5).
+    output = result.stdout + result.stderr
+    assert "rank 0 bound to" in output.lower() and "rank 1 bound to" in output.lower(), output
+    assert strays(bed) == {}
+
+
 def test_dry_run_line(run_mpi_env: MpiEnv, tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text("print(1)\n")
