@@ -53,7 +53,7 @@ def digest(prefix: Path) -> str:
 
 @pytest.fixture
 def in_process(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(train, "get_comm", SingleProcess)
+    monkeypatch.setattr(train, "get_comm", lambda nice: SingleProcess())
     monkeypatch.delenv("DTLAUNCH_RESTART_COUNT", raising=False)
 
 
