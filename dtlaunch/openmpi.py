@@ -10,7 +10,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from dtlaunch.binding import double_dash
+from dtlaunch.binding import DEFAULT_BINDING, double_dash
 from dtlaunch.hosts import format_hosts
 from dtlaunch.mca import ssh_overrides
 from dtlaunch.mpi import INSTALL_OMPI_HINT, MIN_OMPI, JobSpec, MpiImpl, parse_mpirun_version
@@ -46,8 +46,7 @@ def build_mpirun_argv(spec: JobSpec, mpirun: str = "mpirun") -> tuple[str, ...]:
     if spec.as_root:
         argv.append("--allow-run-as-root")
     argv += ["--tag-output", "-np", str(spec.num_proc), "-H", format_hosts(spec.hosts)]
-    argv += double_dash(spec.binding) if spec.binding is not None else (
-        "--bind-to", "none", "--map-by", "slot")
+    argv += double_dash(DEFAULT_BINDING if spec.binding is None else spec.binding)
     if spec.oversubscribe:
         argv.append("--oversubscribe")
     argv += ["--mca", "pml", "ob1", "--mca", "btl", btl_for(major)]

@@ -95,8 +95,10 @@ def thread_ids() -> set[int]:
 
 def lower_priority(threads: set[int], nice: int) -> list[int]:
     """Set each thread's nice value to ``nice`` (0 leaves them); the threads it could set."""
+    if nice <= 0:
+        return []
     done = []
-    for tid in sorted(threads) if nice > 0 else ():
+    for tid in sorted(threads):
         try:
             os.setpriority(os.PRIO_PROCESS, tid, nice)
         except OSError:
