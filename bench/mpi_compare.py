@@ -267,13 +267,20 @@ def report(launch_res: dict[str, Any] | None, ptb_res: dict[str, Any] | None, co
     effs: dict[str, tuple[float, float | None]] = {}  # MPI -> (per-rank batch, global batch)
     if ptb_res:
         steps = next((r["steps"] for r in ptb_res.values() if "steps" in r), "?")
+        measured = [r for r in ptb_res.values() if "runs" in r]
+        if all(r.get("bound") for r in measured):
+            binding = ("each rank bound to a core (Intel MPI's default pinning, `-bind-to core` "
+                       "for the others; unbound, the 1-rank run's Horovod thread takes the "
+                       "second core, so its baseline is more than one core's work)")
+        elif not any(r.get("bound") for r in measured):
+            binding = ("ranks unbound (`--no-bind`; Intel MPI still pins them): the 1-rank "
+                       "run's Horovod thread takes the second core")
+        else:
+            binding = "ranks bound for some MPIs and not for others (merged runs; see the raw results)"
         parts += ["### PTB small: per-core scaling efficiency", "",
                   f"`dtlaunch run -np N [--binding-args '-bind-to core'] -x OMP_NUM_THREADS=1 "
                   f"-m {MODULE} --threads 1 --max-steps {steps} --no-eval --batch-size B` on this "
-                  "machine, each rank bound to a core (Intel MPI's default pinning, "
-                  "`-bind-to core` for the others; unbound, the 1-rank run's Horovod thread "
-                  "takes the second core, so its baseline is more than one core's work; "
-                  "`--no-bind` measures that way); the runs alternate, the "
+                  f"machine, {binding}; the runs alternate, the "
                   "order reversed every repetition; words/s leave out each run's first "
                   f"{LOG_INTERVAL} steps (warm-up). Efficiency = words/s(2 ranks × 1 thread) ÷ "
                   f"(2 × words/s(1 rank × 1 thread, B = {BATCH})), each 2-rank run against the "
