@@ -44,6 +44,7 @@ from .data import (
     steps_per_epoch,
     stream_matrix,
 )
+from .memory import keep_freed_memory
 from .model import PTBModel, State, StreamNoise
 from .optim import PlainSGD
 
@@ -80,6 +81,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="nice value of Horovod's and MPI's threads (0: leave them; default "
                         f"{COMM_NICE}: the exchange waits for the compute threads to leave a "
                         "core instead of taking it from them)")
+    p.add_argument("--default-malloc", action="store_true",
+                   help="leave glibc's malloc as it is (default: keep freed blocks for the next "
+                        "step instead of faulting them in again; see memory.py)")
     p.add_argument("--dump-params", help="each rank writes FILE.rank<r> with a params digest")
     p.add_argument("--dump-shard", help="each rank writes FILE.rank<r> with its streams")
     args = p.parse_args(argv)
@@ -395,6 +399,8 @@ def shown(value: float, digits: int = 2, unit: str = "") -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if not args.default_malloc:
+        keep_freed_memory()  # before anything large is allocated
     comm = get_comm(args.comm_nice)
     up_at = time.time()  # modules imported and Horovod initialised: for recovery timings
     try:
