@@ -44,7 +44,8 @@ class SingleProcess:
     def allgather(self, tensor: Any, name: Any = None) -> Any:
         return tensor
 
-    def DistributedOptimizer(self, optimizer: Any, named_parameters: Any = None) -> Any:
+    def DistributedOptimizer(self, optimizer: Any, named_parameters: Any = None,
+                             op: Any = None) -> Any:
         return optimizer
 
 
