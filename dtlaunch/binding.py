@@ -8,6 +8,9 @@ a host (slot, core, socket, numa, ...), which Open MPI still fills host by host 
 slots (measured on the test bed with Open MPI 4.1). Options that spread ranks across hosts
 (`-map-by node`, `:span`, `ppr:N:node`, `-npernode`, rankfiles) are refused with the fix:
 place ranks with the slots in `-H host:N`.
+
+Binding or mapping options given in `--mpi-args` instead replace the default they set
+(`binding_for`), and every one of these options reaches Open MPI in its double-dash form.
 """
 
 from __future__ import annotations
@@ -73,6 +76,37 @@ def parse_binding_args(words: Sequence[str]) -> tuple[str, ...]:
             _check_placement(word, words[i + 1])
         i += 2
     return tuple(words)
+
+
+# Options that set what each of dtlaunch's defaults sets, old spellings included.
+_SETS_BINDING = {"bind-to", "bind-to-core", "bind-to-socket", "bind-to-none"}
+_SETS_MAPPING = {"map-by", "npernode", "pernode", "npersocket"}
+
+
+def _sets(words: Sequence[str]) -> set[str]:
+    """Which of dtlaunch's two defaults ("bind-to", "map-by") these options set."""
+    names = {w.lstrip("-") for w in words if w.startswith("-")}
+    return ({"bind-to"} if names & _SETS_BINDING else set()) | (
+        {"map-by"} if names & _SETS_MAPPING else set())
+
+
+def binding_for(mpi_args: Sequence[str], binding: Sequence[str] | None) -> tuple[str, ...]:
+    """Binding and mapping options for mpirun's line: `--binding-args` when given, else
+    dtlaunch's default less what `--mpi-args` sets itself. Open MPI 5's launcher refuses an
+    option given twice ("listed more than once"), where Open MPI 4 took the last one, so the
+    `--mpi-args '--bind-to core'` that horovodrun users write made the job fail under 5."""
+    from_args = _sets(mpi_args)
+    if binding is not None:
+        both = from_args & _sets(binding)
+        if both:
+            raise UsageError(f"--mpi-args and --binding-args both set --{min(both)}; give it "
+                             "once, in --binding-args")
+        return tuple(binding)
+    left: list[str] = []
+    for option, value in zip(DEFAULT_BINDING[::2], DEFAULT_BINDING[1::2]):
+        if option.lstrip("-") not in from_args:
+            left += [option, value]
+    return tuple(left)
 
 
 def double_dash(words: Sequence[str]) -> tuple[str, ...]:

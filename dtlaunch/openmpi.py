@@ -10,7 +10,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from dtlaunch.binding import DEFAULT_BINDING, double_dash
+from dtlaunch.binding import binding_for, double_dash
 from dtlaunch.hosts import format_hosts
 from dtlaunch.mca import ssh_overrides
 from dtlaunch.mpi import INSTALL_OMPI_HINT, MIN_OMPI, JobSpec, MpiImpl, parse_mpirun_version
@@ -46,7 +46,7 @@ def build_mpirun_argv(spec: JobSpec, mpirun: str = "mpirun") -> tuple[str, ...]:
     if spec.as_root:
         argv.append("--allow-run-as-root")
     argv += ["--tag-output", "-np", str(spec.num_proc), "-H", format_hosts(spec.hosts)]
-    argv += double_dash(DEFAULT_BINDING if spec.binding is None else spec.binding)
+    argv += double_dash(binding_for(spec.mpi_args, spec.binding))
     if spec.oversubscribe:
         argv.append("--oversubscribe")
     argv += ["--mca", "pml", "ob1", "--mca", "btl", btl_for(major)]
@@ -61,7 +61,7 @@ def build_mpirun_argv(spec: JobSpec, mpirun: str = "mpirun") -> tuple[str, ...]:
         argv += _rsh_args(spec)
     for var in spec.env.variables:
         argv += ["-x", f"{var.name}={var.value}" if var.inline else var.name]
-    argv += spec.mpi_args
+    argv += double_dash(spec.mpi_args)  # the binding options' names only
     argv += spec.program
     return tuple(argv)
 

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -169,3 +171,39 @@ def test_binding_args_reach_open_mpi_in_the_double_dash_forms_every_version_take
     i = argv.index("--bind-to")
     assert argv[i:i + 5] == ("--bind-to", "core", "--map-by", "core", "--report-bindings")
     assert "-bind-to" not in argv and "-map-by" not in argv
+
+
+def _options(argv: tuple[str, ...], name: str) -> list[str]:
+    """The values given to option `name` on mpirun's line, in order."""
+    return [argv[i + 1] for i, word in enumerate(argv) if word == name]
+
+
+@pytest.mark.parametrize("mpi_args, bind, map_by", [
+    # Open MPI 5 refuses an option listed twice: dtlaunch's default gives way to the user's.
+    (("--bind-to", "core"), ["core"], ["slot"]),
+    (("-bind-to", "core", "-report-bindings"), ["core"], ["slot"]),  # horovodrun's spelling
+    (("--map-by", "core"), ["none"], ["core"]),
+    (("-bind-to-core",), [], ["slot"]),  # old Open MPI spelling: sets the binding too
+    (("-npernode", "1"), ["none"], []),  # sets the mapping
+    (("--mca", "btl_tcp_if_include", "eth0"), ["none"], ["slot"]),  # neither: both defaults
+])
+def test_mpi_args_that_bind_or_map_replace_dtlaunchs_default_instead_of_repeating_it(
+        mpi_args: tuple[str, ...], bind: list[str], map_by: list[str]) -> None:
+    spec = JobSpec(hosts=(Host("a", 2),), num_proc=2, program=("p",), mpi_args=mpi_args,
+                   mpi_version=(5, 0, 11))
+    argv = build_mpirun_argv(spec)
+    assert _options(argv, "--bind-to") == bind
+    assert _options(argv, "--map-by") == map_by
+    assert "-bind-to" not in argv and "-report-bindings" not in argv
+    assert argv[-1] == "p"
+
+
+def test_binding_set_in_both_mpi_args_and_binding_args_is_a_usage_error() -> None:
+    spec = JobSpec(hosts=(Host("a", 2),), num_proc=2, program=("p",),
+                   mpi_args=("-bind-to", "socket"), binding=("-bind-to", "core"))
+    with pytest.raises(UsageError, match="both set --bind-to; give it once"):
+        build_mpirun_argv(spec)
+    # Different options from each are fine: --binding-args replaces the whole default.
+    spec = replace(spec, mpi_args=("--map-by", "core"))
+    argv = build_mpirun_argv(spec)
+    assert _options(argv, "--bind-to") == ["core"] and _options(argv, "--map-by") == ["core"]

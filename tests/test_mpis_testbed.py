@@ -80,12 +80,16 @@ def test_failing_rank_is_named(bed: TestBed, run_mpi_env: MpiEnv, tmp_path: Path
     assert strays(bed) == {}
 
 
+@pytest.mark.parametrize("option, words", [
+    ("--binding-args", "-bind-to core -map-by core -report-bindings"),
+    # dtlaunch's own --bind-to none was on the line too: Open MPI 5 refuses an option twice.
+    ("--mpi-args", "-bind-to core -report-bindings"),
+])
 def test_horovodrun_binding_args_bind_the_ranks_under_every_open_mpi(
-        bed: TestBed, run_mpi_env: MpiEnv, tmp_path: Path) -> None:
+        bed: TestBed, run_mpi_env: MpiEnv, tmp_path: Path, option: str, words: str) -> None:
     """horovodrun users write `-bind-to core`; Open MPI 5's launcher refused that form."""
     result = dtl(run_mpi_env, bed, "run", "-H", "h1:1,h2:1", "--iface", bed.subnet,
-                 "--binding-args", "-bind-to core -map-by core -report-bindings", PROBE,
-                 "--out", str(tmp_path))
+                 option, words, PROBE, "--out", str(tmp_path))
     assert result.returncode == 0, result.stderr
     found = records(tmp_path)
     assert [found[r]["host"] for r in (0, 1)] == ["h1", "h2"]
