@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -19,6 +20,15 @@ from slurm_bed import SlurmCluster, missing_slurm, start_slurm_cluster
 from testbed import TestBed, build_testbed, missing_requirements
 
 IN_CI = os.environ.get("CI") == "true"
+
+# A test run started in the background by a non-interactive shell (`.ci/run &`, a CI step)
+# inherits SIGINT and SIGQUIT ignored, and every process it starts inherits that too: dtlaunch
+# then rightly keeps ignoring them, as a background job must, and the tests that stop it the
+# way a terminal does would wait for nothing. Exec resets handled signals to their defaults.
+for _signum in (signal.SIGINT, signal.SIGQUIT):
+    if signal.getsignal(_signum) == signal.SIG_IGN:
+        signal.signal(_signum, signal.default_int_handler if _signum == signal.SIGINT
+                      else signal.SIG_DFL)
 SCRIPTS = Path(__file__).parent / "scripts"
 
 
