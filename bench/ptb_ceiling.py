@@ -55,17 +55,18 @@ def worker(mode: str, batch: int, threads: int, steps: int) -> None:
     sys.path.insert(0, str(ROOT))
     from dataclasses import replace
 
+    from dtlaunch.examples.ptb_lm.comm import get_comm
     from dtlaunch.examples.ptb_lm.config import CONFIGS
+    from dtlaunch.examples.ptb_lm.memory import keep_freed_memory
     from dtlaunch.examples.ptb_lm.model import PTBModel
     from dtlaunch.examples.ptb_lm.train import clipped_step
 
+    keep_freed_memory()  # as the example does: the step's buffers are reused, not faulted in
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     cfg = replace(CONFIGS["small"], vocab_size=10000)
     if mode == "allreduce":
-        import horovod.torch as hvd
-
-        hvd.init()
+        hvd = get_comm()  # Horovod initialised as the example does it
         grad = torch.randn(cfg.hidden_size * cfg.vocab_size)
         times = []
         for i in range(steps + 5):
@@ -80,11 +81,11 @@ def worker(mode: str, batch: int, threads: int, steps: int) -> None:
     optimizer: Any = torch.optim.SGD(model.parameters(), lr=1.0)
     rank = 0
     if mode == "horovod":
-        import horovod.torch as hvd
-
-        hvd.init()
+        hvd = get_comm()
         rank = hvd.rank()
-        optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+        # The example's exchange: the ranks' gradients summed (its loss carries 1 / batch).
+        optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
+                                             op=hvd.Sum)
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     params = list(model.parameters())
     tokens = torch.randint(0, cfg.vocab_size, (cfg.num_steps + 1, batch))
