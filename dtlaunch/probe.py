@@ -104,19 +104,30 @@ def probe_local(args: ProbeArgs, timeout: float = 180.0,
     """The same probe on the launcher, in dtlaunch's own environment (what mpirun inherits).
 
     It runs in a session of its own, so a timeout, Ctrl-C or the `tracker` closing ends
-    everything it started (a hung `ip` or interpreter included), and no pipe stays open."""
-    with tracker.opening() if tracker is not None else contextlib.nullcontext():
-        proc = subprocess.Popen(list(build_probe_argv(args, LOCAL_SHELL)),
-                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                stdin=subprocess.DEVNULL, env=dict(os.environ),
-                                start_new_session=True)
-        session = _Session(proc)
-        if tracker is not None:
-            tracker.add(session)
+    everything it started (a hung `ip` or interpreter included), and no pipe stays open. It is
+    also tied (tied.sh) to a pipe only dtlaunch holds open: if dtlaunch is killed outright
+    (SIGKILL), the pipe closes and the probe ends as a remote one does when its channel goes."""
+    read_end, tie = os.pipe()  # neither end is inherited by anything else dtlaunch starts
+    try:
+        with tracker.opening() if tracker is not None else contextlib.nullcontext():
+            proc = subprocess.Popen(
+                ["sh", "-c", script_text("tied.sh"), "dtlaunch-tied",
+                 *build_probe_argv(args, LOCAL_SHELL)],
+                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=read_end,
+                env=dict(os.environ), start_new_session=True)
+            session = _Session(proc)
+            if tracker is not None:
+                tracker.add(session)
+    except BaseException:
+        os.close(tie)
+        raise
+    finally:
+        os.close(read_end)
     try:
         out = _read_until_done(proc, timeout)
     finally:
         session.close()
+        os.close(tie)
         if tracker is not None:
             tracker.discard(session)
         proc.wait()
