@@ -50,7 +50,7 @@ def agent_script(python: str, rsh_file: str, ssh_args: Sequence[str]) -> str:
         f"spec = importlib.util.spec_from_file_location('dtlaunch_rsh', {rsh_file!r})\n"
         "rsh = importlib.util.module_from_spec(spec)\n"
         "spec.loader.exec_module(rsh)\n"
-        f"sys.exit(rsh.main([*{tuple(ssh_args)!r}, *sys.argv[1:]]))\n"
+        f"sys.exit(rsh.main([*{tuple(ssh_args)!r}, *sys.argv[1:]], end_with_parent=True))\n"
     )
 
 

@@ -121,7 +121,20 @@ def _read_log(log: tuple[str, int]) -> str:
         return handle.read()
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def _ask_for_sigterm_when_parent_dies() -> None:
+    """Linux's PR_SET_PDEATHSIG: Hydra starts its launcher in a session of its own, out of
+    reach of dtlaunch's final SIGKILL of mpiexec's session, so a killed mpiexec left this
+    wrapper and its ssh (and the remote proxy and ranks) running. The SIGTERM is forwarded."""
+    if not sys.platform.startswith("linux"):
+        return
+    with contextlib.suppress(OSError, AttributeError):
+        import ctypes  # only here: the Open MPI agent starts without it
+
+        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
+
+
+def main(argv: Sequence[str] | None = None, end_with_parent: bool = False) -> int:
+    parent = os.getppid()
     args = without_quiet(sys.argv[1:] if argv is None else argv)
     log = _private_log()
     verbose = ["-v", "-E", log[0]] if log is not None else []
@@ -138,6 +151,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, forward)
+    if end_with_parent:
+        _ask_for_sigterm_when_parent_dies()
+        if os.getppid() != parent:  # it died before the kernel was asked
+            proc.send_signal(signal.SIGTERM)
     if log is not None:
         _unlink_once_open(log[0], log[1], proc)
     code = proc.wait()

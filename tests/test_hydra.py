@@ -6,6 +6,7 @@ import os
 import stat
 import subprocess
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -125,6 +126,51 @@ def test_agent_runs_ssh_with_the_options_before_hydras_arguments(tmp_path: Path)
     # ssh's 255 is a lost link: the wrapper names the host, as it does for Open MPI.
     assert out.returncode == 255
     assert out.stderr == f"{rsh.LOST_PREFIX}h2 (ssh exit status 255)\n"
+
+
+def _sleeping(seconds: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and (entry / "cmdline").read_bytes() == \
+                    f"sleep\0{seconds}\0".encode():
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def test_agent_ends_its_ssh_when_mpiexec_is_killed(tmp_path: Path) -> None:
+    """Hydra starts its launcher in a session of its own, which dtlaunch's final SIGKILL of
+    mpiexec's session does not reach: the agent must end its ssh when mpiexec dies."""
+    fake = tmp_path / "bin" / "ssh"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\nexec sleep 3174\n")  # an ssh link that stays up
+    fake.chmod(0o755)
+    agent = tmp_path / "cache" / "hydra-ssh-x"
+    write_private_executable(agent, agent_script(os.path.realpath(sys.executable),
+                                                 rsh.__file__ or "", ()))
+    # mpiexec's stand-in: starts the agent in a new session, as Hydra does, and waits.
+    mpiexec = subprocess.Popen(
+        [sys.executable, "-c", "import subprocess, sys; subprocess.Popen(sys.argv[1:], "
+         "start_new_session=True).wait()", str(agent), "-x", "h2", "hydra_pmi_proxy"],
+        env={"PATH": f"{fake.parent}:/usr/bin:/bin"})
+    try:
+        deadline = time.monotonic() + 30
+        while not _sleeping("3174"):
+            assert time.monotonic() < deadline, "the agent never ran ssh"
+            time.sleep(0.05)
+        mpiexec.kill()
+        mpiexec.wait(timeout=30)
+        deadline = time.monotonic() + 10
+        while _sleeping("3174") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _sleeping("3174") == [], "ssh outlived a killed mpiexec"
+    finally:
+        if mpiexec.poll() is None:
+            mpiexec.kill()
+        for pid in _sleeping("3174"):
+            os.kill(pid, 9)
 
 
 @pytest.mark.parametrize(("text", "name", "version", "release"), [

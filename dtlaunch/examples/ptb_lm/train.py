@@ -3,7 +3,8 @@
 Plain Horovod script: ``mpirun -np 2 python -m dtlaunch.examples.ptb_lm --config small``.
 ``--batch-size`` (default from the config) is the GLOBAL number of streams; each rank trains
 on its contiguous share (see ``data.py``) and Horovod sums the gradients each rank scaled by
-1 / global batch, so the update equals the single-process update on the whole batch. The learning rate is not scaled.
+1 / global batch, so the update equals the single-process update on the whole batch. The
+learning rate is not scaled.
 
 Evaluation (validation each epoch, test at the end) covers every target token of the split
 once: the split is cut into ``--eval-batch-size`` streams (default 10) read ``num_steps``
