@@ -111,7 +111,7 @@ def probe_local(args: ProbeArgs, timeout: float = 180.0,
     try:
         with tracker.opening() if tracker is not None else contextlib.nullcontext():
             proc = subprocess.Popen(
-                ["sh", "-c", script_text("tied.sh"), "dtlaunch-tied",
+                [LOCAL_SHELL, "-c", script_text("tied.sh"), "dtlaunch-tied",
                  *build_probe_argv(args, LOCAL_SHELL)],
                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=read_end,
                 env=dict(os.environ), start_new_session=True)
