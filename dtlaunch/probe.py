@@ -81,11 +81,15 @@ def build_probe_argv(args: ProbeArgs, shell: str = "sh") -> tuple[str, ...]:
     return (shell, "-c", script_text("probe.sh"), "dtlaunch-probe", *args.positional())
 
 
+def build_tied_probe_argv(args: ProbeArgs, shell: str = "sh") -> tuple[str, ...]:
+    """The probe tied to its standard input (tied.sh): when that closes, it ends."""
+    return (shell, "-c", script_text("tied.sh"), "dtlaunch-tied", *build_probe_argv(args, shell))
+
+
 def build_remote_command(args: ProbeArgs) -> str:
     """One command string for sshd's login shell, every piece quoted. The probe is tied to
-    the command's input (tied.sh): when the channel closes (Ctrl-C, a timeout), it ends."""
-    argv = ("sh", "-c", script_text("tied.sh"), "dtlaunch-tied", *build_probe_argv(args))
-    return " ".join(shlex.quote(p) for p in argv)
+    the command's input: when the channel closes (Ctrl-C, a timeout), it ends."""
+    return " ".join(shlex.quote(p) for p in build_tied_probe_argv(args))
 
 
 class _Session:
@@ -110,11 +114,10 @@ def probe_local(args: ProbeArgs, timeout: float = 180.0,
     read_end, tie = os.pipe()  # neither end is inherited by anything else dtlaunch starts
     try:
         with tracker.opening() if tracker is not None else contextlib.nullcontext():
-            proc = subprocess.Popen(
-                [LOCAL_SHELL, "-c", script_text("tied.sh"), "dtlaunch-tied",
-                 *build_probe_argv(args, LOCAL_SHELL)],
-                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=read_end,
-                env=dict(os.environ), start_new_session=True)
+            proc = subprocess.Popen(list(build_tied_probe_argv(args, LOCAL_SHELL)),
+                                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                    stdin=read_end, env=dict(os.environ),
+                                    start_new_session=True)
             session = _Session(proc)
             if tracker is not None:
                 tracker.add(session)
