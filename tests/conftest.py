@@ -25,10 +25,10 @@ IN_CI = os.environ.get("CI") == "true"
 # inherits SIGINT and SIGQUIT ignored, and every process it starts inherits that too: dtlaunch
 # then rightly keeps ignoring them, as a background job must, and the tests that stop it the
 # way a terminal does would wait for nothing. Exec resets handled signals to their defaults.
-for _signum in (signal.SIGINT, signal.SIGQUIT):
+for _signum, _handler in ((signal.SIGINT, signal.default_int_handler),
+                          (signal.SIGQUIT, signal.SIG_DFL)):
     if signal.getsignal(_signum) == signal.SIG_IGN:
-        signal.signal(_signum, signal.default_int_handler if _signum == signal.SIGINT
-                      else signal.SIG_DFL)
+        signal.signal(_signum, _handler)
 SCRIPTS = Path(__file__).parent / "scripts"
 
 
@@ -104,6 +104,21 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmClu
 @pytest.fixture
 def horovod() -> None:
     require_horovod()
+
+
+def sleeping(seconds: str) -> list[int]:
+    """Processes running exactly `sleep <seconds>`: tests give their hung stand-ins a number
+    no other test uses and find them by it."""
+    found = []
+    wanted = f"sleep\0{seconds}\0".encode()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if (entry / "cmdline").read_bytes() == wanted:
+                    found.append(int(entry.name))
+            except OSError:
+                continue  # gone meanwhile
+    return found
 
 
 def dtlaunch_argv(*args: str) -> list[str]:

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from conftest import sleeping
 
 sys.path.insert(0, str(Path(__file__).parent))
 import testbed as tb
@@ -257,15 +258,7 @@ def _hung_python(tmp_path: Path, ignores_term: bool = False) -> Path:
 
 
 def _hung_pids() -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if (entry / "cmdline").read_bytes() == b"sleep\x003171\x00":
-                    found.append(int(entry.name))
-            except OSError:
-                pass
-    return found
+    return sleeping("3171")
 
 
 def _none_left(within: float = 15.0) -> list[int]:

@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pytest
+from conftest import sleeping
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -128,18 +129,6 @@ def test_agent_runs_ssh_with_the_options_before_hydras_arguments(tmp_path: Path)
     assert out.stderr == f"{rsh.LOST_PREFIX}h2 (ssh exit status 255)\n"
 
 
-def _sleeping(seconds: str) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and (entry / "cmdline").read_bytes() == \
-                    f"sleep\0{seconds}\0".encode():
-                found.append(int(entry.name))
-        except OSError:
-            continue
-    return found
-
-
 def test_agent_ends_its_ssh_when_mpiexec_is_killed(tmp_path: Path) -> None:
     """Hydra starts its launcher in a session of its own, which dtlaunch's final SIGKILL of
     mpiexec's session does not reach: the agent must end its ssh when mpiexec dies."""
@@ -157,19 +146,19 @@ def test_agent_ends_its_ssh_when_mpiexec_is_killed(tmp_path: Path) -> None:
         env={"PATH": f"{fake.parent}:/usr/bin:/bin"})
     try:
         deadline = time.monotonic() + 30
-        while not _sleeping("3174"):
+        while not sleeping("3174"):
             assert time.monotonic() < deadline, "the agent never ran ssh"
             time.sleep(0.05)
         mpiexec.kill()
         mpiexec.wait(timeout=30)
         deadline = time.monotonic() + 10
-        while _sleeping("3174") and time.monotonic() < deadline:
+        while sleeping("3174") and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert _sleeping("3174") == [], "ssh outlived a killed mpiexec"
+        assert sleeping("3174") == [], "ssh outlived a killed mpiexec"
     finally:
         if mpiexec.poll() is None:
             mpiexec.kill()
-        for pid in _sleeping("3174"):
+        for pid in sleeping("3174"):
             os.kill(pid, 9)
 
 

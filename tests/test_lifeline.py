@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import sleeping
 
 from dtlaunch import lifeline
 from dtlaunch.launch import execute
@@ -116,17 +117,6 @@ def test_session_members_lists_a_session_without_zombies() -> None:
         proc.wait()
 
 
-def _sleeping(seconds: str) -> list[int]:
-    """Processes running exactly `sleep <seconds>` (a number no other test uses)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        with contextlib.suppress(OSError):
-            if entry.name.isdigit() and (entry / "cmdline").read_bytes() == \
-                    f"sleep\0{seconds}\0".encode():
-                found.append(int(entry.name))
-    return found
-
-
 @pytest.mark.parametrize("ignores_term", [False, True], ids=["hung", "hung-ignoring-sigterm"])
 def test_killing_doctor_outright_ends_its_local_probe(tmp_path: Path, ignores_term: bool) -> None:
     """SIGKILL leaves dtlaunch no chance to clean up: the launcher's own probe, hung in its
@@ -140,18 +130,18 @@ def test_killing_doctor_outright_ends_its_local_probe(tmp_path: Path, ignores_te
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 60
-        while not _sleeping("3173"):
+        while not sleeping("3173"):
             assert time.monotonic() < deadline, "the probe never started"
             time.sleep(0.1)
         proc.kill()
         proc.wait(timeout=30)
         deadline = time.monotonic() + 10  # SIGTERM, then SIGKILL 2 s later
-        while _sleeping("3173") and time.monotonic() < deadline:
+        while sleeping("3173") and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert _sleeping("3173") == [], "the local probe outlived a killed dtlaunch"
+        assert sleeping("3173") == [], "the local probe outlived a killed dtlaunch"
     finally:
         if proc.poll() is None:
             proc.kill()
-        for pid in _sleeping("3173"):
+        for pid in sleeping("3173"):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
