@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import MutableMapping
 from typing import Any
 
 
@@ -50,24 +51,34 @@ class SingleProcess:
 
 
 COMM_NICE = 19
+
+# What the example asks of the MPIs and Horovod, each only where the environment has no value:
+# a launcher's setting (mpirun -x, mpiexec -genv) or the user's wins.
+DEFAULTS = {
+    # Horovod's background thread waits inside MPI, and the MPIs busy-poll while waiting unless
+    # told otherwise. On CPU training the compute threads fill every core, so polling steals
+    # their time; yielding costs microseconds. Measured on 2 cores, 2 ranks x 1 thread:
+    # 3,060 -> 4,488 words/s (MPICH 5.0.2) and 2,923 -> 4,077 (Intel MPI 2021.18).
+    "OMPI_MCA_mpi_yield_when_idle": "1",
+    "MPIR_CVAR_CH4_PROGRESS_THROTTLE": "1",
+    "I_MPI_WAIT_MODE": "1",
+    # The sparse embedding gradient is gathered (MPI_Allgatherv, about 0.6 MB per rank at batch
+    # 20). MPICH gathers anything from 32 KB up with its pipelined ring: 3.5-4 ms for 2 ranks
+    # on one machine, against 1.3 ms under Open MPI and Intel MPI. With the pipeline from 4 MB
+    # up, MPICH takes 1.3 ms as well (bench/ptb_exchange.py).
+    "MPIR_CVAR_ALLGATHERV_PIPELINE_MSG_SIZE": str(4 << 20),
+    # The model has a dozen gradient tensors, one of them 8 MB: copying them through a fusion
+    # buffer costs more CPU time than the few extra small allreduces it saves.
+    "HOROVOD_FUSION_THRESHOLD": "0",
+}
+
 _lowered: list[int] = []  # the threads get_comm lowered, for the start report
 
 
 def get_comm(nice: int = COMM_NICE) -> Any:
     """``horovod.torch`` (initialised) or the single-process stand-in. The threads that
     Horovod's init starts (its background loop, the MPI library's) run at ``nice``."""
-    # Horovod's background thread waits inside MPI, and Open MPI busy-polls while waiting
-    # unless told to yield. On CPU training the compute threads fill every core, so polling
-    # steals their time; yielding costs microseconds. A value set by the launcher (mpirun
-    # -mca mpi_yield_when_idle ...) arrives in this variable and wins.
-    os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
-    # MPICH and Intel MPI poll as well, unless told otherwise. Measured on 2 cores, 2 ranks x
-    # 1 thread: 3,060 -> 4,488 words/s (MPICH 5.0.2) and 2,923 -> 4,077 (Intel MPI 2021.18).
-    os.environ.setdefault("MPIR_CVAR_CH4_PROGRESS_THROTTLE", "1")
-    os.environ.setdefault("I_MPI_WAIT_MODE", "1")
-    # The model has a dozen gradient tensors, one of them 8 MB: copying them through a fusion
-    # buffer costs more CPU time than the few extra small allreduces it saves.
-    os.environ.setdefault("HOROVOD_FUSION_THRESHOLD", "0")
+    apply_defaults(os.environ)
     try:
         import horovod.torch as hvd
     except ImportError:
@@ -84,6 +95,13 @@ def get_comm(nice: int = COMM_NICE) -> Any:
     # cores, 2 ranks x 1 thread under MPICH: 3,406 -> 4,870 words/s.
     _lowered[:] = lower_priority(thread_ids() - before, nice)
     return comm
+
+
+def apply_defaults(environ: MutableMapping[str, str]) -> None:
+    """Set each of ``DEFAULTS`` that ``environ`` lacks (before ``hvd.init()``: the MPIs read
+    them at MPI_Init)."""
+    for name, value in DEFAULTS.items():
+        environ.setdefault(name, value)
 
 
 def thread_ids() -> set[int]:
