@@ -8,9 +8,10 @@ so every pattern allows any whitespace between words.
 from __future__ import annotations
 
 import re
+import shlex
 import signal
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -20,6 +21,7 @@ class Failure:
     exit_code: int | None = None
     signal: int | None = None
     reason: str = ""  # for failures that are not a rank's exit (lost daemon, ssh failure)
+    option: str | None = None  # an option the launcher refused, as it names it
 
     def describe(self) -> str:
         who = f"rank {self.rank}" if self.rank is not None else "a process"
@@ -62,6 +64,9 @@ _EXEC_NODE = re.compile(r"^\s*Node:\s*(\S+)", re.M)
 _EXEC_RANK = re.compile(r"process\s+rank\s+(\d+)")
 _REMOTE_HOST = re.compile(r"^\s*Remote host:\s*(\S+)", re.M)
 _SSH_ERR = re.compile(r"^(ssh: .*|.*Permission denied.*|.*Host key verification failed.*)$", re.M)
+# An option mpirun does not take: ORTE's one line, PRRTE's box.
+_UNKNOWN_OPTION = re.compile(r'unknown\s+option\s+"(?P<orte>[^"]+)"|unrecognized\s+option\s+was\s+'
+                             r"included\s+on\s+the\s+\S+\s+command\s+line:\s*Option:\s*(?P<prte>\S+)")
 
 
 def analyze(lines: Sequence[str], rank_hosts: Sequence[str]) -> Failure | None:
@@ -71,6 +76,9 @@ def analyze(lines: Sequence[str], rank_hosts: Sequence[str]) -> Failure | None:
     rank but not the host.
     """
     text = "\n".join(lines)
+    unknown = _UNKNOWN_OPTION.search(text)
+    if unknown:  # nothing started
+        return unknown_option("mpirun", unknown.group("orte") or unknown.group("prte"))
 
     def host_of(rank: int) -> str | None:
         return rank_hosts[rank] if 0 <= rank < len(rank_hosts) else None
@@ -126,6 +134,23 @@ def analyze(lines: Sequence[str], rank_hosts: Sequence[str]) -> Failure | None:
             + "; run 'dtlaunch doctor' with the same hosts to see which and why"
         )
     return None
+
+
+def unknown_option(launcher: str, option: str) -> Failure:
+    return Failure(option=option, reason=f"{launcher} does not take the option {option} "
+                   f"('{launcher} --help' lists those it does)")
+
+
+def blame_mpi_args(failure: Failure | None, mpi_args: Sequence[str]) -> Failure | None:
+    """Say whether a refused option came from --mpi-args. One that did not is dtlaunch's own,
+    taken out of place when an option in --mpi-args lacked its value and took the next word."""
+    if failure is None or failure.option is None or not mpi_args:
+        return failure
+    bare = failure.option.lstrip("-")
+    if any(arg.startswith("-") and arg.lstrip("-") == bare for arg in mpi_args):
+        return replace(failure, reason=f"{failure.reason}; it came from --mpi-args")
+    return replace(failure, reason=f"{failure.reason}; it is not one of --mpi-args, so an "
+                   f"option there probably lacks its value ({shlex.join(mpi_args)})")
 
 
 def _missing_program(body: str) -> Failure:

@@ -17,7 +17,7 @@ import signal
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from dtlaunch.failures import Failure
+from dtlaunch.failures import Failure, unknown_option
 from dtlaunch.output import RECORD_LIMIT, TEXT_LIMIT, Event, PieceRouter, RecordParser
 
 TAG_RE = re.compile(rb"\[(\d+)\] ")
@@ -112,6 +112,8 @@ _INTEL_KILLED = re.compile(r"BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSE
 _ABORT = re.compile(r"application called MPI_Abort\(\S*, (-?\d+)\) - process (\d+)")
 _EXECVP = re.compile(r"\[proxy:\d+@(\S+)\].*execvp error on file (\S+)")
 _SSH_ERR = re.compile(r"^(ssh: .*|.*Permission denied.*|.*Host key verification failed.*)$", re.M)
+# Hydra (MPICH's and Intel MPI's) names a refused option without its dashes.
+_UNKNOWN_ARG = re.compile(r"match_arg \(.*?\): unrecognized argument (\S+)")
 _PROXY_FAILED = re.compile(r"unable to (?:connect|launch|start)|Unable to run bstrap_proxy|"
                            r"one of the processes terminated badly|proxy.*(?:failed|error)")
 
@@ -127,6 +129,9 @@ def analyze_hydra(lines: Sequence[str], rank_hosts: Sequence[str]) -> Failure | 
     Hydra's banner names the host and the exit code (a signal is reported as its number), not
     the rank; the rank is named when it is the host's only one."""
     text = "\n".join(lines)
+    unknown = _UNKNOWN_ARG.search(text)
+    if unknown:  # nothing started
+        return unknown_option("mpiexec", "-" + unknown.group(1))
     abort = _ABORT.search(text)
     if abort:
         rank = int(abort.group(2))

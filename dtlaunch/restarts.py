@@ -79,7 +79,8 @@ def outcome_from_launch(result: LaunchResult) -> AttemptOutcome:
 
 @dataclass(frozen=True)
 class Stop:
-    kind: str  # finished interrupted timeout no-restarts-left repeated no-hosts min-np recheck-error
+    kind: str  # finished interrupted timeout refused-option no-restarts-left repeated no-hosts
+    # min-np recheck-error
     reason: str
 
 
@@ -120,6 +121,9 @@ def check_stop(outcome: AttemptOutcome, previous: AttemptOutcome | None, restart
         return Stop("timeout", "the job ran longer than --timeout; a timeout is never restarted")
     if outcome.exit_code == 0:
         return Stop("finished", "finished")
+    if outcome.failure is not None and outcome.failure.option is not None:
+        return Stop("refused-option", f"{outcome.describe()}; the same command line would be "
+                                      "refused again: not restarting")
     if restarts_used >= policy.max_restarts:
         return Stop("no-restarts-left",
                     f"no restarts left (--max-restarts {policy.max_restarts}): {outcome.describe()}")

@@ -246,6 +246,10 @@ def launch(request: LaunchRequest, on_event: OnEvent, *, executor: Executor | No
         if nodes is not None:
             nodes.close()
     result = blame(result, nodes)
+    if result.failure is not None and result.failure.option is not None:
+        from dtlaunch.failures import blame_mpi_args
+
+        result = replace(result, failure=blame_mpi_args(result.failure, run_request.mpi_args))
     failed_itself = (result.exit_code != 0 and result.interrupted_by is None
                      and not result.timed_out)
     if keys is not None and failed_itself:

@@ -191,6 +191,14 @@ def test_a_timeout_is_never_restarted() -> None:
     assert len(fake.attempts) == 1 and report.exit_code == 124 and report.stop.kind == "timeout"
 
 
+def test_an_option_the_launcher_refused_is_never_restarted() -> None:
+    refused = Failure(option="--foo", reason="mpirun does not take the option --foo")
+    fake = Cluster([AttemptOutcome(213, refused), OK])
+    report = fake.run(max_restarts=5)
+    assert len(fake.attempts) == 1 and report.exit_code == 213
+    assert report.stop.kind == "refused-option" and "--foo" in report.stop.reason
+
+
 def test_min_np_stops_when_too_few_slots_remain() -> None:
     fake = Cluster([lost("h2"), OK])
     report = fake.run(hosts=(Host("h1", 2), Host("h2", 2)), np=4, max_restarts=3, min_np=3)
