@@ -108,7 +108,7 @@ def run(ctx: click.Context, /, hosts: str | None, hostfile: str | None, iface: s
         from dtlaunch.run_args import check_build_text
 
         with signals_raise():
-            click.echo(check_build_text())
+            click.echo(check_build_text(python))
         return
     known = [o for p in ctx.command.params if isinstance(p, click.Option) and not p.hidden
              for o in p.opts]

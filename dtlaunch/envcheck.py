@@ -79,8 +79,10 @@ def steering_environment(environ: Mapping[str, str]) -> dict[str, str]:
     return found
 
 
-def gather_env(environ: Mapping[str, str] | None = None) -> tuple[dict[str, Any], HostFacts]:
-    """This machine's facts: a JSON-ready document, and the probe's facts the checks judge."""
+def gather_env(environ: Mapping[str, str] | None = None,
+               python: str | None = None) -> tuple[dict[str, Any], HostFacts]:
+    """This machine's facts: a JSON-ready document, and the probe's facts the checks judge.
+    ``python``: the interpreter whose packages the probe reports (default: dtlaunch's own)."""
     from dtlaunch.probe import ProbeArgs, probe_local
 
     environ = dict(os.environ) if environ is None else dict(environ)
@@ -101,7 +103,7 @@ def gather_env(environ: Mapping[str, str] | None = None) -> tuple[dict[str, Any]
                        "venv": sys.prefix if in_venv else None,
                        "conda": environ.get("CONDA_PREFIX")}
     facts["dtlaunch"] = {"version": __version__}
-    host = probe_local(ProbeArgs(python=sys.executable, cwd=os.getcwd()))
+    host = probe_local(ProbeArgs(python=python or sys.executable, cwd=os.getcwd()))
     mpirun = host.mpirun
     ompi: dict[str, Any] = {"mpirun": mpirun, "orted": host.orted,
                             "implementation": host.mpi.name if host.mpi else None,

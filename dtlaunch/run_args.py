@@ -104,12 +104,13 @@ def build_run_request(run: RunArgs, hvd: HorovodArgs, words: tuple[str, ...],
     )
 
 
-def check_build_text() -> str:
-    """horovodrun's --check-build, from what env-check knows of this machine's Horovod."""
+def check_build_text(python: str | None = None) -> str:
+    """horovodrun's --check-build, from what env-check knows of this machine's Horovod: the one
+    the job would import (``--python``'s, else dtlaunch's own interpreter's)."""
     from dtlaunch.envcheck import gather_env
     from dtlaunch.horovod_options import format_check_build
 
-    _, facts = gather_env()
+    _, facts = gather_env(python=python)
     py = facts.python
     version = py.horovod_imported or py.horovod_version
     if version is None:

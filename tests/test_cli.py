@@ -147,6 +147,18 @@ def test_check_build_prints_horovods_build_without_a_command() -> None:
     assert "Available Controllers:" in result.stdout
 
 
+def test_check_build_reports_the_horovod_of_the_jobs_python(tmp_path: Path) -> None:
+    # An interpreter with no Horovod: a venv without site-packages of its own kind.
+    bare = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True,
+                   timeout=120)
+    python = str(bare / "bin" / "python")
+    result = dtl("run", "--check-build", "--python", python)
+    assert result.returncode == 1 and result.stdout == ""
+    assert result.stderr.strip() == (f"dtlaunch: error: --check-build: horovod is not installed "
+                                     f"for {python}; see dtlaunch install-horovod")
+
+
 def test_run_help_lists_horovodrun_options() -> None:
     result = dtl("run", "--help")
     assert result.returncode == 0
