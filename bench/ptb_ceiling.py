@@ -203,8 +203,8 @@ def cores(reps: int, steps: int) -> str:
         "Efficiency = words/s of 2 ranks ÷ (2 × words/s of 1 rank). The 2 cores share one L3 "
         "cache (32 MiB) and the memory bus, so two processes that each do the single process's "
         "work can slow each other down without exchanging a byte: the first column, not 1.00, "
-        "is the ceiling for any launcher and any allreduce on this machine "
-        + ("(here it is within this machine's noise of 1.00)."
+        "is the ceiling for any launcher and any allreduce on this machine"
+        + (" (here it is within this machine's noise of 1.00)."
            if min(allowed_g, allowed_r) >= 0.97 else "."), ""])
     return write_result("ptb_ceiling_cores.md", text)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+import pytest
 from conftest import make_mpi_env
 
 from dtlaunch.examples.ptb_lm import comm
@@ -53,8 +54,9 @@ def test_mpich_reads_each_of_the_examples_mpich_settings() -> None:
         assert before.get(name) != comm.DEFAULTS[name], f"{name} is MPICH's default already"
 
 
-def test_open_mpi_reads_the_examples_open_mpi_setting() -> None:
-    ompi = make_mpi_env("openmpi4")
+@pytest.mark.parametrize("name", ["openmpi4", "openmpi5"])
+def test_each_open_mpi_reads_the_examples_open_mpi_setting(name: str) -> None:
+    ompi = make_mpi_env(name)
     info = str(Path(ompi.launcher).with_name("ompi_info"))
     environ = _without_defaults(ompi.environ())
     comm.apply_defaults(environ)
