@@ -63,7 +63,7 @@ DEFAULTS = {
     "MPIR_CVAR_CH4_PROGRESS_THROTTLE": "1",
     "I_MPI_WAIT_MODE": "1",
     # The sparse embedding gradient is gathered (MPI_Allgatherv, about 0.6 MB per rank at batch
-    # 20). MPICH gathers anything from 32 KB up with its pipelined ring: 3.5-4 ms for 2 ranks
+    # 20). MPICH gathers anything from 32 KB up with its pipelined ring: 2.5-4 ms for 2 ranks
     # on one machine, against 1.3 ms under Open MPI and Intel MPI. With the pipeline from 4 MB
     # up, MPICH takes 1.3 ms as well (bench/ptb_exchange.py).
     "MPIR_CVAR_ALLGATHERV_PIPELINE_MSG_SIZE": str(4 << 20),
