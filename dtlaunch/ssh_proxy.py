@@ -3,19 +3,24 @@ write `sh -c '...'` in the config when shell syntax is needed), its standard inp
 one end of a socket pair, so paramiko reads it like any socket and sees the proxy's end of file.
 
 A proxy is tracked by the caller's `Tracker` (dtlaunch.prober), not a global registry, so a
-prober ends exactly its own on Ctrl-C or at a deadline.
+prober ends exactly its own on Ctrl-C or at a deadline. It starts under a fixed script
+(probe_scripts/proxy_tied.sh, its words passed as arguments, never as shell text) that ends it
+when a pipe only dtlaunch holds closes: a SIGKILLed dtlaunch leaves no proxy either.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
 from collections.abc import Sequence
 
+from dtlaunch.probe import LOCAL_SHELL, script_text
 from dtlaunch.prober import Tracker
 from dtlaunch.ssh_config import SshTarget
 from dtlaunch.ssh_errors import PROXY, classify_os_error, fail
@@ -26,19 +31,28 @@ class ProxySocket:
 
     def __init__(self, argv: Sequence[str], tracker: Tracker | None = None) -> None:
         self._tracker = tracker
+        if shutil.which(argv[0]) is None:  # said as the OS says it, not as the wrapper's sh would
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), argv[0])
         with tracker.opening() if tracker is not None else contextlib.nullcontext():
             ours, theirs = socket.socketpair()
+            # The proxy's tie to this process (proxy_tied.sh): a pipe whose write end only we
+            # hold, so a SIGKILLed dtlaunch still ends its proxies.
+            tie_read, self._tie = os.pipe()
             try:
                 self.process = subprocess.Popen(
-                    list(argv), stdin=theirs.fileno(), stdout=theirs.fileno(),
-                    stderr=subprocess.PIPE,
+                    [LOCAL_SHELL, "-c", script_text("proxy_tied.sh"), "dtlaunch-proxy", str(tie_read),
+                     *argv],
+                    stdin=theirs.fileno(), stdout=theirs.fileno(), stderr=subprocess.PIPE,
+                    pass_fds=(tie_read,),
                     start_new_session=True,  # Ctrl-C is handled by us; we end the proxy ourselves
                 )
             except OSError:
                 ours.close()
-                theirs.close()
+                os.close(self._tie)
                 raise
-            theirs.close()
+            finally:
+                theirs.close()
+                os.close(tie_read)
             self.sock = ours
             if tracker is not None:
                 tracker.add(self)
@@ -75,6 +89,8 @@ class ProxySocket:
             self.process.wait()
         if self.process.stderr is not None:
             self.process.stderr.close()
+        with contextlib.suppress(OSError):
+            os.close(self._tie)  # the tie's watcher, if still there, ends what is left
 
 
 def proxy_argv(target: SshTarget) -> tuple[str, ...] | None:

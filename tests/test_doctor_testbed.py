@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 from conftest import sleeping
 
@@ -81,6 +82,20 @@ def test_all_hosts_healthy(dbed: tb.TestBed) -> None:
         assert host["status"] == "pass"
     assert {check(doc, h, "hostname")["detail"] for h in ("h1", "h2", "h3")} == {"h1", "h2", "h3"}
     assert "MPI" in check(doc, "h1", "horovod")["detail"]
+
+
+def test_hosts_reached_through_a_proxy_command_pass(dbed: tb.TestBed, tmp_path: Path) -> None:
+    """The proxy runs under dtlaunch's tie (proxy_tied.sh) and still carries the connection."""
+    relay = ROOT / "bench" / "scripts" / "slow_relay.py"
+    config = tmp_path / "ssh_config"
+    config.write_text(dbed.ssh_config.read_text().replace(
+        "Host *\n", f"Host *\n  ProxyCommand {sys.executable} {relay} 0 %h %p\n", 1))
+    result = dtlaunch("doctor", "--json", "-H", "h1,h2", "--ssh-config", str(config),
+                      "--iface", dbed.subnet, "--connect-timeout", "10")
+    assert result.returncode == 0, result.stdout + result.stderr
+    doc = json.loads(result.stdout)
+    assert {check(doc, h, "hostname")["detail"] for h in ("h1", "h2")} == {"h1", "h2"}
+    assert not [p for p in psutil.process_iter(["cmdline"]) if str(relay) in (p.info["cmdline"] or [])]
 
 
 def test_table_output_and_pairwise(dbed: tb.TestBed) -> None:
