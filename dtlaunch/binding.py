@@ -116,3 +116,39 @@ def double_dash(words: Sequence[str]) -> tuple[str, ...]:
     known = _VALUE_OPTIONS | _FLAGS
     return tuple(f"-{w}" if w.startswith("-") and not w.startswith("--") and w[1:] in known
                  else w for w in words)
+
+
+# Intel MPI's Hydra takes `-bind-to` and ignores it: it pins every rank to a core of its own
+# unless told otherwise through I_MPI_PIN / I_MPI_PIN_DOMAIN (measured: `-bind-to none` left
+# each rank on one CPU, `I_MPI_PIN=0` gave both CPUs to each).
+_INTEL_DOMAIN = {"core": "core", "socket": "socket", "package": "socket", "board": "socket",
+                 "numa": "numa", "hwthread": "1", "l2cache": "cache2", "l3cache": "cache3"}
+
+
+def intel_pinning(binding: Sequence[str]) -> tuple[tuple[str, str], ...]:
+    """`--binding-args` (checked by parse_binding_args) as the Intel MPI variables that do it:
+    `-bind-to none` -> I_MPI_PIN=0, `-bind-to core` -> I_MPI_PIN_DOMAIN=core, and so on."""
+    out: list[tuple[str, str]] = []
+    i = 0
+    while i < len(binding):
+        name = binding[i].lstrip("-")
+        if name.startswith("bind-to-"):
+            name, value = "bind-to", name[len("bind-to-"):]
+            i += 1
+        elif name == "bind-to":
+            value = binding[i + 1]
+            i += 2
+        else:
+            raise UsageError(f"--binding-args: {binding[i]}: Intel MPI places and pins ranks itself; "
+                             "dtlaunch translates only -bind-to (to I_MPI_PIN_DOMAIN); for the rest "
+                             "set Intel's I_MPI_PIN_* variables with -x NAME=VALUE")
+        head = value.split(":")[0].lower()
+        if head == "none":
+            out.append(("I_MPI_PIN", "0"))
+        elif head in _INTEL_DOMAIN:
+            out.append(("I_MPI_PIN_DOMAIN", _INTEL_DOMAIN[head]))
+        else:
+            raise UsageError(f"--binding-args: -bind-to {value}: no Intel MPI pin domain does that; "
+                             f"use one of none, {', '.join(_INTEL_DOMAIN)}")
+    return tuple(out)
+

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from dtlaunch.binding import intel_pinning
 from dtlaunch.errors import UsageError
 from dtlaunch.hosts import Host, format_hosts
 from dtlaunch.mpi import JobSpec, MpiImpl, parse_mpirun_version
@@ -136,7 +137,13 @@ def build_mpiexec_argv(spec: JobSpec, mpiexec: str = "mpiexec",
         if var.inline:
             argv += ["-genv", var.name, var.value]
     argv += fabric_args(spec)
-    if spec.binding is not None:
+    if intel and any(w.lstrip("-").startswith("bind-to") for w in spec.mpi_args if w.startswith("-")):
+        raise UsageError("--mpi-args: Intel MPI's mpiexec takes -bind-to and ignores it; give it as "
+                         "--binding-args '-bind-to ...', which dtlaunch turns into I_MPI_PIN_DOMAIN")
+    if spec.binding is not None and intel:
+        for name, value in intel_pinning(spec.binding):
+            argv += ["-genv", name, value]
+    elif spec.binding is not None:
         argv += spec.binding
     argv += spec.mpi_args
     if not per_host:
