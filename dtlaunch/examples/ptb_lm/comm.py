@@ -58,7 +58,8 @@ DEFAULTS = {
     # Horovod's background thread waits inside MPI, and the MPIs busy-poll while waiting unless
     # told otherwise. On CPU training the compute threads fill every core, so polling steals
     # their time; yielding costs microseconds. Measured on 2 cores, 2 ranks x 1 thread:
-    # 3,060 -> 4,488 words/s (MPICH 5.0.2) and 2,923 -> 4,077 (Intel MPI 2021.18).
+    # 3,060 -> 4,488 words/s (MPICH 5.0.2) and 2,923 -> 4,077 (Intel MPI 2021.18), before the
+    # threads were lowered to nice 19; since, within the noise (see the README).
     "OMPI_MCA_mpi_yield_when_idle": "1",
     "MPIR_CVAR_CH4_PROGRESS_THROTTLE": "1",
     "I_MPI_WAIT_MODE": "1",
