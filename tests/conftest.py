@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -119,6 +121,33 @@ def sleeping(seconds: str) -> list[int]:
             except OSError:
                 continue  # gone meanwhile
     return found
+
+
+def await_sleeping(seconds: str, within: float, why: str) -> None:
+    """Wait until a `sleep <seconds>` stand-in runs; fail with `why` after `within` seconds."""
+    deadline = time.monotonic() + within
+    while not sleeping(seconds):
+        assert time.monotonic() < deadline, why
+        time.sleep(0.05)
+
+
+def survivors_of_kill(proc: subprocess.Popen[bytes], seconds: str,
+                      within: float = 10.0) -> list[int]:
+    """SIGKILL `proc`, reap it, and give the `sleep <seconds>` stand-ins it left `within`
+    seconds to end (a tie's SIGTERM, then its SIGKILL 2 s later): those still running."""
+    proc.kill()
+    proc.wait(timeout=30)
+    deadline = time.monotonic() + within
+    while sleeping(seconds) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return sleeping(seconds)
+
+
+def kill_sleeping(seconds: str) -> None:
+    """Clean-up: SIGKILL whatever `sleep <seconds>` stand-ins a failed test left."""
+    for pid in sleeping(seconds):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def dtlaunch_argv(*args: str) -> list[str]:

@@ -6,12 +6,11 @@ import os
 import stat
 import subprocess
 import sys
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pytest
-from conftest import sleeping
+from conftest import await_sleeping, kill_sleeping, survivors_of_kill
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -145,21 +144,12 @@ def test_agent_ends_its_ssh_when_mpiexec_is_killed(tmp_path: Path) -> None:
          "start_new_session=True).wait()", str(agent), "-x", "h2", "hydra_pmi_proxy"],
         env={"PATH": f"{fake.parent}:/usr/bin:/bin"})
     try:
-        deadline = time.monotonic() + 30
-        while not sleeping("3174"):
-            assert time.monotonic() < deadline, "the agent never ran ssh"
-            time.sleep(0.05)
-        mpiexec.kill()
-        mpiexec.wait(timeout=30)
-        deadline = time.monotonic() + 10
-        while sleeping("3174") and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert sleeping("3174") == [], "ssh outlived a killed mpiexec"
+        await_sleeping("3174", 30, "the agent never ran ssh")
+        assert survivors_of_kill(mpiexec, "3174") == [], "ssh outlived a killed mpiexec"
     finally:
         if mpiexec.poll() is None:
             mpiexec.kill()
-        for pid in sleeping("3174"):
-            os.kill(pid, 9)
+        kill_sleeping("3174")
 
 
 @pytest.mark.parametrize(("text", "name", "version", "release"), [

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import sleeping
+from conftest import await_sleeping, kill_sleeping, survivors_of_kill
 
 from dtlaunch import lifeline
 from dtlaunch.launch import execute
@@ -129,19 +129,9 @@ def test_killing_doctor_outright_ends_its_local_probe(tmp_path: Path, ignores_te
                             env={**os.environ, "PYTHONPATH": str(ROOT)},
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 60
-        while not sleeping("3173"):
-            assert time.monotonic() < deadline, "the probe never started"
-            time.sleep(0.1)
-        proc.kill()
-        proc.wait(timeout=30)
-        deadline = time.monotonic() + 10  # SIGTERM, then SIGKILL 2 s later
-        while sleeping("3173") and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert sleeping("3173") == [], "the local probe outlived a killed dtlaunch"
+        await_sleeping("3173", 60, "the probe never started")
+        assert survivors_of_kill(proc, "3173") == [], "the local probe outlived a killed dtlaunch"
     finally:
         if proc.poll() is None:
             proc.kill()
-        for pid in sleeping("3173"):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        kill_sleeping("3173")
