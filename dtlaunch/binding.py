@@ -125,15 +125,19 @@ _INTEL_DOMAIN = {"core": "core", "socket": "socket", "package": "socket", "board
                  "numa": "numa", "hwthread": "1", "l2cache": "cache2", "l3cache": "cache3"}
 
 
-def intel_pinning(binding: Sequence[str]) -> tuple[tuple[str, str], ...]:
+def intel_pinning(binding: Sequence[str], mpi_args: Sequence[str] = ()) -> tuple[tuple[str, str], ...]:
     """`--binding-args` (checked by parse_binding_args) as the Intel MPI variables that do it:
-    `-bind-to none` -> I_MPI_PIN=0, `-bind-to core` -> I_MPI_PIN_DOMAIN=core, and so on."""
+    `-bind-to none` -> I_MPI_PIN=0, `-bind-to core` -> I_MPI_PIN_DOMAIN=core, and so on.
+    A `-bind-to` in `mpi_args` would reach Intel's mpiexec as given, and be ignored: refused."""
+    if any(w.lstrip("-").startswith("bind-to") for w in mpi_args if w.startswith("-")):
+        raise UsageError("--mpi-args: Intel MPI's mpiexec takes -bind-to and ignores it; give it as "
+                         "--binding-args '-bind-to ...', which dtlaunch turns into I_MPI_PIN_DOMAIN")
     out: list[tuple[str, str]] = []
     i = 0
     while i < len(binding):
         name = binding[i].lstrip("-")
         if name.startswith("bind-to-"):
-            name, value = "bind-to", name[len("bind-to-"):]
+            value = name[len("bind-to-"):]
             i += 1
         elif name == "bind-to":
             value = binding[i + 1]
@@ -151,4 +155,3 @@ def intel_pinning(binding: Sequence[str]) -> tuple[tuple[str, str], ...]:
             raise UsageError(f"--binding-args: -bind-to {value}: no Intel MPI pin domain does that; "
                              f"use one of none, {', '.join(_INTEL_DOMAIN)}")
     return tuple(out)
-

@@ -137,11 +137,8 @@ def build_mpiexec_argv(spec: JobSpec, mpiexec: str = "mpiexec",
         if var.inline:
             argv += ["-genv", var.name, var.value]
     argv += fabric_args(spec)
-    if intel and any(w.lstrip("-").startswith("bind-to") for w in spec.mpi_args if w.startswith("-")):
-        raise UsageError("--mpi-args: Intel MPI's mpiexec takes -bind-to and ignores it; give it as "
-                         "--binding-args '-bind-to ...', which dtlaunch turns into I_MPI_PIN_DOMAIN")
-    if spec.binding is not None and intel:
-        for name, value in intel_pinning(spec.binding):
+    if intel:
+        for name, value in intel_pinning(spec.binding or (), spec.mpi_args):
             argv += ["-genv", name, value]
     elif spec.binding is not None:
         argv += spec.binding
