@@ -141,10 +141,10 @@ def unknown_option(launcher: str, option: str) -> Failure:
                    f"('{launcher} --help' lists those it does)")
 
 
-def blame_mpi_args(failure: Failure | None, mpi_args: Sequence[str]) -> Failure | None:
+def blame_mpi_args(failure: Failure, mpi_args: Sequence[str]) -> Failure:
     """Say whether a refused option came from --mpi-args. One that did not is dtlaunch's own,
     taken out of place when an option in --mpi-args lacked its value and took the next word."""
-    if failure is None or failure.option is None or not mpi_args:
+    if failure.option is None or not mpi_args:
         return failure
     bare = failure.option.lstrip("-")
     if any(arg.startswith("-") and arg.lstrip("-") == bare for arg in mpi_args):
