@@ -1,23 +1,26 @@
-"""Shared fixtures. Test-bed tests skip only outside CI: with CI=true a missing piece fails."""
+"""Shared fixtures and suite-wide rules.
+
+Outside CI a test whose part is missing (the test bed, Horovod, the PTB data, an MPI venv) is
+skipped; with CI=true every skip is a failure, so a green CI means every test ran."""
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import os
 import shutil
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from helpers.procs import kill_all, sleeping, survivors, wait_for
 from slurm_bed import SlurmCluster, missing_slurm, start_slurm_cluster
 from testbed import TestBed, build_testbed, missing_requirements
 
@@ -35,9 +38,38 @@ SCRIPTS = Path(__file__).parent / "scripts"
 
 
 def _unavailable(why: str) -> None:
-    if IN_CI:
-        pytest.fail(f"required in CI: {why}")
-    pytest.skip(why)
+    pytest.skip(why)  # a failure under CI=true: see pytest_runtest_makereport
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """Under CI=true a skip, whatever raised it, fails the test: skipped is not passed."""
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    if IN_CI and report.skipped and not hasattr(report, "wasxfail"):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        report.outcome = "failed"
+        report.longrepr = f"skipped under CI=true, where every test must run: {reason}"
+
+
+# Markers follow from what a test uses, so `-m "not testbed"` never needs root or an MPI venv
+# and every test that needs Horovod is marked, whoever forgets a decorator.
+TESTBED_FIXTURES = frozenset({"bed", "make_bed", "dbed", "slurm_cluster", "mpi_env", "run_mpi_env",
+                              "hydra_mpi", "mpich_env"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        used = set(getattr(item, "fixturenames", ()))
+        if used & TESTBED_FIXTURES and item.get_closest_marker("testbed") is None:
+            item.add_marker(pytest.mark.testbed)
+        if "horovod" in used and item.get_closest_marker("horovod") is None:
+            item.add_marker(pytest.mark.horovod)
+
+
+# One profile for every property test: a loaded machine is slow, not wrong.
+settings.register_profile("dtlaunch", deadline=None)
+settings.load_profile("dtlaunch")
 
 
 def require_testbed() -> None:
@@ -108,27 +140,9 @@ def horovod() -> None:
     require_horovod()
 
 
-def sleeping(seconds: str) -> list[int]:
-    """Processes running exactly `sleep <seconds>`: tests give their hung stand-ins a number
-    no other test uses and find them by it."""
-    found = []
-    wanted = f"sleep\0{seconds}\0".encode()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if (entry / "cmdline").read_bytes() == wanted:
-                    found.append(int(entry.name))
-            except OSError:
-                continue  # gone meanwhile
-    return found
-
-
 def await_sleeping(seconds: str, within: float, why: str) -> None:
     """Wait until a `sleep <seconds>` stand-in runs; fail with `why` after `within` seconds."""
-    deadline = time.monotonic() + within
-    while not sleeping(seconds):
-        assert time.monotonic() < deadline, why
-        time.sleep(0.05)
+    wait_for(lambda: sleeping(seconds), why, within)
 
 
 def survivors_of_kill(proc: subprocess.Popen[bytes], seconds: str,
@@ -137,17 +151,12 @@ def survivors_of_kill(proc: subprocess.Popen[bytes], seconds: str,
     seconds to end (a tie's SIGTERM, then its SIGKILL 2 s later): those still running."""
     proc.kill()
     proc.wait(timeout=30)
-    deadline = time.monotonic() + within
-    while sleeping(seconds) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return sleeping(seconds)
+    return survivors(lambda: sleeping(seconds), within)
 
 
 def kill_sleeping(seconds: str) -> None:
     """Clean-up: SIGKILL whatever `sleep <seconds>` stand-ins a failed test left."""
-    for pid in sleeping(seconds):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+    kill_all(sleeping(seconds))
 
 
 def dtlaunch_argv(*args: str) -> list[str]:

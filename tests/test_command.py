@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from dtlaunch.command import (
@@ -104,14 +104,12 @@ def test_suggestions() -> None:
 WORD = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=20)
 
 
-@settings(deadline=None)  # a loaded machine is no failure
 @given(interpreter=st.sampled_from(["python", "python3", "/x/bin/python3.11"]), rest=st.lists(WORD, max_size=6))
 def test_the_python_form_passes_every_word_unchanged(interpreter: str, rest: list[str]) -> None:
     program = parse(interpreter, *rest)
     assert program.argv == (interpreter, *rest) and program.form == PYTHON
 
 
-@settings(deadline=None)  # a loaded machine is no failure
 @given(first=st.text("abcdefghijklmnopqrstuvwxyz./_-", min_size=1, max_size=10), rest=st.lists(WORD, max_size=4))
 def test_every_first_word_has_one_answer(first: str, rest: list[str]) -> None:
     try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from dtlaunch.envvars import (
@@ -81,7 +81,6 @@ SAFE_VALUE = st.text(st.characters(blacklist_categories=("Cs", "Cc")), max_size=
     lambda v: v == v.strip() and not (len(v) >= 2 and v[0] == v[-1] and v[0] in "'\""))
 
 
-@settings(deadline=None)  # a loaded machine is no failure
 @given(st.dictionaries(st.from_regex(r"[A-Z_][A-Z0-9_]{0,10}", fullmatch=True), SAFE_VALUE, max_size=6))
 def test_env_file_round_trip(pairs: dict[str, str]) -> None:
     text = "".join(f"{k}={v}\n" for k, v in pairs.items())

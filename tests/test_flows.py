@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.procs import HANG
 
 from dtlaunch import preflight, session
 from dtlaunch.checks import Expectations
@@ -74,7 +75,7 @@ class FakeProber:
     def probe(self, host: str, args: ProbeArgs, timeout: float) -> HostOutcome:
         self.world.probed.append(host)
         if host in self.world.silent:
-            self.world.release.wait(60)
+            self.world.release.wait(600)
         answer = self.world.hosts[host]
         if isinstance(answer, CheckResult):
             return HostOutcome(host, HOST, problem=answer)
@@ -138,7 +139,7 @@ def test_doctor_returns_by_its_deadline_when_a_host_never_answers() -> None:
         report = doctor(world, "h1", "h2", command_timeout=0.5)
     finally:
         world.release.set()
-    assert time.monotonic() - start < 20
+    assert time.monotonic() - start < HANG  # by its deadline, not the silent host's
     ssh = report.hosts[2].check("ssh")
     assert ssh is not None and ssh.status == FAIL and "no answer within" in ssh.detail
     assert report.hosts[1].status == PASS
@@ -395,7 +396,7 @@ def test_disable_cache_and_start_timeout(cache: Path) -> None:
     late = preflight.run_preflight(request, plan, reach=world.reach(), use_cache=False,
                                    command_timeout=1)
     world.release.set()
-    assert not late.ok and time.monotonic() - start < 30
+    assert not late.ok and time.monotonic() - start < HANG
 
 
 # --- caches that cannot be used are named, once -------------------------------------------------

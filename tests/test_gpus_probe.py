@@ -9,11 +9,11 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 from conftest import dtlaunch_argv
+from helpers.procs import sleeping, survivors
 from test_envcheck import HOST, PY, rows
 from test_gpus import (
     A100_HEADER,
@@ -87,18 +87,6 @@ def test_a_failing_nvidia_smi_is_a_fact(tmp_path: Path, monkeypatch: pytest.Monk
     assert facts.gpus == expected
 
 
-def _running(command: str) -> list[str]:
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").strip()
-        except OSError:
-            continue
-        if cmdline.decode(errors="replace") == command:
-            found.append(pid)
-    return found
-
-
 def test_a_hung_nvidia_smi_is_a_timed_out_fact_not_a_hang(tmp_path: Path,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     folder = tmp_path / "bin"
@@ -112,10 +100,7 @@ def test_a_hung_nvidia_smi_is_a_timed_out_fact_not_a_hang(tmp_path: Path,
     assert facts.python.found and facts.hostname  # the other facts still came
     # Nothing left behind: the probe's session got SIGKILL, which a loaded machine may take a
     # moment to deliver, so the check allows it a bounded moment, never a hang.
-    deadline = time.monotonic() + 10
-    while _running("sleep 3017") and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not _running("sleep 3017")
+    assert not survivors(lambda: sleeping("3017"))
 
 
 def test_env_check_lists_gpus_driver_cuda_and_nccl() -> None:

@@ -166,7 +166,7 @@ def config_documents(draw: st.DrawFn) -> dict[str, Any]:
     return doc
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=300, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(words=flag_words(), doc=st.one_of(st.none(), config_documents()))
 def test_variables_equal_horovodrun(hvd_runner: None, tmp_path: Path, words: list[str],
                                     doc: dict[str, Any] | None) -> None:

@@ -9,11 +9,11 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
 from conftest import SCRIPTS, dtlaunch_argv
+from helpers.jobs import assert_no_strays, records
 from testbed import DOCKER0_ADDRESS, TestBed
 
 from dtlaunch.binding import double_dash
@@ -43,17 +43,6 @@ def probe_over_ssh(bed: TestBed, host: str) -> HostFacts:
             proc.kill()
     assert code == 0, err
     return parse_probe_output(out)
-
-
-def records(out: Path) -> dict[int, dict]:
-    return {int(p.name.split(".")[1]): json.loads(p.read_text()) for p in out.glob("rank.*.json")}
-
-
-def wait_no_strays(bed: TestBed, within: float = 15.0) -> None:
-    deadline = time.monotonic() + within
-    while any(bed.stray_pids(h) for h in bed.hosts):
-        assert time.monotonic() < deadline, {h.name: bed.stray_pids(h) for h in bed.hosts}
-        time.sleep(0.2)
 
 
 def test_docker0_on_every_host_hangs_without_a_network_and_runs_on_the_chosen_one(
@@ -88,7 +77,7 @@ def test_docker0_on_every_host_hangs_without_a_network_and_runs_on_the_chosen_on
     hung = run(tmp_path / "hung", timeout="25")
     assert hung.returncode == 124, hung.stderr
     assert "ran longer than --timeout" in hung.stderr
-    wait_no_strays(bed)
+    assert_no_strays(bed)
 
     env_items = [f"{k}={v}" for k, v in choice.env()]
     done = run(tmp_path / "chosen", "--iface", choice.cidrs[0],
@@ -102,7 +91,7 @@ def test_docker0_on_every_host_hangs_without_a_network_and_runs_on_the_chosen_on
         assert rank["env"]["HOROVOD_GLOO_IFACE"] == "eth0"
         # The launcher's GPU list never reaches another host.
         assert "CUDA_VISIBLE_DEVICES" not in rank["env"]
-    wait_no_strays(bed)
+    assert_no_strays(bed)
 
     # doctor without --iface shows the network the job would use.
     doc = subprocess.run(dtlaunch_argv("doctor", "--json", "-H", "h1,h2", "--ssh-config",
@@ -125,7 +114,7 @@ def test_docker0_on_every_host_hangs_without_a_network_and_runs_on_the_chosen_on
     again = run(tmp_path / "again", timeout="240", check="")
     assert again.returncode == 0, again.stderr
     assert f"dtlaunch: network: {bed.subnet}" in again.stderr
-    wait_no_strays(bed)
+    assert_no_strays(bed)
 
 
 def test_command_forms_run_on_every_host(bed: TestBed, tmp_path: Path) -> None:
@@ -158,7 +147,7 @@ def test_command_forms_run_on_every_host(bed: TestBed, tmp_path: Path) -> None:
         assert [r["host"] for _, r in sorted(records(out).items())] == ["h1", "h2"], name
         if name in ("bash", "relative"):
             assert "wrapped on h1" in done.stdout and "wrapped on h2" in done.stdout
-    wait_no_strays(bed)
+    assert_no_strays(bed)
 
 
 @pytest.mark.parametrize("binding", ["-bind-to core -map-by core", "--bind-to none --map-by socket",

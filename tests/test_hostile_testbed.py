@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 from conftest import SCRIPTS, dtlaunch_argv
-from test_run_testbed import alive, assert_no_strays
+from helpers.jobs import assert_no_strays
+from helpers.procs import alive
 from testbed import TestBed
 
 pytestmark = pytest.mark.testbed

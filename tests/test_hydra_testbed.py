@@ -15,14 +15,13 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from conftest import MPI_VENVS, SCRIPTS, _unavailable, dtlaunch_argv, make_mpi_env
-from test_run_testbed import assert_no_strays as _assert_no_strays
-from test_run_testbed import records
+from helpers.jobs import assert_no_strays as _assert_no_strays
+from helpers.jobs import records, start_job
 from testbed import TestBed
 
 pytestmark = pytest.mark.testbed
@@ -163,27 +162,8 @@ def test_rank_exit_code_names_rank_and_host(bed: TestBed, hydra_mpi: HydraMpi,
 
 def start_sleeping_job(bed: TestBed, env: dict[str, str], hosts: str, out: Path,
                        extra: tuple[str, ...] = ()) -> subprocess.Popen[str]:
-    proc = subprocess.Popen(run_argv(bed, hosts, PROBE, "--out", str(out), "--sleep", "120",
-                                     extra=extra),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    deadline = time.monotonic() + 60
-    while len(written(out)) < len(hosts.split(",")):
-        if time.monotonic() > deadline or proc.poll() is not None:
-            proc.kill()
-            raise AssertionError(f"ranks did not start: {proc.communicate()}")
-        time.sleep(0.1)
-    return proc
-
-
-def written(out: Path) -> list[dict]:
-    """The ranks' records that are complete (a rank may be writing its file right now)."""
-    found = []
-    for path in out.glob("rank.*.json"):
-        try:
-            found.append(json.loads(path.read_text()))
-        except ValueError:
-            continue
-    return found
+    argv = run_argv(bed, hosts, PROBE, "--out", str(out), "--sleep", "600", extra=extra)
+    return start_job(argv, out, len(hosts.split(",")), env=env)
 
 
 @pytest.mark.parametrize(("sig", "expected"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])

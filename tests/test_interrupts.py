@@ -7,43 +7,16 @@ import shutil
 import signal
 import subprocess
 import threading
-import time
 from pathlib import Path
 
 import pytest
 from conftest import dtlaunch_argv
+from helpers.procs import gone, read_pid
 
 from dtlaunch.prober import Tracker
 from dtlaunch.ssh import connect
 from dtlaunch.ssh_config import SshTarget
 from dtlaunch.ssh_errors import SshFailure
-
-
-def alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
-def wait_for_pid(path: Path, within: float = 60) -> int:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        text = path.read_text().strip() if path.exists() else ""
-        if text:
-            return int(text)
-        time.sleep(0.05)
-    raise AssertionError("the proxy never started")
-
-
-def gone(pid: int, within: float = 10) -> bool:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if not alive(pid):
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def test_a_tracker_ends_a_proxy_still_in_its_handshake(tmp_path: Path) -> None:
@@ -61,9 +34,9 @@ def test_a_tracker_ends_a_proxy_still_in_its_handshake(tmp_path: Path) -> None:
 
     worker = threading.Thread(target=attempt, daemon=True)
     worker.start()
-    pid = wait_for_pid(pidfile)
+    pid = read_pid(pidfile, "the proxy to start")
     tracker.close_all()
-    assert gone(pid), "the proxy outlived close_all"
+    assert not gone([pid]), "the proxy outlived close_all"
     worker.join(30)
     assert not worker.is_alive() and errors  # the handshake failed, it did not hang
 
@@ -88,7 +61,7 @@ def test_stopped_during_a_proxy_handshake_leaves_no_proxy(
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONPATH": os.getcwd()})
     try:
-        pid = wait_for_pid(pidfile)
+        pid = read_pid(pidfile, "the proxy to start")
         proc.send_signal(sig)
         _, err = proc.communicate(timeout=30)
     finally:
@@ -96,6 +69,6 @@ def test_stopped_during_a_proxy_handshake_leaves_no_proxy(
             proc.kill()
     assert proc.returncode == (-sig if sig == signal.SIGKILL else 128 + sig), err
     assert "Traceback" not in err
-    assert gone(pid), f"the ProxyCommand outlived dtlaunch after {sig.name}"
+    assert not gone([pid]), f"the ProxyCommand outlived dtlaunch after {sig.name}"
 
 

@@ -8,11 +8,11 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
 from conftest import await_sleeping, kill_sleeping, survivors_of_kill
+from helpers.procs import gone, pids_where, wait_for
 
 from dtlaunch import lifeline
 from dtlaunch.launch import execute
@@ -38,33 +38,13 @@ LAUNCHER = textwrap.dedent("""
 """)
 
 
-def alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
-def wait_gone(pids: list[int], within: float) -> list[int]:
-    deadline = time.monotonic() + within
-    while any(alive(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return [p for p in pids if alive(p)]
-
-
 def guards_of(parent: int) -> list[int]:
     """Running lifeline guards started for the process ``parent``."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        with contextlib.suppress(OSError):
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-            if (any(a.endswith(b"lifeline.py") for a in argv) and str(parent).encode() in argv
-                    and alive(int(entry.name))):
-                found.append(int(entry.name))
-    return found
+    def guard(line: bytes) -> bool:
+        argv = line.split(b"\0")
+        return any(a.endswith(b"lifeline.py") for a in argv) and str(parent).encode() in argv
+
+    return pids_where(guard)
 
 
 @pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGQUIT])
@@ -74,16 +54,13 @@ def test_killing_the_launcher_ends_the_whole_job(tmp_path: Path, signum: int) ->
     launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER, STUBBORN_JOB, str(pids_file)],
                                 env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 30
-        while not pids_file.exists():
-            assert time.monotonic() < deadline, "the job did not start"
-            time.sleep(0.05)
+        wait_for(pids_file.exists, "the job to start")
         job = [int(p) for p in pids_file.read_text().split()]
         guards = guards_of(launcher.pid)
         assert guards, "no guard runs beside the job"
         launcher.send_signal(signum)
         launcher.wait(timeout=30)
-        left = wait_gone(job + guards, within=lifeline.GRACE_SECONDS + 10)
+        left = gone(job + guards)
         assert left == [], f"still running after the launcher died: {left}"
     finally:
         launcher.kill()
@@ -96,14 +73,14 @@ def test_killing_the_launcher_ends_the_whole_job(tmp_path: Path, signum: int) ->
 def test_the_guard_ends_with_the_job() -> None:
     result = execute([sys.executable, "-c", "print('done')"], dict(os.environ), [])
     assert result.exit_code == 0
-    assert wait_gone(guards_of(os.getpid()), within=10) == []
+    assert gone(guards_of(os.getpid())) == []
 
 
 def test_a_missing_launcher_is_one_line_and_exit_127(capsys: pytest.CaptureFixture[str]) -> None:
     result = execute(["/nonexistent/mpirun", "-np", "1"], dict(os.environ), [])
     assert result.exit_code == 127
     assert "cannot run /nonexistent/mpirun: No such file or directory" in capsys.readouterr().err
-    assert wait_gone(guards_of(os.getpid()), within=10) == []
+    assert gone(guards_of(os.getpid())) == []
 
 
 def test_session_members_lists_a_session_without_zombies() -> None:

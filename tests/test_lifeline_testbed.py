@@ -10,11 +10,11 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 from conftest import SCRIPTS, dtlaunch_argv
+from helpers.procs import alive, cmdline, descendants, pids_containing, ppid, sleeping, survivors, wait_for
 from slurm_bed import SlurmCluster
 from testbed import TestBed
 
@@ -35,23 +35,15 @@ def records(out: Path) -> dict[int, dict]:
     return found
 
 
-def alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
-def left_behind(bed: TestBed, pids: tuple[int, ...], within: float) -> dict[str, list[int]]:
-    """Processes still on the hosts (mpirun, its guard, orted, ranks, ssh) after `within` s."""
-    deadline = time.monotonic() + within
-    while True:
-        strays = {h.name: bed.stray_pids(h) for h in bed.hosts}
-        strays["ranks"] = [p for p in pids if alive(p)]
-        if not any(strays.values()) or time.monotonic() > deadline:
-            return {k: v for k, v in strays.items() if v}
-        time.sleep(0.2)
+def left_behind(bed: TestBed, pids: tuple[int, ...]) -> dict[str, list[int]]:
+    """Processes still on the hosts (mpirun, its guard, orted, ranks, ssh) once they had
+    time to end."""
+    def strays() -> dict[str, list[int]]:
+        found = {h.name: bed.stray_pids(h) for h in bed.hosts}
+        found["ranks"] = [p for p in pids if alive(p)]
+        return {k: v for k, v in found.items() if v}
+    survivors(lambda: list(strays()))
+    return strays()
 
 
 @pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGQUIT])
@@ -63,15 +55,12 @@ def test_killing_dtlaunch_mid_job_leaves_nothing_on_any_host(
         "--ssh-config", str(bed.ssh_config), PROBE, "--out", str(tmp_path), "--sleep", "300"))
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 60
-        while len(records(tmp_path)) < 3:
-            assert time.monotonic() < deadline, "ranks did not start"
-            assert proc.poll() is None, "dtlaunch ended early"
-            time.sleep(0.1)
+        wait_for(lambda: len(records(tmp_path)) >= 3 or proc.poll() is not None, "the ranks to start")
+        assert proc.poll() is None, "dtlaunch ended early"
         assert {r["host"] for r in records(tmp_path).values()} == {"h1", "h2", "h3"}
         proc.send_signal(signum)
         proc.wait(timeout=30)
-        left = left_behind(bed, tuple(r["pid"] for r in records(tmp_path).values()), within=20)
+        left = left_behind(bed, tuple(r["pid"] for r in records(tmp_path).values()))
         assert left == {}, f"processes left after dtlaunch got {signum.name}: {left}"
     finally:
         proc.kill()
@@ -137,8 +126,8 @@ def test_a_remote_exit_255_is_not_a_lost_link_but_a_link_down_is(make_bed) -> No
     _, err = remote.communicate(timeout=60)
     assert remote.returncode == 255
     assert err == "oops\n"  # the remote stderr, and nothing about a lost link
-    waiting = _rsh(testbed, "sleep 60")
-    time.sleep(2)  # logged in and running
+    waiting = _rsh(testbed, "sleep 3061")
+    wait_for(lambda: sleeping("3061"), "the remote command to run")
     testbed.set_link("h2", up=False)
     try:
         _, err = waiting.communicate(timeout=60)
@@ -162,41 +151,8 @@ def test_a_missing_interpreter_names_host_rank_and_program(bed: TestBed, tmp_pat
     assert " on host h1" in last or " on host h2" in last
 
 
-def _pids_with(marker: str) -> list[int]:
-    """Every live process on the machine (launcher and all nodes) whose argv holds marker."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError):
-                if marker.encode() in (entry / "cmdline").read_bytes() and alive(int(entry.name)):
-                    found.append(int(entry.name))
-    return found
-
-
-def _ppid(pid: int) -> int:
-    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-
-
-def _descendants(pid: int) -> list[int]:
-    """pid's children, theirs, and so on (read from /proc)."""
-    parents = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError, IndexError):
-                parents[int(entry.name)] = _ppid(int(entry.name))
-    found, todo = [], [pid]
-    while todo:
-        parent_pid = todo.pop()
-        kids = [p for p, parent in parents.items() if parent == parent_pid]
-        found += kids
-        todo += kids
-    return found
-
-
 def _argv0(pid: int) -> bytes:
-    with contextlib.suppress(OSError):
-        return os.path.basename(Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0])
-    return b""
+    return os.path.basename(cmdline(pid).split(b"\0")[0])
 
 
 def test_killing_dtlaunch_inside_slurm_leaves_nothing(slurm_cluster: SlurmCluster,
@@ -210,28 +166,23 @@ def test_killing_dtlaunch_inside_slurm_leaves_nothing(slurm_cluster: SlurmCluste
                             stderr=subprocess.DEVNULL, env=slurm_cluster.env(),
                             start_new_session=True)
     try:
-        deadline = time.monotonic() + 120
-        while len(records(tmp_path)) < 2:
-            assert time.monotonic() < deadline and proc.poll() is None, "ranks did not start"
-            time.sleep(0.3)
-        argvs = {p: Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0") for p in _pids_with(marker)}
+        wait_for(lambda: len(records(tmp_path)) >= 2 or proc.poll() is not None, "the ranks to start")
+        assert proc.poll() is None, "dtlaunch ended before its ranks started"
+        argvs = {p: cmdline(p).split(b"\0") for p in pids_containing(marker)}
         launcher = [p for p, a in argvs.items() if a[1:3] == [b"-m", b"dtlaunch"]]
         assert len(launcher) == 1, argvs
         # mpirun's argv does not hold the marker (the rank shim carries the program encoded):
         # mpirun and its srun are found under dtlaunch, each rank's shim and daemon above it.
-        below = _descendants(launcher[0])
+        below = descendants(launcher[0])
         mpirun = [p for p in below if _argv0(p) == b"mpirun"]
         assert mpirun, "mpirun not found"
         assert any(_argv0(p) == b"srun" for p in below), "srun not found"
         ranks = [p for p in argvs if p not in below and p != proc.pid and p != launcher[0]]
-        shims = [_ppid(p) for p in ranks]
-        daemons = [_ppid(p) for p in shims]
+        shims = [ppid(p) for p in ranks]
+        daemons = [ppid(p) for p in shims]
         watched = set(below + shims + daemons)
         os.kill(launcher[0], signal.SIGKILL)
-        deadline = time.monotonic() + 20
-        while ((left := _pids_with(marker) + [p for p in watched if alive(p)])
-               and time.monotonic() < deadline):
-            time.sleep(0.2)
+        left = survivors(lambda: pids_containing(marker) + [p for p in watched if alive(p)])
         assert left == [], "mpirun, srun or ranks outlived dtlaunch"
     finally:
         # On a failure: salloc puts dtlaunch in a process group of its own, and a SIGKILLed

@@ -14,28 +14,18 @@ import os
 import shlex
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 from conftest import MPI_VENVS, SCRIPTS, MpiEnv
+from helpers.jobs import assert_no_strays, records, start_job
+from helpers.procs import HANG, survivors
 from testbed import TestBed
 
 pytestmark = pytest.mark.testbed
 PROBE = str(SCRIPTS / "rank_probe.py")
 # What each MPI's own `--version` says, as doctor reports it.
 VERSIONS = {"openmpi5": "Open MPI 5.0.11", "mpich": "MPICH 5.0.2"}
-
-
-def records(out: Path) -> dict[int, dict]:
-    """The complete rank records (a rank may still be writing its file)."""
-    found = {}
-    for path in out.glob("rank.*.json"):
-        try:
-            found[int(path.name.split(".")[1])] = json.loads(path.read_text())
-        except ValueError:
-            continue
-    return found
 
 
 def dtl(mpi: MpiEnv, bed: TestBed, *args: str, check: bool = False, timeout: float = 180,
@@ -46,13 +36,12 @@ def dtl(mpi: MpiEnv, bed: TestBed, *args: str, check: bool = False, timeout: flo
                           timeout=timeout)
 
 
-def strays(bed: TestBed, within: float = 10.0) -> dict[str, list[int]]:
-    deadline = time.monotonic() + within
-    while True:
-        left = {h.name: bed.stray_pids(h) for h in bed.hosts}
-        if not any(left.values()) or time.monotonic() > deadline:
-            return {k: v for k, v in left.items() if v}
-        time.sleep(0.2)
+def start_sleeping_job(mpi: MpiEnv, testbed: TestBed, out: Path) -> subprocess.Popen[str]:
+    """A job of one sleeping rank on h1 and one on h2, returned once both run."""
+    argv = mpi.dtlaunch_argv("run", "--no-check", "--ssh-config", str(testbed.ssh_config),
+                             "-H", "h1:1,h2:1", "--iface", testbed.subnet, PROBE,
+                             "--out", str(out), "--sleep", "600")
+    return start_job(argv, out, 2, env=mpi.environ())
 
 
 def test_horovod_allreduce_through_dtlaunch_run(bed: TestBed, run_mpi_env: MpiEnv,
@@ -67,7 +56,7 @@ def test_horovod_allreduce_through_dtlaunch_run(bed: TestBed, run_mpi_env: MpiEn
     # The ranks ran the MPI's own interpreter (its venv), so Horovod was the one built for it.
     assert all(r["python"] == run_mpi_env.python for r in found.values())
     assert "[1@h2] rank 1 of 2 on h2" in result.stdout
-    assert strays(bed) == {}
+    assert_no_strays(bed)
 
 
 def test_failing_rank_is_named(bed: TestBed, run_mpi_env: MpiEnv, tmp_path: Path) -> None:
@@ -77,7 +66,7 @@ def test_failing_rank_is_named(bed: TestBed, run_mpi_env: MpiEnv, tmp_path: Path
     assert "Traceback" not in result.stderr
     last = result.stderr.strip().splitlines()[-1]
     assert last == "dtlaunch: job failed: rank 1 on host h2 exited with code 3", result.stderr
-    assert strays(bed) == {}
+    assert_no_strays(bed)
 
 
 @pytest.mark.parametrize("option, words", [
@@ -96,7 +85,7 @@ def test_horovodrun_binding_args_bind_the_ranks_under_every_open_mpi(
     # Open MPI's own report that each rank was bound (its wording differs between 4 and 5).
     output = result.stdout + result.stderr
     assert "rank 0 bound to" in output.lower() and "rank 1 bound to" in output.lower(), output
-    assert strays(bed) == {}
+    assert_no_strays(bed)
 
 
 def test_dry_run_line(run_mpi_env: MpiEnv, tmp_path: Path) -> None:
@@ -154,7 +143,7 @@ def test_a_host_key_changed_since_a_cached_preflight_is_named(make_bed, run_mpi_
     again = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
     assert again.returncode == 1, again.stderr
     assert "pre-flight checks failed: h2 (ssh); the job did not start" in again.stderr
-    assert not strays(bed)
+    assert_no_strays(bed)
 
 
 def test_signals_end_the_job_everywhere(bed: TestBed, run_mpi_env: MpiEnv,
@@ -162,47 +151,23 @@ def test_signals_end_the_job_everywhere(bed: TestBed, run_mpi_env: MpiEnv,
     for sig, expected in ((signal.SIGINT, 130), (signal.SIGTERM, 143)):
         out = tmp_path / sig.name
         out.mkdir()
-        argv = run_mpi_env.dtlaunch_argv("run", "--no-check", "--ssh-config", str(bed.ssh_config),
-                                         "-H", "h1:1,h2:1", "--iface", bed.subnet, PROBE,
-                                         "--out", str(out), "--sleep", "120")
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env=run_mpi_env.environ())
-        deadline = time.monotonic() + 60
-        while len(records(out)) < 2:
-            if time.monotonic() > deadline:
-                proc.kill()
-                raise AssertionError(f"ranks did not start: {proc.communicate()[1]}")
-            time.sleep(0.1)
+        proc = start_sleeping_job(run_mpi_env, bed, out)
         proc.send_signal(sig)
-        _, err = proc.communicate(timeout=30)
+        _, err = proc.communicate(timeout=HANG)
         assert proc.returncode == expected, err
-        assert strays(bed) == {}
+        assert_no_strays(bed, pids=tuple(r["pid"] for r in records(out).values()))
 
 
 def test_lost_host_ends_the_job(make_bed, run_mpi_env: MpiEnv, tmp_path: Path) -> None:
     testbed: TestBed = make_bed(2)
-    argv = run_mpi_env.dtlaunch_argv("run", "--no-check", "--ssh-config",
-                                     str(testbed.ssh_config), "-H", "h1:1,h2:1", "--iface",
-                                     testbed.subnet, PROBE, "--out", str(tmp_path),
-                                     "--sleep", "120")
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=run_mpi_env.environ())
-    deadline = time.monotonic() + 60
-    while len(records(tmp_path)) < 2:
-        if time.monotonic() > deadline:
-            proc.kill()
-            raise AssertionError(f"ranks did not start: {proc.communicate()[1]}")
-        time.sleep(0.1)
+    proc = start_sleeping_job(run_mpi_env, testbed, tmp_path)
     testbed.kill_all_sshd("h2")
-    _, err = proc.communicate(timeout=90)
+    _, err = proc.communicate(timeout=HANG)
     assert proc.returncode != 0
     assert err.splitlines()[-1] == "dtlaunch: job failed: lost the SSH connection to host h2", err
-    # h1's daemon ends when it sees its ssh link close, which may be just after dtlaunch's
-    # exit (mpirun ends at once on h2's loss): wait for it, within a bound.
-    deadline = time.monotonic() + 30
-    while (left := testbed.stray_pids("h1")) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not left
+    # h1's rank ends with its daemon when it sees its ssh link close, which may be just after
+    # dtlaunch's exit (mpirun ends at once on h2's loss).
+    assert not survivors(lambda: testbed.stray_pids("h1"))
 
 
 # --- MPICH: Horovod's build proven by Hydra's own mpiexec, without dtlaunch ----------------------
@@ -227,7 +192,7 @@ def test_mpich_horovod_allreduce_by_hand_written_mpiexec(bed: TestBed, tmp_path:
     assert sorted(found) == [0, 1]
     assert [found[r]["host"] for r in (0, 1)] == ["h1", "h2"]
     assert all(r["allreduce_sum"] == 3.0 for r in found.values())
-    assert strays(bed) == {}
+    assert_no_strays(bed)
 
 
 def test_horovod_is_built_for_each_mpi(mpi_env: MpiEnv) -> None:

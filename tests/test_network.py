@@ -5,7 +5,7 @@ from __future__ import annotations
 import ipaddress
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from dtlaunch.checks import FAIL, PASS
@@ -172,7 +172,6 @@ def clusters(draw: st.DrawFn) -> tuple[str, dict[str, tuple[Iface, ...]], Iface 
     return str(base), hosts, launcher
 
 
-@settings(deadline=None)  # a loaded machine is no failure
 @given(clusters())
 def test_the_real_network_is_found_through_any_noise(cluster: tuple[str, dict[str, tuple[Iface, ...]], Iface | None]) -> None:
     subnet, hosts, launcher = cluster
@@ -193,7 +192,6 @@ ANY_HOST = st.lists(st.builds(Iface, NAMES | st.just("docker0"), st.booleans(),
                               st.lists(ADDRESS, max_size=2).map(tuple)), max_size=3).map(tuple)
 
 
-@settings(deadline=None)  # a loaded machine is no failure
 @given(st.dictionaries(st.sampled_from(["h1", "h2", "h3", "h4"]), ANY_HOST, min_size=2))
 def test_a_chosen_network_reaches_every_host_on_its_own_address(hosts: dict[str, tuple[Iface, ...]]) -> None:
     choice = choose_network(hosts)

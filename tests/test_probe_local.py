@@ -7,7 +7,8 @@ import shlex
 import subprocess
 import sys
 import threading
-import time
+
+from helpers.procs import gone, kill_all, read_pid, sleeping
 
 from dtlaunch.probe import ProbeArgs, build_remote_command, probe_local, script_text
 
@@ -51,44 +52,22 @@ def tied(*command: str) -> subprocess.Popen[bytes]:
 def test_a_tied_command_ends_with_everything_it_started_when_its_input_closes(tmp_path):
     pidfile = tmp_path / "pid"
     proc = tied("sh", "-c", f"sleep 300 & echo $! > {pidfile}; wait")
-    deadline = time.monotonic() + 30
-    while not pidfile.exists() or not pidfile.read_text().strip():
-        assert time.monotonic() < deadline, "the command never started"
-        time.sleep(0.05)
-    grandchild = int(pidfile.read_text())
+    grandchild = read_pid(pidfile, "the command to start")
     assert proc.poll() is None  # input still open: it runs on
     assert proc.stdin is not None
     proc.stdin.close()  # what sshd does when the client closes the channel
     assert proc.wait(timeout=10) != 0
-    deadline = time.monotonic() + 10
-    while os.path.exists(f"/proc/{grandchild}") and "Z" not in _state(grandchild):
-        assert time.monotonic() < deadline, "the tied command's child outlived it"
-        time.sleep(0.05)
+    assert not gone([grandchild]), "the tied command's child outlived it"
 
 
 def test_a_tied_command_that_ignores_sigterm_is_killed_when_its_input_closes(tmp_path):
     pidfile = tmp_path / "pid"
     proc = tied("sh", "-c", f"trap '' TERM; sleep 300 & echo $! > {pidfile}; wait")
-    deadline = time.monotonic() + 30
-    while not pidfile.exists() or not pidfile.read_text().strip():
-        assert time.monotonic() < deadline, "the command never started"
-        time.sleep(0.05)
-    stubborn = int(pidfile.read_text())
+    stubborn = read_pid(pidfile, "the command to start")
     assert proc.stdin is not None
     proc.stdin.close()
     proc.wait(timeout=10)
-    deadline = time.monotonic() + 15
-    while os.path.exists(f"/proc/{stubborn}") and "Z" not in _state(stubborn):
-        assert time.monotonic() < deadline, "a child that ignores SIGTERM outlived its channel"
-        time.sleep(0.05)
-
-
-def _state(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return "Z"
+    assert not gone([stubborn]), "a child that ignores SIGTERM outlived its channel"
 
 
 def test_a_tied_command_that_finishes_returns_its_status_with_input_open():
@@ -131,19 +110,6 @@ def test_probe_reports_a_missing_launcher_path(tmp_path):
     assert facts.mpirun is None and facts.orted is None and facts.mpi is None
 
 
-def _pids_of(cmdline: bytes) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/cmdline", "rb") as handle:
-                    if handle.read() == cmdline:
-                        found.append(int(entry))
-            except OSError:
-                pass
-    return found
-
-
 def test_a_daemon_left_by_the_interpreter_does_not_hold_the_local_probe(tmp_path):
     """An interpreter wrapper that leaves a daemon (own session, our pipe as its stdout): the
     probe is read to its last section, not to an end of file that never comes."""
@@ -160,5 +126,4 @@ def test_a_daemon_left_by_the_interpreter_does_not_hold_the_local_probe(tmp_path
         [facts] = got
         assert facts.python.found and not facts.python.error  # type: ignore[attr-defined]
     finally:
-        for pid in _pids_of(b"sleep\x003174\x00"):
-            os.kill(pid, 9)
+        kill_all(sleeping("3174"))

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers.procs import HANG
 
 from dtlaunch.prober import fan_out
 
@@ -33,7 +34,7 @@ def test_fan_out_returns_by_its_deadline_whatever_the_work_does() -> None:
 
     def work(item: int) -> str:
         if item == 1:
-            release.wait(60)  # a host that never answers
+            release.wait(600)  # a host that never answers
         return "ok"
 
     start = time.monotonic()
@@ -42,7 +43,7 @@ def test_fan_out_returns_by_its_deadline_whatever_the_work_does() -> None:
     finally:
         release.set()
     assert results == ["ok", "late", "ok"]
-    assert time.monotonic() - start < 5
+    assert time.monotonic() - start < HANG  # it did not wait for the silent host
 
 
 def test_fan_out_bounds_parallelism() -> None:

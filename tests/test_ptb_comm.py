@@ -11,6 +11,9 @@ from conftest import make_mpi_env
 
 from dtlaunch.examples.ptb_lm import comm
 
+# It asks the extra MPIs (their venvs) what they read.
+pytestmark = pytest.mark.testbed
+
 
 def test_defaults_fill_only_what_the_environment_lacks() -> None:
     environ = {"MPIR_CVAR_ALLGATHERV_PIPELINE_MSG_SIZE": "65536", "PATH": "/bin"}

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers.ptb import HAVE_PTB, PTB_DIR, REPO, mpirun_command, needs_ptb
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -25,25 +26,6 @@ from dtlaunch.examples.ptb_lm import comm, data, train
 from dtlaunch.examples.ptb_lm.comm import SingleProcess
 from dtlaunch.examples.ptb_lm.config import CONFIGS, LARGE, MEDIUM, SMALL, Config, learning_rate
 from dtlaunch.examples.ptb_lm.model import PTBModel
-
-REPO = Path(__file__).resolve().parents[1]
-
-
-def find_ptb() -> Path:
-    """``$PTB_DATA``, else ``data/ptb`` in the checkout, else the project's shared data dir."""
-    candidates = [REPO / "data" / "ptb", REPO.parent / "shared" / "data" / "ptb"]
-    if os.environ.get("PTB_DATA"):
-        candidates.insert(0, Path(os.environ["PTB_DATA"]))
-    for d in candidates:
-        if all((d / name).is_file() for name in data.FILES.values()):
-            return d
-    return candidates[0]
-
-
-PTB_DIR = find_ptb()
-HAVE_PTB = all((PTB_DIR / name).is_file() for name in data.FILES.values())
-needs_ptb = pytest.mark.skipif(not HAVE_PTB, reason=f"PTB files not found in {PTB_DIR}")
-IN_CI = os.environ.get("CI", "").lower() == "true"
 
 
 def run_module(*args: str, timeout: float = 120, **env: str) -> subprocess.CompletedProcess[str]:
@@ -311,54 +293,9 @@ def test_unreadable_checkpoint_exits_2(tmp_path: Path, monkeypatch: pytest.Monke
     assert err.count("\n") == 1 and "cannot resume from" in err
 
 
-def mpirun_command(np_: int) -> list[str]:
-    return ["mpirun", "--allow-run-as-root", "-np", str(np_), "-bind-to", "none",
-            "-map-by", "slot", "-mca", "pml", "ob1", "-mca", "btl", "self,vader,tcp",
-            "-x", "PYTHONPATH", sys.executable, "-m", "dtlaunch.examples.ptb_lm"]
-
-
-def horovod_missing() -> str | None:
-    if shutil.which("mpirun") is None:
-        return "mpirun not on PATH"
-    try:
-        import horovod.torch  # noqa: F401
-    except ImportError:
-        return "horovod.torch not importable"
-    return None
-
-
-@pytest.fixture
-def need_horovod() -> None:
-    reason = horovod_missing()
-    if reason and IN_CI:
-        pytest.fail(f"CI=true but {reason}")
-    if reason:
-        pytest.skip(reason)
-
-
 @pytest.mark.horovod
 @needs_ptb
-@pytest.mark.usefixtures("need_horovod")
-def test_two_ranks_end_identical_on_different_streams(tmp_path: Path) -> None:
-    params, shard = tmp_path / "params", tmp_path / "shard"
-    cmd = [*mpirun_command(2), "--data-path", str(PTB_DIR), "--max-steps", "40", "--no-eval",
-           "--log-interval", "20", "--dump-params", str(params), "--dump-shard", str(shard)]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env, cwd=REPO)
-    assert result.returncode == 0, result.stdout + result.stderr
-    digests = [json.loads((tmp_path / f"params.rank{r}").read_text()) for r in (0, 1)]
-    assert digests[0]["sha256"] == digests[1]["sha256"]
-    shards = [json.loads((tmp_path / f"shard.rank{r}").read_text()) for r in (0, 1)]
-    assert shards[0]["streams"] == list(range(10)) and shards[1]["streams"] == list(range(10, 20))
-    assert shards[0]["first_tokens"] != shards[1]["first_tokens"]
-    assert "2 rank(s)" in result.stdout
-    # Horovod's threads were found and lowered (read back from the kernel, not assumed).
-    assert "communication threads at nice 19" in result.stdout
-
-
-@pytest.mark.horovod
-@needs_ptb
-@pytest.mark.usefixtures("need_horovod")
+@pytest.mark.usefixtures("horovod")
 def test_unequal_shares_give_the_single_process_update(tmp_path: Path) -> None:
     """Global batch 5 over 2 ranks (2 + 3 streams) must train like one process on 5 streams."""
     common = ["--data-path", str(PTB_DIR), "--max-steps", "5", "--no-eval", "--batch-size", "5",

@@ -16,7 +16,7 @@ from typing import Any
 import psutil
 import pytest
 import torch
-from test_ptb_lm import PTB_DIR, REPO, mpirun_command, needs_ptb
+from helpers.ptb import PTB_DIR, REPO, mpirun_command, needs_ptb
 
 from dtlaunch.examples.ptb_lm import checkpoint, train
 from dtlaunch.examples.ptb_lm.comm import SingleProcess

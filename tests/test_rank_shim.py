@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers.procs import alive
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -128,7 +129,7 @@ def test_a_tagged_record_is_passed_on_as_it_comes() -> None:
 chunks = st.binary(max_size=CHUNK)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200)
 @given(st.lists(st.tuples(st.integers(0, 3), st.sampled_from("oe"), chunks), max_size=30),
        st.data(), st.sampled_from([MIN_RECORD, PIPE_BUF, 1 << 20]))
 def test_any_interleaving_and_cutting_gives_each_rank_its_bytes_in_order(
@@ -167,7 +168,7 @@ def test_any_interleaving_and_cutting_gives_each_rank_its_bytes_in_order(
     assert {k: v for k, v in got.items() if v} == {k: v for k, v in want.items() if v}
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200)
 @given(st.lists(st.tuples(st.integers(-1, 3), st.sampled_from("oe"), chunks), max_size=30),
        st.lists(st.integers(0, 1 << 16), max_size=8))
 def test_whole_records_among_launcher_lines_in_reads_of_any_size(
@@ -249,13 +250,6 @@ def test_the_shim_dies_by_the_programs_signal() -> None:
     proc = shim([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"])
     out, _ = proc.communicate(timeout=30)
     assert proc.returncode == -signal.SIGSEGV and read_all(out)[-1] == RankExit(3, "signal 11")
-
-
-def alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def test_what_a_rank_leaves_behind_ends_with_it(tmp_path: Path) -> None:

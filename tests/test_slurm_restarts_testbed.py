@@ -13,7 +13,6 @@ import os
 import signal
 import socket
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ import psutil
 import pytest
 import slurm_bed
 from conftest import SCRIPTS, dtlaunch_argv
+from helpers.procs import cmdline, survivors, wait_for
 from slurm_bed import SlurmCluster
 
 pytestmark = pytest.mark.testbed
@@ -38,30 +38,18 @@ def ranks_of(out: Path, attempt: int) -> dict[int, str]:
 
 def job_pids(testbed: Any, hosts: tuple[str, ...], marker: str) -> list[int]:
     """Processes on these nodes whose command line holds `marker` (this test's directory)."""
-    found = []
-    for host in hosts:
-        for pid in testbed.pids_in(host):
-            try:
-                if marker.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
-                    found.append(pid)
-            except OSError:
-                continue
-    return found
+    return [pid for host in hosts for pid in testbed.pids_in(host) if marker.encode() in cmdline(pid)]
 
 
-def wait_no_srun(cluster: SlurmCluster, seconds: float) -> list[str]:
-    """srun processes on the launcher that belong to this cluster (waiting up to `seconds`)."""
-    deadline = time.monotonic() + seconds
-    while True:
-        left = []
-        for p in psutil.process_iter(["name", "environ"]):
-            with contextlib.suppress(psutil.Error):
-                if p.info["name"] == "srun" and \
-                        (p.info["environ"] or {}).get("SLURM_CONF") == str(cluster.conf):
-                    left.append(" ".join(p.cmdline())[:160])
-        if not left or time.monotonic() > deadline:
-            return left
-        time.sleep(0.2)
+def cluster_sruns(cluster: SlurmCluster) -> list[str]:
+    """srun processes on the launcher that belong to this cluster, now."""
+    left = []
+    for p in psutil.process_iter(["name", "environ"]):
+        with contextlib.suppress(psutil.Error):
+            if p.info["name"] == "srun" and \
+                    (p.info["environ"] or {}).get("SLURM_CONF") == str(cluster.conf):
+                left.append(" ".join(p.cmdline())[:160])
+    return left
 
 
 def test_a_rank_failing_once_is_restarted_on_the_allocated_nodes(
@@ -89,9 +77,9 @@ def test_a_rank_failing_once_is_restarted_on_the_allocated_nodes(
     # every rank of attempt 2 saw DTLAUNCH_RESTART_COUNT=1. Once, under load, one rank's file
     # was missing at this check: waited for within a bound, and the run's output is kept in the
     # message should it happen again.
-    deadline = time.monotonic() + 10
-    while len(second := ranks_of(tmp_path, 1)) < ranks and time.monotonic() < deadline:
-        time.sleep(0.2)
+    with contextlib.suppress(AssertionError):
+        wait_for(lambda: len(ranks_of(tmp_path, 1)) >= ranks, "every rank's file")
+    second = ranks_of(tmp_path, 1)
     assert sorted(second) == list(range(ranks)), (sorted(p.name for p in tmp_path.iterdir()),
                                                   proc.stderr[-3000:])
     assert set(second.values()) <= set(allocated)
@@ -116,10 +104,8 @@ def test_a_node_lost_mid_job_is_dropped_and_the_job_finishes_on_the_others(
                                 stderr=subprocess.PIPE, text=True, env=cluster.env(),
                                 start_new_session=True)
         try:
-            deadline = time.monotonic() + 180
-            while len(ranks_of(tmp_path, 0)) < 3 * cluster.cpus and proc.poll() is None \
-                    and time.monotonic() < deadline:
-                time.sleep(0.2)
+            wait_for(lambda: len(ranks_of(tmp_path, 0)) >= 3 * cluster.cpus or proc.poll() is not None,
+                     "the first attempt's ranks")
             assert sorted(set(ranks_of(tmp_path, 0).values())) == ["h1", "h2", "h3"]
             testbed.set_link("h3", up=False)
             _, err = proc.communicate(timeout=300)
@@ -129,7 +115,7 @@ def test_a_node_lost_mid_job_is_dropped_and_the_job_finishes_on_the_others(
                 proc.communicate()
         assert proc.returncode == 0, err[-3000:]
         # Not even the stopped attempt's srun, which would wait for the dead node for minutes.
-        assert wait_no_srun(cluster, 0) == []
+        assert cluster_sruns(cluster) == []
         runs = attempts(tmp_path)
         assert [a["hosts"] for a in runs] == [["h1", "h2", "h3"], ["h1", "h2"]]
         dropped = runs[1]["dropped_before"]
@@ -137,8 +123,4 @@ def test_a_node_lost_mid_job_is_dropped_and_the_job_finishes_on_the_others(
         assert "lost" in dropped[0]["why"], dropped  # the failure named h3, not just a re-check
         assert sorted(set(ranks_of(tmp_path, 1).values())) == ["h1", "h2"]
         # Nothing of the job is left on the healthy nodes (slurmd itself lives there too).
-        deadline = time.monotonic() + 20
-        while (left := job_pids(testbed, ("h1", "h2"), str(tmp_path))) and \
-                time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert left == []
+        assert survivors(lambda: job_pids(testbed, ("h1", "h2"), str(tmp_path))) == []

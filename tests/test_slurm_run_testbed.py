@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 from conftest import SCRIPTS, dtlaunch_argv
+from helpers.jobs import records, start_job
+from helpers.procs import cmdline, survivors
 from slurm_bed import SlurmCluster
 
 pytestmark = pytest.mark.testbed
@@ -28,28 +30,14 @@ def salloc(nodes: int, name: str, *argv: str) -> list[str]:
     return ["salloc", f"--nodes={nodes}", f"--job-name={name}", *argv]
 
 
-def records(out: Path) -> dict[int, dict[str, object]]:
-    return {int(p.name.split(".")[1]): json.loads(p.read_text()) for p in out.glob("rank.*.json")}
-
-
 def rank_pids(cluster: SlurmCluster, marker: str) -> list[int]:
     """Processes on any node whose command line holds `marker` (this test's output dir)."""
-    found = []
-    for host in cluster.nodes:
-        for pid in cluster.bed.pids_in(host):
-            try:
-                if marker.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
-                    found.append(pid)
-            except OSError:
-                continue
-    return found
+    return [pid for host in cluster.nodes for pid in cluster.bed.pids_in(host)
+            if marker.encode() in cmdline(pid)]
 
 
-def wait_gone(cluster: SlurmCluster, marker: str, seconds: float) -> list[int]:
-    deadline = time.monotonic() + seconds
-    while (left := rank_pids(cluster, marker)) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    return left
+def wait_gone(cluster: SlurmCluster, marker: str) -> list[int]:
+    return survivors(lambda: rank_pids(cluster, marker))
 
 
 def test_run_places_ranks_on_the_allocated_nodes_and_allreduces(
@@ -104,14 +92,7 @@ def _start_sleeping_job(cluster: SlurmCluster, out: Path, name: str) -> subproce
     argv = [*salloc(2, name), *dtlaunch_argv(
         "run", "--no-check", "--iface", cluster.bed.subnet, "-np", "2", "-H", "h1:1,h2:1",
         PROBE, "--out", str(out), "--sleep", "300")]
-    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=cluster.env(),
-                            start_new_session=True)
-    deadline = time.monotonic() + 120
-    while len(records(out)) < 2 and time.monotonic() < deadline and proc.poll() is None:
-        time.sleep(0.3)
-    assert len(records(out)) == 2, proc.communicate(timeout=30)
-    return proc
+    return start_job(argv, out, 2, env=cluster.env(), start_new_session=True)
 
 
 def _children(pid: int) -> list[int]:
@@ -139,7 +120,7 @@ def test_signal_exits_128_plus_and_leaves_nothing_on_any_node(
                     if b"dtlaunch" in Path(f"/proc/{p}/cmdline").read_bytes()]
         assert len(dtlaunch) == 1
         os.kill(dtlaunch[0], sig)
-        assert wait_gone(slurm_cluster, str(tmp_path), 10) == []
+        assert wait_gone(slurm_cluster, str(tmp_path)) == []
     finally:
         code, err = _finish(proc)
     assert code == expected, err
@@ -152,7 +133,7 @@ def test_scancel_ends_everything(slurm_cluster: SlurmCluster, tmp_path: Path) ->
     try:
         cancel = slurm_cluster.run("scancel", f"--name={name}", timeout=30)
         assert cancel.returncode == 0, cancel.stderr
-        assert wait_gone(slurm_cluster, str(tmp_path), 20) == []
+        assert wait_gone(slurm_cluster, str(tmp_path)) == []
     finally:
         code, _ = _finish(proc)
     assert code != 0

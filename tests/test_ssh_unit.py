@@ -8,6 +8,7 @@ import time
 
 import paramiko
 import pytest
+from helpers.procs import HANG
 
 from dtlaunch import known_hosts, ssh, ssh_config, ssh_errors, ssh_proxy
 from dtlaunch.ssh_config import SshTarget
@@ -42,7 +43,7 @@ def test_silent_listener_is_a_timeout():
         with pytest.raises(SshFailure) as info:
             ssh.connect(target(listener.getsockname()[1], timeout=0.5))
         assert info.value.kind == ssh_errors.TIMEOUT
-        assert time.monotonic() - start < 3
+        assert time.monotonic() - start < HANG  # ended by the timeout, not by the listener
     finally:
         listener.close()
 

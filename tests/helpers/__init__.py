@@ -1,0 +1,1 @@
+"""Helpers shared by the tests: imported by test files, never the other way round."""
