@@ -57,7 +57,7 @@ LAUNCH_GOAL_ROW = "dtlaunch run (warm pre-flight, the default)"
 
 
 def _allocated() -> list[str]:
-    from dtlaunch.allocation import parse_slurm_nodelist
+    from dtlaunch.cluster.allocation import parse_slurm_nodelist
 
     return list(parse_slurm_nodelist(os.environ["SLURM_JOB_NODELIST"]))
 

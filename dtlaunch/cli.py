@@ -15,14 +15,14 @@ from typing import Any
 import click
 
 from dtlaunch import __version__
-from dtlaunch.cli_options import (
+from dtlaunch.console.options import (
     RUN_OWN_FLAGS,
     SECONDS,
     horovod_click_options,
     host_options,
     single_option,
 )
-from dtlaunch.errors import (
+from dtlaunch.core.errors import (
     EXIT_FAILURE,
     EXIT_INTERRUPTED,
     EXIT_OK,
@@ -30,7 +30,7 @@ from dtlaunch.errors import (
     DtlaunchError,
     UsageError,
 )
-from dtlaunch.interrupts import Interrupted, signals_raise
+from dtlaunch.core.interrupts import Interrupted, signals_raise
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -49,7 +49,7 @@ def _note(message: str) -> None:
 
 def _event_printer(verbose: bool) -> Callable[[Any], None]:
     """How the CLI shows a run's events on stderr."""
-    from dtlaunch.session import EventLevel
+    from dtlaunch.run.session import EventLevel
 
     def show(event: Any) -> None:
         if event.level is EventLevel.WARNING:
@@ -97,15 +97,15 @@ def run(ctx: click.Context, /, hosts: str | None, hostfile: str | None, iface: s
         args: tuple[str, ...], **horovod: Any) -> None:
     """Run a command on every host through mpirun: SCRIPT.py [ARGS], -m MODULE [ARGS],
     python SCRIPT.py [ARGS] or any EXECUTABLE [ARGS] (horovodrun's options work too)."""
-    from dtlaunch import launcher_choice, session
-    from dtlaunch.horovod_options import read_horovod_args
-    from dtlaunch.hosts import read_hosts
-    from dtlaunch.run_args import RunArgs, build_run_request, resolve_output_dir
-    from dtlaunch.ssh_options import ssh_options_from
+    from dtlaunch.console.run_args import RunArgs, build_run_request, resolve_output_dir
+    from dtlaunch.horovod.options import read_horovod_args
+    from dtlaunch.plan.hosts import read_hosts
+    from dtlaunch.reach.ssh_options import ssh_options_from
+    from dtlaunch.run import launcher_choice, session
 
     hvd = read_horovod_args(horovod)
     if hvd.check_build:
-        from dtlaunch.run_args import check_build_text
+        from dtlaunch.console.run_args import check_build_text
 
         with signals_raise():
             click.echo(check_build_text(python))
@@ -142,15 +142,15 @@ def run(ctx: click.Context, /, hosts: str | None, hostfile: str | None, iface: s
     if max_restarts is None and (min_np is not None or restart_delay is not None):
         raise UsageError("--min-np and --restart-delay go with --max-restarts N")
     if max_restarts is not None:
-        from dtlaunch.restart_session import launch_with_restarts
-        from dtlaunch.restarts import RestartPolicy
+        from dtlaunch.run.restart_session import launch_with_restarts
+        from dtlaunch.run.restarts import RestartPolicy
 
         policy = RestartPolicy(max_restarts, min_np or 1, restart_delay or 0.0, oversubscribe)
         sys.exit(launch_with_restarts(launch_request, policy, on_event).exit_code)
     outcome = session.launch(launch_request, on_event)
     if outcome.error is not None:
         if outcome.preflight is not None:
-            from dtlaunch.render import render_report
+            from dtlaunch.console.render import render_report
 
             render_report(outcome.preflight, sys.stderr)
         raise DtlaunchError(outcome.error)
@@ -164,7 +164,7 @@ def run(ctx: click.Context, /, hosts: str | None, hostfile: str | None, iface: s
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def submit(args: tuple[str, ...]) -> None:
     """Submit a Slurm batch job that runs dtlaunch run: [SBATCH OPTIONS] [--dry-run] -- [RUN ARGS]."""
-    from dtlaunch.submit import output_path, plan_submit, submit_batch
+    from dtlaunch.cluster.submit import output_path, plan_submit, submit_batch
 
     plan = plan_submit(args)
     if plan.dry_run:
@@ -182,7 +182,7 @@ def submit(args: tuple[str, ...]) -> None:
                     "(default: the first mpirun or mpiexec on PATH).")
 def install_horovod_cmd(force: bool, mpi: str | None) -> None:
     """Build (once) and install Horovod for this PyTorch and the MPI that will run the job."""
-    from dtlaunch.horovod_build import install_horovod
+    from dtlaunch.horovod.build import install_horovod
 
     with signals_raise():
         click.echo(f"dtlaunch: {install_horovod(force=force, mpi=mpi)}")
@@ -202,18 +202,18 @@ def doctor(hosts: str | None, hostfile: str | None, iface: str | None, python: s
            connect_timeout: int, accept_new_host_keys: bool, launcher: str, timeout: float | None,
            module: str | None, pairwise: bool, as_json: bool, script: str | None) -> None:
     """Check every host (and this one) before a job: SSH, Open MPI, Python, Horovod, network."""
-    from dtlaunch.doctor import (
+    from dtlaunch.doctor.doctor import (
         COMMAND_TIMEOUT,
         DoctorRequest,
         build_expectations,
         run_doctor,
     )
-    from dtlaunch.hosts import read_hosts
-    from dtlaunch.launcher_choice import job_launcher
     from dtlaunch.mpi import parse_iface
-    from dtlaunch.plan import check_module_name
-    from dtlaunch.session import doctor_placement
-    from dtlaunch.ssh_options import ssh_options_from
+    from dtlaunch.plan.hosts import read_hosts
+    from dtlaunch.plan.plan import check_module_name
+    from dtlaunch.reach.ssh_options import ssh_options_from
+    from dtlaunch.run.launcher_choice import job_launcher
+    from dtlaunch.run.session import doctor_placement
 
     host_names, reach, source = doctor_placement(read_hosts(hosts, hostfile), launcher)
     if source and not as_json:
@@ -234,18 +234,18 @@ def doctor(hosts: str | None, hostfile: str | None, iface: str | None, python: s
         choose_network=iface is None and len(host_names) > 1,  # as run's pre-flight
         mpi_launcher=job_launcher(),
     )
-    from dtlaunch.render import Spinner, preload
+    from dtlaunch.console.render import Spinner, preload
 
     with signals_raise(), Spinner(len(request.hosts) + 1,
                                   enabled=not as_json and sys.stderr.isatty()) as spinner:
         report = run_doctor(request, progress=spinner.update,
                             while_waiting=None if as_json else preload, reach=reach)
     if as_json:
-        from dtlaunch.render import report_to_json
+        from dtlaunch.console.render import report_to_json
 
         click.echo(report_to_json(report))
     else:
-        from dtlaunch.render import render_report
+        from dtlaunch.console.render import render_report
 
         render_report(report)
     sys.exit(EXIT_OK if report.ok else EXIT_FAILURE)
@@ -257,7 +257,7 @@ def env_check(as_json: bool) -> None:
     """Report this machine: OS, Python, Open MPI, Horovod, PyTorch, GPUs, network, SSH."""
     import json
 
-    from dtlaunch.envcheck import env_report, evaluate_env, gather_env
+    from dtlaunch.doctor.envcheck import env_report, evaluate_env, gather_env
 
     with signals_raise():
         facts, host = gather_env()
@@ -266,7 +266,7 @@ def env_check(as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(report, indent=2, default=str))
     else:
-        from dtlaunch.render import render_env
+        from dtlaunch.console.render import render_env
 
         render_env(items)
     sys.exit(EXIT_OK if report["ok"] else EXIT_FAILURE)

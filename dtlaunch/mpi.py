@@ -1,6 +1,6 @@
 """What every way of starting a job shares: the job's spec, `--iface`, versions, and the
-`MpiFamily` interface that each MPI implementation's launcher fills in (dtlaunch.openmpi,
-dtlaunch.hydra). Pure."""
+`MpiFamily` interface that each MPI implementation's launcher fills in (dtlaunch.openmpi.family,
+dtlaunch.hydra.family). Pure."""
 
 from __future__ import annotations
 
@@ -13,14 +13,14 @@ from typing import TYPE_CHECKING, Protocol
 
 from packaging.version import InvalidVersion, Version
 
-from dtlaunch.envvars import EnvPlan
-from dtlaunch.errors import UsageError
-from dtlaunch.hosts import Host
-from dtlaunch.ssh_options import SshOptions
+from dtlaunch.core.errors import UsageError
+from dtlaunch.plan.env import EnvPlan
+from dtlaunch.plan.hosts import Host
+from dtlaunch.reach.ssh_options import SshOptions
 
 if TYPE_CHECKING:
-    from dtlaunch.failures import Failure
-    from dtlaunch.output import Event
+    from dtlaunch.core.records import Event
+    from dtlaunch.openmpi.failures import Failure
 
 MIN_OMPI = (3, 0)
 INSTALL_OMPI_HINT = (
@@ -85,7 +85,7 @@ class JobSpec:
     rsh_agent: str | None = None
     # Inside a Slurm job: Open MPI's plm slurm starts the daemons with srun (no ssh at all).
     slurm: bool = False
-    # --binding-args (checked by dtlaunch.binding); None: dtlaunch's default binding.
+    # --binding-args (checked by dtlaunch.plan.binding); None: dtlaunch's default binding.
     binding: tuple[str, ...] | None = None
 
 
@@ -154,7 +154,7 @@ def parse_mpirun_version(text: str) -> MpiImpl:
 
 class OutputDemux(Protocol):
     """Turns one of the launcher's streams back into what each rank's shim sent
-    (dtlaunch.output: bytes in, any cut; events out)."""
+    (dtlaunch.core.records: bytes in, any cut; events out)."""
 
     def feed(self, data: bytes) -> list[Event]: ...
 

@@ -1,9 +1,9 @@
 """SSH connections for doctor and the run pre-flight: paramiko, never a prompt, always a timeout.
 
-One connection per host, made the way OpenSSH (and so mpirun) would make it (dtlaunch.ssh_config):
-host keys are checked against known_hosts (dtlaunch.known_hosts), and only public keys are
-offered (dtlaunch.ssh_identity), no passwords, no keyboard-interactive. Every failure becomes an
-`SshFailure` of a named kind with its own fix (dtlaunch.ssh_errors).
+One connection per host, made the way OpenSSH (and so mpirun) would make it (dtlaunch.reach.ssh_config):
+host keys are checked against known_hosts (dtlaunch.reach.known_hosts), and only public keys are
+offered (dtlaunch.reach.identity), no passwords, no keyboard-interactive. Every failure becomes an
+`SshFailure` of a named kind with its own fix (dtlaunch.reach.ssh_errors).
 """
 
 from __future__ import annotations
@@ -13,16 +13,18 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from dtlaunch.known_hosts import (
+from dtlaunch.probe.prober import Tracker
+from dtlaunch.reach.identity import load_identities
+from dtlaunch.reach.known_hosts import (
     append_known_host,
     check_host_key,
     fingerprint,
     known_keys,
     preferred_host_key_types,
 )
-from dtlaunch.prober import Tracker
-from dtlaunch.ssh_config import SshTarget, import_paramiko
-from dtlaunch.ssh_errors import (
+from dtlaunch.reach.proxy import ProxySocket, open_socket
+from dtlaunch.reach.ssh_config import SshTarget, import_paramiko
+from dtlaunch.reach.ssh_errors import (
     AUTH,
     CHANGED_HOST_KEY,
     COMMAND_TIMEOUT,
@@ -34,8 +36,6 @@ from dtlaunch.ssh_errors import (
     classify_os_error,
     fail,
 )
-from dtlaunch.ssh_identity import load_identities
-from dtlaunch.ssh_proxy import ProxySocket, open_socket
 
 # Curve25519 first: its key exchange is the cheapest paramiko offers (C-backed).
 KEX_PREFERENCE = ("curve25519-sha256@libssh.org", "curve25519-sha256")
@@ -66,7 +66,7 @@ class Connection:
         """Run one command (already shell-quoted piece by piece) and collect its output.
 
         The command's input stays open until the channel closes, so a command tied to it
-        (dtlaunch/probe_scripts/tied.sh) ends when we give up on it or are stopped. With
+        (dtlaunch/agents/tied.sh) ends when we give up on it or are stopped. With
         `end_mark`, output is complete once the command has exited and its output holds the
         mark: a process it left behind (its own session, our channel as its output) must not
         keep us waiting for an end of file until the deadline."""

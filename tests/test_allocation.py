@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dtlaunch.allocation import (
+from dtlaunch.cluster.allocation import (
     SLURM_LAUNCH_NAMES,
     Allocation,
     check_hosts_in_allocation,
@@ -21,9 +21,9 @@ from dtlaunch.allocation import (
     read_allocation_file,
     slurm_launch_env,
 )
-from dtlaunch.envvars import looks_secret
-from dtlaunch.errors import UsageError
-from dtlaunch.hosts import Host
+from dtlaunch.core.errors import UsageError
+from dtlaunch.plan.env import looks_secret
+from dtlaunch.plan.hosts import Host
 
 
 def files(**texts: str):  # a reader over in-memory files, for detect()

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from dtlaunch.binding import DEFAULT_BINDING, parse_binding_args
-from dtlaunch.errors import UsageError
+from dtlaunch.core.errors import UsageError
+from dtlaunch.plan.binding import DEFAULT_BINDING, parse_binding_args
 
 
 @pytest.mark.parametrize("words", [

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from dtlaunch.checks import Expectations, check_hostnames, check_iface
-from dtlaunch.facts import HostFacts, Iface, PythonFacts, parse_ip_output, parse_probe_output
+from dtlaunch.check.facts import HostFacts, Iface, PythonFacts, parse_ip_output, parse_probe_output
+from dtlaunch.check.host_checks import Expectations, check_hostnames, check_iface
+from dtlaunch.check.report import FAIL, HOST, LAUNCHER, PASS, SKIP, WARN, HostOutcome, ssh_failed
+from dtlaunch.check.verdict import evaluate
 from dtlaunch.mpi import Interfaces, MpiImpl
-from dtlaunch.report import FAIL, HOST, LAUNCHER, PASS, SKIP, WARN, HostOutcome, ssh_failed
-from dtlaunch.verdict import evaluate
 
 PY = PythonFacts(found=True, executable="/venv/bin/python", version="3.11.7",
                  torch_version="2.13.0", horovod_version="0.28.1", torch_imported="2.13.0",
@@ -142,7 +142,7 @@ def test_ssh_failure_marks_rest_skipped():
 
 
 def test_pairwise():
-    from dtlaunch.facts import PeerResult
+    from dtlaunch.check.facts import PeerResult
 
     expect = Expectations(python="/venv/bin/python", pairwise=True)
     ok = facts(peers=(PeerResult("h2", 0),))

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from conftest import dtlaunch_argv
 
-from dtlaunch.allocation import SLURM_LAUNCH_NAMES, detect
-from dtlaunch.cluster import choose_launcher, plan_allocation
-from dtlaunch.errors import UsageError
-from dtlaunch.hosts import Host
-from dtlaunch.plan import RunRequest, plan_run
+from dtlaunch.cluster.allocation import SLURM_LAUNCH_NAMES, detect
+from dtlaunch.cluster.placement import choose_launcher, plan_allocation
+from dtlaunch.core.errors import UsageError
+from dtlaunch.plan.hosts import Host
+from dtlaunch.plan.plan import RunRequest, plan_run
 
 SLURM_ENV = {
     "SLURM_JOB_ID": "1234", "SLURM_JOB_NODELIST": "h[1-2]", "SLURM_TASKS_PER_NODE": "2(x2)",

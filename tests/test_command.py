@@ -7,7 +7,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dtlaunch.command import (
+from dtlaunch.core.errors import UsageError
+from dtlaunch.plan.command import (
     EXECUTABLE,
     MODULE,
     PYTHON,
@@ -18,10 +19,9 @@ from dtlaunch.command import (
     python_target,
     suggest_option,
 )
-from dtlaunch.envvars import plan_environment
-from dtlaunch.errors import UsageError
-from dtlaunch.hosts import Host
-from dtlaunch.plan import RunRequest, plan_run
+from dtlaunch.plan.env import plan_environment
+from dtlaunch.plan.hosts import Host
+from dtlaunch.plan.plan import RunRequest, plan_run
 
 VENV = "/venv/bin/python"
 FILES = {"train.py", "run.sh", "dir/train.py"}

@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dtlaunch.envvars import (
+from dtlaunch.core.errors import UsageError
+from dtlaunch.plan.env import (
     build_launcher_env,
     kept_home,
     kept_home_note,
@@ -17,9 +18,8 @@ from dtlaunch.envvars import (
     plan_environment,
     read_env_file,
 )
-from dtlaunch.errors import UsageError
-from dtlaunch.hosts import Host
-from dtlaunch.plan import RunRequest, plan_run
+from dtlaunch.plan.hosts import Host
+from dtlaunch.plan.plan import RunRequest, plan_run
 
 ENV_FILE = """\
 # NCCL tuning

@@ -13,12 +13,12 @@ import pytest
 from conftest import dtlaunch_argv
 from helpers.procs import sleeping
 
-from dtlaunch.checks import check_horovod
-from dtlaunch.envcheck import env_report, evaluate_env, gather_env
-from dtlaunch.facts import HostFacts, PythonFacts
+from dtlaunch.check.facts import HostFacts, PythonFacts
+from dtlaunch.check.host_checks import check_horovod
+from dtlaunch.check.mpi_checks import check_mpi
+from dtlaunch.check.report import FAIL, PASS
+from dtlaunch.doctor.envcheck import env_report, evaluate_env, gather_env
 from dtlaunch.mpi import MpiImpl
-from dtlaunch.mpi_checks import check_mpi
-from dtlaunch.report import FAIL, PASS
 
 PY = PythonFacts(found=True, executable="/venv/bin/python", version="3.11.7",
                  torch_version="2.13.0", horovod_version="0.28.1", torch_imported="2.13.0",

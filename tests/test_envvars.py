@@ -4,8 +4,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dtlaunch.envvars import build_launcher_env, looks_secret, plan_environment
-from dtlaunch.errors import UsageError
+from dtlaunch.core.errors import UsageError
+from dtlaunch.plan.env import build_launcher_env, looks_secret, plan_environment
 
 ENV = {
     "PATH": "/usr/bin",

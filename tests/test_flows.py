@@ -17,22 +17,23 @@ from typing import Any
 import pytest
 from helpers.procs import HANG
 
-from dtlaunch import preflight, session
-from dtlaunch.checks import Expectations
-from dtlaunch.command import parse_command
-from dtlaunch.doctor import DoctorRequest, run_doctor
-from dtlaunch.facts import HostFacts, Iface, PythonFacts
-from dtlaunch.failures import Failure
-from dtlaunch.hosts import Host
-from dtlaunch.launch import LaunchResult
+from dtlaunch.check.facts import HostFacts, Iface, PythonFacts
+from dtlaunch.check.host_checks import Expectations
+from dtlaunch.check.report import FAIL, HOST, PASS, SKIP, CheckResult, HostOutcome, ssh_failed
+from dtlaunch.console.render import render_report, report_to_json
+from dtlaunch.doctor import preflight
+from dtlaunch.doctor.doctor import DoctorRequest, run_doctor
 from dtlaunch.mpi import MpiImpl, parse_iface
-from dtlaunch.plan import RunRequest, plan_run
-from dtlaunch.probe import ProbeArgs
-from dtlaunch.prober import Reach, Tracker
-from dtlaunch.render import render_report, report_to_json
-from dtlaunch.report import FAIL, HOST, PASS, SKIP, CheckResult, HostOutcome, ssh_failed
-from dtlaunch.ssh_errors import CHANGED_HOST_KEY
-from dtlaunch.ssh_options import SshOptions
+from dtlaunch.openmpi.failures import Failure
+from dtlaunch.plan.command import parse_command
+from dtlaunch.plan.hosts import Host
+from dtlaunch.plan.plan import RunRequest, plan_run
+from dtlaunch.probe.command import ProbeArgs
+from dtlaunch.probe.prober import Reach, Tracker
+from dtlaunch.reach.ssh_errors import CHANGED_HOST_KEY
+from dtlaunch.reach.ssh_options import SshOptions
+from dtlaunch.run import session
+from dtlaunch.run.execute import LaunchResult
 
 PY = PythonFacts(found=True, executable=sys.executable, version="3.11.7",
                  torch_version="2.13.0", horovod_version="0.28.1", torch_imported="2.13.0",
@@ -46,7 +47,7 @@ def _no_kept_home_note(monkeypatch: pytest.MonkeyPatch) -> None:
     """This machine's training variables would add a kept-home note to every run's events."""
     import os
 
-    from dtlaunch.envvars import EnvPlan, kept_home
+    from dtlaunch.plan.env import EnvPlan, kept_home
 
     for name in kept_home(os.environ, EnvPlan(())):
         monkeypatch.delenv(name)

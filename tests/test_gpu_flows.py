@@ -12,16 +12,16 @@ import pytest
 from test_flows import FakeWorld, RecordingJob, cache, facts, needs_mpirun, run_request
 from test_gpus import A100_HEADER, A100_QUERY, H100_HEADER, H100_QUERY, V100_HEADER, V100_QUERY
 
-from dtlaunch import session
-from dtlaunch.checks import Expectations
-from dtlaunch.doctor import DoctorRequest, run_doctor
-from dtlaunch.errors import UsageError
-from dtlaunch.facts import HostFacts
-from dtlaunch.gpus import GpuFacts, parse_gpu_facts
-from dtlaunch.hosts import parse_hosts
-from dtlaunch.render import report_to_dict
-from dtlaunch.report import FAIL, PASS, WARN
-from dtlaunch.ssh_options import SshOptions
+from dtlaunch.check.facts import HostFacts
+from dtlaunch.check.gpus import GpuFacts, parse_gpu_facts
+from dtlaunch.check.host_checks import Expectations
+from dtlaunch.check.report import FAIL, PASS, WARN
+from dtlaunch.console.render import report_to_dict
+from dtlaunch.core.errors import UsageError
+from dtlaunch.doctor.doctor import DoctorRequest, run_doctor
+from dtlaunch.plan.hosts import parse_hosts
+from dtlaunch.reach.ssh_options import SshOptions
+from dtlaunch.run import session
 
 __all__ = ["cache"]  # the fixture, used by name
 

@@ -6,9 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dtlaunch.checks import FAIL, PASS, SKIP, WARN
-from dtlaunch.errors import UsageError
-from dtlaunch.gpus import (
+from dtlaunch.check.gpus import (
     Gpu,
     GpuFacts,
     check_gpus,
@@ -24,8 +22,10 @@ from dtlaunch.gpus import (
     unchecked_slots_text,
     visible_devices,
 )
-from dtlaunch.hosts import Host, parse_hosts
-from dtlaunch.plan import RunRequest, plan_run
+from dtlaunch.check.host_checks import FAIL, PASS, SKIP, WARN
+from dtlaunch.core.errors import UsageError
+from dtlaunch.plan.hosts import Host, parse_hosts
+from dtlaunch.plan.plan import RunRequest, plan_run
 
 # Recorded shapes of `nvidia-smi --query-gpu=index,name,uuid,driver_version,memory.total
 # --format=csv,noheader` and of the banner of plain `nvidia-smi` (driver 550 and 470 layouts).
@@ -232,7 +232,7 @@ def test_cuda_visible_devices_limits_this_machines_gpus(value: str, visible: int
 # --- which slots were written -----------------------------------------------------------------
 
 def test_written_slots_are_told_apart_from_the_stand_in_one() -> None:
-    from dtlaunch.hosts import parse_hostfile_text
+    from dtlaunch.plan.hosts import parse_hostfile_text
 
     assert [h.slots_given for h in parse_hosts("h1,h2:2,h3:1")] == [False, True, True]
     hostfile = parse_hostfile_text("h1\nh2 slots=4\nh3:2\nh4 max_slots=8\n")
@@ -242,9 +242,9 @@ def test_written_slots_are_told_apart_from_the_stand_in_one() -> None:
 
 
 def test_a_slurm_job_without_task_counts_leaves_the_slots_to_the_gpus() -> None:
-    from dtlaunch.allocation import parse_slurm
-    from dtlaunch.cluster import plan_allocation
-    from dtlaunch.plan import RunRequest
+    from dtlaunch.cluster.allocation import parse_slurm
+    from dtlaunch.cluster.placement import plan_allocation
+    from dtlaunch.plan.plan import RunRequest
 
     bare = parse_slurm({"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-2]"})
     assert [h.slots_given for h in bare.hosts] == [False, False]

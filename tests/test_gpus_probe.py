@@ -26,11 +26,11 @@ from test_gpus import (
     V100_QUERY,
 )
 
-from dtlaunch.envcheck import evaluate_env, gather_env
-from dtlaunch.facts import HostFacts
-from dtlaunch.gpus import GpuFacts, parse_gpu_facts
-from dtlaunch.probe import ProbeArgs, probe_local
-from dtlaunch.report import FAIL, PASS
+from dtlaunch.check.facts import HostFacts
+from dtlaunch.check.gpus import GpuFacts, parse_gpu_facts
+from dtlaunch.check.report import FAIL, PASS
+from dtlaunch.doctor.envcheck import evaluate_env, gather_env
+from dtlaunch.probe.command import ProbeArgs, probe_local
 
 
 def fake_smi(folder: Path, query: str, header: str, status: int = 0) -> Path:

@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 from conftest import dtlaunch_argv
 
-from dtlaunch import horovod_build, horovod_source
-from dtlaunch.errors import DtlaunchError, UsageError
-from dtlaunch.horovod_build import BuildKey, build_env, cache_dir, find_mpi
-from dtlaunch.horovod_source import extract_sdist
+from dtlaunch.core.errors import DtlaunchError, UsageError
+from dtlaunch.horovod import build as horovod_build
+from dtlaunch.horovod import source as horovod_source
+from dtlaunch.horovod.build import BuildKey, build_env, cache_dir, find_mpi
+from dtlaunch.horovod.source import extract_sdist
 
 
 def fake_launcher(folder: Path, name: str, banner: str) -> Path:

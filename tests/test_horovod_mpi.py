@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from dtlaunch.facts import PythonFacts
-from dtlaunch.horovod_mpi import MPICH_FAMILY, OPEN_MPI, check_horovod_mpi, library_mpi
+from dtlaunch.check.facts import PythonFacts
+from dtlaunch.check.horovod_mpi import MPICH_FAMILY, OPEN_MPI, check_horovod_mpi, library_mpi
+from dtlaunch.check.report import FAIL, PASS, CheckResult
 from dtlaunch.mpi import MpiImpl
-from dtlaunch.report import FAIL, PASS, CheckResult
 
 
 @pytest.mark.parametrize(("path", "expected"), [

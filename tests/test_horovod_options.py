@@ -2,7 +2,7 @@
 
 The oracle is the installed Horovod itself: `horovod.runner.launch.parse_args` then
 `config_parser.set_env_from_args`, run on the same command line and the same YAML file.
-`horovod_click_options` (dtlaunch.cli_options) is how the CLI declares the options.
+`horovod_click_options` (dtlaunch.console.options) is how the CLI declares the options.
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dtlaunch.cli_options import horovod_click_options
-from dtlaunch.errors import UsageError
-from dtlaunch.horovod_config import SECTIONS, parse_horovod_config, read_horovod_config
-from dtlaunch.horovod_options import (
+from dtlaunch.console.options import horovod_click_options
+from dtlaunch.core.errors import UsageError
+from dtlaunch.horovod.config_file import SECTIONS, parse_horovod_config, read_horovod_config
+from dtlaunch.horovod.options import (
     HOROVOD_OPTIONS,
     REFUSED,
     SAME,
@@ -33,7 +33,7 @@ from dtlaunch.horovod_options import (
     parse_horovod_args,
     read_horovod_args,
 )
-from dtlaunch.horovod_settings import BOOL, FLOAT, INT, LEVEL, LOG_LEVELS, SETTINGS
+from dtlaunch.horovod.settings import BOOL, FLOAT, INT, LEVEL, LOG_LEVELS, SETTINGS
 
 
 def dtlaunch_args(argv: list[str]) -> Any:
@@ -426,7 +426,7 @@ def test_the_guide_names_every_horovodrun_option() -> None:
 
 def test_the_options_fit_beside_dtlaunch_run_own() -> None:
     from dtlaunch.cli import run
-    from dtlaunch.cli_options import RUN_OWN_FLAGS
+    from dtlaunch.console.options import RUN_OWN_FLAGS
 
     own = {o for p in run.params if not (p.name or "").startswith("hvd_")
            for o in (*p.opts, *p.secondary_opts)}

@@ -16,11 +16,11 @@ from conftest import SCRIPTS, dtlaunch_argv
 from helpers.jobs import assert_no_strays, records
 from testbed import DOCKER0_ADDRESS, TestBed
 
-from dtlaunch.binding import double_dash
-from dtlaunch.facts import HostFacts, parse_probe_output
-from dtlaunch.horovod_options import parse_horovod_args
-from dtlaunch.network import choose_network
-from dtlaunch.probe import ProbeArgs, build_remote_command, probe_local
+from dtlaunch.check.facts import HostFacts, parse_probe_output
+from dtlaunch.check.network import choose_network
+from dtlaunch.horovod.options import parse_horovod_args
+from dtlaunch.plan.binding import double_dash
+from dtlaunch.probe.command import ProbeArgs, build_remote_command, probe_local
 
 pytestmark = pytest.mark.testbed
 PROBE = str(SCRIPTS / "rank_probe.py")

@@ -1,7 +1,7 @@
 """Hostile ranks on the real test bed: daemons, floods, binary, fake tags, ignored signals,
 closed output, MPI syntax among the arguments, and where rank 0 really runs.
 
-Each of these broke dtlaunch before every rank ran through dtlaunch.rank_shim. No timings are
+Each of these broke dtlaunch before every rank ran through dtlaunch.agents.rank_shim. No timings are
 asserted: a job that would hang is bounded by dtlaunch's own --timeout (exit 124, a failure).
 """
 

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dtlaunch.errors import UsageError
-from dtlaunch.hosts import (
+from dtlaunch.core.errors import UsageError
+from dtlaunch.plan.hosts import (
     Host,
     assign_ranks,
     format_hosts,

@@ -14,24 +14,25 @@ from conftest import await_sleeping, kill_sleeping, survivors_of_kill
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dtlaunch import launcher_choice, rsh, session
-from dtlaunch.checks import check_mpirun
-from dtlaunch.envvars import EnvPlan, EnvVar, is_allowed
-from dtlaunch.errors import DtlaunchError, UsageError
-from dtlaunch.facts import HostFacts
-from dtlaunch.hosts import Host
-from dtlaunch.hydra import HYDRA, Hydra, agent_path, agent_script, build_mpiexec_argv
-from dtlaunch.hydra_output import HydraDemux, analyze_hydra
-from dtlaunch.launch import LaunchResult, first_failed_rank, write_private_executable
+from dtlaunch.agents import rsh
+from dtlaunch.agents.rank_shim import EXIT, STDOUT, record
+from dtlaunch.agents.rank_shim import HOST as HOST_RECORD
+from dtlaunch.check.facts import HostFacts
+from dtlaunch.check.host_checks import check_mpirun
+from dtlaunch.check.mpi_checks import check_mpi
+from dtlaunch.check.report import FAIL, HOST, PASS, CheckResult
+from dtlaunch.core.errors import DtlaunchError, UsageError
+from dtlaunch.core.records import Piece, RankExit, RankHost
+from dtlaunch.hydra.family import HYDRA, Hydra, agent_path, agent_script, build_mpiexec_argv
+from dtlaunch.hydra.output import HydraDemux, analyze_hydra
 from dtlaunch.mpi import Interfaces, JobSpec, MpiImpl, parse_mpirun_version
-from dtlaunch.mpi_checks import check_mpi
-from dtlaunch.openmpi import OPEN_MPI
-from dtlaunch.output import Piece, RankExit, RankHost
-from dtlaunch.plan import RunRequest
-from dtlaunch.rank_shim import EXIT, STDOUT, record
-from dtlaunch.rank_shim import HOST as HOST_RECORD
-from dtlaunch.report import FAIL, HOST, PASS, CheckResult
-from dtlaunch.ssh_options import SshOptions
+from dtlaunch.openmpi.family import OPEN_MPI
+from dtlaunch.plan.env import EnvPlan, EnvVar, is_allowed
+from dtlaunch.plan.hosts import Host
+from dtlaunch.plan.plan import RunRequest
+from dtlaunch.reach.ssh_options import SshOptions
+from dtlaunch.run import launcher_choice, session
+from dtlaunch.run.execute import LaunchResult, first_failed_rank, write_private_executable
 
 MPICH_5 = """HYDRA build details:
     Version:                                 5.0.2
@@ -91,7 +92,7 @@ def test_cidr_is_refused_in_one_line() -> None:
 
 
 def test_agent_is_named_by_its_content() -> None:
-    family = Hydra("/cache/bin", "/venv/bin/python", "/pkg/dtlaunch/rsh.py")
+    family = Hydra("/cache/bin", "/venv/bin/python", "/pkg/dtlaunch/agents/rsh.py")
     files = family.support_files(spec())
     assert len(files) == 1
     path, text = files[0]
@@ -383,7 +384,7 @@ def test_launch_with_mpich_first_on_path_starts_mpiexec_with_its_agent(
 
 
 def test_hydra_launcher_overrides_are_not_left_to_dtlaunch() -> None:
-    from dtlaunch.hydra import HYDRA
+    from dtlaunch.hydra.family import HYDRA
 
     assert HYDRA.ssh_left_to_dtlaunch(("-genv", "X", "1"), {"PATH": "/bin"})
     assert not HYDRA.ssh_left_to_dtlaunch(("-launcher-exec", "/bin/rsh"), {})

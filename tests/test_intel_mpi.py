@@ -12,17 +12,18 @@ import pytest
 from conftest import make_mpi_env
 from test_hydra import INTEL, _fake_mpi, spec
 
-from dtlaunch import launcher_choice, rsh
-from dtlaunch.binding import intel_pinning
-from dtlaunch.envvars import EnvPlan, EnvVar
-from dtlaunch.errors import UsageError
-from dtlaunch.hosts import Host
-from dtlaunch.hydra import Hydra, agent_script, build_mpiexec_argv, ranks_per_host
-from dtlaunch.hydra_output import analyze_hydra
-from dtlaunch.launch import write_private_executable
-from dtlaunch.ssh_options import SshOptions
+from dtlaunch.agents import rsh
+from dtlaunch.core.errors import UsageError
+from dtlaunch.hydra.family import Hydra, agent_script, build_mpiexec_argv, ranks_per_host
+from dtlaunch.hydra.output import analyze_hydra
+from dtlaunch.plan.binding import intel_pinning
+from dtlaunch.plan.env import EnvPlan, EnvVar
+from dtlaunch.plan.hosts import Host
+from dtlaunch.reach.ssh_options import SshOptions
+from dtlaunch.run import launcher_choice
+from dtlaunch.run.execute import write_private_executable
 
-INTEL_MPI = Hydra("/cache/bin", "/venv/bin/python", "/pkg/dtlaunch/rsh.py", "Intel MPI")
+INTEL_MPI = Hydra("/cache/bin", "/venv/bin/python", "/pkg/dtlaunch/agents/rsh.py", "Intel MPI")
 PROGRAM = ("/venv/bin/python", "train.py", "--lr", "1")
 
 

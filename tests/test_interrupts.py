@@ -13,10 +13,10 @@ import pytest
 from conftest import dtlaunch_argv
 from helpers.procs import gone, read_pid
 
-from dtlaunch.prober import Tracker
+from dtlaunch.probe.prober import Tracker
+from dtlaunch.reach.ssh_config import SshTarget
+from dtlaunch.reach.ssh_errors import SshFailure
 from dtlaunch.ssh import connect
-from dtlaunch.ssh_config import SshTarget
-from dtlaunch.ssh_errors import SshFailure
 
 
 def test_a_tracker_ends_a_proxy_still_in_its_handshake(tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ import sys
 
 from helpers.procs import HANG
 
-from dtlaunch.launch import _kill_tree, _signal
+from dtlaunch.run.execute import _kill_tree, _signal
 
 
 def test_signalling_a_reaped_job_is_harmless() -> None:
@@ -30,7 +30,7 @@ def test_stop_when_ends_the_job_with_its_reason() -> None:
     import os
     import time
 
-    from dtlaunch.launch import execute
+    from dtlaunch.run.execute import execute
 
     calls = []
 

@@ -14,8 +14,8 @@ import pytest
 from conftest import await_sleeping, kill_sleeping, survivors_of_kill
 from helpers.procs import gone, pids_where, wait_for
 
-from dtlaunch import lifeline
-from dtlaunch.launch import execute
+from dtlaunch.agents import lifeline
+from dtlaunch.run.execute import execute
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -33,7 +33,7 @@ STUBBORN_JOB = textwrap.dedent("""
 
 LAUNCHER = textwrap.dedent("""
     import os, sys
-    from dtlaunch.launch import execute
+    from dtlaunch.run.execute import execute
     execute([sys.executable, "-c", sys.argv[1], sys.argv[2]], dict(os.environ), [])
 """)
 

@@ -18,8 +18,8 @@ from helpers.procs import alive, cmdline, descendants, pids_containing, ppid, sl
 from slurm_bed import SlurmCluster
 from testbed import TestBed
 
-from dtlaunch.lifeline import stop_session
-from dtlaunch.rsh import LOST_PREFIX, SSH_ARGS_ENV
+from dtlaunch.agents.lifeline import stop_session
+from dtlaunch.agents.rsh import LOST_PREFIX, SSH_ARGS_ENV
 
 pytestmark = pytest.mark.testbed
 PROBE = str(SCRIPTS / "rank_probe.py")
@@ -116,7 +116,7 @@ def _rsh(bed: TestBed, *command: str) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT),
            SSH_ARGS_ENV: json.dumps(["-F", str(bed.ssh_config), "-o", "BatchMode=yes",
                                      "-o", "ServerAliveInterval=1", "-o", "ServerAliveCountMax=2"])}
-    return subprocess.Popen([sys.executable, "-m", "dtlaunch.rsh", "h2", *command], env=env,
+    return subprocess.Popen([sys.executable, "-m", "dtlaunch.agents.rsh", "h2", *command], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dtlaunch.envvars import EnvPlan, EnvVar
-from dtlaunch.errors import UsageError
-from dtlaunch.hosts import Host
+from dtlaunch.agents.rank_shim import record
+from dtlaunch.core.errors import UsageError
+from dtlaunch.core.records import Piece
 from dtlaunch.mpi import (
     Interfaces,
     JobSpec,
@@ -17,10 +17,10 @@ from dtlaunch.mpi import (
     parse_mpirun_version,
     split_mpi_args,
 )
-from dtlaunch.openmpi import OPEN_MPI, build_mpirun_argv
-from dtlaunch.output import Piece
-from dtlaunch.rank_shim import record
-from dtlaunch.ssh_options import SshOptions
+from dtlaunch.openmpi.family import OPEN_MPI, build_mpirun_argv
+from dtlaunch.plan.env import EnvPlan, EnvVar
+from dtlaunch.plan.hosts import Host
+from dtlaunch.reach.ssh_options import SshOptions
 
 SSH_DEFAULT = ("-o BatchMode=yes -o ConnectTimeout=10 -o StrictHostKeyChecking=yes "
                "-o ServerAliveInterval=5 -o ServerAliveCountMax=3")
@@ -59,7 +59,7 @@ def test_cidr_ssh_options_open_mpi_5_tree_spawn_non_root() -> None:
         tree_spawn=True,
         mpi_version=(5, 0, 3),
         mpi_args=("--report-bindings",),
-        rsh_agent="/venv/bin/python -m dtlaunch.rsh",
+        rsh_agent="/venv/bin/python -m dtlaunch.agents.rsh",
     )
     assert build_mpirun_argv(spec, "/opt/ompi/bin/mpirun") == (
         "/opt/ompi/bin/mpirun", "--tag-output", "-np", "6", "-H", "a:4",

@@ -8,10 +8,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dtlaunch.checks import FAIL, PASS
-from dtlaunch.facts import Iface, parse_ip_output
+from dtlaunch.check.facts import Iface, parse_ip_output
+from dtlaunch.check.host_checks import FAIL, PASS
+from dtlaunch.check.network import LAUNCHER, NetworkChoice, check_network, choose_network
 from dtlaunch.mpi import Interfaces
-from dtlaunch.network import LAUNCHER, NetworkChoice, check_network, choose_network
 
 LO = Iface("lo", True, ("127.0.0.1/8", "::1/128"))
 

@@ -3,9 +3,9 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
-from dtlaunch.failures import analyze
-from dtlaunch.job_output import FRAGMENT, JobOutput, host_name
-from dtlaunch.rank_shim import record
+from dtlaunch.agents.rank_shim import record
+from dtlaunch.openmpi.failures import analyze
+from dtlaunch.run.job_output import FRAGMENT, JobOutput, host_name
 
 
 def tagged(rank: int, kind: str, data: bytes) -> bytes:
@@ -208,7 +208,7 @@ def test_prrte_daemon_failed_to_report_back_points_to_doctor() -> None:
 
 
 def test_open_mpi5_tag_space_is_the_tags_not_the_ranks() -> None:
-    from dtlaunch.openmpi_output import TagSplitter
+    from dtlaunch.openmpi.output import TagSplitter
 
     five = TagSplitter(space_after_tag=True)
     pieces = five.feed(b"[1,1]<stdout>:   two[1,0]<stdout>: x\n[1,1]<stdout>:")

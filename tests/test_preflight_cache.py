@@ -8,10 +8,10 @@ import time
 
 import pytest
 
-from dtlaunch import preflight, preflight_cache
-from dtlaunch.hosts import Host
-from dtlaunch.plan import RunRequest
-from dtlaunch.ssh_options import SshOptions
+from dtlaunch.doctor import preflight, preflight_cache
+from dtlaunch.plan.hosts import Host
+from dtlaunch.plan.plan import RunRequest
+from dtlaunch.reach.ssh_options import SshOptions
 
 
 def request(**kw: object) -> RunRequest:

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from dtlaunch.facts import PythonFacts
-from dtlaunch.probe import ProbeArgs, probe_local
+from dtlaunch.check.facts import PythonFacts
+from dtlaunch.probe.command import ProbeArgs, probe_local
 
 # An interpreter without torch answers the import probe in milliseconds.
 LIGHT_PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable

@@ -10,7 +10,7 @@ import threading
 
 from helpers.procs import gone, kill_all, read_pid, sleeping
 
-from dtlaunch.probe import ProbeArgs, build_remote_command, probe_local, script_text
+from dtlaunch.probe.command import ProbeArgs, build_remote_command, probe_local, script_text
 
 
 def test_local_probe_reports_this_machine(tmp_path):

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from helpers.procs import HANG
 
-from dtlaunch.prober import fan_out
+from dtlaunch.probe.prober import fan_out
 
 
 def test_fan_out_keeps_order_reports_progress_and_turns_crashes_into_fallbacks() -> None:
@@ -67,8 +67,8 @@ def test_fan_out_bounds_parallelism() -> None:
 
 def test_a_stuck_ssh_agent_costs_at_most_the_connect_timeout(tmp_path: Path,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    from dtlaunch.ssh_config import SshTarget
-    from dtlaunch.ssh_identity import load_identities
+    from dtlaunch.reach.identity import load_identities
+    from dtlaunch.reach.ssh_config import SshTarget
 
     path = str(tmp_path / "agent.sock")
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -15,15 +15,7 @@ from helpers.procs import alive
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dtlaunch.openmpi_output import OpenMpiDemux, TagSplitter
-from dtlaunch.output import (
-    Piece,
-    RankExit,
-    RankHost,
-    RankNotStarted,
-    RecordDemux,
-)
-from dtlaunch.rank_shim import (
+from dtlaunch.agents.rank_shim import (
     CHUNK,
     ESC,
     MIN_RECORD,
@@ -36,6 +28,8 @@ from dtlaunch.rank_shim import (
     unescape,
     wrap_program,
 )
+from dtlaunch.core.records import Piece, RankExit, RankHost, RankNotStarted, RecordDemux
+from dtlaunch.openmpi.output import OpenMpiDemux, TagSplitter
 
 HOSTILE = ["prog.py", "--sep", ":", "-np", "1", "/bin/echo", "X", "", "a b", "\udcff", "\n", "-H"]
 
@@ -293,7 +287,7 @@ def test_the_shim_keeps_its_records_within_the_limit_it_is_given() -> None:
 def test_a_short_write_is_completed(monkeypatch: pytest.MonkeyPatch) -> None:
     """Open MPI's pty returns a short write when a signal interrupts it (the shim's SIGCHLD):
     the rest of the record must follow, or the rank's output is cut."""
-    from dtlaunch import rank_shim
+    from dtlaunch.agents import rank_shim
 
     real_write = os.write
     monkeypatch.setattr(rank_shim.os, "write", lambda fd, data: real_write(fd, bytes(data[:100])))

@@ -8,8 +8,8 @@ import subprocess
 import pytest
 from conftest import MpiEnv
 
-from dtlaunch.failures import Failure, analyze, blame_mpi_args
-from dtlaunch.hydra_output import analyze_hydra
+from dtlaunch.hydra.output import analyze_hydra
+from dtlaunch.openmpi.failures import Failure, analyze, blame_mpi_args
 
 # Each launcher's own words, as they print them.
 ORTE = ['/usr/bin/mpirun: Error: unknown option "-foo"', "Type '/usr/bin/mpirun --help' for usage."]

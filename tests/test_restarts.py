@@ -12,11 +12,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dtlaunch.errors import DtlaunchError, UsageError
-from dtlaunch.failures import Failure
-from dtlaunch.hosts import Host
-from dtlaunch.restart_report import build_report_json, build_report_lines
-from dtlaunch.restarts import (
+from dtlaunch.core.errors import DtlaunchError, UsageError
+from dtlaunch.openmpi.failures import Failure
+from dtlaunch.plan.hosts import Host
+from dtlaunch.run.restart_report import build_report_json, build_report_lines
+from dtlaunch.run.restarts import (
     RESTART_COUNT_ENV,
     AttemptOutcome,
     RestartPolicy,

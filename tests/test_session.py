@@ -9,13 +9,13 @@ from typing import Any
 
 import pytest
 
-from dtlaunch import session
-from dtlaunch.errors import UsageError
-from dtlaunch.failures import Failure
-from dtlaunch.hosts import Host
-from dtlaunch.launch import LaunchResult
-from dtlaunch.plan import RunRequest
-from dtlaunch.rank_shim import encode_argv
+from dtlaunch.agents.rank_shim import encode_argv
+from dtlaunch.core.errors import UsageError
+from dtlaunch.openmpi.failures import Failure
+from dtlaunch.plan.hosts import Host
+from dtlaunch.plan.plan import RunRequest
+from dtlaunch.run import session
+from dtlaunch.run.execute import LaunchResult
 
 needs_mpirun = pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs mpirun")
 
@@ -25,7 +25,7 @@ def _no_kept_home_note(monkeypatch: pytest.MonkeyPatch) -> None:
     """This machine's training variables would add a kept-home note to every run's events."""
     import os
 
-    from dtlaunch.envvars import EnvPlan, kept_home
+    from dtlaunch.plan.env import EnvPlan, kept_home
 
     for name in kept_home(os.environ, EnvPlan(())):
         monkeypatch.delenv(name)

@@ -20,9 +20,9 @@ from conftest import SCRIPTS
 from slurm_bed import SlurmCluster
 from testbed import TestBed
 
-from dtlaunch.allocation import SLURM_LAUNCH_NAMES, detect
-from dtlaunch.hosts import Host
-from dtlaunch.slurm import build_batch_script, parse_sbatch_output
+from dtlaunch.cluster.allocation import SLURM_LAUNCH_NAMES, detect
+from dtlaunch.cluster.slurm import build_batch_script, parse_sbatch_output
+from dtlaunch.plan.hosts import Host
 
 pytestmark = pytest.mark.testbed
 IN_ALLOCATION = str(SCRIPTS / "in_allocation.py")

@@ -9,23 +9,23 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dtlaunch.errors import DtlaunchError, UsageError
-from dtlaunch.slurm import (
+from dtlaunch.cluster.slurm import (
     build_batch_script,
     build_srun_probe_argv,
     parse_sbatch_output,
     parse_srun_labeled,
     parse_srun_task_errors,
 )
+from dtlaunch.core.errors import DtlaunchError, UsageError
 
 
 def test_srun_probe_argv_one_task_per_node() -> None:
-    argv = build_srun_probe_argv(["h1", "h2", "h3"], ["/venv/bin/python", "-m", "dtlaunch.probe"])
+    argv = build_srun_probe_argv(["h1", "h2", "h3"], ["/venv/bin/python", "-m", "dtlaunch.probe.command"])
     assert argv == (
         "srun", "--nodes=3", "--ntasks=3", "--ntasks-per-node=1", "--nodelist=h[1-3]",
         "--overlap", "--kill-on-bad-exit=0", "--unbuffered", "--label", "--mpi=none",
         "--job-name=dtlaunch-probe", "--export=PATH",
-        "--", "/venv/bin/python", "-m", "dtlaunch.probe",
+        "--", "/venv/bin/python", "-m", "dtlaunch.probe.command",
     )
 
 

@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-from dtlaunch.failures import Failure
-from dtlaunch.hosts import Host
-from dtlaunch.launch import LaunchResult
-from dtlaunch.restarts import AttemptOutcome, blame_hosts, is_lost_host
-from dtlaunch.slurm_watch import (
+from dtlaunch.cluster.slurm_watch import (
     SILENCE,
     STARTUP,
     TASK_CODE,
@@ -17,6 +13,10 @@ from dtlaunch.slurm_watch import (
     silent_nodes,
     watch_argv,
 )
+from dtlaunch.openmpi.failures import Failure
+from dtlaunch.plan.hosts import Host
+from dtlaunch.run.execute import LaunchResult
+from dtlaunch.run.restarts import AttemptOutcome, blame_hosts, is_lost_host
 
 NODES = ("h1", "h2", "h3")
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 from helpers.procs import HANG
 
-from dtlaunch.probe import ProbeArgs
-from dtlaunch.srun_prober import SrunProber
+from dtlaunch.probe.command import ProbeArgs
+from dtlaunch.probe.srun_prober import SrunProber
 
 
 def fake_srun(tmp_path: Path, body: str) -> str:

@@ -11,15 +11,21 @@ from pathlib import Path
 import pytest
 from conftest import dtlaunch_argv
 
-from dtlaunch import preflight, rsh
-from dtlaunch.errors import UsageError
-from dtlaunch.failures import analyze
-from dtlaunch.hosts import Host
-from dtlaunch.mca import default_param_files, param_file_overrides, refuse_insecure, ssh_overrides
+from dtlaunch.agents import rsh
+from dtlaunch.core.errors import UsageError
+from dtlaunch.doctor import preflight
 from dtlaunch.mpi import JobSpec
-from dtlaunch.openmpi import OPEN_MPI, build_mpirun_argv
-from dtlaunch.plan import RunRequest, plan_run
-from dtlaunch.ssh_options import SshOptions
+from dtlaunch.openmpi.failures import analyze
+from dtlaunch.openmpi.family import OPEN_MPI, build_mpirun_argv
+from dtlaunch.openmpi.mca import (
+    default_param_files,
+    param_file_overrides,
+    refuse_insecure,
+    ssh_overrides,
+)
+from dtlaunch.plan.hosts import Host
+from dtlaunch.plan.plan import RunRequest, plan_run
+from dtlaunch.reach.ssh_options import SshOptions
 
 HOSTILE = ('/keys/key$(hostname>&2)', '/keys/q"uote', "/keys/a b", "/keys/`id`", "/k/back\\slash")
 

@@ -10,10 +10,12 @@ import paramiko
 import pytest
 from helpers.procs import HANG
 
-from dtlaunch import known_hosts, ssh, ssh_config, ssh_errors, ssh_proxy
-from dtlaunch.ssh_config import SshTarget
-from dtlaunch.ssh_errors import SshFailure
-from dtlaunch.ssh_options import SshOptions
+from dtlaunch import ssh
+from dtlaunch.reach import known_hosts, ssh_config, ssh_errors
+from dtlaunch.reach import proxy as ssh_proxy
+from dtlaunch.reach.ssh_config import SshTarget
+from dtlaunch.reach.ssh_errors import SshFailure
+from dtlaunch.reach.ssh_options import SshOptions
 
 
 def target(port: int, host: str = "127.0.0.1", timeout: float = 1.0, **kw: object) -> SshTarget:
@@ -146,7 +148,7 @@ def test_paramiko_is_imported_without_invoke_unless_a_config_needs_match_exec(tm
     with_exec.write_text("Host node\n  HostName 10.0.0.1\nMatch exec \"true\"\n  User bob\n")
     code = (
         "import sys\n"
-        "from dtlaunch.ssh_config import load_ssh_config\n"
+        "from dtlaunch.reach.ssh_config import load_ssh_config\n"
         "entry = load_ssh_config(sys.argv[1]).lookup('node')\n"
         "print('invoke' in sys.modules, entry.get('user'), entry['hostname'])\n"
     )

@@ -7,8 +7,8 @@ import subprocess
 import pytest
 from conftest import dtlaunch_argv
 
-from dtlaunch.errors import UsageError
-from dtlaunch.submit import output_path, parse_submit_args, plan_submit
+from dtlaunch.cluster.submit import output_path, parse_submit_args, plan_submit
+from dtlaunch.core.errors import UsageError
 
 
 def test_sbatch_options_then_the_run_command() -> None:

@@ -16,8 +16,8 @@ import subprocess
 import sys
 import time
 
-from dtlaunch.allocation import detect, slurm_launch_env
-from dtlaunch.slurm import build_srun_probe_argv, parse_srun_labeled, parse_srun_task_errors
+from dtlaunch.cluster.allocation import detect, slurm_launch_env
+from dtlaunch.cluster.slurm import build_srun_probe_argv, parse_srun_labeled, parse_srun_task_errors
 
 mode = sys.argv[1]
 alloc = detect(os.environ)

@@ -1,0 +1,1 @@
+"""dtlaunch.check: see docs/architecture.md."""

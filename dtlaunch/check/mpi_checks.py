@@ -1,0 +1,59 @@
+"""The doctor's MPI check for every family: the same implementation and version as the
+launcher's, each host's named, and the fix when one host has another MPI. Pure."""
+
+from __future__ import annotations
+
+from dtlaunch.check.facts import HostFacts
+from dtlaunch.check.host_checks import check_open_mpi
+from dtlaunch.check.report import FAIL, PASS, SKIP, CheckResult
+from dtlaunch.hydra.family import HYDRA, HYDRA_IMPLS
+from dtlaunch.mpi import MIN_OMPI, MpiImpl
+
+NAME = "open-mpi"  # the report's column for the MPI implementation (kept for its readers)
+
+
+def _named(impl: MpiImpl) -> str:
+    return f"{impl.name} {impl.version}".strip()
+
+
+def uses_hydra(launcher: MpiImpl | None) -> bool:
+    return launcher is not None and launcher.name in HYDRA_IMPLS
+
+
+def check_mpi(facts: HostFacts, launcher: MpiImpl | None) -> CheckResult:
+    """`launcher`: the MPI on the launcher (None: judge this machine alone, as env-check does)."""
+    impl = facts.mpi
+    if impl is None:
+        return CheckResult(NAME, SKIP, "no mpirun")
+    if uses_hydra(launcher):
+        assert launcher is not None
+        return _against_hydra(facts, impl, launcher)
+    if impl.name in HYDRA_IMPLS:
+        if launcher is None:  # this machine alone: Hydra's MPIs are supported too
+            why = HYDRA.unsupported(impl, str(facts.mpirun))
+            return CheckResult(NAME, FAIL, why, HYDRA.install_hint) if why else \
+                CheckResult(NAME, PASS, _named(impl))
+        if launcher.is_open_mpi:
+            return CheckResult(
+                NAME, FAIL, f"{facts.mpirun} is {_named(impl)}; the launcher's mpirun is "
+                f"{_named(launcher)}, whose daemons this host cannot run",
+                f"put Open MPI {launcher.version}'s bin directory first on this host's PATH (a "
+                "non-interactive login's), or run the whole job with MPICH: the same MPI must "
+                "come first on PATH on every host and on the launcher")
+    ompi_version = None
+    if launcher is not None and launcher.is_open_mpi and launcher.release >= MIN_OMPI:
+        ompi_version = launcher.version
+    return check_open_mpi(facts, ompi_version)
+
+
+def _against_hydra(facts: HostFacts, impl: MpiImpl, launcher: MpiImpl) -> CheckResult:
+    same_fix = (f"install {_named(launcher)} on this host at the launcher's path (Hydra starts "
+                "hydra_pmi_proxy from there) and put its bin directory first on PATH")
+    if impl.is_open_mpi or impl.name not in HYDRA_IMPLS:
+        return CheckResult(NAME, FAIL, f"{facts.mpirun} is {_named(impl) or 'not an MPI'}; the "
+                           f"launcher's mpiexec is {_named(launcher)}", same_fix
+                           + ", or run the whole job with Open MPI")
+    if (impl.name, impl.version) != (launcher.name, launcher.version):
+        return CheckResult(NAME, FAIL, f"{_named(impl)} here, {_named(launcher)} on the launcher",
+                           same_fix)
+    return CheckResult(NAME, PASS, _named(impl))

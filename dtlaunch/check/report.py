@@ -1,0 +1,146 @@
+"""One report model for doctor, the run pre-flight and env-check: statuses, a check result
+that carries its fix, and the reports built from them. Pure data."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from dtlaunch.check.facts import HostFacts
+    from dtlaunch.check.gpus import GpuFacts
+
+
+class Status(str, Enum):
+    """A check's verdict. A str, so JSON and comparisons with "pass" keep working."""
+
+    PASS = "pass"
+    WARN = "warn"
+    FAIL = "fail"
+    SKIP = "skip"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
+class Role(str, Enum):
+    LAUNCHER = "launcher"  # the machine running dtlaunch
+    HOST = "host"  # a host reached through a Prober
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
+PASS, WARN, FAIL, SKIP = Status.PASS, Status.WARN, Status.FAIL, Status.SKIP
+LAUNCHER, HOST = Role.LAUNCHER, Role.HOST
+_RANK = {SKIP: 0, PASS: 1, WARN: 2, FAIL: 3}
+
+CHECK_NAMES = ("ssh", "mpirun", "open-mpi", "python", "torch", "horovod", "script", "iface",
+               "hostname", "pairwise")
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """One verdict: what was checked, how it went, what was found, and how to fix it."""
+
+    name: str
+    status: Status
+    detail: str
+    hint: str = ""  # the fix, for WARN and FAIL
+
+
+def worst(statuses: Iterable[Status]) -> Status:
+    result = SKIP
+    for status in statuses:
+        if _RANK[status] > _RANK[result]:
+            result = status
+    return result
+
+
+@dataclass(frozen=True)
+class HostOutcome:
+    """What one host gave us: facts, or the failed check that stopped us getting them."""
+
+    host: str
+    role: Role
+    facts: HostFacts | None = None
+    problem: CheckResult | None = None
+    seconds: float = 0.0
+    note: str = ""
+    is_rank_host: bool = True
+    path: str = ""  # how the host was reached, when not over SSH (e.g. "srun")
+
+
+@dataclass(frozen=True)
+class HostReport:
+    host: str
+    role: Role
+    checks: tuple[CheckResult, ...]
+    versions: tuple[tuple[str, str], ...] = ()
+    seconds: float = 0.0
+    note: str = ""
+    hostname: str = ""
+    gpus: GpuFacts | None = None  # None: the host was not reached
+    warnings: tuple[str, ...] = ()  # one line each, beside the checks (a cache not used)
+
+    @property
+    def status(self) -> Status:
+        return worst(c.status for c in self.checks)
+
+    def check(self, name: str) -> CheckResult | None:
+        return next((c for c in self.checks if c.name == name), None)
+
+
+JOB = "all hosts"  # the host column of a check about the whole job (the network)
+
+
+@dataclass(frozen=True)
+class DoctorReport:
+    hosts: tuple[HostReport, ...]
+    seconds: float = 0.0
+    columns: tuple[str, ...] = field(default=CHECK_NAMES)
+    ssh_label: str = "ssh"  # the ssh column's heading ("launch path" when reached through srun)
+    job: tuple[CheckResult, ...] = ()  # checks of the whole job, e.g. the network it uses
+
+    @property
+    def ok(self) -> bool:
+        return all(h.status != FAIL for h in self.hosts) and all(c.status != FAIL for c in self.job)
+
+    @property
+    def status(self) -> Status:
+        return worst([*(h.status for h in self.hosts), *(c.status for c in self.job)])
+
+    def failures(self) -> tuple[tuple[str, CheckResult], ...]:
+        return (tuple((h.host, c) for h in self.hosts for c in h.checks if c.status == FAIL)
+                + tuple((JOB, c) for c in self.job if c.status == FAIL))
+
+    def warnings(self) -> tuple[tuple[str, CheckResult], ...]:
+        return (tuple((h.host, c) for h in self.hosts for c in h.checks if c.status == WARN)
+                + tuple((JOB, c) for c in self.job if c.status == WARN))
+
+    def warning_lines(self, said: str | None = None, shown: int = 8) -> list[str]:
+        """The hosts' own warnings (HostReport.warnings), one line per distinct text (a shared
+        home gives every host the same one); one holding `said` (already said) is left out."""
+        by_text: dict[str, list[str]] = {}
+        for host in self.hosts:
+            for text in host.warnings:
+                if said is None or said not in text:
+                    by_text.setdefault(text, []).append(host.host)
+        lines = []
+        for text, names in by_text.items():
+            more = f" and {len(names) - shown} more" if len(names) > shown else ""
+            lines.append(f"{', '.join(names[:shown])}{more}: {text}")
+        return lines
+
+
+def ssh_failed(detail: str, hint: str) -> CheckResult:
+    """The ssh check of a host that could not be probed."""
+    return CheckResult("ssh", FAIL, detail, hint)

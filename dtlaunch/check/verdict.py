@@ -1,0 +1,131 @@
+"""The doctor's report from every host's facts: each host judged by dtlaunch.check.host_checks against
+the launcher's own facts. Pure code."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from dtlaunch.check.facts import HostFacts, PythonFacts
+from dtlaunch.check.gpus import check_gpus, describe_gpus
+from dtlaunch.check.horovod_mpi import check_horovod_mpi
+from dtlaunch.check.host_checks import (
+    Expectations,
+    check_horovod,
+    check_hostnames,
+    check_iface,
+    check_mpirun,
+    check_pairwise,
+    check_python,
+    check_script,
+    check_torch,
+)
+from dtlaunch.check.mpi_checks import check_mpi, uses_hydra
+from dtlaunch.check.report import (
+    CHECK_NAMES,
+    HOST,
+    LAUNCHER,
+    PASS,
+    SKIP,
+    CheckResult,
+    DoctorReport,
+    HostOutcome,
+    HostReport,
+    Role,
+    ssh_failed,
+)
+
+
+def check_host(facts: HostFacts, role: Role, expect: Expectations, launcher: HostFacts | None,
+               peers: Sequence[str] = (), path: str = "") -> tuple[CheckResult, ...]:
+    launcher_mpi = launcher.mpi if launcher is not None else None
+    launcher_py = launcher.python if launcher is not None else None
+    if expect.check_python:
+        python: tuple[CheckResult, ...] = (check_python(facts.python, expect, launcher_py),
+                                           check_torch(facts.python, launcher_py),
+                                           check_horovod_mpi(
+                                               check_horovod(facts.python, launcher_py),
+                                               facts.python, facts.mpi, str(facts.mpirun or "")))
+    else:  # an executable that names no interpreter: nothing Python to check
+        python = tuple(CheckResult(name, SKIP, "not a Python command")
+                       for name in ("python", "torch", "horovod"))
+    return (
+        CheckResult("ssh", PASS, "local" if role == LAUNCHER else (path or "ok")),
+        check_mpirun(facts, role, needs_orted=not uses_hydra(launcher_mpi)),
+        check_mpi(facts, launcher_mpi),
+        *python,
+        check_script(facts, expect),
+        check_iface(facts, expect.iface),
+        check_pairwise(facts, expect, peers if role == HOST else ()),
+    )
+
+
+def versions_of(facts: HostFacts) -> tuple[tuple[str, str], ...]:
+    py = facts.python
+    pairs = [
+        ("open-mpi", facts.mpi.version if facts.mpi and facts.mpi.is_open_mpi else ""),
+        ("mpi", f"{facts.mpi.name} {facts.mpi.version}".strip() if facts.mpi else ""),
+        ("python", py.version),
+        ("torch", py.torch_imported or py.torch_version or ""),
+        ("horovod", py.horovod_imported or py.horovod_version or ""),
+    ]
+    gpus = facts.gpus
+    if gpus.smi:  # nothing about GPUs on hosts without nvidia-smi
+        pairs += [("gpus", describe_gpus(gpus)), ("driver", gpus.driver or ""),
+                  ("cuda", gpus.cuda or ""), ("nccl", nccl_of(py) if gpus.count else "")]
+    return tuple((k, v or "") for k, v in pairs if v)
+
+
+def nccl_of(py: PythonFacts) -> str:
+    """The NCCL the ranks use: Horovod's own build when it has one, else PyTorch's."""
+    return py.horovod_nccl or py.torch_nccl or ""
+
+
+def gpu_checks(outcomes: Sequence[HostOutcome]) -> tuple[CheckResult, ...]:
+    """The rank hosts' GPUs compared (dtlaunch.check.gpus.check_gpus); none where no rank host has
+    nvidia-smi, so CPU-only clusters see nothing about GPUs."""
+    rank = {o.host: o.facts for o in outcomes if o.facts is not None and o.is_rank_host}
+    if not any(f.gpus.smi for f in rank.values()):
+        return ()
+    return check_gpus({h: f.gpus for h, f in rank.items()},
+                      {h: f.python.torch_cuda for h, f in rank.items()},
+                      {h: nccl_of(f.python) or None for h, f in rank.items()})
+
+
+def skipped_after_ssh(problem: CheckResult) -> tuple[CheckResult, ...]:
+    rest = [CheckResult(name, SKIP, "not reached") for name in CHECK_NAMES[1:]
+            if name != "hostname"]
+    return (problem, *rest)
+
+
+def evaluate(outcomes: Sequence[HostOutcome], expect: Expectations, seconds: float = 0.0,
+             peers: Sequence[str] = ()) -> DoctorReport:
+    """Every host's facts (or SSH problem) into the doctor's report."""
+    launcher = next((o.facts for o in outcomes if o.role == LAUNCHER and o.facts), None)
+    names = {o.host: o.facts.hostname for o in outcomes
+             if o.facts is not None and o.is_rank_host}
+    hostname_checks = check_hostnames(names)
+    reports: list[HostReport] = []
+    for outcome in outcomes:
+        if outcome.facts is None:
+            problem = outcome.problem or ssh_failed("no answer", "")
+            checks = skipped_after_ssh(problem)
+            versions: tuple[tuple[str, str], ...] = ()
+            hostname = ""
+            warnings: tuple[str, ...] = ()
+        else:
+            others = [p for p in peers if p != outcome.host]
+            checks = check_host(outcome.facts, outcome.role, expect, launcher, others,
+                                outcome.path)
+            versions = versions_of(outcome.facts)
+            hostname = outcome.facts.hostname
+            cache = outcome.facts.python.import_cache_problem
+            warnings = (f"import cache not used: {cache}",) if cache else ()
+        hostname_check = hostname_checks.get(
+            outcome.host, CheckResult("hostname", SKIP, hostname or "not a rank host"))
+        checks = (*checks[:8], hostname_check, *checks[8:])
+        reports.append(HostReport(outcome.host, outcome.role, checks, versions, outcome.seconds,
+                                  outcome.note, hostname,
+                                  outcome.facts.gpus if outcome.facts is not None else None,
+                                  warnings))
+    label = "launch path" if any(o.path for o in outcomes) else "ssh"
+    return DoctorReport(tuple(reports), seconds, ssh_label=label, job=gpu_checks(outcomes))

@@ -1,0 +1,1 @@
+"""dtlaunch.cluster.placement: see docs/architecture.md."""

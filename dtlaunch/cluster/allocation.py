@@ -1,0 +1,263 @@
+"""The scheduler allocation dtlaunch runs inside: Slurm, PBS/Torque or LSF. Pure code.
+
+Everything is parsed from an environment mapping plus the text of the files it names; the
+only I/O is `read_allocation_file`, which `detect` uses unless given another reader. Hostlist
+syntax (`node[01-04,07]`) is expanded by python-hostlist, the library Slurm sites use.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import hostlist
+
+from dtlaunch.core.errors import UsageError
+from dtlaunch.core.textfile import read_small_text
+from dtlaunch.plan.hosts import Host, format_hosts, parse_host_entry
+
+SLURM, PBS, LSF = "Slurm", "PBS", "LSF"
+
+# Nodefiles list one line per slot: big clusters give large but not unbounded files.
+MAX_ALLOCATION_FILE_BYTES = 16 << 20
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """Hosts and slots a scheduler gave this job (slots = tasks the scheduler planned)."""
+
+    scheduler: str
+    job_id: str
+    hosts: tuple[Host, ...]
+    total_tasks: int
+    cpus_per_task: int = 1
+    # LSF's launch node when it was left out of `hosts` (see parse_lsf).
+    launch_node: str | None = None
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(h.name for h in self.hosts)
+
+    def describe(self) -> str:
+        job = f"{self.scheduler} job {self.job_id}" if self.job_id else f"{self.scheduler} job"
+        text = f"hosts from {job}: {format_hosts(self.hosts)}"
+        if self.launch_node:
+            text += f" (launch node {self.launch_node} left out)"
+        return text
+
+
+def _positive_int(text: str, where: str, what: str = "a whole number of at least 1") -> int:
+    if not re.fullmatch(r"[0-9]+", text.strip()) or int(text) < 1:
+        raise UsageError(f"{where}: expected {what}, got {text!r}")
+    return int(text)
+
+
+def _check_node_names(names: Iterable[str], where: str) -> tuple[str, ...]:
+    checked = []
+    for name in names:
+        if ":" in name or not name.strip():
+            raise UsageError(f"{where}: invalid host name {name!r}")
+        checked.append(parse_host_entry(name, where).name)
+    return tuple(checked)
+
+
+def _count_slots(names: Sequence[str]) -> tuple[Host, ...]:
+    """One name per slot (PBS/LSF nodefiles) -> hosts in order of first appearance."""
+    slots: dict[str, int] = {}
+    for name in names:
+        slots[name] = slots.get(name, 0) + 1
+    return tuple(Host(n, s) for n, s in slots.items())
+
+
+# --- Slurm ------------------------------------------------------------------------------------
+
+def parse_slurm_nodelist(text: str, where: str = "SLURM_JOB_NODELIST") -> tuple[str, ...]:
+    """`node[01-04,07],gpu-a[1-2]` -> node names, in Slurm's order (tasks follow it)."""
+    if not text.strip():
+        raise UsageError(f"{where}: empty node list")
+    try:
+        names = hostlist.expand_hostlist(text, allow_duplicates=True, sort=False)
+    except hostlist.BadHostlist as exc:
+        raise UsageError(f"{where}: malformed node list {text!r} ({exc})") from None
+    if not names:
+        raise UsageError(f"{where}: empty node list")
+    names = _check_node_names(names, where)
+    if len(set(names)) != len(names):
+        dup = next(n for n in names if names.count(n) > 1)
+        raise UsageError(f"{where}: node {dup!r} is listed more than once")
+    return names
+
+
+def parse_slurm_tasks_per_node(text: str, where: str = "SLURM_TASKS_PER_NODE") -> tuple[int, ...]:
+    """`2(x3),1` -> (2, 2, 2, 1)."""
+    try:
+        counts = hostlist.parse_slurm_tasks_per_node(text.strip())
+    except hostlist.BadHostlist:
+        raise UsageError(f"{where}: malformed task counts {text!r}; expected e.g. 2(x3),1") from None
+    # The library accepts `2(x0)` (no nodes) and `0`; neither describes a usable allocation.
+    if not counts or re.search(r"\(x0+\)", text) or any(c < 1 for c in counts):
+        raise UsageError(f"{where}: every node needs at least 1 task, got {text!r}")
+    return tuple(counts)
+
+
+def parse_slurm(environ: Mapping[str, str]) -> Allocation:
+    job_id = environ.get("SLURM_JOB_ID") or environ.get("SLURM_JOBID", "")
+    if not re.fullmatch(r"[0-9]+", job_id):
+        raise UsageError(f"SLURM_JOB_ID: expected a job number, got {job_id!r}")
+    var = "SLURM_JOB_NODELIST" if "SLURM_JOB_NODELIST" in environ else "SLURM_NODELIST"
+    if var not in environ:
+        raise UsageError("SLURM_JOB_ID is set but SLURM_JOB_NODELIST is not; "
+                         "is this really inside a Slurm job?")
+    nodes = parse_slurm_nodelist(environ[var], var)
+    cpus_per_task = 1
+    if "SLURM_CPUS_PER_TASK" in environ:
+        cpus_per_task = _positive_int(environ["SLURM_CPUS_PER_TASK"], "SLURM_CPUS_PER_TASK")
+    if "SLURM_TASKS_PER_NODE" in environ:
+        var = "SLURM_TASKS_PER_NODE"
+        counts = parse_slurm_tasks_per_node(environ[var], var)
+    elif "SLURM_JOB_CPUS_PER_NODE" in environ:
+        # No task count was asked for: one task per cpus_per_task CPUs, as Open MPI counts.
+        var = "SLURM_JOB_CPUS_PER_NODE"
+        cpus = parse_slurm_tasks_per_node(environ[var], var)
+        counts = tuple(max(1, c // cpus_per_task) for c in cpus)
+    else:
+        counts = (1,) * len(nodes)
+    if len(counts) != len(nodes):
+        raise UsageError(f"{var}: gives {len(counts)} task counts for the {len(nodes)} nodes "
+                         f"of SLURM_JOB_NODELIST")
+    # No task count at all: 1 per node stands in, or one per GPU once the pre-flight saw them.
+    given = var in ("SLURM_TASKS_PER_NODE", "SLURM_JOB_CPUS_PER_NODE")
+    hosts = tuple(Host(n, c, slots_given=given) for n, c in zip(nodes, counts))
+    total = sum(counts)
+    if "SLURM_NTASKS" in environ:
+        ntasks = _positive_int(environ["SLURM_NTASKS"], "SLURM_NTASKS")
+        if ntasks > total:
+            raise UsageError(f"SLURM_NTASKS: {ntasks} tasks but the nodes have {total} task slots")
+        total = ntasks
+    return Allocation(SLURM, job_id, hosts, total, cpus_per_task)
+
+
+# --- PBS / Torque and LSF ---------------------------------------------------------------------
+
+def parse_nodefile(text: str, where: str) -> tuple[Host, ...]:
+    """PBS_NODEFILE / LSB_DJOB_HOSTFILE: one host name per line per slot."""
+    names = [line.strip() for line in text.splitlines() if line.strip()]
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if line.strip() and len(line.split()) != 1:
+            raise UsageError(f"{where}:{lineno}: expected one host name per line, got {line!r}")
+    if not names:
+        raise UsageError(f"{where}: no hosts in the file")
+    return _count_slots(_check_node_names(names, where))
+
+
+def parse_pbs(environ: Mapping[str, str], nodefile_text: str) -> Allocation:
+    hosts = parse_nodefile(nodefile_text, environ.get("PBS_NODEFILE", "PBS_NODEFILE"))
+    total = sum(h.slots for h in hosts)
+    return Allocation(PBS, environ.get("PBS_JOBID", ""), hosts, total)
+
+
+def parse_lsb_mcpu_hosts(text: str, where: str = "LSB_MCPU_HOSTS") -> tuple[Host, ...]:
+    """`hostA 2 hostB 4` -> hosts with slots."""
+    fields = text.split()
+    if not fields or len(fields) % 2:
+        raise UsageError(f"{where}: expected pairs of host and slots, e.g. 'hostA 2 hostB 4', "
+                         f"got {text!r}")
+    names = _check_node_names(fields[0::2], where)
+    slots = [_positive_int(s, where, "slots of at least 1") for s in fields[1::2]]
+    if len(set(names)) != len(names):
+        raise UsageError(f"{where}: a host is listed more than once in {text!r}")
+    return tuple(Host(n, s) for n, s in zip(names, slots))
+
+
+def parse_lsf(environ: Mapping[str, str], hostfile_text: str | None) -> Allocation:
+    """LSF from LSB_DJOB_HOSTFILE (its text given) or else LSB_MCPU_HOSTS.
+
+    LSF lists the node the job script runs on first. On systems with separate launch nodes
+    (IBM's CSM set-up, e.g. Summit) that node holds a single slot and runs no ranks while the
+    compute nodes hold many: such a first host is left out and named in `launch_node`.
+    """
+    if hostfile_text is not None:
+        hosts = parse_nodefile(hostfile_text, environ.get("LSB_DJOB_HOSTFILE", "LSB_DJOB_HOSTFILE"))
+    elif "LSB_MCPU_HOSTS" in environ:
+        hosts = parse_lsb_mcpu_hosts(environ["LSB_MCPU_HOSTS"])
+    else:
+        raise UsageError("LSB_JOBID is set but neither LSB_DJOB_HOSTFILE nor LSB_MCPU_HOSTS is; "
+                         "is this really inside an LSF job?")
+    launch = None
+    if len(hosts) > 1 and hosts[0].slots == 1 and all(h.slots > 1 for h in hosts[1:]):
+        launch, hosts = hosts[0].name, hosts[1:]
+    return Allocation(LSF, environ.get("LSB_JOBID", ""), hosts, sum(h.slots for h in hosts),
+                      launch_node=launch)
+
+
+# --- detection (the edge) ---------------------------------------------------------------------
+
+def read_allocation_file(path: str, var: str) -> str:
+    """Read a file named by the scheduler's environment; failures are UsageErrors naming both."""
+    return read_small_text(path, var, MAX_ALLOCATION_FILE_BYTES, "a node file")
+
+
+Reader = Callable[[str, str], str]
+
+
+def detect(environ: Mapping[str, str], read: Reader = read_allocation_file) -> Allocation | None:
+    """The allocation this process runs in, or None outside any scheduler job.
+
+    Slurm wins over PBS over LSF when several are set (a Slurm job inside an LSF one is the
+    innermost and the one that gave out these nodes).
+    """
+    if "SLURM_JOB_ID" in environ or "SLURM_JOBID" in environ:
+        return parse_slurm(environ)
+    if "PBS_NODEFILE" in environ:
+        return parse_pbs(environ, read(environ["PBS_NODEFILE"], "PBS_NODEFILE"))
+    if "PBS_JOBID" in environ:
+        raise UsageError("PBS_JOBID is set but PBS_NODEFILE is not; "
+                         "is this really inside a PBS job?")
+    if "LSB_JOBID" in environ or "LSB_DJOB_HOSTFILE" in environ or "LSB_MCPU_HOSTS" in environ:
+        path = environ.get("LSB_DJOB_HOSTFILE")
+        text = read(path, "LSB_DJOB_HOSTFILE") if path else None
+        return parse_lsf(environ, text)
+    return None
+
+
+# --- checks and the launch environment --------------------------------------------------------
+
+def _short(name: str) -> str:
+    return name if re.fullmatch(r"[0-9.]+", name) else name.split(".", 1)[0]
+
+
+def check_hosts_in_allocation(hosts: Sequence[Host], alloc: Allocation) -> None:
+    """-H inside an allocation must name its nodes (short and full names match each other)."""
+    allocated = {_short(n) for n in alloc.names}
+    outside = [h.name for h in hosts if _short(h.name) not in allocated]
+    if outside:
+        job = f"{alloc.scheduler} job {alloc.job_id}".rstrip()
+        raise UsageError(f"--hosts: {', '.join(outside)} not in {job}'s allocation "
+                         f"({', '.join(alloc.names)}); name allocated nodes or leave out -H")
+
+
+# What Open MPI's Slurm support reads from mpirun's environment (ras slurm: the allocation;
+# plm slurm: whether to start its daemons with srun) plus what that srun needs to join this
+# job's allocation instead of asking for a new one. Open MPI 4 reads the old names
+# (SLURM_JOBID, SLURM_NODELIST); current Slurm sets both spellings, so both are kept.
+SLURM_LAUNCH_NAMES = (
+    "SLURM_JOB_ID", "SLURM_JOBID",
+    "SLURM_JOB_NODELIST", "SLURM_NODELIST",
+    "SLURM_TASKS_PER_NODE", "SLURM_JOB_CPUS_PER_NODE", "SLURM_CPUS_PER_TASK",
+    "SLURM_CONF",
+)
+_ALIASES = (("SLURM_JOB_ID", "SLURM_JOBID"), ("SLURM_JOB_NODELIST", "SLURM_NODELIST"))
+
+
+def slurm_launch_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """Exactly the SLURM_* variables mpirun needs to launch through srun; {} outside Slurm."""
+    env = {n: environ[n] for n in SLURM_LAUNCH_NAMES if n in environ}
+    if not env.get("SLURM_JOB_ID") and not env.get("SLURM_JOBID"):
+        return {}
+    for new, old in _ALIASES:
+        if new in env and old not in env:
+            env[old] = env[new]
+        elif old in env and new not in env:
+            env[new] = env[old]
+    return env

@@ -1,0 +1,1 @@
+"""dtlaunch.console: see docs/architecture.md."""

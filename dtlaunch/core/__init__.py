@@ -1,0 +1,1 @@
+"""dtlaunch.core: see docs/architecture.md."""

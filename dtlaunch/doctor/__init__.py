@@ -1,0 +1,1 @@
+"""dtlaunch.doctor.doctor: see docs/architecture.md."""

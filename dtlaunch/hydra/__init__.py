@@ -1,0 +1,1 @@
+"""dtlaunch.hydra.family: see docs/architecture.md."""

@@ -1,0 +1,213 @@
+"""MPICH and Intel MPI through Hydra's mpiexec: the command line (pure), its ssh agent, and how
+its version, output and failures read.
+
+Hydra starts one proxy per host: on the launcher's own host by fork, on the others through
+`-launcher-exec`, which it calls as `EXEC -x HOST PROXY-COMMAND...`. The proxy command is
+Hydra's own (the path of `hydra_pmi_proxy` and its control port); the ranks' program and
+arguments travel over the proxy's control connection, never through a remote shell.
+`-launcher-exec` takes one executable, not a command with arguments, so dtlaunch writes a tiny
+agent that runs its ssh wrapper (dtlaunch.agents.rsh) with the same ssh options Open MPI gets.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from dtlaunch.core.errors import UsageError
+from dtlaunch.mpi import JobSpec, MpiImpl, parse_mpirun_version
+from dtlaunch.plan.binding import intel_pinning
+from dtlaunch.plan.hosts import Host, format_hosts
+
+if TYPE_CHECKING:  # imported when a job runs, not for a dry run
+    from dtlaunch.hydra.output import HydraDemux
+    from dtlaunch.openmpi.failures import Failure
+
+HYDRA_IMPLS = ("MPICH", "Intel MPI")
+MIN_MPICH = (3, 0)
+INSTALL_MPICH_HINT = (
+    "install MPICH ('apt-get install mpich libmpich-dev', or 'pip install mpich' into the venv "
+    "the job runs from) or load Intel MPI's environment, then make its mpiexec come first on PATH"
+)
+
+# What picks Hydra's launcher (and so how ssh is run), on its command line or in its environment.
+LAUNCHER_ARGS = ("-launcher", "-launcher-exec", "-bootstrap", "-bootstrap-exec", "-rsh", "-ssh")
+LAUNCHER_VARIABLES = ("HYDRA_LAUNCHER", "HYDRA_LAUNCHER_EXEC", "HYDRA_BOOTSTRAP",
+                      "HYDRA_BOOTSTRAP_EXEC", "I_MPI_HYDRA_BOOTSTRAP", "I_MPI_HYDRA_BOOTSTRAP_EXEC")
+
+SupportFile = tuple[str, str]  # (path, text) written (mode 0700) before the job starts
+
+
+def agent_script(python: str, rsh_file: str, ssh_args: Sequence[str]) -> str:
+    """The `-launcher-exec` program: dtlaunch.agents.rsh with the job's ssh options in front of
+    Hydra's own arguments. It starts with -I -S: only the standard library is needed."""
+    return (
+        f"#!{python} -IS\n"
+        "# Hydra's -launcher-exec for one set of ssh options, written by dtlaunch.\n"
+        "import importlib.util\n"
+        "import sys\n"
+        f"spec = importlib.util.spec_from_file_location('dtlaunch_rsh', {rsh_file!r})\n"
+        "rsh = importlib.util.module_from_spec(spec)\n"
+        "spec.loader.exec_module(rsh)\n"
+        f"sys.exit(rsh.main([*{tuple(ssh_args)!r}, *sys.argv[1:]], end_with_parent=True))\n"
+    )
+
+
+def agent_path(directory: str, script: str) -> str:
+    """Named by its content: a changed option or dtlaunch version gets a new file."""
+    digest = hashlib.sha256(script.encode()).hexdigest()[:16]
+    return str(Path(directory) / f"hydra-ssh-{digest}")
+
+
+def iface_arg(spec: JobSpec) -> tuple[str, ...]:
+    """Hydra's `-iface` takes one interface name (its proxies connect back over it)."""
+    if spec.iface is None:
+        return ()
+    if spec.iface.cidrs:
+        raise UsageError("--iface: Hydra (MPICH, Intel MPI) takes an interface name, not a subnet; "
+                         "give the name (e.g. eth0)")
+    return ("-iface", spec.iface.names[0])
+
+
+def fabric_args(spec: JobSpec) -> tuple[str, ...]:
+    """libfabric's TCP provider (Intel MPI's data path; MPICH's with its OFI netmod) picks an
+    interface of its own, a docker0 bridge as readily as eth0 (measured: Intel MPI's ranks
+    then wait for ever): the `--iface` name pins it too, unless the job sets FI_TCP_IFACE."""
+    if spec.iface is None or not spec.iface.names:
+        return ()
+    if any(v.name == "FI_TCP_IFACE" for v in spec.env.variables):
+        return ()
+    return ("-genv", "FI_TCP_IFACE", spec.iface.names[0])
+
+
+def ranks_per_host(hosts: Sequence[Host], num_proc: int) -> list[tuple[str, int]]:
+    """How many ranks each host gets, filling hosts in slot order as `-hosts h1:2,h2:2` does
+    (again from the first host when there are more ranks than slots); hosts left out get none."""
+    counts = [0] * len(hosts)
+    left = num_proc
+    while left > 0 and hosts:
+        for i, host in enumerate(hosts):
+            take = min(max(host.slots, 1), left)
+            counts[i] += take
+            left -= take
+            if left == 0:
+                break
+    return [(h.name, n) for h, n in zip(hosts, counts) if n]
+
+
+def placement_args(spec: JobSpec, intel: bool) -> tuple[list[str], list[list[str]]]:
+    """(global arguments, one argument set per host or none) that place the ranks host by host.
+
+    MPICH: `-n N -hosts h1:2,h2:2`. Intel MPI's Hydra ignores `:N` there (it places as many
+    ranks on a host as it has cores): the same count on every host becomes `-n N -hosts h1,h2
+    -ppn 2`, different counts one argument set per host, `-n 2 -host h1 PROGRAM : -n 1 -host
+    h2 PROGRAM` (ranks are numbered in that order)."""
+    if not intel:
+        return ["-n", str(spec.num_proc), "-hosts", format_hosts(spec.hosts)], []
+    counts = ranks_per_host(spec.hosts, spec.num_proc)
+    if len({n for _, n in counts}) == 1:
+        return ["-n", str(spec.num_proc), "-hosts", ",".join(h for h, _ in counts),
+                "-ppn", str(counts[0][1])], []
+    return [], [["-n", str(n), "-host", name] for name, n in counts]
+
+
+def build_mpiexec_argv(spec: JobSpec, mpiexec: str = "mpiexec",
+                       launcher_exec: str | None = None, intel: bool = False) -> tuple[str, ...]:
+    """The whole mpiexec command line, as an argv tuple (never a shell string).
+
+    Variables go by name only (`-genvlist`): their values stay in mpiexec's environment and
+    reach the proxies over their control connection, never a command line. `-genvlist` also
+    stops Hydra's default of exporting mpiexec's whole environment."""
+    if spec.tree_spawn:
+        raise UsageError("--tree-spawn: Open MPI's; Hydra (MPICH, Intel MPI) starts every proxy "
+                         "from the launcher")
+    placement, per_host = placement_args(spec, intel)
+    argv: list[str] = [mpiexec, *placement]
+    if spec.slurm:
+        argv += ["-launcher", "slurm"]
+    else:
+        argv += ["-launcher", "ssh", "-launcher-exec", launcher_exec or "ssh"]
+    argv += iface_arg(spec)
+    argv.append("-prepend-rank")
+    names = [v.name for v in spec.env.variables if not v.inline]
+    argv += ["-genvlist", ",".join(names)] if names else ["-genvnone"]
+    for var in spec.env.variables:
+        if var.inline:
+            argv += ["-genv", var.name, var.value]
+    argv += fabric_args(spec)
+    if intel:
+        for name, value in intel_pinning(spec.binding or (), spec.mpi_args):
+            argv += ["-genv", name, value]
+    elif spec.binding is not None:
+        argv += spec.binding
+    argv += spec.mpi_args
+    if not per_host:
+        return (*argv, *spec.program)
+    for i, local in enumerate(per_host):
+        argv += [*([":"] if i else []), *local, *spec.program]
+    return tuple(argv)
+
+
+class Hydra:
+    """MPICH >= 3.0 and Intel MPI through Hydra's mpiexec."""
+
+    launcher = "mpiexec"
+    install_hint = INSTALL_MPICH_HINT
+
+    def __init__(self, agent_dir: str = "", python: str = "", rsh_file: str = "",
+                 name: str = "MPICH") -> None:
+        # Where the ssh agent is written, and what it runs; empty: plain ssh (no options).
+        self.agent_dir = agent_dir
+        self.python = python
+        self.rsh_file = rsh_file
+        self.name = name  # "MPICH" or "Intel MPI": how the ranks are placed differs
+
+    def parse_version(self, text: str) -> MpiImpl:
+        return parse_mpirun_version(text)
+
+    def unsupported(self, impl: MpiImpl, program: str) -> str | None:
+        if impl.name not in HYDRA_IMPLS:
+            return f"{program} is {impl.name}, not MPICH or Intel MPI"
+        if impl.name == "MPICH" and impl.release and impl.release < MIN_MPICH:
+            return f"{program} is MPICH {impl.version}; dtlaunch needs >= 3.0"
+        return None
+
+    def _agent(self, spec: JobSpec) -> SupportFile | None:
+        if spec.slurm or not (self.agent_dir and self.python and self.rsh_file):
+            return None
+        script = agent_script(self.python, self.rsh_file, spec.ssh.ssh_args())
+        return agent_path(self.agent_dir, script), script
+
+    def build_argv(self, spec: JobSpec, launcher: str) -> tuple[str, ...]:
+        agent = self._agent(spec)
+        return build_mpiexec_argv(spec, launcher, agent[0] if agent else None,
+                                  intel=self.name == "Intel MPI")
+
+    def support_files(self, spec: JobSpec) -> tuple[SupportFile, ...]:
+        agent = self._agent(spec)
+        return (agent,) if agent else ()
+
+    def new_demux(self, stream: str, release: tuple[int, ...] = ()) -> HydraDemux:
+        from dtlaunch.hydra.output import HydraDemux
+
+        return HydraDemux(stream)
+
+    def parse_failure(self, lines: Sequence[str], rank_hosts: Sequence[str]) -> Failure | None:
+        from dtlaunch.hydra.output import analyze_hydra
+
+        return analyze_hydra(lines, rank_hosts)
+
+    def launcher_env(self, spec: JobSpec) -> dict[str, str]:
+        return {}  # the ssh options are in the agent file (support_files)
+
+    def ssh_left_to_dtlaunch(self, extra_args: Sequence[str], environ: Mapping[str, str]) -> bool:
+        """--mpi-args or HYDRA_*/I_MPI_HYDRA_* variables that pick another launcher could
+        weaken host-key checking."""
+        if any(a in LAUNCHER_ARGS for a in extra_args):
+            return False
+        return not any(name in LAUNCHER_VARIABLES for name in environ)
+
+
+HYDRA = Hydra()

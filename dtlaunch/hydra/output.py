@@ -1,0 +1,166 @@
+"""Hydra's output back into what each rank's shim sent, and its failure messages read into
+one precise line. Pure code.
+
+Every rank runs through dtlaunch.agents.rank_shim, whose records (one line each, escaped, never a
+`[`) carry the rank. Hydra's proxies forward what they read in chunks of their own size, so a
+record may be cut in two and another rank's chunk may come between the halves; with
+`-prepend-rank` Hydra starts every chunk, and every line inside one, with `[RANK] `, which
+puts the halves back together: the stream is cut at those tags, each rank's pieces are joined,
+and the joined stream is cut into records (dtlaunch.core.records.RecordParser). Untagged lines are
+Hydra's own (`[mpiexec@host] ...`, its banner) or dtlaunch's ssh wrapper's.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from dtlaunch.core.records import RECORD_LIMIT, TEXT_LIMIT, Event, PieceRouter, RecordParser
+from dtlaunch.openmpi.failures import Failure, unknown_option
+
+TAG_RE = re.compile(rb"\[(\d+)\] ")
+_TAG_START_RE = re.compile(rb"\[\d{0,9}\]?\Z")  # what may still grow into a tag
+Pieces = list[tuple[int | None, bytes]]
+
+
+@dataclass
+class HydraTagSplitter:
+    """Cuts Hydra's `-prepend-rank` stream into (rank, bytes) pieces; rank None: untagged."""
+
+    _pending: bytes = b""
+    _current: int | None = None  # the rank whose piece runs on; None: at a line's start
+
+    def feed(self, data: bytes) -> Pieces:
+        buf = self._pending + data if self._pending else data
+        out: Pieces = []
+        pos = 0
+        while pos < len(buf):
+            if self._current is None:
+                match = TAG_RE.match(buf, pos)
+                if match is not None:
+                    self._current, pos = int(match.group(1)), match.end()
+                    continue
+                if _TAG_START_RE.match(buf, pos):
+                    break  # maybe a tag cut in two
+                newline = buf.find(b"\n", pos)
+                if newline < 0:
+                    if len(buf) - pos > TEXT_LIMIT:
+                        out.append((None, buf[pos:]))
+                        pos = len(buf)
+                    break
+                out.append((None, buf[pos:newline + 1]))
+                pos = newline + 1
+                continue
+            end, wait = self._piece_end(buf, pos)
+            if end > pos:
+                out.append((self._current, buf[pos:end]))
+            pos = end
+            if wait:
+                break
+            if buf[end - 1:end] == b"\n" or end < len(buf):
+                self._current = None  # a line ended, or a tag follows (read at the top)
+        self._pending = buf[pos:]
+        return out
+
+    @staticmethod
+    def _piece_end(buf: bytes, pos: int) -> tuple[int, bool]:
+        """After the piece's newline, at the next tag, or at the buffer's end (then True when
+        what follows may be the start of a tag)."""
+        newline = buf.find(b"\n", pos)
+        limit = len(buf) if newline < 0 else newline + 1
+        bracket = buf.find(b"[", pos, limit)
+        while bracket >= 0:
+            if TAG_RE.match(buf, bracket):
+                return bracket, False
+            if _TAG_START_RE.match(buf, bracket):
+                return bracket, True
+            bracket = buf.find(b"[", bracket + 1, limit)
+        return limit, False
+
+    def flush(self) -> Pieces:
+        rest, self._pending = self._pending, b""
+        return [(self._current, rest)] if rest else []
+
+
+@dataclass
+class HydraDemux:
+    """mpiexec's stdout or stderr (one instance each): tags, then each rank's records."""
+
+    stream: str = "stdout"
+    _tags: HydraTagSplitter = field(default_factory=HydraTagSplitter)
+
+    def __post_init__(self) -> None:
+        # The shim writes records of at most PIPE_BUF bytes here: each is taken whole.
+        self._router = PieceRouter(self.stream,
+                                   lambda rank: RecordParser(rank, self.stream, RECORD_LIMIT))
+
+    def feed(self, data: bytes) -> list[Event]:
+        return self._router.take(self._tags.feed(data))
+
+    def flush(self) -> list[Event]:
+        return self._router.flush(self._tags.flush())
+
+
+_BAD_TERMINATION = re.compile(r"BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES"
+                              r".*?PID \d+ RUNNING AT (\S+).*?EXIT CODE: (-?\d+)", re.DOTALL)
+_EXIT_STRING = re.compile(r"EXIT STRING:.*?\(signal (\d+)\)")
+# Intel MPI's banner names the rank and the signal (it has none for a plain exit code).
+_INTEL_KILLED = re.compile(r"BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES\s*\n=\s*RANK "
+                           r"(\d+) PID \d+ RUNNING AT (\S+)\s*\n=\s*KILLED BY SIGNAL: (\d+)")
+_ABORT = re.compile(r"application called MPI_Abort\(\S*, (-?\d+)\) - process (\d+)")
+_EXECVP = re.compile(r"\[proxy:\d+@(\S+)\].*execvp error on file (\S+)")
+_SSH_ERR = re.compile(r"^(ssh: .*|.*Permission denied.*|.*Host key verification failed.*)$", re.M)
+# Hydra (MPICH's and Intel MPI's) names a refused option without its dashes.
+_UNKNOWN_ARG = re.compile(r"match_arg \(.*?\): unrecognized argument (\S+)")
+_PROXY_FAILED = re.compile(r"unable to (?:connect|launch|start)|Unable to run bstrap_proxy|"
+                           r"one of the processes terminated badly|proxy.*(?:failed|error)")
+
+
+def _only_rank_on(host: str, rank_hosts: Sequence[str]) -> int | None:
+    ranks = [r for r, h in enumerate(rank_hosts) if h == host or h.split(".")[0] == host]
+    return ranks[0] if len(ranks) == 1 else None
+
+
+def analyze_hydra(lines: Sequence[str], rank_hosts: Sequence[str]) -> Failure | None:
+    """Find what failed in mpiexec's untagged output.
+
+    Hydra's banner names the host and the exit code (a signal is reported as its number), not
+    the rank; the rank is named when it is the host's only one."""
+    text = "\n".join(lines)
+    unknown = _UNKNOWN_ARG.search(text)
+    if unknown:  # nothing started
+        return unknown_option("mpiexec", "-" + unknown.group(1))
+    abort = _ABORT.search(text)
+    if abort:
+        rank = int(abort.group(2))
+        host = rank_hosts[rank] if 0 <= rank < len(rank_hosts) else None
+        return Failure(rank, host, exit_code=int(abort.group(1)), reason="called MPI_Abort")
+    killed = _INTEL_KILLED.search(text)
+    if killed:
+        return Failure(int(killed.group(1)), killed.group(2), signal=int(killed.group(3)))
+    bad = _BAD_TERMINATION.search(text)
+    if bad:
+        host, code = bad.group(1), int(bad.group(2))
+        only = _only_rank_on(host, rank_hosts)
+        sig = _EXIT_STRING.search(text, bad.start())
+        if sig:
+            return Failure(only, host, signal=int(sig.group(1)))
+        if code in (signal.SIGKILL, signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS):
+            # Hydra prints a killed process's signal number as its exit code.
+            who = f"rank {only}" if only is not None else "a process"
+            return Failure(only, host, reason=f"{who} on host {host} ended with code {code} "
+                           f"(or was killed by signal {code}, {signal.Signals(code).name})")
+        return Failure(only, host, exit_code=code)
+    execvp = _EXECVP.search(text)
+    if execvp:
+        return Failure(host=execvp.group(1),
+                       reason=f"cannot start {execvp.group(2)} on host {execvp.group(1)}")
+    if _PROXY_FAILED.search(text):
+        ssh = _SSH_ERR.search(text)
+        if ssh:
+            return Failure(reason="mpiexec could not start its proxy on every host "
+                           f"({ssh.group(1).strip()}); run 'dtlaunch doctor' with the same "
+                           "hosts to see which and why")
+    return None

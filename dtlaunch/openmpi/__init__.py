@@ -1,0 +1,1 @@
+"""dtlaunch.openmpi.family: see docs/architecture.md."""

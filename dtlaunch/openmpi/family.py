@@ -1,0 +1,148 @@
+"""Open MPI's mpirun: the command line (pure), and how its output, failures and version read.
+
+The long options use the double-dash forms (`--bind-to`, `--map-by`, `--mca`): Open MPI 5's
+mpirun (prterun) rejects the single-dash ones, and Open MPI 3 and 4 accept both.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from dtlaunch.agents.rsh import SSH_ARGS_ENV
+from dtlaunch.mpi import INSTALL_OMPI_HINT, MIN_OMPI, JobSpec, MpiImpl, parse_mpirun_version
+from dtlaunch.openmpi.mca import ssh_overrides
+from dtlaunch.plan.binding import binding_for, double_dash
+from dtlaunch.plan.hosts import format_hosts
+from dtlaunch.reach.ssh_options import check_rsh_arg
+
+if TYPE_CHECKING:  # imported when a job runs, not for a dry run
+    from dtlaunch.openmpi.failures import Failure
+    from dtlaunch.openmpi.output import OpenMpiDemux
+
+DEFAULT_MAJOR = 4  # assumed when the local mpirun cannot be asked (a dry run without one)
+
+
+def btl_for(major: int) -> str:
+    """Point-to-point transports: shared memory within a host, TCP between hosts.
+
+    The shared-memory BTL is `vader` in Open MPI 3 and 4 and `sm` in 5; naming it explicitly
+    (instead of horovodrun's `^openib`) keeps same-host ranks off TCP and never picks up
+    InfiniBand verbs or UCX paths that hang on hosts without them.
+    """
+    return "self,sm,tcp" if major >= 5 else "self,vader,tcp"
+
+
+def tag_has_space(release: tuple[int, ...]) -> bool:
+    """`--tag-output` writes `[1,0]<stdout>: ` (one space) from Open MPI 5 on, no space before."""
+    return release[:1] >= (5,)
+
+
+def build_mpirun_argv(spec: JobSpec, mpirun: str = "mpirun") -> tuple[str, ...]:
+    """The whole mpirun command line, as an argv tuple (never a shell string)."""
+    major = spec.mpi_version[0] if spec.mpi_version else DEFAULT_MAJOR
+    argv: list[str] = [mpirun]
+    if spec.as_root:
+        argv.append("--allow-run-as-root")
+    argv += ["--tag-output", "-np", str(spec.num_proc), "-H", format_hosts(spec.hosts)]
+    argv += double_dash(binding_for(spec.mpi_args, spec.binding))
+    if spec.oversubscribe:
+        argv.append("--oversubscribe")
+    argv += ["--mca", "pml", "ob1", "--mca", "btl", btl_for(major)]
+    if spec.iface is not None:
+        value = spec.iface.mca_value()
+        argv += ["--mca", "btl_tcp_if_include", value, "--mca", "oob_tcp_if_include", value]
+    if spec.slurm:
+        # srun starts one daemon per node inside the job's allocation; srun's exit (and
+        # scancel) ends them. No ssh options apply.
+        argv += ["--mca", "plm", "slurm"]
+    else:
+        argv += _rsh_args(spec)
+    for var in spec.env.variables:
+        argv += ["-x", f"{var.name}={var.value}" if var.inline else var.name]
+    argv += double_dash(spec.mpi_args)  # the binding options' names only
+    argv += spec.program
+    return tuple(argv)
+
+
+def uses_agent(spec: JobSpec) -> bool:
+    """dtlaunch's ssh wrapper starts the daemons (tree spawn runs plain ssh on the hosts too)."""
+    return bool(spec.rsh_agent) and not spec.tree_spawn and not spec.slurm
+
+
+def agent_env(spec: JobSpec) -> dict[str, str]:
+    """The wrapper's ssh options travel in mpirun's environment, never on a daemon's command
+    line (Open MPI puts its MCA parameters there inside double quotes, for a remote shell)."""
+    return {SSH_ARGS_ENV: json.dumps(spec.ssh.ssh_args())} if uses_agent(spec) else {}
+
+
+def _rsh_args(spec: JobSpec) -> list[str]:
+    args: list[str] = []
+    # Keep each host's daemon attached to its ssh session (Open MPI detaches it by default):
+    # a dead host or sshd then ends that session, which dtlaunch notices, and the daemons'
+    # own error messages reach the user.
+    args.append("--leave-session-attached")
+    if uses_agent(spec):
+        args += ["--mca", "plm_rsh_agent", spec.rsh_agent or "ssh"]
+    else:
+        # plm_rsh_args reaches a remote shell: only paths without shell syntax may pass.
+        ssh = spec.ssh
+        for value, option in ((ssh.identity_file, "--ssh-identity-file"),
+                              (ssh.config_file, "--ssh-config")):
+            if value:
+                check_rsh_arg(value, option)
+        args += ["--mca", "plm_rsh_agent", "ssh", "--mca", "plm_rsh_args", " ".join(ssh.ssh_args())]
+    if not spec.tree_spawn:
+        # Only launcher-to-host SSH is needed (and checked by doctor); tree spawn would also
+        # need every host to reach every other host over SSH.
+        args += ["--mca", "plm_rsh_no_tree_spawn", "1"]
+    return args
+
+
+class OpenMpi:
+    """Open MPI >= 3.0 through its mpirun (the MpiFamily that dtlaunch launches with today)."""
+
+    name = "Open MPI"
+    launcher = "mpirun"
+    install_hint = INSTALL_OMPI_HINT
+    # The rank shim's largest record: `--tag-output` lets dtlaunch join each rank's pieces
+    # exactly, so a record need not be one atomic write (see dtlaunch.agents.rank_shim).
+    record_limit = 1 << 20
+
+    def parse_version(self, text: str) -> MpiImpl:
+        return parse_mpirun_version(text)
+
+    def unsupported(self, impl: MpiImpl, program: str) -> str | None:
+        if not impl.is_open_mpi:
+            return f"{program} is {impl.name}, not Open MPI; dtlaunch needs Open MPI >= 3.0"
+        if impl.release < MIN_OMPI:
+            return f"{program} is Open MPI {impl.version}; dtlaunch needs >= 3.0"
+        return None
+
+    def build_argv(self, spec: JobSpec, launcher: str) -> tuple[str, ...]:
+        return build_mpirun_argv(spec, launcher)
+
+    def new_demux(self, stream: str, release: tuple[int, ...] = ()) -> OpenMpiDemux:
+        from dtlaunch.openmpi.output import OpenMpiDemux
+
+        return OpenMpiDemux(stream, space_after_tag=tag_has_space(release))
+
+    def parse_failure(self, lines: Sequence[str], rank_hosts: Sequence[str]) -> Failure | None:
+        from dtlaunch.openmpi.failures import analyze
+
+        return analyze(lines, rank_hosts)
+
+    def launcher_env(self, spec: JobSpec) -> dict[str, str]:
+        return agent_env(spec)
+
+    def ssh_left_to_dtlaunch(self, extra_args: Sequence[str], environ: Mapping[str, str]) -> bool:
+        """--mpi-args or OMPI_MCA_*/PRTE_MCA_* variables that set the launch agent or its
+        arguments could weaken mpirun's host-key checking."""
+        return not ssh_overrides(extra_args, environ)
+
+    def support_files(self, spec: JobSpec) -> tuple[tuple[str, str], ...]:
+        return ()  # mpirun takes its ssh agent as a command line
+
+
+OPEN_MPI = OpenMpi()

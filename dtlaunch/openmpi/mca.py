@@ -1,0 +1,85 @@
+"""Open MPI / PRRTE parameters that change how mpirun runs ssh. Pure.
+
+dtlaunch lets a cached pre-flight leave host keys to mpirun's ssh (checking them only when the
+job fails) only because that ssh refuses a changed or unknown key itself. A launch agent or
+ssh arguments set by the user (`--mca plm_rsh_agent ...`, `-mca orte_rsh_agent ...`,
+`--prtemca plm_ssh_args ...`, `OMPI_MCA_plm_rsh_args=...`, a parameter file named on the
+command line or read by default, such as `~/.openmpi/mca-params.conf`) may not, so such a run
+is checked first.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping, Sequence
+
+from dtlaunch.core.errors import UsageError
+
+# The launch agent and its arguments under every name Open MPI 1.x-5.x and PRRTE have used:
+# plm_rsh_*, plm_ssh_* (PRRTE), pls_rsh_* (1.x), orte_rsh_agent / orte_ssh_agent, prte_*.
+_AGENT_NAME = re.compile(r"(?:(?:plm|pls)_(?:rsh|ssh)_\w+|(?:orte|prte|opal)_(?:rsh|ssh)_\w+)",
+                         re.IGNORECASE)
+# Parameter files whose contents could set any of them.
+_PARAM_FILE_NAMES = ("mca_base_param_files", "mca_base_envar_file_prefix")
+_PARAM_FILE_FLAGS = ("-am", "--am", "-tune", "--tune")
+_ENV_PREFIXES = ("OMPI_MCA_", "PRTE_MCA_", "PMIX_MCA_")
+# ssh settings that accept any host key: StrictHostKeyChecking=no/off, or a known_hosts of
+# /dev/null (with accept-new, every host is new every time).
+_INSECURE = re.compile(r"StrictHostKeyChecking\W{0,3}(?:no|off)\b|UserKnownHostsFile\W{0,3}/dev/null",
+                       re.IGNORECASE)
+
+
+def _is_override(name: str) -> bool:
+    return bool(_AGENT_NAME.fullmatch(name)) or name in _PARAM_FILE_NAMES
+
+
+def _env_overrides(environ: Mapping[str, str]) -> list[str]:
+    return [key for key in environ for prefix in _ENV_PREFIXES
+            if key.startswith(prefix) and _is_override(key[len(prefix):])]
+
+
+def ssh_overrides(args: Sequence[str], environ: Mapping[str, str]) -> list[str]:
+    """What in the launcher's extra arguments or environment may change how ssh is run."""
+    found = [arg for arg in args
+             if arg in _PARAM_FILE_FLAGS
+             or any(_is_override(part.lstrip("-")) for part in arg.split("="))]
+    return found + _env_overrides(environ)
+
+
+def refuse_insecure(args: Sequence[str], environ: Mapping[str, str]) -> None:
+    """A launch agent or ssh arguments that accept any host key are refused, with or without
+    --no-check: dtlaunch never logs in to a host whose key it cannot verify."""
+    places = [(f"--mpi-args {' '.join(args)!r}", " ".join(args))] if ssh_overrides(args, {}) else []
+    places += [(f"the environment's {key}", environ[key]) for key in _env_overrides(environ)]
+    for where, text in places:
+        match = _INSECURE.search(text)
+        if match:
+            raise UsageError(f"{where} sets {match.group(0)!r}, which lets ssh log in to hosts "
+                             "whose key is unknown or changed; dtlaunch refuses that (use "
+                             "--accept-new-host-keys to trust hosts on first contact)")
+
+
+def default_param_files(launcher: str, home: str) -> tuple[str, ...]:
+    """The parameter files Open MPI, PRRTE and PMIx read without being told: the user's, and
+    the installation's (beside `launcher`'s prefix, and Debian's /etc/openmpi)."""
+    prefix = os.path.dirname(os.path.dirname(launcher)) if launcher else ""
+    user = tuple(os.path.join(home, folder, "mca-params.conf")
+                 for folder in (".openmpi", ".prte", ".pmix"))
+    system = tuple(os.path.join(folder, f"{name}-mca-params.conf")
+                   for folder in ((os.path.join(prefix, "etc"),) if prefix else ()) + ("/etc/openmpi",)
+                   for name in ("openmpi", "prte", "pmix"))
+    return user + system
+
+
+def param_file_overrides(text: str) -> list[str]:
+    """The names that may change how ssh is run, set in one parameter file's text
+    (`name = value` lines, `#` comments)."""
+    names = []
+    for line in text.splitlines():
+        line = line.split("#", 1)[0]
+        if "=" in line:
+            name = line.split("=", 1)[0].strip()
+            if _is_override(name):
+                names.append(name)
+    return names

@@ -1,0 +1,1 @@
+"""dtlaunch.plan.plan: see docs/architecture.md."""

@@ -1,0 +1,192 @@
+"""From the user's request to the exact launch plan. Pure: no I/O, no environment reads."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+
+from dtlaunch.agents.rank_shim import PIPE_BUF, wrap_program
+from dtlaunch.cluster.allocation import slurm_launch_env
+from dtlaunch.core.errors import UsageError
+from dtlaunch.mpi import Interfaces, JobSpec, MpiFamily, format_command
+from dtlaunch.openmpi.family import OPEN_MPI
+from dtlaunch.openmpi.mca import refuse_insecure
+from dtlaunch.plan.command import Program
+from dtlaunch.plan.command import check_module_name as check_module_name  # re-exported for the CLI
+from dtlaunch.plan.env import EnvPlan, build_launcher_env, plan_environment
+from dtlaunch.plan.hosts import Host, assign_ranks, total_slots
+from dtlaunch.reach.ssh_options import SshOptions
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    hosts: tuple[Host, ...]  # empty: this machine
+    python: str
+    script: str | None = None
+    module: str | None = None
+    args: tuple[str, ...] = ()
+    num_proc: int | None = None
+    oversubscribe: bool = False
+    iface: Interfaces | None = None
+    env_items: tuple[str, ...] = ()
+    ssh: SshOptions = field(default_factory=SshOptions)
+    mpi_args: tuple[str, ...] = ()
+    timeline: str | None = None
+    tree_spawn: bool = False
+    rsh_agent: str | None = None
+    # The ranks' command from dtlaunch.plan.command.parse_command; when set, script/module/args
+    # are not used.
+    program: Program | None = None
+    # Variables dtlaunch sets for every rank besides its own (horovodrun's options, the
+    # network it chose); `-x` still beats them.
+    extra_env: tuple[tuple[str, str], ...] = ()
+    # How mpirun starts its daemons: "ssh", "slurm" (srun, inside a Slurm job) or "auto"
+    # (slurm inside a Slurm job); session.prepare resolves "auto".
+    launcher: str = "auto"
+    binding: tuple[str, ...] | None = None  # --binding-args; None: dtlaunch's default
+    # Names whose -x NAME=VALUE was typed on dtlaunch's command line (a secret's value there
+    # deserves a warning: it stays in dtlaunch's process entry while the job runs).
+    typed_env: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    argv: tuple[str, ...]  # the launcher's command as one would type it (what is shown)
+    launcher_env: dict[str, str]
+    rank_hosts: tuple[str, ...]
+    env: EnvPlan
+    hosts: tuple[Host, ...]
+    family: MpiFamily = field(default=OPEN_MPI, compare=False)  # how the job is started
+    # Variables the launcher needs beyond the ranks' (dtlaunch's ssh options): shown first.
+    shown_env: tuple[tuple[str, str], ...] = ()
+    support_files: tuple[tuple[str, str], ...] = ()  # (path, text) written before the start
+    # What runs: `argv` with each rank started through dtlaunch.agents.rank_shim; () for a plan made
+    # by hand, which then runs `argv` as it is.
+    launch_argv: tuple[str, ...] = ()
+
+    def display(self) -> str:
+        """Shell-quoted and pasteable; values of secrets never appear in it."""
+        return format_command(self.argv, self.shown_env)
+
+
+# More processes than this is a typo, not a job (and would cost gigabytes to plan).
+MAX_NUM_PROC = 1_000_000
+
+
+def resolve_hosts(hosts: tuple[Host, ...], cpu_count: int) -> tuple[Host, ...]:
+    """No hosts given: this machine, one slot per core."""
+    if hosts:
+        return hosts
+    return (Host("localhost", max(cpu_count, 1)),)
+
+
+def choose_num_proc(hosts: tuple[Host, ...], num_proc: int | None, oversubscribe: bool,
+                    local: bool = False) -> int:
+    """-np, or all the slots. More than the slots needs --oversubscribe, on this machine
+    (`local`: no hosts given, one slot per core) as on hosts."""
+    slots = total_slots(hosts)
+    if num_proc is not None and num_proc < 1:
+        raise UsageError(f"-np: must be at least 1, got {num_proc}")
+    chosen = slots if num_proc is None else num_proc
+    if chosen > MAX_NUM_PROC:
+        what = f"{chosen} processes" if num_proc is not None else f"all {chosen} slots"
+        raise UsageError(f"-np: {what} is more than the {MAX_NUM_PROC} dtlaunch starts")
+    if chosen > slots and not oversubscribe:
+        if local:
+            raise UsageError(
+                f"-np: {chosen} processes but this machine has only {slots} cores (one slot "
+                "each without -H); pass --oversubscribe to run more processes than cores"
+            )
+        raise UsageError(
+            f"-np: {chosen} processes but the hosts have only {slots} slots; "
+            "add slots (host:N) or pass --oversubscribe"
+        )
+    return chosen
+
+
+def build_program(request: RunRequest) -> tuple[str, ...]:
+    if request.program is not None:
+        return request.program.argv
+    if request.module is not None:
+        return (request.python, "-m", check_module_name(request.module), *request.args)
+    if request.script is None:
+        raise UsageError("run: give a SCRIPT to run or -m MODULE")
+    return (request.python, request.script, *request.args)
+
+
+def shim_python(request: RunRequest) -> str:
+    """The interpreter the rank shim runs with on the hosts: the ranks' own when dtlaunch can
+    tell it (the pre-flight checks it there), else python3 from the hosts' PATH."""
+    if request.program is not None:
+        return request.program.python or "python3"
+    return request.python
+
+
+def plan_run(
+    request: RunRequest,
+    environ: Mapping[str, str],
+    *,
+    family: MpiFamily = OPEN_MPI,
+    launcher: str | None = None,
+    mpi_version: tuple[int, ...] = (),
+    as_root: bool = False,
+    cpu_count: int = 1,
+) -> RunPlan:
+    hosts = resolve_hosts(request.hosts, cpu_count)
+    num_proc = choose_num_proc(hosts, request.num_proc, request.oversubscribe,
+                               local=not request.hosts)
+    program = build_program(request)
+    fixed: dict[str, str] = {"PYTHONUNBUFFERED": "1"}
+    if request.iface is not None and request.iface.names:
+        # NCCL and Gloo take names only; a CIDR is resolved per host by doctor.
+        names = ",".join(request.iface.names)
+        fixed["NCCL_SOCKET_IFNAME"] = names
+        fixed["HOROVOD_GLOO_IFACE"] = request.iface.names[0]
+    if request.timeline:
+        fixed["HOROVOD_TIMELINE"] = request.timeline
+    fixed.update(request.extra_env)
+    refuse_insecure(request.mpi_args, environ)
+    env = plan_environment(environ, request.env_items, fixed, typed=request.typed_env)
+    spec = JobSpec(
+        hosts=hosts,
+        num_proc=num_proc,
+        program=program,
+        env=env,
+        iface=request.iface,
+        ssh=request.ssh,
+        as_root=as_root,
+        oversubscribe=request.oversubscribe,
+        tree_spawn=request.tree_spawn,
+        mpi_version=mpi_version,
+        mpi_args=request.mpi_args,
+        rsh_agent=request.rsh_agent,
+        slurm=request.launcher == "slurm",
+        binding=request.binding,
+    )
+    argv = family.build_argv(spec, launcher or family.launcher)
+    # What really runs: every rank through the rank shim, its argv one opaque word.
+    # Records as large as the launcher can take apart (a family that does not say: PIPE_BUF).
+    record_limit = int(getattr(family, "record_limit", PIPE_BUF))
+    wrapped = wrap_program(program, shim_python(request), record_limit)
+    launch_argv = family.build_argv(replace(spec, program=wrapped), launcher or family.launcher)
+    launcher_env = build_launcher_env(environ, env)
+    own = family.launcher_env(spec)
+    launcher_env.update(own)
+    if spec.slurm:
+        # Open MPI's plm slurm reads the job from these and starts its daemons with srun.
+        launcher_env.update(slurm_launch_env(environ))
+        # The daemons' step shares CPUs with other steps: after a lost node, the stopped
+        # attempt's step lingers until slurmctld declares the node down (minutes), and the
+        # next attempt's daemons must not wait for it.
+        launcher_env.setdefault("OMPI_MCA_plm_slurm_args", "--overlap")
+    return RunPlan(
+        argv=argv,
+        launch_argv=launch_argv,
+        launcher_env=launcher_env,
+        rank_hosts=assign_ranks(hosts, num_proc),
+        env=env,
+        hosts=hosts,
+        family=family,
+        shown_env=tuple(own.items()),
+        support_files=family.support_files(spec),
+    )

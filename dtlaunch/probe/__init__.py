@@ -1,0 +1,1 @@
+"""dtlaunch.probe.command: see docs/architecture.md."""

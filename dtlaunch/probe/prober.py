@@ -1,0 +1,169 @@
+"""How hosts are reached for checks (the seam), and one fan-out with an overall deadline.
+
+A `Prober` runs the probe on one host and returns what it found; SSH is the implementation
+today (dtlaunch.probe.ssh_prober), `srun` inside a Slurm allocation comes next; a `Tracker` holds
+what a prober has open, for `close()`. `fan_out` runs one
+piece of work per host on daemon threads, bounded in number, and returns by a deadline
+whatever happens: a host that has not answered by then gets the caller's fallback result.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol, TypeVar
+
+if TYPE_CHECKING:
+    from dtlaunch.check.facts import HostFacts
+    from dtlaunch.check.report import HostOutcome
+    from dtlaunch.probe.command import ProbeArgs
+    from dtlaunch.reach.ssh_options import SshOptions
+
+MAX_PARALLEL = 64
+LOCAL_NAMES = frozenset({"localhost", "127.0.0.1", "localhost.localdomain"})
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+class Prober(Protocol):
+    """Reaches remote hosts for doctor and the pre-flight. Every call is bounded in time."""
+
+    connect_timeout: float
+
+    def probe(self, host: str, args: ProbeArgs, timeout: float) -> HostOutcome:
+        """Run the probe on `host`; facts, or the problem that stopped it (never raises)."""
+        ...
+
+    def verify(self, host: str) -> str | None:
+        """The cheap check a cached pre-flight keeps (SSH: the host key); a failure kind or None."""
+        ...
+
+    def close(self) -> None:
+        """End every connection, helper process and remote command still open (Ctrl-C)."""
+        ...
+
+
+class Closable(Protocol):
+    def close(self) -> None: ...
+
+
+class Tracker:
+    """Things still open that must be ended on Ctrl-C or at a deadline. Once `close_all` ran,
+    whatever is added is closed at once, and `close_all` waits (briefly) for processes being
+    started right then: one started a moment before Ctrl-C must not outlive dtlaunch."""
+
+    def __init__(self) -> None:
+        self._items: set[Closable] = set()
+        self._cond = threading.Condition()
+        self._closed = False
+        self._opening = 0
+
+    @contextlib.contextmanager
+    def opening(self) -> Iterator[None]:
+        """Wraps starting a process until it is added, so close_all can wait for it."""
+        with self._cond:
+            self._opening += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._opening -= 1
+                self._cond.notify_all()
+
+    def add(self, item: Closable) -> None:
+        with self._cond:
+            if not self._closed:
+                self._items.add(item)
+                return
+        item.close()
+
+    def discard(self, item: Closable) -> None:
+        with self._cond:
+            self._items.discard(item)
+
+    def close_all(self, wait: float = 5.0) -> None:
+        with self._cond:
+            self._closed = True
+            items = list(self._items)
+            self._items.clear()
+        for item in items:
+            with contextlib.suppress(Exception):
+                item.close()
+        with self._cond:
+            self._cond.wait_for(lambda: self._opening == 0, timeout=wait)
+
+
+@dataclass(frozen=True)
+class Reach:
+    """How a round of checks reaches the hosts: a fresh Prober for each round, and the probe
+    of this machine (run directly, ended through the Tracker). Tests hand in fakes."""
+
+    prober: Callable[[], Prober]
+    here: Callable[[ProbeArgs, float, Tracker], HostFacts]
+
+
+def ssh_reach(options: SshOptions) -> Reach:
+    """Remote hosts over SSH, this machine through a local shell: the default."""
+    from dtlaunch.probe.command import probe_local
+    from dtlaunch.probe.ssh_prober import SshProber
+
+    return Reach(prober=lambda: SshProber(options), here=probe_local)
+
+
+def local_names() -> frozenset[str]:
+    """Names that mean this machine, which is probed directly rather than through a Prober."""
+    name = socket.gethostname()
+    return LOCAL_NAMES | {name, name.split(".")[0]}
+
+
+def fan_out(
+    items: Sequence[T],
+    work: Callable[[T], R],
+    fallback: Callable[[T, BaseException | None], R],
+    seconds: float,
+    on_result: Callable[[int, T], None] | None = None,
+    while_waiting: Callable[[], None] | None = None,
+    max_parallel: int = MAX_PARALLEL,
+) -> list[R]:
+    """`work(item)` for every item at once; results in the items' order, within `seconds`.
+
+    `fallback(item, exc)` stands in for work that raised (exc) or is still running at the
+    deadline (None). `on_result(done, item)` reports progress; `while_waiting` runs once on
+    this thread after everything started. Ctrl-C propagates at once (the threads are daemons;
+    the caller ends what they hold open)."""
+    deadline = time.monotonic() + seconds
+    done: queue.Queue[tuple[int, R]] = queue.Queue()
+    slots = threading.BoundedSemaphore(max(1, max_parallel))
+
+    def run(index: int, item: T) -> None:
+        with slots:
+            try:
+                result = work(item)
+            except BaseException as exc:  # always report, or the waiter would wait in vain
+                result = fallback(item, exc)
+            done.put((index, result))
+
+    for index, item in enumerate(items):
+        threading.Thread(target=run, args=(index, item), daemon=True).start()
+    if while_waiting is not None:
+        with contextlib.suppress(Exception):
+            while_waiting()
+    results: dict[int, R] = {}
+    while len(results) < len(items):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        try:
+            index, result = done.get(timeout=min(left, 0.1))
+        except queue.Empty:
+            continue
+        results[index] = result
+        if on_result is not None:
+            on_result(len(results), items[index])
+    return [results[i] if i in results else fallback(item, None) for i, item in enumerate(items)]

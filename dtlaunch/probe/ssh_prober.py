@@ -1,0 +1,75 @@
+"""The Prober over SSH: one paramiko connection and one remote command per host.
+
+Connections and proxy processes still open are tracked, so `close()` (Ctrl-C, a deadline)
+ends them all and nothing is left behind; a remote command ends when its channel closes.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from dtlaunch.check.report import HOST, HostOutcome, ssh_failed
+from dtlaunch.probe.command import END_MARK, ProbeArgs, build_remote_command
+from dtlaunch.probe.prober import Tracker
+from dtlaunch.reach.ssh_errors import SshFailure
+from dtlaunch.reach.ssh_options import SshOptions
+
+
+class SshProber:
+    def __init__(self, options: SshOptions) -> None:
+        self.options = options
+        self.connect_timeout = float(options.connect_timeout)
+        self._config: Any = None
+        self._lock = threading.Lock()
+        self._tracker = Tracker()
+
+    def _target(self, host: str) -> Any:
+        from dtlaunch.reach.ssh_config import load_ssh_config, resolve_target
+
+        with self._lock:
+            if self._config is None:
+                self._config = load_ssh_config(self.options.config_file)
+            config = self._config
+        return resolve_target(host, self.options, config)
+
+    def probe(self, host: str, args: ProbeArgs, timeout: float) -> HostOutcome:
+        from dtlaunch.check.facts import parse_probe_output
+        from dtlaunch.ssh import connect
+
+        start = time.monotonic()
+        try:
+            conn = connect(self._target(host), tracker=self._tracker)
+            try:
+                result = conn.run_remote(build_remote_command(args), timeout, END_MARK)
+            finally:
+                conn.close()
+            facts = parse_probe_output(result.stdout)
+            if not facts.hostname and result.exit_code != 0:
+                tail = (result.stderr.strip().splitlines() or ["no output"])[-1]
+                return HostOutcome(host, HOST, problem=ssh_failed(
+                    f"the remote command failed (exit {result.exit_code}): {tail}",
+                    "the login shell must be POSIX-like (sh, bash, zsh); try "
+                    f"'ssh {host} sh -c true'"), seconds=time.monotonic() - start)
+            return HostOutcome(host, HOST, facts, seconds=time.monotonic() - start,
+                               note=conn.host_key_note)
+        except SshFailure as exc:
+            return HostOutcome(host, HOST, problem=exc.check,
+                               seconds=time.monotonic() - start)
+        except Exception as exc:  # a bug or an odd server must not hide the other hosts' results
+            return HostOutcome(host, HOST, problem=ssh_failed(
+                f"{type(exc).__name__}: {exc}", f"try 'ssh -v {host} true'"),
+                seconds=time.monotonic() - start)
+
+    def verify(self, host: str) -> str | None:
+        from dtlaunch.ssh import verify_host_key
+
+        try:
+            verify_host_key(self._target(host), tracker=self._tracker)
+        except SshFailure as exc:
+            return exc.kind
+        return None
+
+    def close(self) -> None:
+        self._tracker.close_all()

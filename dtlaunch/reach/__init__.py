@@ -1,0 +1,1 @@
+"""dtlaunch.reach: see docs/architecture.md."""

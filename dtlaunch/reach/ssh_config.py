@@ -1,0 +1,146 @@
+"""Where and how to reach a host: OpenSSH's config file and dtlaunch's options, resolved the
+way OpenSSH (and so mpirun's ssh) would resolve them."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import sys
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from dtlaunch.core.errors import DtlaunchError
+from dtlaunch.reach.ssh_options import SshOptions
+
+DEFAULT_IDENTITIES = ("id_ed25519", "id_ecdsa", "id_rsa")
+DEFAULT_KNOWN_HOSTS = ("~/.ssh/known_hosts", "~/.ssh/known_hosts2")
+GLOBAL_KNOWN_HOSTS = ("/etc/ssh/ssh_known_hosts", "/etc/ssh/ssh_known_hosts2")
+
+_import_lock = threading.Lock()
+_MATCH_EXEC = re.compile(r"\s*match\b.*\bexec\b", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class SshTarget:
+    """Where and how to connect to one host, after ssh config and command-line options."""
+
+    alias: str  # the name as given to dtlaunch (and to mpirun)
+    hostname: str
+    port: int
+    user: str
+    identity_files: tuple[str, ...] = ()
+    identities_only: bool = False
+    proxy_command: str | None = None
+    proxy_jump: str | None = None
+    known_hosts_files: tuple[str, ...] = DEFAULT_KNOWN_HOSTS
+    global_known_hosts_files: tuple[str, ...] = GLOBAL_KNOWN_HOSTS
+    host_key_alias: str | None = None
+    accept_new: bool = False
+    config_file: str | None = None
+    connect_timeout: float = 10.0
+
+    @property
+    def known_hosts_name(self) -> str:
+        """The name a known_hosts line carries: `host` on port 22, `[host]:port` otherwise."""
+        name = self.host_key_alias or self.hostname
+        return name if self.port == 22 else f"[{name}]:{self.port}"
+
+    @property
+    def destination(self) -> str:
+        return f"{self.user}@{self.alias}"
+
+    def ssh_flags(self) -> tuple[str, ...]:
+        """`-p PORT` for the fixes we print, when the port is not the default."""
+        return ("-p", str(self.port)) if self.port != 22 else ()
+
+
+def _yes(value: Any) -> bool:
+    return str(value).strip().lower() in ("yes", "true", "1")
+
+
+def import_paramiko() -> Any:
+    """paramiko costs ~0.1 s to import: only where a connection is made. It is imported
+    without `invoke`, which its config module imports (~60 ms, a third of paramiko's import)
+    only to run `Match exec` lines; `load_ssh_config` supplies it when a config has one."""
+    with _import_lock:  # held even when imported, so no thread sees a half-imported module
+        blocked = "paramiko" not in sys.modules and "invoke" not in sys.modules
+        if blocked:
+            sys.modules["invoke"] = None  # type: ignore[assignment]  # `import invoke` fails fast
+        try:
+            import paramiko
+        finally:
+            if blocked and sys.modules.get("invoke", False) is None:
+                del sys.modules["invoke"]
+    return paramiko
+
+
+def _needs_match_exec(path: str) -> bool:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            return any(_MATCH_EXEC.match(line) for line in handle)
+    except OSError:
+        return False
+
+
+def load_ssh_config(path: str | None) -> Any:
+    """Parse the OpenSSH config (`--ssh-config` or ~/.ssh/config); a missing default is empty."""
+    paramiko = import_paramiko()
+
+    chosen = path or os.path.expanduser("~/.ssh/config")
+    if path is None and not os.path.isfile(chosen):
+        return paramiko.SSHConfig()
+    if paramiko.config.invoke is None and _needs_match_exec(chosen):
+        with contextlib.suppress(ImportError):
+            import invoke
+
+            paramiko.config.invoke = invoke
+    try:
+        return paramiko.SSHConfig.from_path(chosen)
+    except (OSError, ValueError, paramiko.ConfigParseError) as exc:
+        raise DtlaunchError(f"cannot read ssh config {chosen}: {exc}") from None
+
+
+def resolve_target(alias: str, options: SshOptions, config: Any) -> SshTarget:
+    """Apply ssh config (`config.lookup`) and dtlaunch's options, as OpenSSH would."""
+    entry: dict[str, Any] = dict(config.lookup(alias)) if config is not None else {}
+    user = entry.get("user") or os.environ.get("USER") or _login_name()
+    port = options.port if options.port is not None else int(entry.get("port", 22))
+    identities: list[str] = []
+    if options.identity_file:
+        identities.append(options.identity_file)
+    identities += [str(p) for p in entry.get("identityfile", [])]
+    if not identities:
+        identities = [f"~/.ssh/{name}" for name in DEFAULT_IDENTITIES]
+    known = str(entry.get("userknownhostsfile", "")).split() or list(DEFAULT_KNOWN_HOSTS)
+    global_known = (str(entry.get("globalknownhostsfile", "")).split()
+                    or list(GLOBAL_KNOWN_HOSTS))
+    proxy_command = entry.get("proxycommand")
+    if proxy_command is not None and str(proxy_command).strip().lower() == "none":
+        proxy_command = None
+    proxy_jump = entry.get("proxyjump")
+    if proxy_jump is not None and str(proxy_jump).strip().lower() == "none":
+        proxy_jump = None
+    return SshTarget(
+        alias=alias,
+        hostname=str(entry.get("hostname", alias)),
+        port=port,
+        user=str(user),
+        identity_files=tuple(os.path.expanduser(p) for p in dict.fromkeys(identities)),
+        identities_only=_yes(entry.get("identitiesonly", "no")),
+        proxy_command=str(proxy_command) if proxy_command else None,
+        proxy_jump=str(proxy_jump) if proxy_jump else None,
+        known_hosts_files=tuple(os.path.expanduser(p) for p in known),
+        global_known_hosts_files=tuple(os.path.expanduser(p) for p in global_known),
+        host_key_alias=entry.get("hostkeyalias"),
+        accept_new=options.host_key_policy == "accept-new",
+        config_file=options.config_file,
+        connect_timeout=float(options.connect_timeout),
+    )
+
+
+def _login_name() -> str:
+    import pwd
+
+    return pwd.getpwuid(os.getuid()).pw_name

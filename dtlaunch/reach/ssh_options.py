@@ -1,0 +1,68 @@
+"""How dtlaunch's own SSH and the MPI launcher's ssh reach the hosts."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+from dtlaunch.core.errors import UsageError
+
+
+@dataclass(frozen=True)
+class SshOptions:
+    port: int | None = None
+    identity_file: str | None = None
+    config_file: str | None = None
+    connect_timeout: int = 10
+    # "yes": unknown keys fail; "accept-new": trust on first use (opt-in). Never "no".
+    host_key_policy: str = "yes"
+
+    def ssh_args(self) -> tuple[str, ...]:
+        """Options for OpenSSH as the MPI launcher will call it: never prompt, never hang."""
+        args: list[str] = [
+            "-o", "BatchMode=yes",
+            "-o", f"ConnectTimeout={self.connect_timeout}",
+            "-o", f"StrictHostKeyChecking={self.host_key_policy}",
+            # A dead host during a job ends the ssh link, so the launcher notices and aborts.
+            "-o", "ServerAliveInterval=5",
+            "-o", "ServerAliveCountMax=3",
+        ]  # fmt: skip
+        if self.port is not None:
+            args += ["-p", str(self.port)]
+        if self.identity_file:
+            args += ["-i", self.identity_file]
+        if self.config_file:
+            args += ["-F", self.config_file]
+        return tuple(args)
+
+
+def ssh_options_from(port: int | None, identity: str | None, config: str | None,
+                     timeout: int, accept_new: bool) -> SshOptions:
+    """The command line's SSH options, checked: the files exist."""
+    for value, option in ((identity, "--ssh-identity-file"), (config, "--ssh-config")):
+        if value is not None and not os.path.isfile(value):
+            raise UsageError(f"{option}: no such file: {value}")
+    return SshOptions(port=port, identity_file=identity, config_file=config,
+                      connect_timeout=timeout,
+                      host_key_policy="accept-new" if accept_new else "yes")
+
+
+# What may pass through mpirun's ssh options (plm_rsh_args): Open MPI splits them on
+# whitespace and copies them, inside double quotes, onto each daemon's command line, where a
+# remote shell expands `$`, backquotes, `"` and `\`.
+_RSH_SAFE = re.compile(r"[A-Za-z0-9_@%+=:,./~-]+")
+
+
+def rsh_safe(value: str) -> bool:
+    return bool(_RSH_SAFE.fullmatch(value))
+
+
+def check_rsh_arg(value: str, option: str) -> str:
+    """A path for plm_rsh_args (tree spawn, or no ssh wrapper): plain characters only."""
+    if not rsh_safe(value):
+        bad = sorted({c for c in value if not _RSH_SAFE.fullmatch(c)})
+        raise UsageError(f"{option}: {value!r} contains {' '.join(map(repr, bad))}, which "
+                         "mpirun's ssh options (--tree-spawn) cannot carry safely; "
+                         "rename the file or link it from a plain path")
+    return value

@@ -1,0 +1,1 @@
+"""dtlaunch.run: see docs/architecture.md."""

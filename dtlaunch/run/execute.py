@@ -1,0 +1,255 @@
+"""Run mpirun as a child: stream tagged output live, forward signals, enforce --timeout.
+
+The only module that starts the job. mpirun gets its own session so that a terminal's Ctrl-C
+reaches dtlaunch alone, which forwards it once and escalates if mpirun does not finish. mpirun
+starts under a guard (dtlaunch.agents.lifeline) that ends the job if dtlaunch itself is killed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+from dtlaunch.agents.lifeline import guarded_argv, session_members
+from dtlaunch.core.errors import EXIT_TIMEOUT, DtlaunchError, exit_for_signal
+from dtlaunch.mpi import MpiFamily, OutputDemux
+from dtlaunch.openmpi.failures import Failure
+from dtlaunch.openmpi.family import OPEN_MPI, OpenMpi
+from dtlaunch.run.job_output import JobOutput
+from dtlaunch.run.spool import Spool
+
+# After forwarding a signal, how long mpirun gets to take its ranks down before we kill it.
+GRACE_SECONDS = 6.0
+
+
+@dataclass(frozen=True)
+class LaunchResult:
+    exit_code: int
+    failure: Failure | None
+    interrupted_by: int | None = None  # signal number dtlaunch received
+    timed_out: bool = False
+
+
+def _signal(proc: subprocess.Popen[bytes], signum: int) -> None:
+    """Signal mpirun unless it is already gone; Popen skips a child it has reaped, so a
+    recycled pid is never hit."""
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(signum)
+
+
+def _kill_tree(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL mpirun's whole session (local ranks included); remote orteds lose their
+    lifeline when mpirun's ssh links close and take their ranks down. Not just its process
+    group: Open MPI's plm slurm puts its srun in a group of its own, and after a lost node
+    that srun would wait for the node (minutes) after everything else is gone."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    for pid in session_members(proc.pid):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def execute(
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    rank_hosts: Sequence[str],
+    timeout: float | None = None,
+    output_dir: Path | None = None,
+    announce: Callable[[str], None] = lambda msg: None,
+    stop_when: Callable[[], str | None] | None = None,
+    new_demux: Callable[[str], OutputDemux] | None = None,
+    prefix_timestamp: bool = False,
+    family: MpiFamily = OPEN_MPI,
+    support_files: Sequence[tuple[str, str]] = (),
+) -> LaunchResult:
+    """Run mpirun to the end. ``stop_when`` is polled while it runs: a returned reason stops
+    the job (used by the pre-flight's host-key check that runs alongside the start).
+    ``new_demux(stream)`` reads the launcher's output (default: the family's).
+    ``family`` reads the launcher's failures; ``support_files`` are written first (the
+    family's ssh agent)."""
+    if output_dir is not None:
+        try:
+            output_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise DtlaunchError(f"--output-dir: cannot create {output_dir}: "
+                                f"{exc.strerror or exc}") from None
+    for path, text in support_files:
+        write_private_executable(Path(path), text)
+    out = JobOutput(rank_hosts, output_dir, timestamps=prefix_timestamp,
+                    new_demux=new_demux or family.new_demux)
+    # Open MPI's mpirun ends the job when a rank fails; Hydra waits for the others, which may
+    # wait forever for the failed one, so dtlaunch ends it on the rank's exit record.
+    stop_on_rank_failure = not isinstance(family, OpenMpi)
+    rank_failed: Failure | None = None
+    received: list[int] = []
+    spools = (Spool(), Spool())  # mpirun's stdout and stderr: files, not pipes (see spool.py)
+    command, lifeline_read, lifeline_write = guarded_argv(list(argv))
+    try:
+        proc = subprocess.Popen(
+            command,
+            env=dict(env),
+            stdin=subprocess.DEVNULL,
+            stdout=spools[0].fd,
+            stderr=spools[1].fd,
+            start_new_session=True,
+            pass_fds=(lifeline_read,),
+        )
+    except BaseException:
+        os.close(lifeline_write)
+        for spool in spools:
+            spool.close()
+        raise
+    finally:
+        os.close(lifeline_read)
+    # Set when mpirun has ended: then the pumps read what is left and stop.
+    finished = threading.Event()
+    pumps = [threading.Thread(target=spool.pump, args=(partial(out.feed, from_stderr=i == 1),
+                                                       finished), daemon=True)
+             for i, spool in enumerate(spools)]
+    for thread in pumps:
+        thread.start()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        received.append(signum)
+        _signal(proc, signum)
+
+    handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    previous = {s: signal.signal(s, on_signal) for s in handled}
+    deadline = time.monotonic() + timeout if timeout else None
+    timed_out = False
+    lost_host: str | None = None
+    stopped_for: str | None = None
+    stop_requested_at: float | None = None
+    # A thread blocks in wait() so the job's end is seen at once; the main thread stays free
+    # to run signal handlers and to enforce deadlines.
+    def reap() -> None:
+        proc.wait()
+        finished.set()
+
+    threading.Thread(target=reap, daemon=True).start()
+    try:
+        while not finished.wait(0.1):
+            out.tick()
+            now = time.monotonic()
+            if out.broken_pipe and signal.SIGPIPE not in received:
+                # dtlaunch's reader went away (`| head`): stop quietly, as SIGPIPE would.
+                received.append(signal.SIGPIPE)
+                _signal(proc, signal.SIGTERM)
+            if deadline is not None and now >= deadline and not timed_out:
+                timed_out = True
+                announce(f"job still running after --timeout {timeout:g} s: stopping it")
+                _signal(proc, signal.SIGTERM)
+            if out.lost_host is not None and lost_host is None:
+                lost_host = out.lost_host
+                announce(f"lost the SSH connection to host {lost_host}: stopping the job")
+                _signal(proc, signal.SIGTERM)
+            if stop_on_rank_failure and rank_failed is None:
+                rank_failed = first_failed_rank(out.exits, out.rank_hosts())
+                if rank_failed is not None:
+                    announce(f"{rank_failed.describe()}: stopping the job")
+                    _signal(proc, signal.SIGTERM)
+            if stop_when is not None and stopped_for is None:
+                stopped_for = stop_when()
+                if stopped_for is not None:
+                    announce(stopped_for)
+                    _signal(proc, signal.SIGTERM)
+            if (received or timed_out or lost_host or stopped_for or rank_failed) \
+                    and stop_requested_at is None:
+                stop_requested_at = now
+            if stop_requested_at is not None and now - stop_requested_at > GRACE_SECONDS:
+                announce(f"{family.launcher} did not stop in time: killing it")
+                _kill_tree(proc)
+                stop_requested_at = float("inf")
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        # Anything still in mpirun's session (e.g. a rank that ignored SIGTERM) goes too,
+        # the lifeline's guard with it.
+        _kill_tree(proc)
+        os.close(lifeline_write)
+        for thread in pumps:
+            thread.join()  # what mpirun wrote is all there: read to the end
+        for spool in spools:
+            spool.close()
+        out.close()
+
+    if lost_host is None:
+        # mpirun may end (Open MPI 5 at once, on its daemon's ssh exit) before the loop saw
+        # the link watcher's line; the pumps have read it by now.
+        lost_host = out.lost_host
+    code = proc.returncode
+    exit_code = code if code >= 0 else 128 - code
+    failure = family.parse_failure(list(out.launcher_lines), out.rank_hosts()) if code != 0 else None
+    if code != 0 and out.not_started and (failure is None or failure.rank in out.not_started):
+        # The rank shim ran but the program could not: say so as mpirun says it of the shim.
+        rank = failure.rank if failure is not None and failure.rank is not None \
+            else min(out.not_started)
+        host = out.rank_hosts()[rank] if rank < len(out.rank_hosts()) else None
+        failure = Failure(rank=rank, host=host, reason=f"rank {rank} could not start"
+                          f"{f' on host {host}' if host else ''}: {out.not_started[rank]} was "
+                          "not found or is not executable there")
+    if received or timed_out:
+        # Hydra reports the ranks it stopped as failures; they are not the job's fault.
+        kept = failure if isinstance(family, OpenMpi) else None
+        if received:
+            return LaunchResult(exit_for_signal(received[0]), kept, interrupted_by=received[0])
+        return LaunchResult(EXIT_TIMEOUT, kept, timed_out=True)
+    if stopped_for is not None:
+        return LaunchResult(exit_code or 1, Failure(reason=stopped_for))
+    if lost_host is not None:
+        lost = Failure(host=lost_host, reason=f"lost the SSH connection to host {lost_host}")
+        return LaunchResult(exit_code or 1, lost)
+    if rank_failed is None and (failure is None or failure.rank is None):
+        rank_failed = first_failed_rank(out.exits, out.rank_hosts())
+    if rank_failed is not None:
+        # The ranks' own exit records name rank, host and status exactly.
+        failure = rank_failed
+        if exit_code == 0 or not isinstance(family, OpenMpi):
+            exit_code = rank_failed.exit_code or (128 + (rank_failed.signal or 0)) or 1
+    if exit_code != 0 and failure is None:
+        failure = Failure(reason=f"{family.launcher} exited with status {exit_code}")
+    return LaunchResult(exit_code, failure)
+
+
+def first_failed_rank(exits: Mapping[int, str], rank_hosts: Sequence[str]) -> Failure | None:
+    """The first rank whose exit record says it failed (`exit 3`, `signal 9`), in the order
+    the records came."""
+    for rank, how in exits.items():
+        kind, _, number = how.partition(" ")
+        if not number.lstrip("-").isdigit() or how == "exit 0":
+            continue
+        host = rank_hosts[rank] if 0 <= rank < len(rank_hosts) else None
+        if kind == "signal":
+            return Failure(rank, host, signal=int(number))
+        return Failure(rank, host, exit_code=int(number))
+    return None
+
+
+def write_private_executable(path: Path, text: str) -> None:
+    """Write a small program only its owner may change; kept when it is already there as
+    written (its name is its content's hash), replaced atomically otherwise."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    folder = path.parent.stat()
+    if folder.st_uid != os.geteuid() or folder.st_mode & 0o022:
+        # Whoever may write there could swap the program dtlaunch runs for every host.
+        raise DtlaunchError(f"{path.parent} is not yours alone (owner or mode); remove it or "
+                            "make it 0700")
+    with contextlib.suppress(OSError):
+        info = path.stat()
+        if (info.st_uid == os.geteuid() and not info.st_mode & 0o022
+                and path.read_text(encoding="utf-8") == text):
+            return
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o700)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(text)
+    os.chmod(tmp, 0o700)
+    os.replace(tmp, path)

@@ -1,0 +1,284 @@
+"""A running job's output: the ranks' bytes to the console with a `[rank@host]` prefix, to
+`--output-dir`, and the launcher's own lines kept for the failure analysis.
+
+The launcher's two pipes are read in pieces (dtlaunch.core.records turns them into events). A rank's
+whole lines are printed at once; a line still open is held back briefly so that lines of
+different ranks do not mix, and printed anyway once it is old (`tick`) or long, so a rank
+printing 100 MB without a newline shows it as it comes and memory stays bounded. A `\\r`
+redraws the rank's line, prefix included (progress bars show live). Memory: at most FRAGMENT bytes
+held per rank and stream, and LOG_BUFFER for the log files.
+
+Write errors never stop the output: a log file that cannot be written gets one warning and is
+dropped; a console whose reader went away (`dtlaunch run ... | head -1`) is noted in
+`broken_pipe`, and the job is stopped as if SIGPIPE had been received.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, BinaryIO, cast
+
+from dtlaunch.agents.rsh import LOST_PREFIX
+from dtlaunch.core.records import Event, Piece, RankExit, RankHost, RankNotStarted
+from dtlaunch.openmpi.output import OpenMpiDemux
+
+if TYPE_CHECKING:
+    from dtlaunch.mpi import OutputDemux
+
+FRAGMENT = 64 * 1024  # an open line this long is printed without waiting for its end
+LIVE_DELAY = 0.2  # seconds an open line waits for its end before it is printed as it is
+LOG_CHUNK = 64 * 1024  # per log file, written once this much has gathered
+LOG_BUFFER = 1024 * 1024  # all log files together
+_LOOPBACK = {"localhost", "127.0.0.1", "::1", "localhost.localdomain"}
+
+
+def _short(name: str) -> str:
+    return name.split(".", 1)[0].lower()
+
+
+def host_name(reported: str, predicted: str | None, given: Sequence[str]) -> str:
+    """The name to show for a rank's host: the user's own spelling (`-H` name) of the host the
+    rank said it runs on, when one matches; else the name the rank reported."""
+    if predicted is not None and (_short(reported) == _short(predicted) or (
+            predicted in _LOOPBACK and _short(reported) == _short(socket.gethostname()))):
+        return predicted
+    for name in dict.fromkeys(given):
+        if _short(name) == _short(reported):
+            return name
+    return reported
+
+
+class LogFiles:
+    """`--output-dir`: DIR/rank.N.log (the rank's exact bytes) and DIR/mpirun.log. Opened for
+    each write of a gathered chunk and closed again, so no handle is held per rank."""
+
+    def __init__(self, directory: Path | None, warn: Callable[[str], None]) -> None:
+        self.directory = directory
+        self.warn = warn
+        self.buffers: dict[str, bytearray] = {}
+        self.held = 0
+        self.failed: set[str] = set()
+
+    def write(self, key: str, data: bytes) -> None:
+        if self.directory is None or key in self.failed:
+            return
+        buf = self.buffers.setdefault(key, bytearray())
+        buf += data
+        self.held += len(data)
+        if len(buf) >= LOG_CHUNK:
+            self._flush(key)
+        elif self.held >= LOG_BUFFER:
+            self.flush()
+
+    def _flush(self, key: str) -> None:
+        data = self.buffers.pop(key)
+        self.held -= len(data)
+        assert self.directory is not None
+        path = self.directory / f"{key}.log"
+        try:
+            with open(path, "ab") as handle:
+                handle.write(data)
+        except OSError as exc:
+            self.failed.add(key)
+            self.warn(f"cannot write {path}: {exc.strerror or exc}; no more of it is written "
+                      "there (the console still shows everything)")
+
+    def flush(self) -> None:
+        for key in list(self.buffers):
+            self._flush(key)
+
+
+class _Console:
+    """One of dtlaunch's own streams, and which rank's line is still open on it."""
+
+    def __init__(self, handle: BinaryIO) -> None:
+        self.handle = handle
+        self.open: int | None = None  # rank whose line is not ended yet (-1: dtlaunch's own)
+        self.at_start = False  # that line was ended by a bare \r
+        self.out: list[bytes] = []
+        self.dead = False
+
+
+def _prefixed(prefix: bytes, data: bytes, first: bool) -> bytes:
+    """`prefix` before `data` (when `first`) and after each line end inside it."""
+    body = data.replace(b"\r\n", b"\n") if b"\r" in data else data  # `in`: memchr, fast
+    end = body[-1:] if body[-1:] in (b"\n", b"\r") else b""
+    inner = body[:len(body) - len(end)]
+    inner = inner.replace(b"\n", b"\n" + prefix).replace(b"\r", b"\r" + prefix)
+    return (prefix if first else b"") + inner + end
+
+
+def _binary(stream: Any) -> BinaryIO:
+    return cast(BinaryIO, getattr(stream, "buffer", stream))
+
+
+class JobOutput:
+    def __init__(self, rank_hosts: Sequence[str], output_dir: Path | None, *,
+                 new_demux: Callable[[str], OutputDemux] | None = None,
+                 timestamps: bool = False, stdout: BinaryIO | None = None,
+                 stderr: BinaryIO | None = None, clock: Callable[[], float] = time.time) -> None:
+        self.predicted = tuple(rank_hosts)
+        self.reported: dict[int, str] = {}
+        self.exits: dict[int, str] = {}
+        self.not_started: dict[int, str] = {}  # rank -> the program that could not be run
+        self.lock = threading.Lock()
+        make = new_demux or OpenMpiDemux
+        self.demux = {False: make("stdout"), True: make("stderr")}
+        self.consoles = {"stdout": _Console(stdout or _binary(sys.stdout)),
+                         "stderr": _Console(stderr or _binary(sys.stderr))}
+        self.pending: dict[tuple[int, str], bytearray] = {}
+        self.since: dict[tuple[int, str], float] = {}
+        self.launcher_lines: deque[str] = deque(maxlen=400)
+        self.lost_host: str | None = None
+        self.broken_pipe = False
+        self.timestamps = timestamps
+        self.clock = clock
+        self.logs = LogFiles(output_dir, self._warn)
+
+    # --- what the pumps and the main loop call ------------------------------------------------
+
+    def feed(self, data: bytes, from_stderr: bool) -> None:
+        with self.lock:
+            for event in self.demux[from_stderr].feed(data):
+                self._take(event)
+            self._write()
+
+    def tick(self) -> None:
+        """Print open lines that waited long enough; write gathered log output."""
+        with self.lock:
+            now = time.monotonic()
+            for key, started in list(self.since.items()):
+                if now - started >= LIVE_DELAY:
+                    self._fragment(key)
+            self.logs.flush()  # first: a log file that cannot be written warns on the console
+            self._write()
+
+    def close(self) -> None:
+        with self.lock:
+            for from_stderr in (False, True):
+                for event in self.demux[from_stderr].flush():
+                    self._take(event)
+            for key in list(self.pending):
+                self._fragment(key)
+            for console in self.consoles.values():
+                if console.open is not None:
+                    console.out.append(b"\n")
+                console.open = None
+            self.logs.flush()  # first: its warning must reach the console too
+            self._write()
+
+    def rank_hosts(self) -> tuple[str, ...]:
+        """rank -> host: where each rank said it runs, else where it was expected to."""
+        count = max([len(self.predicted), *(r + 1 for r in self.reported)])
+        return tuple(self.reported.get(r) or (self.predicted[r] if r < len(self.predicted) else "?")
+                     for r in range(count))
+
+    # --- events -------------------------------------------------------------------------------
+
+    def _take(self, event: Event) -> None:
+        if isinstance(event, RankHost):
+            predicted = self.predicted[event.rank] if event.rank < len(self.predicted) else None
+            self.reported[event.rank] = host_name(event.host, predicted, self.predicted)
+        elif isinstance(event, RankExit):
+            self.exits[event.rank] = event.how
+        elif isinstance(event, RankNotStarted):
+            self.not_started[event.rank] = event.program
+        elif event.rank is None:
+            self._launcher_text(event.data)
+        else:
+            self._rank_bytes(event)
+
+    def _launcher_text(self, data: bytes) -> None:
+        for line in data.decode("utf-8", "replace").splitlines():
+            if line.startswith(LOST_PREFIX) and self.lost_host is None:
+                words = line[len(LOST_PREFIX):].split()
+                self.lost_host = words[0] if words else "?"
+            if line.strip():
+                self.launcher_lines.append(line)
+        self._put("stderr", -1, data if data.endswith(b"\n") else data + b"\n", b"")
+        self.logs.write("mpirun", data)
+
+    def _rank_bytes(self, piece: Piece) -> None:
+        assert piece.rank is not None
+        key = (piece.rank, piece.stream)
+        self.logs.write(f"rank.{piece.rank}", piece.data)
+        buf = self.pending.get(key)
+        if buf is None:
+            buf = self.pending[key] = bytearray()
+            self.since[key] = time.monotonic()
+        held = len(buf)
+        buf += piece.data
+        # Whole lines go out now. A \r starts a redraw of the line: what precedes it goes out,
+        # the redrawn text waits like an open line (so a bar shows once it is drawn).
+        newline, ret = piece.data.rfind(b"\n"), piece.data.rfind(b"\r")
+        cut = held + (ret if ret > newline else newline + 1) if max(newline, ret) >= 0 else 0
+        if cut > 0:
+            self._put(piece.stream, piece.rank, bytes(buf[:cut]))
+            del buf[:cut]
+            self.since[key] = time.monotonic()
+        if len(buf) >= FRAGMENT:
+            self._fragment(key)
+        elif not buf:
+            del self.pending[key], self.since[key]
+
+    def _fragment(self, key: tuple[int, str]) -> None:
+        buf = self.pending.pop(key)
+        del self.since[key]
+        if buf:
+            self._put(key[1], key[0], bytes(buf))
+
+    # --- the console --------------------------------------------------------------------------
+
+    def _prefix(self, rank: int) -> bytes:
+        hosts = self.reported.get(rank) or (self.predicted[rank] if rank < len(self.predicted) else "?")
+        text = f"[{rank}@{hosts}] "
+        if self.timestamps:
+            now = self.clock()
+            text = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now)) + \
+                f".{int(now * 1000) % 1000:03d} " + text
+        return text.encode("utf-8", "surrogateescape")
+
+    def _put(self, stream: str, rank: int, data: bytes, prefix: bytes | None = None) -> None:
+        console = self.consoles[stream]
+        if console.open is not None and console.open != rank:
+            console.out.append(b"\n")  # another rank's open line (or progress bar) ends here
+            console.open = None
+        if console.open is None:
+            data = data.lstrip(b"\r")  # nothing of this rank's on the line to draw over
+            if not data:
+                return
+        first = console.open is None or console.at_start
+        console.out.append(_prefixed(self._prefix(rank) if prefix is None else prefix, data, first))
+        ended = data[-1:]
+        console.open = None if ended == b"\n" else rank
+        console.at_start = ended == b"\r"
+
+    def _warn(self, message: str) -> None:
+        self._put("stderr", -1, f"dtlaunch: warning: {message}\n".encode(), b"")
+
+    def _write(self) -> None:
+        for console in self.consoles.values():
+            if not console.out:
+                continue
+            data, console.out = b"".join(console.out), []
+            if console.dead:
+                continue
+            try:
+                console.handle.write(data)
+                console.handle.flush()
+            except OSError as exc:
+                console.dead = True
+                self.broken_pipe = self.broken_pipe or isinstance(exc, BrokenPipeError)
+                # Nobody reads it any more: later writes (Python's own at exit too) go nowhere.
+                with contextlib.suppress(OSError, ValueError, AttributeError):
+                    devnull = os.open(os.devnull, os.O_WRONLY)
+                    os.dup2(devnull, console.handle.fileno())
+                    os.close(devnull)

@@ -1,0 +1,86 @@
+"""Which MPI the job starts with, asked on this machine: Open MPI's mpirun, or Hydra's mpiexec
+for MPICH and Intel MPI, and dtlaunch's ssh wrapper each of them is given."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Mapping
+
+from dtlaunch.core.errors import DtlaunchError, UsageError
+from dtlaunch.hydra.family import HYDRA_IMPLS, Hydra
+from dtlaunch.mpi import MpiFamily, MpiImpl
+from dtlaunch.openmpi.family import OPEN_MPI
+
+
+def local_mpi(family: MpiFamily, program: str, refuse: bool = True) -> MpiImpl:
+    """Ask the local launcher what it is; refuse one that this family cannot drive."""
+    from dtlaunch.core.bounded import run_bounded
+
+    try:
+        _, out = run_bounded([program, "--version"], timeout=20)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise DtlaunchError(f"cannot run {program} --version: {exc}") from None
+    impl = family.parse_version(out)
+    why = family.unsupported(impl, program) if refuse else None
+    if why is not None:
+        raise UsageError(f"{why}; {family.install_hint}")
+    return impl
+
+
+def launcher_family(environ: Mapping[str, str] | None = None,
+                    ) -> tuple[MpiFamily, str | None, MpiImpl | None]:
+    """The MPI this job will start with: `mpirun` (or else `mpiexec`) first on PATH, asked
+    for its version. Open MPI runs through its mpirun, MPICH and Intel MPI through Hydra's
+    mpiexec (from the same directory). None found: Open MPI's family, no program."""
+    env = dict(os.environ) if environ is None else environ
+    path = env.get("PATH", os.defpath)
+    program = shutil.which("mpirun", path=path) or shutil.which("mpiexec", path=path)
+    if program is None:
+        return OPEN_MPI, None, None
+    impl = local_mpi(OPEN_MPI, program, refuse=False)
+    if impl.is_open_mpi or impl.name not in HYDRA_IMPLS:
+        return OPEN_MPI, program, impl
+    mpiexec = os.path.join(os.path.dirname(program), "mpiexec")
+    return hydra_family(env, impl.name), mpiexec if os.access(mpiexec, os.X_OK) else program, impl
+
+
+def job_launcher(environ: Mapping[str, str] | None = None) -> str:
+    """The launcher doctor asks every host about, as the job will start it: Hydra's mpiexec
+    beside a Hydra mpirun, else the PATH's mpirun; absolute, links kept. Intel MPI's mpirun is
+    a script that looks for mpiexec.hydra on PATH, which a remote login's PATH lacks."""
+    try:
+        _, program, _ = launcher_family(environ)
+    except DtlaunchError:  # its --version failed: doctor reports that host by host
+        env = os.environ if environ is None else environ
+        program = shutil.which("mpirun", path=env.get("PATH", os.defpath))
+    return os.path.abspath(program) if program else ""
+
+
+def hydra_family(environ: Mapping[str, str], name: str = "MPICH") -> Hydra:
+    """Hydra (for MPICH or Intel MPI) with dtlaunch's ssh agent in the user's cache directory."""
+    from dtlaunch.agents import rsh
+
+    home = environ.get("HOME") or os.path.expanduser("~")
+    base = environ.get("XDG_CACHE_HOME") or os.path.join(home, ".cache")
+    wrapper = rsh.__file__ or ""
+    if not wrapper.endswith(".py") or any(c.isspace() for c in sys.executable):
+        return Hydra(name=name)  # a shebang cannot carry whitespace: plain ssh
+    return Hydra(os.path.join(base, "dtlaunch", "bin"), sys.executable, wrapper, name)
+
+
+def rsh_agent_command() -> str | None:
+    """dtlaunch's ssh wrapper, which reports a lost host (Open MPI splits this on spaces).
+
+    It runs once per host, so it starts as a bare file with -I -S (no site, no environment):
+    it needs only the standard library, and this saves ~30 ms of CPU per host."""
+    from dtlaunch.agents import rsh
+    from dtlaunch.reach.ssh_options import rsh_safe
+
+    wrapper = rsh.__file__ or ""
+    # The agent's command reaches each daemon's command line (and a remote shell) too.
+    if not wrapper.endswith(".py") or not (rsh_safe(sys.executable) and rsh_safe(wrapper)):
+        return None
+    return f"{sys.executable} -I -S {wrapper}"

@@ -1,0 +1,137 @@
+"""`dtlaunch run --max-restarts N`: the restart loop (dtlaunch.run.restarts) driven by real attempts.
+
+Each attempt is one `session.launch`; between attempts the remaining hosts get the full
+pre-flight again (never the cache: a host that just failed must prove itself), and a signal
+that arrives between attempts ends the loop like one that arrives during an attempt.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from types import FrameType
+
+from dtlaunch.core.interrupts import Interrupted, signals_raise
+from dtlaunch.openmpi.failures import Failure
+from dtlaunch.plan.hosts import Host
+from dtlaunch.run.restart_report import build_report_json, build_report_lines
+from dtlaunch.run.restarts import (
+    AttemptOutcome,
+    RestartEvent,
+    RestartPolicy,
+    RestartReport,
+    check_policy,
+    outcome_from_launch,
+    run_with_restarts,
+    with_restart_count,
+)
+from dtlaunch.run.session import Event, EventLevel, LaunchRequest, OnEvent, launch, prepare
+
+_HANDLED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@dataclass(frozen=True)
+class RestartOutcome:
+    report: RestartReport
+    exit_code: int
+
+
+class _PendingSignals:
+    """Signals that end the loop between attempts (during one, the attempt's own handlers
+    take them and the attempt comes back interrupted)."""
+
+    def __init__(self) -> None:
+        self.received: list[int] = []
+        self.arrived = threading.Event()
+
+    def handler(self, signum: int, _frame: FrameType | None) -> None:
+        self.received.append(signum)
+        self.arrived.set()
+
+    def sleep(self, seconds: float) -> int | None:
+        """Wait, returning at once with the first signal that arrives (or already arrived)."""
+        previous = {sig: signal.signal(sig, self.handler) for sig in _HANDLED}
+        try:
+            if not self.received:
+                self.arrived.wait(seconds if seconds > 0 else 0)
+        finally:
+            for sig, old in previous.items():
+                signal.signal(sig, old)
+        return self.received[0] if self.received else None
+
+
+def launch_with_restarts(request: LaunchRequest, policy: RestartPolicy, on_event: OnEvent,
+                         ) -> RestartOutcome:
+    # The attempts keep the slots planned here: one per GPU needs the pre-flight first, which
+    # the loop does not run before it starts, so hosts without written slots keep 1.
+    request = replace(request, run=replace(request.run, hosts=tuple(
+        Host(h.name, h.slots) for h in request.run.hosts)))
+    first = prepare(request.run, on_event).plan
+    check_policy(policy, len(first.rank_hosts))
+    pending = _PendingSignals()
+
+    def run_attempt(hosts: tuple[Host, ...], num_proc: int, count: int) -> AttemptOutcome:
+        if pending.received:
+            return AttemptOutcome(128 + pending.received[0], interrupted_by=pending.received[0])
+        run = replace(request.run, hosts=hosts, num_proc=num_proc,
+                      env_items=with_restart_count(request.run.env_items, count))
+        # The first attempt runs the ordinary pre-flight; later ones were re-checked just before.
+        outcome = launch(replace(request, run=run, check=request.check and count == 0), on_event)
+        if outcome.result is None:
+            for line in (outcome.error or "pre-flight checks failed").splitlines():
+                on_event(Event(EventLevel.NOTE, line))
+            return AttemptOutcome(outcome.exit_code, Failure(reason=outcome.error or "pre-flight"))
+        return outcome_from_launch(outcome.result)
+
+    def recheck(hosts: tuple[Host, ...]) -> Mapping[str, str]:
+        from dtlaunch.doctor.preflight import run_preflight
+
+        if not request.check:
+            return {}
+        prepared = prepare(replace(request.run, hosts=hosts, num_proc=None), lambda event: None)
+        run = prepared.request or request.run
+        # Inside a Slurm job the re-check goes through srun like the first pre-flight: the
+        # allocated nodes may not be reachable over SSH at all.
+        reach = None
+        if run.launcher == "slurm":
+            from dtlaunch.probe.srun_prober import srun_reach
+
+            reach = srun_reach()
+        try:
+            with signals_raise():
+                checked = run_preflight(run, prepared.plan, job_started=True, reach=reach,
+                                        command_timeout=request.start_timeout)
+        except KeyboardInterrupt:  # ends the loop at the sleep that follows
+            pending.handler(signal.SIGINT, None)
+            return {}
+        except Interrupted as exc:
+            pending.handler(exc.signum, None)
+            return {}
+        if checked.report is None:
+            return {}
+        names = {h.name for h in hosts}
+        failing: dict[str, str] = {}
+        for host, check in checked.report.failures():
+            if host in names and host not in failing:
+                failing[host] = f"{check.name}: {check.detail}"
+        return failing
+
+    def show(event: RestartEvent) -> None:
+        on_event(Event(EventLevel.NOTE, f"[{time.strftime('%H:%M:%S')}] {event.text}"))
+
+    report = run_with_restarts(first.hosts, len(first.rank_hosts), policy, run_attempt,
+                               recheck, pending.sleep, on_event=show)
+    if request.output_dir:
+        Path(request.output_dir).mkdir(parents=True, exist_ok=True)
+        target = Path(request.output_dir) / "attempts.json"
+        tmp = target.with_name(f".attempts.json.{os.getpid()}")
+        tmp.write_text(build_report_json(report))
+        os.replace(tmp, target)
+    for line in build_report_lines(report):
+        on_event(Event(EventLevel.NOTE, line))
+    return RestartOutcome(report, report.exit_code)

@@ -1,0 +1,282 @@
+"""One run of a job, as a library call: decide the local MPI, plan, pre-flight, execute, re-check.
+
+Nothing here prints. What happens along the way goes to `on_event` (the CLI renders it), and
+what came of the run is returned as a `RunOutcome`, so the whole flow can be driven (and
+tested) without the command line.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import signal
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from enum import Enum
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from dtlaunch.check.gpus import choose_slots, slots_pending, unchecked_slots_text, visible_devices
+from dtlaunch.core.errors import EXIT_FAILURE, UsageError
+from dtlaunch.core.interrupts import signals_raise
+from dtlaunch.hydra.family import Hydra
+from dtlaunch.mpi import Interfaces, MpiFamily, MpiImpl
+from dtlaunch.plan.env import kept_home_note
+from dtlaunch.plan.plan import RunPlan, RunRequest, plan_run
+from dtlaunch.run.launcher_choice import launcher_family, local_mpi
+
+if TYPE_CHECKING:
+    from dtlaunch.check.report import DoctorReport
+    from dtlaunch.plan.hosts import Host
+    from dtlaunch.probe.prober import Reach
+    from dtlaunch.run.execute import LaunchResult
+
+
+class EventLevel(Enum):
+    NOTE = "note"  # always shown
+    WARNING = "warning"  # always shown, as a warning
+    DETAIL = "detail"  # shown with --verbose
+
+
+@dataclass(frozen=True)
+class Event:
+    level: EventLevel
+    text: str
+
+
+OnEvent = Callable[[Event], None]
+Executor = Callable[..., "LaunchResult"]
+
+
+@dataclass(frozen=True)
+class LaunchRequest:
+    """A run: the plan's input, plus how to run it."""
+
+    run: RunRequest
+    check: bool = True  # run the pre-flight checks first
+    timeout: float | None = None  # stop the whole job after this many seconds
+    output_dir: str | None = None  # also write each rank's output to DIR/rank.N.log
+    use_cache: bool = True  # False (--disable-cache): the full pre-flight checks every time
+    start_timeout: float | None = None  # seconds each host's pre-flight checks may run
+    prefix_timestamp: bool = False  # start each output line with the time it arrived
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    plan: RunPlan
+    preflight: DoctorReport | None  # the full checks' report, when they ran
+    result: LaunchResult | None  # None: nothing was launched
+    exit_code: int
+    error: str | None = None  # one line, when the pre-flight stopped the run
+
+
+@dataclass(frozen=True)
+class Prepared:
+    plan: RunPlan
+    mpirun: str | None  # the local launcher's path; None only for a dry run without one
+    request: RunRequest | None = None  # hosts, -np and launcher resolved (allocation)
+    source: str = ""  # where the hosts came from
+    mpi_version: tuple[int, ...] = ()
+    provisional: bool = False  # planned before the GPUs decide the slots: plan again after
+
+
+def replan(request: RunRequest, prepared: Prepared, environ: Mapping[str, str] | None = None,
+           ) -> RunPlan:
+    """The plan again for a changed request (the network the pre-flight chose)."""
+    return plan_run(request, dict(os.environ) if environ is None else environ,
+                    family=prepared.plan.family, mpi_version=prepared.mpi_version,
+                    as_root=os.geteuid() == 0, cpu_count=os.cpu_count() or 1)
+
+
+def prepare(request: RunRequest, on_event: OnEvent, *, dry_run: bool = False,
+            family: MpiFamily | None = None, environ: Mapping[str, str] | None = None,
+            defer_slots: bool = False) -> Prepared:
+    """Find and ask the local launcher, then build the plan. A dry run needs no launcher.
+
+    Inside a scheduler's allocation the hosts come from it unless given (see cluster.py).
+    ``defer_slots``: the pre-flight will run, and hosts without written slots get one per
+    GPU it finds; until then -np is not held against the stand-in single slots."""
+    from dtlaunch.cluster.allocation import detect
+    from dtlaunch.cluster.placement import plan_allocation
+
+    env = dict(os.environ) if environ is None else environ
+    placement = plan_allocation(request, detect(env), request.launcher)
+    request = placement.request
+    if placement.allocation is not None:  # outside one, the hosts are what was typed
+        on_event(Event(EventLevel.NOTE if dry_run else EventLevel.DETAIL, placement.source))
+    impl: MpiImpl | None = None
+    if family is None:
+        family, program, impl = launcher_family(env)
+    else:
+        program = shutil.which(family.launcher)
+    if program is None and not dry_run:
+        raise UsageError(f"{family.launcher} not found on PATH; {family.install_hint}")
+    if program is not None and impl is None:
+        impl = local_mpi(family, program)
+    elif program is not None and impl is not None:
+        why = family.unsupported(impl, program)
+        if why is not None:
+            raise UsageError(f"{why}; {family.install_hint}")
+    version = impl.release if impl is not None else ()
+    pending = slots_pending(request.hosts)
+    provisional = defer_slots and pending
+    plan = plan_run(replace(request, oversubscribe=True) if provisional else request, env,
+                    family=family, mpi_version=version, as_root=os.geteuid() == 0,
+                    cpu_count=os.cpu_count() or 1)
+    if pending and not defer_slots:
+        text = unchecked_slots_text(request.hosts, "a dry run does not probe the hosts"
+                                    if dry_run else "planned without the pre-flight")
+        if text is not None:
+            on_event(Event(EventLevel.NOTE if dry_run and request.hosts else EventLevel.DETAIL,
+                           text))
+    for message in plan.env.warnings:
+        on_event(Event(EventLevel.WARNING, message))
+    kept = kept_home_note(env, plan.env)
+    if kept is not None:
+        on_event(Event(EventLevel.NOTE, kept))
+    return Prepared(plan, program, request, placement.source, version, provisional)
+
+
+def local_gpus(counts: Mapping[str, int], environ: Mapping[str, str] | None = None,
+               ) -> dict[str, int]:
+    """GPU counts with this machine's limited to CUDA_VISIBLE_DEVICES, which reaches the ranks
+    started here (and only them)."""
+    from dtlaunch.probe.prober import local_names
+
+    env = os.environ if environ is None else environ
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return dict(counts)
+    here = local_names()
+    return {h: visible_devices(visible, n) if h in here else n for h, n in counts.items()}
+
+
+def doctor_placement(hosts: Sequence[Host], launcher: str = "auto",
+                     environ: Mapping[str, str] | None = None,
+                     ) -> tuple[tuple[str, ...], Reach | None, str]:
+    """Which hosts doctor checks and how: inside a Slurm job with no -H, exactly the allocated
+    nodes through srun. Returns the host names, the Reach (None: SSH) and where they came from."""
+    from dtlaunch.cluster.allocation import detect
+    from dtlaunch.cluster.placement import plan_allocation
+
+    placement = plan_allocation(RunRequest(hosts=tuple(hosts), python=sys.executable,
+                                           launcher=launcher),
+                                detect(dict(os.environ) if environ is None else environ), launcher)
+    names = tuple(h.name for h in placement.request.hosts)
+    source = placement.source if placement.allocation is not None else ""
+    if placement.request.launcher != "slurm":
+        return names, None, source
+    from dtlaunch.probe.srun_prober import srun_reach
+
+    return names, srun_reach(), source
+
+
+def launch(request: LaunchRequest, on_event: OnEvent, *, executor: Executor | None = None,
+           reach: Reach | None = None) -> RunOutcome:
+    """Pre-flight, execute, and when a job started on a cached pre-flight fails because a
+    host key went bad, check again.
+    `executor` runs the job (default: launch.execute); `reach`: how the checks reach the
+    hosts (default: SSH)."""
+    from dtlaunch.doctor.preflight import failure_message, run_preflight
+
+    prepared = prepare(request.run, on_event, defer_slots=request.check)
+    plan = prepared.plan
+    run_request = prepared.request or request.run
+    if reach is None and run_request.launcher == "slurm":
+        from dtlaunch.probe.srun_prober import srun_reach
+
+        reach = srun_reach()
+    keys = None
+    if request.check:
+        with signals_raise():
+            checked = run_preflight(run_request, plan, reach=reach, use_cache=request.use_cache,
+                                    command_timeout=request.start_timeout)
+        if checked.message:
+            on_event(Event(EventLevel.DETAIL, checked.message))
+        for warning in checked.warnings:
+            on_event(Event(EventLevel.WARNING, warning))
+        if not checked.ok:
+            return RunOutcome(plan, checked.report, None, EXIT_FAILURE,
+                              failure_message(checked.report, job_started=False))
+        keys = checked.keys
+        choice = checked.network
+        run = run_request
+        if choice is not None and choice.iface is not None and run_request.iface is None:
+            iface: Interfaces | None = choice.iface
+            if isinstance(plan.family, Hydra):
+                # Hydra's -iface takes one name: the chosen network's, when every host calls
+                # it the same; else Hydra picks (the ranks' data path is UCX's choice anyway).
+                iface = Interfaces(names=(choice.gloo_iface,)) if choice.gloo_iface else None
+            run = replace(run_request, iface=iface,
+                          extra_env=(*choice.env(), *run_request.extra_env))
+            on_event(Event(EventLevel.NOTE, choice.describe()))
+        if prepared.provisional:
+            slots = choose_slots(run.hosts, local_gpus(checked.gpus or {}), run.num_proc)
+            run = replace(run, hosts=slots.hosts) if slots.changed else run
+            on_event(Event(EventLevel.NOTE if slots.changed else EventLevel.DETAIL, slots.text))
+        if run is not run_request or prepared.provisional:
+            plan = replan(run, prepared)
+    on_event(Event(EventLevel.DETAIL, "running: " + plan.display()))
+    if executor is None:
+        from dtlaunch.run.execute import execute
+
+        executor = execute
+    from dtlaunch.cluster.slurm_watch import blame, node_watch_for
+
+    argv = plan.launch_argv or plan.argv
+    # Through Slurm no ssh link shows a lost node: a heartbeat step watches them instead.
+    nodes = node_watch_for(run_request.launcher, plan.rank_hosts, run_request.python)
+    try:
+        result = executor(
+            (prepared.mpirun or plan.family.launcher, *argv[1:]),
+            plan.launcher_env,
+            plan.rank_hosts,
+            timeout=request.timeout,
+            output_dir=Path(request.output_dir) if request.output_dir else None,
+            announce=lambda text: on_event(Event(EventLevel.NOTE, text)),
+            stop_when=nodes.stop_reason if nodes is not None else None,
+            family=plan.family,
+            support_files=plan.support_files,
+            new_demux=functools.partial(plan.family.new_demux, release=prepared.mpi_version),
+            prefix_timestamp=request.prefix_timestamp,
+        )
+    finally:
+        if nodes is not None:
+            nodes.close()
+    result = blame(result, nodes)
+    if result.failure is not None and result.failure.option is not None:
+        from dtlaunch.openmpi.failures import blame_mpi_args
+
+        result = replace(result, failure=blame_mpi_args(result.failure, run_request.mpi_args))
+    failed_itself = (result.exit_code != 0 and result.interrupted_by is None
+                     and not result.timed_out)
+    if keys is not None and failed_itself:
+        with signals_raise():
+            # A host key changed (or vanished) since the cached pre-flight, and ssh refused
+            # the host: the full checks name it and the fix.
+            again = run_preflight(run_request, plan, job_started=True, reach=reach,
+                                  command_timeout=request.start_timeout) \
+                if keys.failed() else None
+        if again is not None and not again.ok:
+            return RunOutcome(plan, again.report, result, EXIT_FAILURE,
+                              failure_message(again.report, job_started=True))
+    return RunOutcome(plan, None, result, result.exit_code)
+
+
+def outcome_lines(result: LaunchResult, timeout: float | None) -> Sequence[str]:
+    """What the CLI says when a job ends other than cleanly."""
+    from dtlaunch.openmpi.failures import signal_name
+
+    lines: list[str] = []
+    if result.interrupted_by == signal.SIGPIPE:
+        return lines  # dtlaunch's reader went away (`| head`): nothing to say, nobody to read
+    if result.interrupted_by is not None:
+        lines.append(f"stopped by {signal_name(result.interrupted_by)}; "
+                     "all ranks were told to exit")
+    elif result.timed_out:
+        lines.append(f"job stopped: it ran longer than --timeout {timeout or 0:g} s")
+    if result.failure is not None and result.exit_code != 0:
+        lines.append(f"job failed: {result.failure.describe()}")
+    return lines
