@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from dtlaunch.probe.prober import Tracker
+from dtlaunch.core.tracker import Tracker
 from dtlaunch.reach.identity import load_identities
 from dtlaunch.reach.known_hosts import (
     append_known_host,

@@ -13,7 +13,7 @@ from test_flows import FakeWorld, RecordingJob, cache, facts, needs_mpirun, run_
 from test_gpus import A100_HEADER, A100_QUERY, H100_HEADER, H100_QUERY, V100_HEADER, V100_QUERY
 
 from dtlaunch.check.facts import HostFacts
-from dtlaunch.check.gpus import GpuFacts, parse_gpu_facts
+from dtlaunch.check.gpu_facts import GpuFacts, parse_gpu_facts
 from dtlaunch.check.host_checks import Expectations
 from dtlaunch.check.report import FAIL, PASS, WARN
 from dtlaunch.console.render import report_to_dict

@@ -6,18 +6,20 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dtlaunch.check.gpus import (
+from dtlaunch.check.gpu_facts import (
     Gpu,
     GpuFacts,
-    check_gpus,
-    choose_slots,
     describe_gpus,
-    gpu_slots,
     nccl_from_code,
     parse_gpu_facts,
     parse_gpu_probe,
     parse_gpu_query,
     parse_smi_header,
+)
+from dtlaunch.check.gpus import (
+    check_gpus,
+    choose_slots,
+    gpu_slots,
     slots_pending,
     unchecked_slots_text,
     visible_devices,

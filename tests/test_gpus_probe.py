@@ -27,7 +27,7 @@ from test_gpus import (
 )
 
 from dtlaunch.check.facts import HostFacts
-from dtlaunch.check.gpus import GpuFacts, parse_gpu_facts
+from dtlaunch.check.gpu_facts import GpuFacts, parse_gpu_facts
 from dtlaunch.check.report import FAIL, PASS
 from dtlaunch.doctor.envcheck import evaluate_env, gather_env
 from dtlaunch.probe.command import ProbeArgs, probe_local

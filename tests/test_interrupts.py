@@ -13,7 +13,7 @@ import pytest
 from conftest import dtlaunch_argv
 from helpers.procs import gone, read_pid
 
-from dtlaunch.probe.prober import Tracker
+from dtlaunch.core.tracker import Tracker
 from dtlaunch.reach.ssh_config import SshTarget
 from dtlaunch.reach.ssh_errors import SshFailure
 from dtlaunch.ssh import connect

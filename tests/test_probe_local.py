@@ -10,7 +10,8 @@ import threading
 
 from helpers.procs import gone, kill_all, read_pid, sleeping
 
-from dtlaunch.probe.command import ProbeArgs, build_remote_command, probe_local, script_text
+from dtlaunch.agents import text as script_text
+from dtlaunch.probe.command import ProbeArgs, build_remote_command, probe_local
 
 
 def test_local_probe_reports_this_machine(tmp_path):

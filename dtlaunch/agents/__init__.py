@@ -1,6 +1,33 @@
-"""The probe's own files, sent to each host as text and run there (see dtlaunch.probe.command).
+"""What runs on the hosts (and beside mpirun here): each a file of its own, shipped as it is.
+
+- rank_shim.py: every rank starts as it; it runs the user's program and sends its output as records
+- rsh.py: the MPI launcher's ssh agent; says which host's link was lost
+- lifeline.py: ends the job when dtlaunch dies, even by SIGKILL
+- probe.sh, remote_probe.py, import_probe.py: the probe doctor and the pre-flight run on each host
+- tied.sh, proxy_tied.sh: a remote command, or a ProxyCommand, tied to the life of its connection
 
 They run under whatever interpreter and shell the host has: the Python files keep to
 Python >= 3.6 (no `from __future__ import annotations`, typing's generic aliases) and the
-standard library; the shell files keep to POSIX sh.
+standard library, and import nothing from dtlaunch; the shell files keep to POSIX sh
+(tests/test_agents.py holds them to it). This module is the one way to reach them: `path` for
+a file run here, `text` for a file sent to a host.
 """
+
+import functools
+import os
+import shutil
+from importlib import resources
+
+# The shell that runs a shell agent on this machine.
+LOCAL_SHELL = "/bin/sh" if os.path.exists("/bin/sh") else (shutil.which("sh") or "sh")
+
+
+def path(name: str) -> str:
+    """The agent `name` as a file on this machine (it is run from there, never copied)."""
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
+
+
+@functools.cache
+def text(name: str) -> str:
+    """The agent `name` as the text sent to a host."""
+    return resources.files(__name__).joinpath(name).read_text(encoding="utf-8")

@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from dtlaunch.check.gpus import GpuFacts, nccl_from_code, parse_gpu_probe
+from dtlaunch.check.gpu_facts import GpuFacts, nccl_from_code, parse_gpu_probe
 from dtlaunch.mpi import MpiImpl, parse_mpirun_version
 
 SECTION_MARK = "@@"

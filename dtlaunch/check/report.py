@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from dtlaunch.check.facts import HostFacts
-    from dtlaunch.check.gpus import GpuFacts
+    from dtlaunch.check.gpu_facts import GpuFacts
 
 
 class Status(str, Enum):

@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from dtlaunch.check.facts import HostFacts, PythonFacts
-from dtlaunch.check.gpus import check_gpus, describe_gpus
+from dtlaunch.check.gpu_facts import describe_gpus
+from dtlaunch.check.gpus import check_gpus
 from dtlaunch.check.horovod_mpi import check_horovod_mpi
 from dtlaunch.check.host_checks import (
     Expectations,

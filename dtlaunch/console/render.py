@@ -13,7 +13,7 @@ from typing import IO, TYPE_CHECKING, Any
 from dtlaunch.check.report import FAIL, PASS, SKIP, WARN, DoctorReport
 
 if TYPE_CHECKING:
-    from dtlaunch.check.gpus import GpuFacts
+    from dtlaunch.check.gpu_facts import GpuFacts
 
 SYMBOLS = {PASS: "pass", WARN: "warn", FAIL: "FAIL", SKIP: "-"}
 STYLES = {PASS: "green", WARN: "yellow", FAIL: "bold red", SKIP: "dim"}

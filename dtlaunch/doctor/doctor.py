@@ -16,8 +16,9 @@ from dtlaunch.check.host_checks import Expectations
 from dtlaunch.check.network import NetworkChoice, check_network, choose_from_outcomes
 from dtlaunch.check.report import HOST, LAUNCHER, DoctorReport, HostOutcome, Role, ssh_failed
 from dtlaunch.check.verdict import evaluate
+from dtlaunch.core.tracker import Tracker
 from dtlaunch.probe.command import ProbeArgs
-from dtlaunch.probe.prober import Reach, Tracker, fan_out, local_names, ssh_reach
+from dtlaunch.probe.prober import Reach, fan_out, local_names, ssh_reach
 from dtlaunch.reach.ssh_options import SshOptions
 
 Progress = Callable[[int, int, str], None]

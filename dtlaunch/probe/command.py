@@ -22,29 +22,20 @@ lock makes concurrent probes on a shared home directory compute them once.
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import shlex
-import shutil
 import signal
 import subprocess
 import time
 from dataclasses import dataclass
-from importlib import resources
 
+from dtlaunch.agents import LOCAL_SHELL
+from dtlaunch.agents import text as script_text
 from dtlaunch.check.facts import HostFacts, parse_probe_output
 from dtlaunch.core.errors import DtlaunchError
-from dtlaunch.probe.prober import Tracker
+from dtlaunch.core.tracker import Tracker
 
-SCRIPTS = "dtlaunch.agents"
 END_MARK = b"\n@@end\n"  # the probe's last line (probe.sh)
-LOCAL_SHELL = "/bin/sh" if os.path.exists("/bin/sh") else (shutil.which("sh") or "sh")
-
-
-@functools.cache
-def script_text(name: str) -> str:
-    """One of the probe's files (dtlaunch/agents), as the text sent to the host."""
-    return resources.files(SCRIPTS).joinpath(name).read_text(encoding="utf-8")
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 A `Prober` runs the probe on one host and returns what it found; SSH is the implementation
 today (dtlaunch.probe.ssh_prober), `srun` inside a Slurm allocation comes next; a `Tracker` holds
-what a prober has open, for `close()`. `fan_out` runs one
+what a prober has open, for `close()` (dtlaunch.core.tracker). `fan_out` runs one
 piece of work per host on daemon threads, bounded in number, and returns by a deadline
 whatever happens: a host that has not answered by then gets the caller's fallback result.
 """
@@ -14,9 +14,11 @@ import queue
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, TypeVar
+
+from dtlaunch.core.tracker import Tracker
 
 if TYPE_CHECKING:
     from dtlaunch.check.facts import HostFacts
@@ -47,56 +49,6 @@ class Prober(Protocol):
     def close(self) -> None:
         """End every connection, helper process and remote command still open (Ctrl-C)."""
         ...
-
-
-class Closable(Protocol):
-    def close(self) -> None: ...
-
-
-class Tracker:
-    """Things still open that must be ended on Ctrl-C or at a deadline. Once `close_all` ran,
-    whatever is added is closed at once, and `close_all` waits (briefly) for processes being
-    started right then: one started a moment before Ctrl-C must not outlive dtlaunch."""
-
-    def __init__(self) -> None:
-        self._items: set[Closable] = set()
-        self._cond = threading.Condition()
-        self._closed = False
-        self._opening = 0
-
-    @contextlib.contextmanager
-    def opening(self) -> Iterator[None]:
-        """Wraps starting a process until it is added, so close_all can wait for it."""
-        with self._cond:
-            self._opening += 1
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._opening -= 1
-                self._cond.notify_all()
-
-    def add(self, item: Closable) -> None:
-        with self._cond:
-            if not self._closed:
-                self._items.add(item)
-                return
-        item.close()
-
-    def discard(self, item: Closable) -> None:
-        with self._cond:
-            self._items.discard(item)
-
-    def close_all(self, wait: float = 5.0) -> None:
-        with self._cond:
-            self._closed = True
-            items = list(self._items)
-            self._items.clear()
-        for item in items:
-            with contextlib.suppress(Exception):
-                item.close()
-        with self._cond:
-            self._cond.wait_for(lambda: self._opening == 0, timeout=wait)
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,9 @@ import time
 
 from dtlaunch.check.report import HOST, HostOutcome, ssh_failed
 from dtlaunch.cluster.slurm import build_srun_probe_argv, parse_srun_labeled, parse_srun_task_errors
+from dtlaunch.core.tracker import Tracker
 from dtlaunch.probe.command import ProbeArgs, build_probe_argv
-from dtlaunch.probe.prober import Reach, Tracker
+from dtlaunch.probe.prober import Reach
 
 # The probe needs PATH (the interpreter, mpirun) and HOME (its import cache).
 EXPORT = ("PATH", "HOME")

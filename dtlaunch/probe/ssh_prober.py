@@ -11,8 +11,8 @@ import time
 from typing import Any
 
 from dtlaunch.check.report import HOST, HostOutcome, ssh_failed
+from dtlaunch.core.tracker import Tracker
 from dtlaunch.probe.command import END_MARK, ProbeArgs, build_remote_command
-from dtlaunch.probe.prober import Tracker
 from dtlaunch.reach.ssh_errors import SshFailure
 from dtlaunch.reach.ssh_options import SshOptions
 

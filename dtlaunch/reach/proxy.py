@@ -20,8 +20,9 @@ import socket
 import subprocess
 from collections.abc import Sequence
 
-from dtlaunch.probe.command import LOCAL_SHELL, script_text
-from dtlaunch.probe.prober import Tracker
+from dtlaunch.agents import LOCAL_SHELL
+from dtlaunch.agents import text as script_text
+from dtlaunch.core.tracker import Tracker
 from dtlaunch.reach.ssh_config import SshTarget
 from dtlaunch.reach.ssh_errors import PROXY, classify_os_error, fail
 

@@ -32,7 +32,7 @@ from .data import DataError
 from .model import State
 
 if TYPE_CHECKING:
-    from .train import Job
+    from .job import Job
 
 FORMAT = 2
 

@@ -25,7 +25,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -45,6 +45,7 @@ from .data import (
     steps_per_epoch,
     stream_matrix,
 )
+from .job import Job, Reporter
 from .memory import keep_freed_memory
 from .model import PTBModel, State, StreamNoise
 from .optim import PlainSGD
@@ -101,42 +102,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.hidden_size is not None and args.hidden_size < 1:
         p.error("--hidden-size must be at least 1")
     return args
-
-
-@dataclass
-class Job:
-    """Everything one training run needs, built once."""
-
-    comm: Any
-    config: Config
-    model: PTBModel
-    optimizer: torch.optim.Optimizer
-    train: torch.Tensor  # (stream_len, local streams)
-    streams: range
-    loss_scale: float
-    report: Reporter
-    seed: int = 0
-
-
-class Reporter:
-    """Prints on rank 0 and appends JSON lines to ``--metrics``."""
-
-    def __init__(self, active: bool, metrics: str | None) -> None:
-        self.active = active
-        self.file: IO[str] | None = None
-        if active and metrics:
-            self.file = open(metrics, "a", encoding="utf-8")  # noqa: SIM115
-
-    def emit(self, text: str, record: dict[str, Any]) -> None:
-        if not self.active:
-            return
-        print(text, flush=True)
-        if self.file:
-            clean = {k: None if isinstance(v, float) and math.isnan(v) else v
-                     for k, v in record.items()}  # NaN is not valid JSON
-            clean.setdefault("time", time.time())  # lines up with the launcher's timestamps
-            self.file.write(json.dumps(clean) + "\n")
-            self.file.flush()
 
 
 def default_threads(comm: Any) -> int:
