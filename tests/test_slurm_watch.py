@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from dtlaunch.cluster.slurm_watch import (
+from dtlaunch.openmpi.failures import Failure
+from dtlaunch.plan.hosts import Host
+from dtlaunch.run.execute import LaunchResult
+from dtlaunch.run.restarts import AttemptOutcome, blame_hosts, is_lost_host
+from dtlaunch.run.slurm_watch import (
     SILENCE,
     STARTUP,
     TASK_CODE,
@@ -13,10 +17,6 @@ from dtlaunch.cluster.slurm_watch import (
     silent_nodes,
     watch_argv,
 )
-from dtlaunch.openmpi.failures import Failure
-from dtlaunch.plan.hosts import Host
-from dtlaunch.run.execute import LaunchResult
-from dtlaunch.run.restarts import AttemptOutcome, blame_hosts, is_lost_host
 
 NODES = ("h1", "h2", "h3")
 

@@ -9,14 +9,37 @@
 They run under whatever interpreter and shell the host has: the Python files keep to
 Python >= 3.6 (no `from __future__ import annotations`, typing's generic aliases) and the
 standard library, and import nothing from dtlaunch; the shell files keep to POSIX sh
-(tests/test_agents.py holds them to it). This module is the one way to reach them: `path` for
-a file run here, `text` for a file sent to a host.
+(tests/test_agents.py holds them to it). This module is the one way the rest of dtlaunch reaches
+them: `path` for a file run here, `text` for a file sent to a host, and the few words (record
+kinds, environment names, argv builders) each agent defines for itself.
 """
 
 import functools
 import os
 import shutil
 from importlib import resources
+
+# The words dtlaunch shares with its agents, defined once in the agent that speaks them.
+from .lifeline import guarded_argv, session_members
+from .rank_shim import (
+    ESC,
+    EXIT,
+    HEADER_MAX,
+    HOST,
+    MAGIC,
+    NOSTART,
+    PIPE_BUF,
+    STDERR,
+    STDOUT,
+    encode_argv,
+    unescape,
+    wrap_program,
+)
+from .rsh import LOST_PREFIX, SSH_ARGS_ENV
+
+__all__ = ["ESC", "EXIT", "HEADER_MAX", "HOST", "LOCAL_SHELL", "LOST_PREFIX", "MAGIC", "NOSTART",
+           "PIPE_BUF", "SSH_ARGS_ENV", "STDERR", "STDOUT", "encode_argv", "guarded_argv", "path",
+           "session_members", "text", "unescape", "wrap_program"]
 
 # The shell that runs a shell agent on this machine.
 LOCAL_SHELL = "/bin/sh" if os.path.exists("/bin/sh") else (shutil.which("sh") or "sh")

@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Union
 
-from dtlaunch.agents.rank_shim import (
+from dtlaunch.agents import (
     ESC,
     EXIT,
     HEADER_MAX,

@@ -10,7 +10,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from dtlaunch.agents.rsh import SSH_ARGS_ENV
+from dtlaunch.agents import SSH_ARGS_ENV
 from dtlaunch.mpi import INSTALL_OMPI_HINT, MIN_OMPI, JobSpec, MpiImpl, parse_mpirun_version
 from dtlaunch.openmpi.mca import ssh_overrides
 from dtlaunch.plan.binding import binding_for, double_dash

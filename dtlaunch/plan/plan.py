@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from dtlaunch.agents.rank_shim import PIPE_BUF, wrap_program
+from dtlaunch.agents import PIPE_BUF, wrap_program
 from dtlaunch.cluster.allocation import slurm_launch_env
 from dtlaunch.core.errors import UsageError
 from dtlaunch.mpi import Interfaces, JobSpec, MpiFamily, format_command

@@ -55,7 +55,7 @@ class SshProber:
             return HostOutcome(host, HOST, facts, seconds=time.monotonic() - start,
                                note=conn.host_key_note)
         except SshFailure as exc:
-            return HostOutcome(host, HOST, problem=exc.check,
+            return HostOutcome(host, HOST, problem=ssh_failed(exc.detail, exc.hint),
                                seconds=time.monotonic() - start)
         except Exception as exc:  # a bug or an odd server must not hide the other hosts' results
             return HostOutcome(host, HOST, problem=ssh_failed(

@@ -8,7 +8,6 @@ import shlex
 import socket
 from typing import TYPE_CHECKING
 
-from dtlaunch.check.report import ssh_failed
 from dtlaunch.core.errors import DtlaunchError
 
 if TYPE_CHECKING:
@@ -28,21 +27,14 @@ COMMAND_TIMEOUT = "command-timeout"
 
 
 class SshFailure(DtlaunchError):
-    """A connection that could not be made: the kind of failure, and the failed ssh check
-    (what happened and how to fix it) that reports it."""
+    """A connection that could not be made: the kind of failure, what happened and how to fix
+    it (the prober reports them as the host's failed ssh check)."""
 
     def __init__(self, kind: str, detail: str, hint: str) -> None:
         super().__init__(f"{detail}; {hint}" if hint else detail)
         self.kind = kind
-        self.check = ssh_failed(detail, hint)
-
-    @property
-    def detail(self) -> str:
-        return self.check.detail
-
-    @property
-    def hint(self) -> str:
-        return self.check.hint
+        self.detail = detail
+        self.hint = hint
 
 
 def hint_for(kind: str, target: SshTarget, extra: str = "") -> str:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
-from dtlaunch.agents.lifeline import guarded_argv, session_members
+from dtlaunch.agents import guarded_argv, session_members
 from dtlaunch.core.errors import EXIT_TIMEOUT, DtlaunchError, exit_for_signal
 from dtlaunch.mpi import MpiFamily, OutputDemux
 from dtlaunch.openmpi.failures import Failure

@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, cast
 
-from dtlaunch.agents.rsh import LOST_PREFIX
+from dtlaunch.agents import LOST_PREFIX
 from dtlaunch.core.records import Event, Piece, RankExit, RankHost, RankNotStarted
 from dtlaunch.openmpi.output import OpenMpiDemux
 

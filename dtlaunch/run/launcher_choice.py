@@ -9,6 +9,7 @@ import subprocess
 import sys
 from collections.abc import Mapping
 
+from dtlaunch import agents
 from dtlaunch.core.errors import DtlaunchError, UsageError
 from dtlaunch.hydra.family import HYDRA_IMPLS, Hydra
 from dtlaunch.mpi import MpiFamily, MpiImpl
@@ -61,11 +62,9 @@ def job_launcher(environ: Mapping[str, str] | None = None) -> str:
 
 def hydra_family(environ: Mapping[str, str], name: str = "MPICH") -> Hydra:
     """Hydra (for MPICH or Intel MPI) with dtlaunch's ssh agent in the user's cache directory."""
-    from dtlaunch.agents import rsh
-
     home = environ.get("HOME") or os.path.expanduser("~")
     base = environ.get("XDG_CACHE_HOME") or os.path.join(home, ".cache")
-    wrapper = rsh.__file__ or ""
+    wrapper = agents.path("rsh.py")
     if not wrapper.endswith(".py") or any(c.isspace() for c in sys.executable):
         return Hydra(name=name)  # a shebang cannot carry whitespace: plain ssh
     return Hydra(os.path.join(base, "dtlaunch", "bin"), sys.executable, wrapper, name)
@@ -76,10 +75,9 @@ def rsh_agent_command() -> str | None:
 
     It runs once per host, so it starts as a bare file with -I -S (no site, no environment):
     it needs only the standard library, and this saves ~30 ms of CPU per host."""
-    from dtlaunch.agents import rsh
     from dtlaunch.reach.ssh_options import rsh_safe
 
-    wrapper = rsh.__file__ or ""
+    wrapper = agents.path("rsh.py")
     # The agent's command reaches each daemon's command line (and a remote shell) too.
     if not wrapper.endswith(".py") or not (rsh_safe(sys.executable) and rsh_safe(wrapper)):
         return None

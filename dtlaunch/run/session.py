@@ -223,7 +223,7 @@ def launch(request: LaunchRequest, on_event: OnEvent, *, executor: Executor | No
         from dtlaunch.run.execute import execute
 
         executor = execute
-    from dtlaunch.cluster.slurm_watch import blame, node_watch_for
+    from dtlaunch.run.slurm_watch import blame, node_watch_for
 
     argv = plan.launch_argv or plan.argv
     # Through Slurm no ssh link shows a lost node: a heartbeat step watches them instead.

@@ -1,0 +1,146 @@
+"""The package's shape, held by its imports: the layers, the agents' rules, the map in the docs.
+
+Layers, highest first: cli -> run/doctor -> {plan, mpi, cluster, check, probe, ...} -> {ssh,
+reach} -> {agents, core}. A module imports its own layer or lower ones; nothing imports upward.
+"""
+
+from __future__ import annotations
+
+import ast
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "dtlaunch"
+DOCS = PACKAGE.parent / "docs"
+
+# Each room of the package (a subpackage, or one of the three files that face their layer) and
+# its floor. examples/ is the bundled training script: it imports nothing from dtlaunch.
+LAYERS: dict[str, int] = {
+    "cli": 4, "__main__": 4, "console": 4,
+    "run": 3, "doctor": 3,
+    "plan": 2, "mpi": 2, "openmpi": 2, "hydra": 2, "cluster": 2, "check": 2, "probe": 2,
+    "horovod": 2,
+    "ssh": 1, "reach": 1,
+    "agents": 0, "core": 0,
+}
+UI_ROOMS = {"cli", "__main__", "console"}  # the only users of click and rich
+# The oldest Python each agent runs under: the probe's halves under the hosts' own (3.6 and
+# later), the rank shim under the ranks' (3.7, see its docstring), rsh and lifeline under
+# dtlaunch's own interpreter beside mpirun (requires-python).
+OLDEST_PYTHON = {"remote_probe.py": (3, 6), "import_probe.py": (3, 6), "rank_shim.py": (3, 7),
+                 "rsh.py": (3, 9), "lifeline.py": (3, 9)}
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE).with_suffix("").parts
+        found[".".join(parts)] = path
+    return found
+
+
+def room(module: str) -> str:
+    return module.split(".")[0]
+
+
+def imports(path: Path) -> list[tuple[str, int]]:
+    """Every module an import statement names (absolute, below dtlaunch or not), with its line."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.append((node.module, node.lineno))
+            if node.module == "dtlaunch":
+                found += [(f"dtlaunch.{alias.name}", node.lineno) for alias in node.names]
+    return found
+
+
+def test_every_room_has_a_floor() -> None:
+    rooms = {room(m) for m in modules() if not m.startswith(("examples", "__init__"))}
+    assert rooms == set(LAYERS)
+
+
+def test_nothing_imports_upward() -> None:
+    wrong = []
+    for module, path in modules().items():
+        here = room(module)
+        if here in {"examples", "__init__"}:
+            continue
+        for name, line in imports(path):
+            if not name.startswith("dtlaunch.") or name == "dtlaunch.__version__":
+                continue
+            there = name.split(".")[1]
+            if there in LAYERS and LAYERS[there] > LAYERS[here]:
+                wrong.append(f"{path.relative_to(PACKAGE)}:{line} imports {name}")
+    assert not wrong
+
+
+def test_agents_are_reached_through_their_package_only() -> None:
+    """Outside agents/, `dtlaunch.agents` (path, text and the words the agents define) is the
+    one way in: no module imports an agent's file as a module."""
+    wrong = [f"{path.relative_to(PACKAGE)}:{line} imports {name}"
+             for module, path in modules().items() if room(module) != "agents"
+             for name, line in imports(path) if name.startswith("dtlaunch.agents.")]
+    assert not wrong
+
+
+def test_only_the_command_line_imports_click_and_rich() -> None:
+    wrong = [f"{path.relative_to(PACKAGE)}:{line} imports {name}"
+             for module, path in modules().items() if room(module) not in UI_ROOMS
+             for name, line in imports(path) if name.split(".")[0] in {"click", "rich"}]
+    assert not wrong
+
+
+def test_the_example_imports_nothing_from_dtlaunch() -> None:
+    wrong = [f"{path.relative_to(PACKAGE)}:{line} imports {name}"
+             for module, path in modules().items() if room(module) == "examples"
+             for name, line in imports(path) if name.split(".")[0] == "dtlaunch"]
+    assert not wrong
+
+
+AGENT_FILES = sorted(p for p in (PACKAGE / "agents").iterdir() if p.suffix in {".py", ".sh"}
+                     and p.name != "__init__.py")
+
+
+@pytest.mark.parametrize("path", [p for p in AGENT_FILES if p.suffix == ".py"], ids=lambda p: p.name)
+def test_python_agent_keeps_to_the_oldest_python_and_the_standard_library(path: Path) -> None:
+    oldest = OLDEST_PYTHON[path.name]  # a new agent says which Python it runs under
+    text = path.read_text(encoding="utf-8")
+    tree = ast.parse(text, feature_version=oldest)  # raises on newer grammar
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            assert node.level == 0, f"{path.name}:{node.lineno}: a relative import"
+            assert oldest >= (3, 7) or node.module != "__future__" or all(
+                a.name != "annotations" for a in node.names), \
+                f"{path.name}:{node.lineno}: `from __future__ import annotations` is 3.7"
+            names = [node.module or ""]
+        elif isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        else:
+            continue
+        for name in names:
+            top = name.split(".")[0]
+            assert top != "dtlaunch", f"{path.name}:{node.lineno} imports {name}"
+            # torch and horovod are what the probe's import check is about, loaded on the host
+            assert top in sys.stdlib_module_names or top in {"torch", "horovod"}, \
+                f"{path.name}:{node.lineno} imports {name}, not in the standard library"
+
+
+@pytest.mark.parametrize("path", [p for p in AGENT_FILES if p.suffix == ".sh"], ids=lambda p: p.name)
+def test_shell_agent_parses_as_posix_sh(path: Path) -> None:
+    shell = shutil.which("dash") or shutil.which("sh")
+    assert shell
+    result = subprocess.run([shell, "-n", str(path)], capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stderr
+
+
+def test_the_agents_package_face_imports_only_its_agents() -> None:
+    path = PACKAGE / "agents" / "__init__.py"
+    for name, line in imports(path):
+        assert name.split(".")[0] != "dtlaunch", f"agents/__init__.py:{line} imports {name}"
