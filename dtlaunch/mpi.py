@@ -170,6 +170,14 @@ class MpiFamily(Protocol):
     name: str  # "Open MPI"
     launcher: str  # the program that starts a job: "mpirun"
     install_hint: str
+    # The rank shim's largest record: PIPE_BUF (one atomic write), unless the launcher tags each
+    # rank's output so that its pieces can be joined exactly (see dtlaunch.agents.rank_shim).
+    record_limit: int
+    # True: the launcher ends the job when a rank fails and its report and exit status stand
+    # (Open MPI). False: it waits for the other ranks, so dtlaunch ends the job on the failed
+    # rank's exit record, the rank's status is the job's, and what the launcher reports about
+    # ranks dtlaunch stopped is not the job's fault (Hydra).
+    ends_job_on_rank_failure: bool
 
     def parse_version(self, text: str) -> MpiImpl: ...
 
@@ -196,4 +204,14 @@ class MpiFamily(Protocol):
 
     def support_files(self, spec: JobSpec) -> tuple[tuple[str, str], ...]:
         """Files (path, text) the launcher needs written before it starts (mode 0700)."""
+        ...
+
+    def ssh_setting_files(self, launcher: str) -> list[str]:
+        """`file: setting` for each setting that changes how `launcher` runs ssh in a file it
+        reads by default (the one method here that reads files)."""
+        ...
+
+    def job_iface(self, chosen: Interfaces, common_name: str | None) -> Interfaces | None:
+        """What the launcher is given for the network dtlaunch chose (`common_name`: that
+        network's interface name where every host calls it the same)."""
         ...

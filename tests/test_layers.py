@@ -144,3 +144,21 @@ def test_the_agents_package_face_imports_only_its_agents() -> None:
     path = PACKAGE / "agents" / "__init__.py"
     for name, line in imports(path):
         assert name.split(".")[0] != "dtlaunch", f"agents/__init__.py:{line} imports {name}"
+
+
+FAMILY_ROOMS = {"mpi", "openmpi", "hydra"}
+
+
+def test_nothing_outside_the_families_asks_which_family_it_holds() -> None:
+    """Everything a caller needs is on the MpiFamily Protocol: no isinstance on a family."""
+    wrong = []
+    for module, path in modules().items():
+        if room(module) in FAMILY_ROOMS:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                    and node.func.id == "isinstance" and len(node.args) == 2
+                    and {n.id for n in ast.walk(node.args[1]) if isinstance(n, ast.Name)}
+                    & {"OpenMpi", "Hydra"}):
+                wrong.append(f"{path.relative_to(PACKAGE)}:{node.lineno}")
+    assert not wrong

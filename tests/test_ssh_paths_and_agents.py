@@ -15,6 +15,7 @@ from dtlaunch.agents import rsh
 from dtlaunch.core.errors import UsageError
 from dtlaunch.doctor import preflight
 from dtlaunch.mpi import JobSpec
+from dtlaunch.openmpi import mca
 from dtlaunch.openmpi.failures import analyze
 from dtlaunch.openmpi.family import OPEN_MPI, build_mpirun_argv
 from dtlaunch.openmpi.mca import (
@@ -178,7 +179,7 @@ def test_the_users_parameter_file_takes_the_key_check_back_before_the_launch(
     else:
         conf.write_text(content)
     assert not preflight.may_overlap(request, OPEN_MPI, {}, "/usr/bin/mpirun")
-    assert preflight.param_files_set_ssh("/usr/bin/mpirun") == [
+    assert mca.param_files_set_ssh("/usr/bin/mpirun") == [
         f"{conf}: " + ("plm_rsh_args" if content else "unreadable")]
 
 

@@ -31,7 +31,7 @@ from dtlaunch.doctor.preflight_cache import (
     drop_cache,
     write_cache,
 )
-from dtlaunch.openmpi.family import OPEN_MPI, OpenMpi
+from dtlaunch.openmpi.family import OPEN_MPI
 from dtlaunch.probe.prober import Prober, Reach, fan_out, local_names, ssh_reach
 
 if TYPE_CHECKING:
@@ -89,27 +89,7 @@ def may_overlap(request: RunRequest, family: MpiFamily = OPEN_MPI,
     env = os.environ if launcher_env is None else launcher_env
     if not family.ssh_left_to_dtlaunch(request.mpi_args, env):
         return False
-    return not (isinstance(family, OpenMpi) and param_files_set_ssh(launcher))
-
-
-def param_files_set_ssh(launcher: str) -> list[str]:
-    """`file: name` for each launch-agent parameter set in a parameter file Open MPI reads by
-    default. An unreadable file counts as setting one: nothing is assumed about it."""
-    from dtlaunch.core.errors import UsageError
-    from dtlaunch.core.textfile import read_small_text
-    from dtlaunch.openmpi.mca import default_param_files, param_file_overrides
-
-    found = []
-    for path in default_param_files(launcher, os.path.expanduser("~")):
-        if not os.path.lexists(path):
-            continue
-        try:
-            text = read_small_text(path, "mca", 1 << 20, "an MCA parameter file")
-        except UsageError:
-            found.append(f"{path}: unreadable")
-            continue
-        found += [f"{path}: {name}" for name in param_file_overrides(text)]
-    return found
+    return not family.ssh_setting_files(launcher)
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from dtlaunch.agents import PIPE_BUF
 from dtlaunch.core.errors import UsageError
-from dtlaunch.mpi import JobSpec, MpiImpl, parse_mpirun_version
+from dtlaunch.mpi import Interfaces, JobSpec, MpiImpl, parse_mpirun_version
 from dtlaunch.plan.binding import intel_pinning
 from dtlaunch.plan.hosts import Host, format_hosts
 
@@ -155,6 +156,8 @@ class Hydra:
 
     launcher = "mpiexec"
     install_hint = INSTALL_MPICH_HINT
+    record_limit = PIPE_BUF  # Hydra's -prepend-rank does not let pieces be joined exactly
+    ends_job_on_rank_failure = False
 
     def __init__(self, agent_dir: str = "", python: str = "", rsh_file: str = "",
                  name: str = "MPICH") -> None:
@@ -208,6 +211,14 @@ class Hydra:
         if any(a in LAUNCHER_ARGS for a in extra_args):
             return False
         return not any(name in LAUNCHER_VARIABLES for name in environ)
+
+    def ssh_setting_files(self, launcher: str) -> list[str]:
+        return []  # Hydra reads no parameter file by default
+
+    def job_iface(self, chosen: Interfaces, common_name: str | None) -> Interfaces | None:
+        # Hydra's -iface takes one name: the chosen network's, when every host calls it the
+        # same; else Hydra picks (the ranks' data path is UCX's choice anyway).
+        return Interfaces(names=(common_name,)) if common_name else None
 
 
 HYDRA = Hydra()

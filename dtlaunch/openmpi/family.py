@@ -11,8 +11,8 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from dtlaunch.agents import SSH_ARGS_ENV
-from dtlaunch.mpi import INSTALL_OMPI_HINT, MIN_OMPI, JobSpec, MpiImpl, parse_mpirun_version
-from dtlaunch.openmpi.mca import ssh_overrides
+from dtlaunch.mpi import INSTALL_OMPI_HINT, MIN_OMPI, Interfaces, JobSpec, MpiImpl, parse_mpirun_version
+from dtlaunch.openmpi.mca import param_files_set_ssh, ssh_overrides
 from dtlaunch.plan.binding import binding_for, double_dash
 from dtlaunch.plan.hosts import format_hosts
 from dtlaunch.reach.ssh_options import check_rsh_arg
@@ -109,6 +109,7 @@ class OpenMpi:
     # The rank shim's largest record: `--tag-output` lets dtlaunch join each rank's pieces
     # exactly, so a record need not be one atomic write (see dtlaunch.agents.rank_shim).
     record_limit = 1 << 20
+    ends_job_on_rank_failure = True
 
     def parse_version(self, text: str) -> MpiImpl:
         return parse_mpirun_version(text)
@@ -143,6 +144,12 @@ class OpenMpi:
 
     def support_files(self, spec: JobSpec) -> tuple[tuple[str, str], ...]:
         return ()  # mpirun takes its ssh agent as a command line
+
+    def ssh_setting_files(self, launcher: str) -> list[str]:
+        return param_files_set_ssh(launcher)
+
+    def job_iface(self, chosen: Interfaces, common_name: str | None) -> Interfaces | None:
+        return chosen
 
 
 OPEN_MPI = OpenMpi()

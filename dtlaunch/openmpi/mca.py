@@ -15,6 +15,7 @@ import re
 from collections.abc import Mapping, Sequence
 
 from dtlaunch.core.errors import UsageError
+from dtlaunch.core.textfile import read_small_text
 
 # The launch agent and its arguments under every name Open MPI 1.x-5.x and PRRTE have used:
 # plm_rsh_*, plm_ssh_* (PRRTE), pls_rsh_* (1.x), orte_rsh_agent / orte_ssh_agent, prte_*.
@@ -83,3 +84,19 @@ def param_file_overrides(text: str) -> list[str]:
             if _is_override(name):
                 names.append(name)
     return names
+
+
+def param_files_set_ssh(launcher: str) -> list[str]:
+    """`file: name` for each launch-agent parameter set in a parameter file Open MPI reads by
+    default. An unreadable file counts as setting one: nothing is assumed about it."""
+    found = []
+    for path in default_param_files(launcher, os.path.expanduser("~")):
+        if not os.path.lexists(path):
+            continue
+        try:
+            text = read_small_text(path, "mca", 1 << 20, "an MCA parameter file")
+        except UsageError:
+            found.append(f"{path}: unreadable")
+            continue
+        found += [f"{path}: {name}" for name in param_file_overrides(text)]
+    return found

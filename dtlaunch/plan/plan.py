@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from dtlaunch.agents import PIPE_BUF, wrap_program
+from dtlaunch.agents import wrap_program
 from dtlaunch.cluster.allocation import slurm_launch_env
 from dtlaunch.core.errors import UsageError
 from dtlaunch.mpi import Interfaces, JobSpec, MpiFamily, format_command
@@ -165,9 +165,8 @@ def plan_run(
     )
     argv = family.build_argv(spec, launcher or family.launcher)
     # What really runs: every rank through the rank shim, its argv one opaque word.
-    # Records as large as the launcher can take apart (a family that does not say: PIPE_BUF).
-    record_limit = int(getattr(family, "record_limit", PIPE_BUF))
-    wrapped = wrap_program(program, shim_python(request), record_limit)
+    # Records as large as the launcher can take apart.
+    wrapped = wrap_program(program, shim_python(request), family.record_limit)
     launch_argv = family.build_argv(replace(spec, program=wrapped), launcher or family.launcher)
     launcher_env = build_launcher_env(environ, env)
     own = family.launcher_env(spec)

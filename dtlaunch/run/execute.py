@@ -22,7 +22,7 @@ from dtlaunch.agents import guarded_argv, session_members
 from dtlaunch.core.errors import EXIT_TIMEOUT, DtlaunchError, exit_for_signal
 from dtlaunch.mpi import MpiFamily, OutputDemux
 from dtlaunch.openmpi.failures import Failure
-from dtlaunch.openmpi.family import OPEN_MPI, OpenMpi
+from dtlaunch.openmpi.family import OPEN_MPI
 from dtlaunch.run.job_output import JobOutput
 from dtlaunch.run.spool import Spool
 
@@ -87,7 +87,7 @@ def execute(
                     new_demux=new_demux or family.new_demux)
     # Open MPI's mpirun ends the job when a rank fails; Hydra waits for the others, which may
     # wait forever for the failed one, so dtlaunch ends it on the rank's exit record.
-    stop_on_rank_failure = not isinstance(family, OpenMpi)
+    stop_on_rank_failure = not family.ends_job_on_rank_failure
     rank_failed: Failure | None = None
     received: list[int] = []
     spools = (Spool(), Spool())  # mpirun's stdout and stderr: files, not pipes (see spool.py)
@@ -198,7 +198,7 @@ def execute(
                           "not found or is not executable there")
     if received or timed_out:
         # Hydra reports the ranks it stopped as failures; they are not the job's fault.
-        kept = failure if isinstance(family, OpenMpi) else None
+        kept = failure if family.ends_job_on_rank_failure else None
         if received:
             return LaunchResult(exit_for_signal(received[0]), kept, interrupted_by=received[0])
         return LaunchResult(EXIT_TIMEOUT, kept, timed_out=True)
@@ -212,7 +212,7 @@ def execute(
     if rank_failed is not None:
         # The ranks' own exit records name rank, host and status exactly.
         failure = rank_failed
-        if exit_code == 0 or not isinstance(family, OpenMpi):
+        if exit_code == 0 or not family.ends_job_on_rank_failure:
             exit_code = rank_failed.exit_code or (128 + (rank_failed.signal or 0)) or 1
     if exit_code != 0 and failure is None:
         failure = Failure(reason=f"{family.launcher} exited with status {exit_code}")

@@ -21,8 +21,7 @@ from typing import TYPE_CHECKING
 from dtlaunch.check.gpus import choose_slots, slots_pending, unchecked_slots_text, visible_devices
 from dtlaunch.core.errors import EXIT_FAILURE, UsageError
 from dtlaunch.core.interrupts import signals_raise
-from dtlaunch.hydra.family import Hydra
-from dtlaunch.mpi import Interfaces, MpiFamily, MpiImpl
+from dtlaunch.mpi import MpiFamily, MpiImpl
 from dtlaunch.plan.env import kept_home_note
 from dtlaunch.plan.plan import RunPlan, RunRequest, plan_run
 from dtlaunch.run.launcher_choice import launcher_family, local_mpi
@@ -204,11 +203,7 @@ def launch(request: LaunchRequest, on_event: OnEvent, *, executor: Executor | No
         choice = checked.network
         run = run_request
         if choice is not None and choice.iface is not None and run_request.iface is None:
-            iface: Interfaces | None = choice.iface
-            if isinstance(plan.family, Hydra):
-                # Hydra's -iface takes one name: the chosen network's, when every host calls
-                # it the same; else Hydra picks (the ranks' data path is UCX's choice anyway).
-                iface = Interfaces(names=(choice.gloo_iface,)) if choice.gloo_iface else None
+            iface = plan.family.job_iface(choice.iface, choice.gloo_iface)
             run = replace(run_request, iface=iface,
                           extra_env=(*choice.env(), *run_request.extra_env))
             on_event(Event(EventLevel.NOTE, choice.describe()))
