@@ -162,3 +162,23 @@ def test_nothing_outside_the_families_asks_which_family_it_holds() -> None:
                     & {"OpenMpi", "Hydra"}):
                 wrong.append(f"{path.relative_to(PACKAGE)}:{node.lineno}")
     assert not wrong
+
+
+def test_the_architecture_page_maps_every_room_and_module() -> None:
+    """docs/architecture.md is the map: each subpackage, each top-level file and each module of
+    a subpackage (but the example's) is named there, and each room has its floor above."""
+    text = (DOCS / "architecture.md").read_text(encoding="utf-8")
+    missing = []
+    for entry in sorted(PACKAGE.iterdir()):
+        if entry.is_dir() and (entry / "__init__.py").exists():
+            if f"`{entry.name}/`" not in text:
+                missing.append(f"{entry.name}/")
+            if entry.name == "examples":
+                continue
+            missing += [f"{entry.name}/{p.name}" for p in sorted(entry.iterdir())
+                        if p.suffix in {".py", ".sh"} and p.name != "__init__.py"
+                        and f"`{p.name}`" not in text]
+        elif (entry.suffix == ".py" and entry.name not in {"__init__.py", "__main__.py"}
+              and f"`{entry.name}`" not in text):
+            missing.append(entry.name)
+    assert not missing
