@@ -1,1 +1,4 @@
-"""dtlaunch.check: see docs/architecture.md."""
+"""Facts judged, pure: what the hosts reported, the checks with their fixes, the one report
+model.
+
+See docs/architecture.md."""

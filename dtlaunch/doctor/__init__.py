@@ -1,1 +1,1 @@
-"""dtlaunch.doctor.doctor: see docs/architecture.md."""
+"""Checks: doctor (every host at once), run's pre-flight and its cache, env-check (this machine)."""

@@ -1,1 +1,1 @@
-"""dtlaunch.horovod: see docs/architecture.md."""
+"""horovodrun's options, knobs and config file, and building Horovod for the MPI at hand."""

@@ -1,1 +1,4 @@
-"""dtlaunch.hydra.family: see docs/architecture.md."""
+"""The MpiFamily for MPICH and Intel MPI: Hydra's mpiexec, its ssh agent, its output and
+failures.
+
+See docs/architecture.md."""

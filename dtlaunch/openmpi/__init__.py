@@ -1,1 +1,1 @@
-"""dtlaunch.openmpi.family: see docs/architecture.md."""
+"""The MpiFamily for Open MPI: mpirun's argv, its output, its failures, its MCA settings."""

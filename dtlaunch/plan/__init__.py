@@ -1,1 +1,4 @@
-"""dtlaunch.plan.plan: see docs/architecture.md."""
+"""From the user's request to the exact launch plan, pure: hosts, environment, command forms,
+binding.
+
+See docs/architecture.md."""

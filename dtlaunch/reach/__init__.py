@@ -1,1 +1,4 @@
-"""dtlaunch.reach: see docs/architecture.md."""
+"""How hosts are reached over ssh: options, OpenSSH's config, failures with fixes, proxies, keys,
+known_hosts.
+
+See docs/architecture.md."""
