@@ -1,1 +1,28 @@
-"""dtlaunch.probe.command: see docs/architecture.md."""
+"""How hosts are reached for checks: the Prober seam (prober.py) and its implementations, over
+SSH (ssh_prober.py) or through srun inside a Slurm allocation (srun_prober.py).
+
+`reach_for` is the one place a launcher's name becomes a way to reach the hosts.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from dtlaunch.probe.prober import Reach
+    from dtlaunch.reach.ssh_options import SshOptions
+
+
+def reach_for(launcher: str, ssh: SshOptions | None = None) -> Reach | None:
+    """How the checks reach the hosts for `launcher`: through srun inside a Slurm allocation
+    (its nodes may not be reachable over SSH at all), else over SSH with `ssh` (None: with the
+    SSH options the checks are given)."""
+    if launcher == "slurm":
+        from dtlaunch.probe.srun_prober import srun_reach
+
+        return srun_reach()
+    if ssh is None:
+        return None
+    from dtlaunch.probe.prober import ssh_reach
+
+    return ssh_reach(ssh)

@@ -19,6 +19,7 @@ from types import FrameType
 from dtlaunch.core.interrupts import Interrupted, signals_raise
 from dtlaunch.openmpi.failures import Failure
 from dtlaunch.plan.hosts import Host
+from dtlaunch.probe import reach_for
 from dtlaunch.run.restart_report import build_report_json, build_report_lines
 from dtlaunch.run.restarts import (
     AttemptOutcome,
@@ -97,11 +98,7 @@ def launch_with_restarts(request: LaunchRequest, policy: RestartPolicy, on_event
         run = prepared.request or request.run
         # Inside a Slurm job the re-check goes through srun like the first pre-flight: the
         # allocated nodes may not be reachable over SSH at all.
-        reach = None
-        if run.launcher == "slurm":
-            from dtlaunch.probe.srun_prober import srun_reach
-
-            reach = srun_reach()
+        reach = reach_for(run.launcher)
         try:
             with signals_raise():
                 checked = run_preflight(run, prepared.plan, job_started=True, reach=reach,

@@ -24,6 +24,7 @@ from dtlaunch.core.interrupts import signals_raise
 from dtlaunch.mpi import MpiFamily, MpiImpl
 from dtlaunch.plan.env import kept_home_note
 from dtlaunch.plan.plan import RunPlan, RunRequest, plan_run
+from dtlaunch.probe import reach_for
 from dtlaunch.run.launcher_choice import launcher_family, local_mpi
 
 if TYPE_CHECKING:
@@ -165,11 +166,7 @@ def doctor_placement(hosts: Sequence[Host], launcher: str = "auto",
                                 detect(dict(os.environ) if environ is None else environ), launcher)
     names = tuple(h.name for h in placement.request.hosts)
     source = placement.source if placement.allocation is not None else ""
-    if placement.request.launcher != "slurm":
-        return names, None, source
-    from dtlaunch.probe.srun_prober import srun_reach
-
-    return names, srun_reach(), source
+    return names, reach_for(placement.request.launcher), source
 
 
 def launch(request: LaunchRequest, on_event: OnEvent, *, executor: Executor | None = None,
@@ -183,10 +180,8 @@ def launch(request: LaunchRequest, on_event: OnEvent, *, executor: Executor | No
     prepared = prepare(request.run, on_event, defer_slots=request.check)
     plan = prepared.plan
     run_request = prepared.request or request.run
-    if reach is None and run_request.launcher == "slurm":
-        from dtlaunch.probe.srun_prober import srun_reach
-
-        reach = srun_reach()
+    if reach is None:
+        reach = reach_for(run_request.launcher)
     keys = None
     if request.check:
         with signals_raise():
