@@ -112,6 +112,11 @@ _INTEL_RE = re.compile(r"Version\s+(\S+)")
 _HYDRA_RE = re.compile(r"Version:\s+(\S+)")
 
 
+# The one classification of an MPI by its name: the family that starts it (none: unsupported).
+OPEN_MPI_FAMILY, HYDRA_FAMILY = "Open MPI", "Hydra"
+MPI_FAMILIES = {"Open MPI": OPEN_MPI_FAMILY, "MPICH": HYDRA_FAMILY, "Intel MPI": HYDRA_FAMILY}
+
+
 @dataclass(frozen=True)
 class MpiImpl:
     name: str  # "Open MPI", "MPICH", "Intel MPI", "unknown"
@@ -126,8 +131,17 @@ class MpiImpl:
             return ()
 
     @property
+    def family(self) -> str | None:
+        """OPEN_MPI_FAMILY, HYDRA_FAMILY, or None for an MPI no family starts."""
+        return MPI_FAMILIES.get(self.name)
+
+    @property
     def is_open_mpi(self) -> bool:
-        return self.name == "Open MPI"
+        return self.family == OPEN_MPI_FAMILY
+
+    @property
+    def is_hydra(self) -> bool:
+        return self.family == HYDRA_FAMILY
 
 
 def parse_mpirun_version(text: str) -> MpiImpl:

@@ -15,7 +15,6 @@ import re
 
 from dtlaunch.check.facts import PythonFacts
 from dtlaunch.check.report import FAIL, PASS, CheckResult
-from dtlaunch.hydra.family import HYDRA_IMPLS
 from dtlaunch.mpi import MpiImpl
 
 OPEN_MPI, MPICH_FAMILY = "Open MPI", "MPICH family"
@@ -39,7 +38,7 @@ def _matches(lib: tuple[str, int | None], mpi: MpiImpl) -> bool:
     family, major = lib
     if mpi.is_open_mpi:
         return family == OPEN_MPI and (major is None or not mpi.release or major == mpi.release[0])
-    if mpi.name in HYDRA_IMPLS:
+    if mpi.is_hydra:
         return family == MPICH_FAMILY
     return True  # an MPI this module cannot judge
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dtlaunch.check.facts import HostFacts
 from dtlaunch.check.host_checks import check_open_mpi
 from dtlaunch.check.report import FAIL, PASS, SKIP, CheckResult
-from dtlaunch.hydra.family import HYDRA, HYDRA_IMPLS
+from dtlaunch.hydra.family import HYDRA
 from dtlaunch.mpi import MIN_OMPI, MpiImpl
 
 NAME = "open-mpi"  # the report's column for the MPI implementation (kept for its readers)
@@ -17,7 +17,7 @@ def _named(impl: MpiImpl) -> str:
 
 
 def uses_hydra(launcher: MpiImpl | None) -> bool:
-    return launcher is not None and launcher.name in HYDRA_IMPLS
+    return launcher is not None and launcher.is_hydra
 
 
 def check_mpi(facts: HostFacts, launcher: MpiImpl | None) -> CheckResult:
@@ -28,7 +28,7 @@ def check_mpi(facts: HostFacts, launcher: MpiImpl | None) -> CheckResult:
     if uses_hydra(launcher):
         assert launcher is not None
         return _against_hydra(facts, impl, launcher)
-    if impl.name in HYDRA_IMPLS:
+    if impl.is_hydra:
         if launcher is None:  # this machine alone: Hydra's MPIs are supported too
             why = HYDRA.unsupported(impl, str(facts.mpirun))
             return CheckResult(NAME, FAIL, why, HYDRA.install_hint) if why else \
@@ -49,7 +49,7 @@ def check_mpi(facts: HostFacts, launcher: MpiImpl | None) -> CheckResult:
 def _against_hydra(facts: HostFacts, impl: MpiImpl, launcher: MpiImpl) -> CheckResult:
     same_fix = (f"install {_named(launcher)} on this host at the launcher's path (Hydra starts "
                 "hydra_pmi_proxy from there) and put its bin directory first on PATH")
-    if impl.is_open_mpi or impl.name not in HYDRA_IMPLS:
+    if not impl.is_hydra:
         return CheckResult(NAME, FAIL, f"{facts.mpirun} is {_named(impl) or 'not an MPI'}; the "
                            f"launcher's mpiexec is {_named(launcher)}", same_fix
                            + ", or run the whole job with Open MPI")

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from dtlaunch.agents import PIPE_BUF
 from dtlaunch.core.errors import UsageError
-from dtlaunch.mpi import Interfaces, JobSpec, MpiImpl, parse_mpirun_version
+from dtlaunch.mpi import HYDRA_FAMILY, MPI_FAMILIES, Interfaces, JobSpec, MpiImpl, parse_mpirun_version
 from dtlaunch.plan.binding import intel_pinning
 from dtlaunch.plan.hosts import Host, format_hosts
 
@@ -26,7 +26,7 @@ if TYPE_CHECKING:  # imported when a job runs, not for a dry run
     from dtlaunch.hydra.output import HydraDemux
     from dtlaunch.openmpi.failures import Failure
 
-HYDRA_IMPLS = ("MPICH", "Intel MPI")
+HYDRA_IMPLS = tuple(name for name, family in MPI_FAMILIES.items() if family == HYDRA_FAMILY)
 MIN_MPICH = (3, 0)
 INSTALL_MPICH_HINT = (
     "install MPICH ('apt-get install mpich libmpich-dev', or 'pip install mpich' into the venv "

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 
 from dtlaunch import agents
 from dtlaunch.core.errors import DtlaunchError, UsageError
-from dtlaunch.hydra.family import HYDRA_IMPLS, Hydra
+from dtlaunch.hydra.family import Hydra
 from dtlaunch.mpi import MpiFamily, MpiImpl
 from dtlaunch.openmpi.family import OPEN_MPI
 
@@ -42,7 +42,7 @@ def launcher_family(environ: Mapping[str, str] | None = None,
     if program is None:
         return OPEN_MPI, None, None
     impl = local_mpi(OPEN_MPI, program, refuse=False)
-    if impl.is_open_mpi or impl.name not in HYDRA_IMPLS:
+    if not impl.is_hydra:
         return OPEN_MPI, program, impl
     mpiexec = os.path.join(os.path.dirname(program), "mpiexec")
     return hydra_family(env, impl.name), mpiexec if os.access(mpiexec, os.X_OK) else program, impl
