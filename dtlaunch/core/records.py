@@ -23,18 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Union
 
-from dtlaunch.agents import (
-    ESC,
-    EXIT,
-    HEADER_MAX,
-    HOST,
-    MAGIC,
-    NOSTART,
-    PIPE_BUF,
-    STDERR,
-    STDOUT,
-    unescape,
-)
+from dtlaunch.agents import ESC, EXIT, HEADER_MAX, HOST, MAGIC, NOSTART, PIPE_BUF, STDERR, STDOUT, unescape
 
 HEADER_RE = re.compile(rb"\x1edtl2 (-?\d{1,18}) ([a-z]) ")
 TEXT_LIMIT = 64 * 1024  # a line of the launcher's own text longer than this is passed on in pieces
