@@ -10,7 +10,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dtlaunch.cluster.allocation import (
-    SLURM_LAUNCH_NAMES,
     Allocation,
     check_hosts_in_allocation,
     detect,
@@ -19,10 +18,9 @@ from dtlaunch.cluster.allocation import (
     parse_slurm_nodelist,
     parse_slurm_tasks_per_node,
     read_allocation_file,
-    slurm_launch_env,
 )
 from dtlaunch.core.errors import UsageError
-from dtlaunch.plan.env import looks_secret
+from dtlaunch.plan.env import SLURM_LAUNCH_NAMES, looks_secret, slurm_launch_env
 from dtlaunch.plan.hosts import Host
 
 

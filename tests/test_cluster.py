@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 from conftest import dtlaunch_argv
 
-from dtlaunch.cluster.allocation import SLURM_LAUNCH_NAMES, detect
+from dtlaunch.cluster.allocation import detect
 from dtlaunch.cluster.placement import choose_launcher, plan_allocation
 from dtlaunch.core.errors import UsageError
+from dtlaunch.plan.env import SLURM_LAUNCH_NAMES
 from dtlaunch.plan.hosts import Host
 from dtlaunch.plan.plan import RunRequest, plan_run
 

@@ -20,8 +20,9 @@ from conftest import SCRIPTS
 from slurm_bed import SlurmCluster
 from testbed import TestBed
 
-from dtlaunch.cluster.allocation import SLURM_LAUNCH_NAMES, detect
+from dtlaunch.cluster.allocation import detect
 from dtlaunch.cluster.slurm import build_batch_script, parse_sbatch_output
+from dtlaunch.plan.env import SLURM_LAUNCH_NAMES
 from dtlaunch.plan.hosts import Host
 
 pytestmark = pytest.mark.testbed

@@ -252,3 +252,29 @@ def merge_env_items(from_file: Iterable[str], from_flags: Iterable[str]) -> tupl
     flags = tuple(from_flags)
     named = {item.partition("=")[0] for item in flags}
     return tuple(i for i in from_file if i.partition("=")[0] not in named) + flags
+
+
+# What Open MPI's Slurm support reads from mpirun's environment (ras slurm: the allocation;
+# plm slurm: whether to start its daemons with srun) plus what that srun needs to join this
+# job's allocation instead of asking for a new one. Open MPI 4 reads the old names
+# (SLURM_JOBID, SLURM_NODELIST); current Slurm sets both spellings, so both are kept.
+SLURM_LAUNCH_NAMES = (
+    "SLURM_JOB_ID", "SLURM_JOBID",
+    "SLURM_JOB_NODELIST", "SLURM_NODELIST",
+    "SLURM_TASKS_PER_NODE", "SLURM_JOB_CPUS_PER_NODE", "SLURM_CPUS_PER_TASK",
+    "SLURM_CONF",
+)
+_ALIASES = (("SLURM_JOB_ID", "SLURM_JOBID"), ("SLURM_JOB_NODELIST", "SLURM_NODELIST"))
+
+
+def slurm_launch_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """Exactly the SLURM_* variables mpirun needs to launch through srun; {} outside Slurm."""
+    env = {n: environ[n] for n in SLURM_LAUNCH_NAMES if n in environ}
+    if not env.get("SLURM_JOB_ID") and not env.get("SLURM_JOBID"):
+        return {}
+    for new, old in _ALIASES:
+        if new in env and old not in env:
+            env[old] = env[new]
+        elif old in env and new not in env:
+            env[new] = env[old]
+    return env

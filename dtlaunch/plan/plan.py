@@ -6,14 +6,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from dtlaunch.agents import wrap_program
-from dtlaunch.cluster.allocation import slurm_launch_env
 from dtlaunch.core.errors import UsageError
 from dtlaunch.mpi import Interfaces, JobSpec, MpiFamily, format_command
 from dtlaunch.openmpi.family import OPEN_MPI
 from dtlaunch.openmpi.mca import refuse_insecure
 from dtlaunch.plan.command import Program
 from dtlaunch.plan.command import check_module_name as check_module_name  # re-exported for the CLI
-from dtlaunch.plan.env import EnvPlan, build_launcher_env, plan_environment
+from dtlaunch.plan.env import EnvPlan, build_launcher_env, plan_environment, slurm_launch_env
 from dtlaunch.plan.hosts import Host, assign_ranks, total_slots
 from dtlaunch.reach.ssh_options import SshOptions
 

@@ -16,8 +16,9 @@ import subprocess
 import sys
 import time
 
-from dtlaunch.cluster.allocation import detect, slurm_launch_env
+from dtlaunch.cluster.allocation import detect
 from dtlaunch.cluster.slurm import build_srun_probe_argv, parse_srun_labeled, parse_srun_task_errors
+from dtlaunch.plan.env import slurm_launch_env
 
 mode = sys.argv[1]
 alloc = detect(os.environ)
