@@ -19,8 +19,8 @@ from dtlaunch.plan.hosts import Host
 from dtlaunch.reach.ssh_options import SshOptions
 
 if TYPE_CHECKING:
+    from dtlaunch.core.failure import Failure
     from dtlaunch.core.records import Event
-    from dtlaunch.openmpi.failures import Failure
 
 MIN_OMPI = (3, 0)
 INSTALL_OMPI_HINT = (

@@ -21,11 +21,11 @@ from dtlaunch.check.facts import HostFacts, Iface, PythonFacts
 from dtlaunch.check.host_checks import Expectations
 from dtlaunch.check.report import FAIL, HOST, PASS, SKIP, CheckResult, HostOutcome, ssh_failed
 from dtlaunch.console.render import render_report, report_to_json
+from dtlaunch.core.failure import Failure
 from dtlaunch.core.tracker import Tracker
 from dtlaunch.doctor import preflight
 from dtlaunch.doctor.doctor import DoctorRequest, run_doctor
 from dtlaunch.mpi import MpiImpl, parse_iface
-from dtlaunch.openmpi.failures import Failure
 from dtlaunch.plan.command import parse_command
 from dtlaunch.plan.hosts import Host
 from dtlaunch.plan.plan import RunRequest, plan_run

@@ -8,8 +8,9 @@ import subprocess
 import pytest
 from conftest import MpiEnv
 
+from dtlaunch.core.failure import Failure, blame_mpi_args
 from dtlaunch.hydra.output import analyze_hydra
-from dtlaunch.openmpi.failures import Failure, analyze, blame_mpi_args
+from dtlaunch.openmpi.failures import analyze
 
 # Each launcher's own words, as they print them.
 ORTE = ['/usr/bin/mpirun: Error: unknown option "-foo"', "Type '/usr/bin/mpirun --help' for usage."]

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dtlaunch.core.errors import DtlaunchError, UsageError
-from dtlaunch.openmpi.failures import Failure
+from dtlaunch.core.failure import Failure
 from dtlaunch.plan.hosts import Host
 from dtlaunch.run.restart_report import build_report_json, build_report_lines
 from dtlaunch.run.restarts import (

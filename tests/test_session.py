@@ -11,7 +11,7 @@ import pytest
 
 from dtlaunch.agents.rank_shim import encode_argv
 from dtlaunch.core.errors import UsageError
-from dtlaunch.openmpi.failures import Failure
+from dtlaunch.core.failure import Failure
 from dtlaunch.plan.hosts import Host
 from dtlaunch.plan.plan import RunRequest
 from dtlaunch.run import session

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dtlaunch.openmpi.failures import Failure
+from dtlaunch.core.failure import Failure
 from dtlaunch.plan.hosts import Host
 from dtlaunch.run.execute import LaunchResult
 from dtlaunch.run.restarts import AttemptOutcome, blame_hosts, is_lost_host

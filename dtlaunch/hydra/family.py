@@ -23,8 +23,8 @@ from dtlaunch.plan.binding import intel_pinning
 from dtlaunch.plan.hosts import Host, format_hosts
 
 if TYPE_CHECKING:  # imported when a job runs, not for a dry run
+    from dtlaunch.core.failure import Failure
     from dtlaunch.hydra.output import HydraDemux
-    from dtlaunch.openmpi.failures import Failure
 
 HYDRA_IMPLS = tuple(name for name, family in MPI_FAMILIES.items() if family == HYDRA_FAMILY)
 MIN_MPICH = (3, 0)

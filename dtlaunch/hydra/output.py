@@ -17,8 +17,8 @@ import signal
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from dtlaunch.core.failure import Failure, unknown_option
 from dtlaunch.core.records import RECORD_LIMIT, TEXT_LIMIT, Event, PieceRouter, RecordParser
-from dtlaunch.openmpi.failures import Failure, unknown_option
 
 TAG_RE = re.compile(rb"\[(\d+)\] ")
 _TAG_START_RE = re.compile(rb"\[\d{0,9}\]?\Z")  # what may still grow into a tag

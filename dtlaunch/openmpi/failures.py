@@ -8,37 +8,9 @@ so every pattern allows any whitespace between words.
 from __future__ import annotations
 
 import re
-import shlex
-import signal
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
 
-
-@dataclass(frozen=True)
-class Failure:
-    rank: int | None = None
-    host: str | None = None
-    exit_code: int | None = None
-    signal: int | None = None
-    reason: str = ""  # for failures that are not a rank's exit (lost daemon, ssh failure)
-    option: str | None = None  # an option the launcher refused, as it names it
-
-    def describe(self) -> str:
-        who = f"rank {self.rank}" if self.rank is not None else "a process"
-        where = f" on host {self.host}" if self.host else ""
-        if self.signal is not None:
-            return f"{who}{where} was killed by signal {self.signal} ({signal_name(self.signal)})"
-        if self.exit_code is not None:
-            return f"{who}{where} exited with code {self.exit_code}"
-        return self.reason or f"{who}{where} failed"
-
-
-def signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
-
+from dtlaunch.core.failure import Failure, unknown_option
 
 # A process's name: ORTE's [[jobid,step],vpid] or PRRTE's [nspace@step,vpid].
 _NAME = r"\[(?:\[\d+,\d+\]|[^\]\s@]+@\d+),(\d+)\]"
@@ -134,23 +106,6 @@ def analyze(lines: Sequence[str], rank_hosts: Sequence[str]) -> Failure | None:
             + "; run 'dtlaunch doctor' with the same hosts to see which and why"
         )
     return None
-
-
-def unknown_option(launcher: str, option: str) -> Failure:
-    return Failure(option=option, reason=f"{launcher} does not take the option {option} "
-                   f"('{launcher} --help' lists those it does)")
-
-
-def blame_mpi_args(failure: Failure, mpi_args: Sequence[str]) -> Failure:
-    """Say whether a refused option came from --mpi-args. One that did not is dtlaunch's own,
-    taken out of place when an option in --mpi-args lacked its value and took the next word."""
-    if failure.option is None or not mpi_args:
-        return failure
-    bare = failure.option.lstrip("-")
-    if any(arg.startswith("-") and arg.lstrip("-") == bare for arg in mpi_args):
-        return replace(failure, reason=f"{failure.reason}; it came from --mpi-args")
-    return replace(failure, reason=f"{failure.reason}; it is not one of --mpi-args, so an "
-                   f"option there probably lacks its value ({shlex.join(mpi_args)})")
 
 
 def _missing_program(body: str) -> Failure:

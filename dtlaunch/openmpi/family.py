@@ -18,7 +18,7 @@ from dtlaunch.plan.hosts import format_hosts
 from dtlaunch.reach.ssh_options import check_rsh_arg
 
 if TYPE_CHECKING:  # imported when a job runs, not for a dry run
-    from dtlaunch.openmpi.failures import Failure
+    from dtlaunch.core.failure import Failure
     from dtlaunch.openmpi.output import OpenMpiDemux
 
 DEFAULT_MAJOR = 4  # assumed when the local mpirun cannot be asked (a dry run without one)

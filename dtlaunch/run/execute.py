@@ -20,8 +20,8 @@ from pathlib import Path
 
 from dtlaunch.agents import guarded_argv, session_members
 from dtlaunch.core.errors import EXIT_TIMEOUT, DtlaunchError, exit_for_signal
+from dtlaunch.core.failure import Failure
 from dtlaunch.mpi import MpiFamily, OutputDemux
-from dtlaunch.openmpi.failures import Failure
 from dtlaunch.openmpi.family import OPEN_MPI
 from dtlaunch.run.job_output import JobOutput
 from dtlaunch.run.spool import Spool

@@ -16,8 +16,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from types import FrameType
 
+from dtlaunch.core.failure import Failure
 from dtlaunch.core.interrupts import Interrupted, signals_raise
-from dtlaunch.openmpi.failures import Failure
 from dtlaunch.plan.hosts import Host
 from dtlaunch.probe import reach_for
 from dtlaunch.run.restart_report import build_report_json, build_report_lines

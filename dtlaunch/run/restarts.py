@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from dtlaunch.core.errors import DtlaunchError, UsageError
-from dtlaunch.openmpi.failures import Failure, signal_name
+from dtlaunch.core.failure import Failure, signal_name
 from dtlaunch.plan.hosts import Host, total_slots
 
 if TYPE_CHECKING:

@@ -237,7 +237,7 @@ def launch(request: LaunchRequest, on_event: OnEvent, *, executor: Executor | No
             nodes.close()
     result = blame(result, nodes)
     if result.failure is not None and result.failure.option is not None:
-        from dtlaunch.openmpi.failures import blame_mpi_args
+        from dtlaunch.core.failure import blame_mpi_args
 
         result = replace(result, failure=blame_mpi_args(result.failure, run_request.mpi_args))
     failed_itself = (result.exit_code != 0 and result.interrupted_by is None
@@ -257,7 +257,7 @@ def launch(request: LaunchRequest, on_event: OnEvent, *, executor: Executor | No
 
 def outcome_lines(result: LaunchResult, timeout: float | None) -> Sequence[str]:
     """What the CLI says when a job ends other than cleanly."""
-    from dtlaunch.openmpi.failures import signal_name
+    from dtlaunch.core.failure import signal_name
 
     lines: list[str] = []
     if result.interrupted_by == signal.SIGPIPE:

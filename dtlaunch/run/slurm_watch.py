@@ -30,7 +30,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from dtlaunch.cluster.slurm import build_srun_probe_argv
-from dtlaunch.openmpi.failures import Failure
+from dtlaunch.core.failure import Failure
 
 if TYPE_CHECKING:
     from dtlaunch.run.execute import LaunchResult
