@@ -11,21 +11,14 @@ from typing import Any
 
 import pytest
 from conftest import dtlaunch_argv
+from helpers.envcheck import HOST, PY, rows
 from helpers.procs import sleeping
 
-from dtlaunch.check.facts import HostFacts, PythonFacts
 from dtlaunch.check.host_checks import check_horovod
 from dtlaunch.check.mpi_checks import check_mpi
 from dtlaunch.check.report import FAIL, PASS
 from dtlaunch.doctor.envcheck import env_report, evaluate_env, gather_env
 from dtlaunch.mpi import MpiImpl
-
-PY = PythonFacts(found=True, executable="/venv/bin/python", version="3.11.7",
-                 torch_version="2.13.0", horovod_version="0.28.1", torch_imported="2.13.0",
-                 horovod_imported="0.28.1", frameworks=("PyTorch",), controllers=("MPI", "Gloo"),
-                 tensor_ops=("MPI", "Gloo"))
-HOST = HostFacts(hostname="me", path="/usr/bin", mpirun="/usr/bin/mpirun", orted="/usr/bin/orted",
-                 mpi=MpiImpl("Open MPI", "4.1.4"), python=PY)
 
 
 @pytest.fixture(scope="module")
@@ -38,8 +31,6 @@ def facts() -> dict[str, Any]:
     return gathered
 
 
-def rows(items: Any, section: str) -> list[tuple[str, str, str]]:
-    return [(i.check.name, i.check.status, i.check.detail) for i in items if i.section == section]
 
 
 def test_healthy_machine_lists_the_facts(facts: dict[str, Any]) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from helpers import gpus as smi
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -29,41 +30,9 @@ from dtlaunch.core.errors import UsageError
 from dtlaunch.plan.hosts import Host, parse_hosts
 from dtlaunch.plan.plan import RunRequest, plan_run
 
-# Recorded shapes of `nvidia-smi --query-gpu=index,name,uuid,driver_version,memory.total
-# --format=csv,noheader` and of the banner of plain `nvidia-smi` (driver 550 and 470 layouts).
-H100_QUERY = "".join(
-    f"{i}, NVIDIA H100 80GB HBM3, GPU-5e2c6e36-8c3a-3b8f-1f7a-6d2f4e1c9a0{i}, 550.54.15, 81559 MiB\n"
-    for i in range(8))
-H100_HEADER = """\
-Thu Mar 14 09:12:44 2024
-+-----------------------------------------------------------------------------------------+
-| NVIDIA-SMI 550.54.15              Driver Version: 550.54.15      CUDA Version: 12.4     |
-|-----------------------------------------+------------------------+----------------------+
-| GPU  Name                 Persistence-M | Bus-Id          Disp.A | Volatile Uncorr. ECC |
-"""
-A100_QUERY = """\
-0, NVIDIA A100-SXM4-40GB, GPU-1a2b3c4d-0000-1111-2222-333344445555, 535.129.03, 40960 MiB
-1, NVIDIA A100-SXM4-40GB, GPU-1a2b3c4d-0000-1111-2222-333344445556, 535.129.03, 40960 MiB
-2, NVIDIA A100-SXM4-40GB, GPU-1a2b3c4d-0000-1111-2222-333344445557, 535.129.03, 40960 MiB
-3, NVIDIA A100-SXM4-40GB, GPU-1a2b3c4d-0000-1111-2222-333344445558, 535.129.03, 40960 MiB
-"""
-A100_HEADER = """\
-+---------------------------------------------------------------------------------------+
-| NVIDIA-SMI 535.129.03             Driver Version: 535.129.03   CUDA Version: 12.2     |
-"""
-V100_QUERY = "0, Tesla V100-SXM2-16GB, GPU-0c9d8e7f-aaaa-bbbb-cccc-ddddeeeeffff, 470.182.03, 16160 MiB\n"
-V100_HEADER = """\
-+-----------------------------------------------------------------------------+
-| NVIDIA-SMI 470.182.03   Driver Version: 470.182.03   CUDA Version: 11.4     |
-|-------------------------------+----------------------+----------------------+
-"""
-NO_DRIVER = ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. Make sure "
-             "that the latest NVIDIA driver is installed and running.\n\n")
-MISMATCH = "Failed to initialize NVML: Driver/library version mismatch\nNVML library version: 550.54\n"
-
 
 def test_h100_host() -> None:
-    facts = parse_gpu_facts(H100_QUERY, H100_HEADER)
+    facts = parse_gpu_facts(smi.H100_QUERY, smi.H100_HEADER)
     assert facts.smi and facts.count == 8 and not facts.error
     assert facts.gpus[3] == Gpu(3, "NVIDIA H100 80GB HBM3", "GPU-5e2c6e36-8c3a-3b8f-1f7a-6d2f4e1c9a03",
                                 "550.54.15", 81559)
@@ -71,8 +40,8 @@ def test_h100_host() -> None:
 
 
 def test_headers_of_several_driver_generations() -> None:
-    assert parse_smi_header(A100_HEADER) == ("535.129.03", "12.2")
-    assert parse_smi_header(V100_HEADER) == ("470.182.03", "11.4")
+    assert parse_smi_header(smi.A100_HEADER) == ("535.129.03", "12.2")
+    assert parse_smi_header(smi.V100_HEADER) == ("470.182.03", "11.4")
     assert parse_smi_header("| NVIDIA-SMI 550.54.15   Driver Version: 550.54.15   CUDA Version: N/A |") == ("550.54.15", None)
     assert parse_smi_header("garbage") == (None, None)
 
@@ -82,14 +51,14 @@ def test_failures_and_absence() -> None:
     assert parse_gpu_facts("No devices were found\n") == GpuFacts(smi=True)
     # nvidia-smi installed on a host without a driver (a CPU host built from a CUDA image):
     # no GPUs, not an error.
-    assert parse_gpu_facts(NO_DRIVER, NO_DRIVER) == GpuFacts(
+    assert parse_gpu_facts(smi.NO_DRIVER, smi.NO_DRIVER) == GpuFacts(
         smi=True, note="nvidia-smi found but no NVIDIA driver loaded")
-    assert parse_gpu_facts(MISMATCH).error == "Failed to initialize NVML: Driver/library version mismatch"
+    assert parse_gpu_facts(smi.MISMATCH).error == "Failed to initialize NVML: Driver/library version mismatch"
     # A name with a comma, and memory the driver does not report.
     gpus, error = parse_gpu_query("0, Acme, Accelerator X, GPU-11, 550.1, [N/A]\n")
     assert not error and gpus == (Gpu(0, "Acme, Accelerator X", "GPU-11", "550.1", None),)
     # Without the banner, the driver comes from the query.
-    assert parse_gpu_facts(V100_QUERY).driver == "470.182.03"
+    assert parse_gpu_facts(smi.V100_QUERY).driver == "470.182.03"
 
 
 GPU = st.builds(Gpu, st.integers(0, 15), st.from_regex(r"[A-Za-z][A-Za-z0-9 ,-]{0,20}[A-Za-z0-9]", fullmatch=True),
@@ -106,7 +75,7 @@ def test_query_round_trip(gpus: list[Gpu]) -> None:
 
 
 def test_slots_per_gpu_where_none_were_given() -> None:
-    facts = {"h1": parse_gpu_facts(H100_QUERY, H100_HEADER), "h2": parse_gpu_facts(A100_QUERY, A100_HEADER),
+    facts = {"h1": parse_gpu_facts(smi.H100_QUERY, smi.H100_HEADER), "h2": parse_gpu_facts(smi.A100_QUERY, smi.A100_HEADER),
              "h3": GpuFacts(smi=False)}
     hosts = (Host("h1"), Host("h2", 2), Host("h3"))
     assert gpu_slots(hosts, facts, slots_given={"h2"}) == (Host("h1", 8), Host("h2", 2), Host("h3"))
@@ -118,16 +87,16 @@ def statuses(results: tuple[object, ...]) -> list[tuple[str, str]]:
 
 
 def test_a_uniform_cluster_passes() -> None:
-    facts = {h: parse_gpu_facts(H100_QUERY, H100_HEADER) for h in ("h1", "h2")}
+    facts = {h: parse_gpu_facts(smi.H100_QUERY, smi.H100_HEADER) for h in ("h1", "h2")}
     result = check_gpus(facts, {"h1": "12.1", "h2": "12.1"}, {"h1": "2.18.1", "h2": "2.18.1"})
     assert statuses(result) == [(PASS, "8 x NVIDIA H100 80GB HBM3 per host, driver 550.54.15, CUDA 12.4")]
     assert check_gpus({"h1": GpuFacts(), "h2": GpuFacts(smi=True)})[0].status == SKIP
 
 
 def test_mismatches_each_have_a_fix() -> None:
-    facts = {"h1": parse_gpu_facts(H100_QUERY, H100_HEADER), "h2": parse_gpu_facts(A100_QUERY, A100_HEADER),
-             "h3": parse_gpu_facts(V100_QUERY, V100_HEADER), "h4": GpuFacts(),
-             "h5": parse_gpu_facts(MISMATCH, MISMATCH)}
+    facts = {"h1": parse_gpu_facts(smi.H100_QUERY, smi.H100_HEADER), "h2": parse_gpu_facts(smi.A100_QUERY, smi.A100_HEADER),
+             "h3": parse_gpu_facts(smi.V100_QUERY, smi.V100_HEADER), "h4": GpuFacts(),
+             "h5": parse_gpu_facts(smi.MISMATCH, smi.MISMATCH)}
     results = check_gpus(facts, {"h1": "12.1", "h2": "12.1", "h3": "12.1"},
                          {"h1": "2.18.1", "h2": "2.18.1", "h3": "2.19.3"})
     assert statuses(results) == [
@@ -145,7 +114,7 @@ def test_mismatches_each_have_a_fix() -> None:
                                                      ("12.10", "12.9", False), ("11.8", "12.2", True)])
 def test_cuda_runtime_against_driver(built: str, driver: str, ok: bool) -> None:
     header = f"| NVIDIA-SMI 1.0   Driver Version: 560.1   CUDA Version: {driver}     |"
-    results = check_gpus({"h1": parse_gpu_facts(V100_QUERY, header)}, {"h1": built})
+    results = check_gpus({"h1": parse_gpu_facts(smi.V100_QUERY, header)}, {"h1": built})
     assert (results[0].status == PASS) == ok
 
 
@@ -155,12 +124,12 @@ def test_probe_sections() -> None:
     done = "query done\nheader done"
     assert parse_gpu_probe("", "", "") == GpuFacts()  # an older probe: nothing known
     assert parse_gpu_probe("absent", "", "") == GpuFacts()
-    assert parse_gpu_probe(done, A100_QUERY, A100_HEADER) == parse_gpu_facts(A100_QUERY, A100_HEADER)
+    assert parse_gpu_probe(done, smi.A100_QUERY, smi.A100_HEADER) == parse_gpu_facts(smi.A100_QUERY, smi.A100_HEADER)
     hung = parse_gpu_probe("query timeout 10000\nheader timeout 10000", "", "")
     assert hung == GpuFacts(smi=True, error="nvidia-smi did not answer within 10 s")
     assert parse_gpu_probe("query timeout 500\nheader done", "", "").error.endswith("within 0.5 s")
     # A hung banner only loses the CUDA version.
-    slow = parse_gpu_probe("query done\nheader timeout 10000", V100_QUERY, "")
+    slow = parse_gpu_probe("query done\nheader timeout 10000", smi.V100_QUERY, "")
     assert (slow.count, slow.driver, slow.cuda, slow.error) == (1, "470.182.03", None, "")
 
 
@@ -171,11 +140,11 @@ def test_nccl_version_codes(code: object, version: str | None) -> None:
 
 
 def test_descriptions() -> None:
-    assert describe_gpus(parse_gpu_facts(H100_QUERY, H100_HEADER)) == "8 x NVIDIA H100 80GB HBM3"
-    mixed = parse_gpu_facts(A100_QUERY + V100_QUERY.replace("0,", "4,", 1))
+    assert describe_gpus(parse_gpu_facts(smi.H100_QUERY, smi.H100_HEADER)) == "8 x NVIDIA H100 80GB HBM3"
+    mixed = parse_gpu_facts(smi.A100_QUERY + smi.V100_QUERY.replace("0,", "4,", 1))
     assert describe_gpus(mixed) == "4 x NVIDIA A100-SXM4-40GB, 1 x Tesla V100-SXM2-16GB"
-    assert describe_gpus(parse_gpu_facts(NO_DRIVER)) == "none (nvidia-smi found but no NVIDIA driver loaded)"
-    assert describe_gpus(parse_gpu_facts(MISMATCH)).startswith("nvidia-smi failed: Failed to initialize")
+    assert describe_gpus(parse_gpu_facts(smi.NO_DRIVER)) == "none (nvidia-smi found but no NVIDIA driver loaded)"
+    assert describe_gpus(parse_gpu_facts(smi.MISMATCH)).startswith("nvidia-smi failed: Failed to initialize")
 
 
 def test_a_hung_nvidia_smi_fails_with_its_own_fix() -> None:
@@ -185,7 +154,7 @@ def test_a_hung_nvidia_smi_fails_with_its_own_fix() -> None:
 
 
 def test_cpu_only_hosts_with_nvidia_smi_but_no_driver_are_no_failure() -> None:
-    (result,) = check_gpus({"h1": parse_gpu_facts(NO_DRIVER), "h2": GpuFacts()})
+    (result,) = check_gpus({"h1": parse_gpu_facts(smi.NO_DRIVER), "h2": GpuFacts()})
     assert result.status == SKIP
 
 

@@ -13,9 +13,8 @@ from pathlib import Path
 
 import pytest
 from conftest import dtlaunch_argv
-from helpers.procs import sleeping, survivors
-from test_envcheck import HOST, PY, rows
-from test_gpus import (
+from helpers.envcheck import HOST, PY, rows
+from helpers.gpus import (
     A100_HEADER,
     A100_QUERY,
     H100_HEADER,
@@ -24,30 +23,15 @@ from test_gpus import (
     NO_DRIVER,
     V100_HEADER,
     V100_QUERY,
+    fake_smi,
 )
+from helpers.procs import sleeping, survivors
 
 from dtlaunch.check.facts import HostFacts
 from dtlaunch.check.gpu_facts import GpuFacts, parse_gpu_facts
 from dtlaunch.check.report import FAIL, PASS
 from dtlaunch.doctor.envcheck import evaluate_env, gather_env
 from dtlaunch.probe.command import ProbeArgs, probe_local
-
-
-def fake_smi(folder: Path, query: str, header: str, status: int = 0) -> Path:
-    """An `nvidia-smi` that prints `query` for the query and `header` otherwise."""
-    folder.mkdir(exist_ok=True)
-    (folder / "query.txt").write_text(query)
-    (folder / "header.txt").write_text(header)
-    smi = folder / "nvidia-smi"
-    smi.write_text(f"""#!/bin/sh
-case "$1" in
-  --query-gpu=*) cat '{folder}/query.txt' ;;
-  *) cat '{folder}/header.txt' ;;
-esac
-exit {status}
-""")
-    smi.chmod(0o755)
-    return folder
 
 
 def probe_with(folder: Path | None, monkeypatch: pytest.MonkeyPatch, **kw: float) -> HostFacts:

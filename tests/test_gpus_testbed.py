@@ -18,8 +18,7 @@ from pathlib import Path
 
 import pytest
 from conftest import dtlaunch_argv
-from test_gpus import A100_HEADER, A100_QUERY
-from test_gpus_probe import fake_smi
+from helpers.gpus import A100_HEADER, A100_QUERY, fake_smi
 from testbed import TestBed
 
 pytestmark = pytest.mark.testbed

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from conftest import await_sleeping, kill_sleeping, survivors_of_kill
+from helpers.mpis import INTEL, fake_mpi, spec
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -25,9 +26,9 @@ from dtlaunch.core.errors import DtlaunchError, UsageError
 from dtlaunch.core.records import Piece, RankExit, RankHost
 from dtlaunch.hydra.family import HYDRA, Hydra, agent_path, agent_script, build_mpiexec_argv
 from dtlaunch.hydra.output import HydraDemux, analyze_hydra
-from dtlaunch.mpi import Interfaces, JobSpec, MpiImpl, parse_mpirun_version
+from dtlaunch.mpi import Interfaces, MpiImpl, parse_mpirun_version
 from dtlaunch.openmpi.family import OPEN_MPI
-from dtlaunch.plan.env import EnvPlan, EnvVar, is_allowed
+from dtlaunch.plan.env import EnvPlan, is_allowed
 from dtlaunch.plan.hosts import Host
 from dtlaunch.plan.plan import RunRequest
 from dtlaunch.reach.ssh_options import SshOptions
@@ -42,22 +43,9 @@ MPICH_5 = """HYDRA build details:
 """
 MPICH_3 = "HYDRA build details:\n    Version:                                 3.3a2\n    Release Date: unreleased development copy\n"
 MPICH_4 = "HYDRA build details:\n    Version:                                 4.0.2\n    Release Date:  Thu Apr  7 12:34:45 CDT 2022\n"
-INTEL = ("Intel(R) MPI Library for Linux* OS, Version 2021.10 Build 20230619 (id: c2e19c2f3e)\n"
-         "Copyright 2003-2023, Intel Corporation.\n")
 OMPI = "mpirun (Open MPI) 4.1.4\n\nReport bugs to http://www.open-mpi.org/community/help/\n"
 
 
-def spec(**kw: object) -> JobSpec:
-    base: dict[str, object] = dict(
-        hosts=(Host("h1", 2), Host("h2", 2)),
-        num_proc=4,
-        program=("/venv/bin/python", "train.py", "--lr", "1"),
-        env=EnvPlan((EnvVar("PATH", "/usr/bin"), EnvVar("API_TOKEN", "s3cr3t", secret=True),
-                     EnvVar("PYTHONUNBUFFERED", "1", inline=True))),
-        iface=Interfaces(names=("eth0",)),
-    )
-    base.update(kw)
-    return JobSpec(**base)  # type: ignore[arg-type]
 
 
 def test_argv_two_hosts() -> None:
@@ -249,18 +237,12 @@ def test_abort_and_ssh_failures() -> None:
     assert analyze_hydra(["nothing to see"], ["h1"]) is None
 
 
-def _fake_mpi(bin_dir: Path, text: str, names: tuple[str, ...] = ("mpirun", "mpiexec")) -> None:
-    bin_dir.mkdir(parents=True)
-    for name in names:
-        prog = bin_dir / name
-        prog.write_text("#!/bin/sh\ncat <<'EOF'\n" + text + "EOF\n")
-        prog.chmod(0o755)
 
 
 def test_family_follows_the_mpi_first_on_path(tmp_path: Path) -> None:
-    _fake_mpi(tmp_path / "mpich", MPICH_5)
-    _fake_mpi(tmp_path / "ompi", OMPI, ("mpirun",))
-    _fake_mpi(tmp_path / "intel", INTEL, ("mpiexec",))
+    fake_mpi(tmp_path / "mpich", MPICH_5)
+    fake_mpi(tmp_path / "ompi", OMPI, ("mpirun",))
+    fake_mpi(tmp_path / "intel", INTEL, ("mpiexec",))
     env = {"HOME": str(tmp_path), "PATH": f"{tmp_path / 'mpich'}:{tmp_path / 'ompi'}"}
     family, program, impl = launcher_choice.launcher_family(env)
     assert isinstance(family, Hydra) and impl == MpiImpl("MPICH", "5.0.2")
@@ -276,8 +258,8 @@ def test_family_follows_the_mpi_first_on_path(tmp_path: Path) -> None:
 def test_doctor_asks_the_hosts_about_hydras_mpiexec(tmp_path: Path) -> None:
     """Intel MPI's mpirun is a script that finds mpiexec.hydra on PATH (absent on a remote
     login's): doctor asks each host about the mpiexec the job starts, as run's pre-flight does."""
-    _fake_mpi(tmp_path / "intel", INTEL)
-    _fake_mpi(tmp_path / "ompi", OMPI, ("mpirun", "mpiexec"))
+    fake_mpi(tmp_path / "intel", INTEL)
+    fake_mpi(tmp_path / "ompi", OMPI, ("mpirun", "mpiexec"))
     assert launcher_choice.job_launcher({"PATH": str(tmp_path / "intel")}) == \
         str(tmp_path / "intel" / "mpiexec")
     assert launcher_choice.job_launcher({"PATH": str(tmp_path / "ompi")}) == \
@@ -352,7 +334,7 @@ def test_tree_spawn_is_refused_and_mpich_settings_reach_the_ranks() -> None:
 def test_launch_with_mpich_first_on_path_starts_mpiexec_with_its_agent(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The whole flow up to the executor: Hydra's family, its argv, its agent file to write."""
-    _fake_mpi(tmp_path / "mpich", MPICH_5)
+    fake_mpi(tmp_path / "mpich", MPICH_5)
     monkeypatch.setenv("PATH", f"{tmp_path / 'mpich'}:{os.environ.get('PATH', '')}")
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.delenv("XDG_CACHE_HOME", raising=False)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from conftest import make_mpi_env
-from test_hydra import INTEL, _fake_mpi, spec
+from helpers.mpis import INTEL, fake_mpi, spec
 
 from dtlaunch.agents import rsh
 from dtlaunch.core.errors import UsageError
@@ -34,7 +34,7 @@ def placement(argv: tuple[str, ...]) -> tuple[str, ...]:
 
 
 def test_intel_mpi_is_picked_from_its_banner(tmp_path: Path) -> None:
-    _fake_mpi(tmp_path / "intel", INTEL)
+    fake_mpi(tmp_path / "intel", INTEL)
     family, program, _ = launcher_choice.launcher_family({"PATH": str(tmp_path / "intel")})
     assert isinstance(family, Hydra) and family.name == "Intel MPI"
     assert program == str(tmp_path / "intel" / "mpiexec")
