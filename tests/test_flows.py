@@ -6,41 +6,42 @@ from __future__ import annotations
 
 import io
 import json
-import shutil
 import sys
-import threading
 import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.flows import (
+    PY,
+    SCRIPT,
+    FakeWorld,
+    RecordingJob,
+    cache,
+    facts,
+    needs_mpirun,
+    run_request,
+)
 from helpers.procs import HANG
 
 from dtlaunch.check.facts import HostFacts, Iface, PythonFacts
 from dtlaunch.check.host_checks import Expectations
-from dtlaunch.check.report import FAIL, HOST, PASS, SKIP, CheckResult, HostOutcome, ssh_failed
+from dtlaunch.check.report import FAIL, PASS, SKIP, CheckResult, ssh_failed
 from dtlaunch.console.render import render_report, report_to_json
 from dtlaunch.core.failure import Failure
-from dtlaunch.core.tracker import Tracker
 from dtlaunch.doctor import preflight
 from dtlaunch.doctor.doctor import DoctorRequest, run_doctor
-from dtlaunch.mpi import MpiImpl, parse_iface
+from dtlaunch.mpi import parse_iface
 from dtlaunch.plan.command import parse_command
 from dtlaunch.plan.hosts import Host
-from dtlaunch.plan.plan import RunRequest, plan_run
-from dtlaunch.probe.command import ProbeArgs
-from dtlaunch.probe.prober import Reach
+from dtlaunch.plan.plan import plan_run
 from dtlaunch.reach.ssh_errors import CHANGED_HOST_KEY
 from dtlaunch.reach.ssh_options import SshOptions
 from dtlaunch.run import session
 from dtlaunch.run.execute import LaunchResult
 
-PY = PythonFacts(found=True, executable=sys.executable, version="3.11.7",
-                 torch_version="2.13.0", horovod_version="0.28.1", torch_imported="2.13.0",
-                 horovod_imported="0.28.1", frameworks=("PyTorch",), controllers=("MPI", "Gloo"),
-                 tensor_ops=("MPI", "Gloo"), module_found=True)
-SCRIPT = str(Path(__file__).resolve())
+__all__ = ["cache"]  # the fixture, used by name
 
 
 @pytest.fixture(autouse=True)
@@ -55,57 +56,13 @@ def _no_kept_home_note(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 
-def facts(name: str) -> HostFacts:
-    return HostFacts(hostname=name, path="/usr/bin", mpirun="/usr/bin/mpirun",
-                     orted="/usr/bin/orted", mpi=MpiImpl("Open MPI", "4.1.4"),
-                     ifaces=(Iface("eth0", True, ("10.1.2.3/24",)),), python=PY,
-                     script_exists=True)
 
 
 CHANGED = ssh_failed("the host key of h2 has CHANGED", "POSSIBLE MAN-IN-THE-MIDDLE ATTACK: ...")
 
 
-class FakeProber:
-    """Hosts as a test wants them: facts, a failed ssh check, or no answer at all."""
-
-    def __init__(self, world: FakeWorld) -> None:
-        self.world = world
-        self.connect_timeout = 0.2
-        world.probers.append(self)
-        self.closed = False
-
-    def probe(self, host: str, args: ProbeArgs, timeout: float) -> HostOutcome:
-        self.world.probed.append(host)
-        if host in self.world.silent:
-            self.world.release.wait(600)
-        answer = self.world.hosts[host]
-        if isinstance(answer, CheckResult):
-            return HostOutcome(host, HOST, problem=answer)
-        return HostOutcome(host, HOST, answer)
-
-    def verify(self, host: str) -> str | None:
-        self.world.verified.append(host)
-        return self.world.keys.get(host)
-
-    def close(self) -> None:
-        self.closed = True
 
 
-class FakeWorld:
-    def __init__(self, **hosts: HostFacts | CheckResult) -> None:
-        self.hosts: dict[str, HostFacts | CheckResult] = hosts
-        self.keys: dict[str, str | None] = {}
-        self.silent: set[str] = set()
-        self.release = threading.Event()
-        self.probed: list[str] = []
-        self.verified: list[str] = []
-        self.probers: list[FakeProber] = []
-
-    def here(self, args: ProbeArgs, timeout: float, tracker: Tracker) -> HostFacts:
-        return facts("launcher")
-
-    def reach(self) -> Reach:
-        return Reach(prober=lambda: FakeProber(self), here=self.here)
 
 
 def doctor(world: FakeWorld, *hosts: str, command_timeout: float = 30) -> Any:
@@ -148,18 +105,8 @@ def test_doctor_returns_by_its_deadline_when_a_host_never_answers() -> None:
     assert all(p.closed for p in world.probers)  # the stuck host's connection is ended
 
 
-@pytest.fixture
-def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    monkeypatch.delenv("DTLAUNCH_PREFLIGHT_CACHE", raising=False)
-    return tmp_path
 
 
-def run_request(**kw: Any) -> RunRequest:
-    base: dict[str, Any] = dict(hosts=(Host("h1"), Host("h2")), python=sys.executable,
-                                script=SCRIPT, ssh=SshOptions(connect_timeout=1))
-    base.update(kw)
-    return RunRequest(**base)
 
 
 def test_preflight_cache_miss_then_hit_leaves_the_keys_to_ssh_until_a_failure(
@@ -202,7 +149,6 @@ def test_preflight_cache_hit_with_an_agent_override_checks_keys_first(
         "(fix the problems above, or pass --no-check)")
 
 
-needs_mpirun = pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs mpirun")
 
 
 class SshJob:
@@ -287,13 +233,6 @@ def on_net(name: str, address: str, *extra: Iface) -> HostFacts:
                                         Iface("docker0", True, ("172.17.0.1/16",)), *extra))
 
 
-class RecordingJob:
-    def __init__(self) -> None:
-        self.argv: list[tuple[str, ...]] = []
-
-    def __call__(self, argv: Any, env: Any, rank_hosts: Any, **kw: Any) -> LaunchResult:
-        self.argv.append(tuple(argv))
-        return LaunchResult(0, None)
 
 
 def docker_world() -> FakeWorld:

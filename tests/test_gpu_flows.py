@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.flows import FakeWorld, RecordingJob, cache, facts, needs_mpirun, run_request
 from helpers.gpus import A100_HEADER, A100_QUERY, H100_HEADER, H100_QUERY, V100_HEADER, V100_QUERY
-from test_flows import FakeWorld, RecordingJob, cache, facts, needs_mpirun, run_request
 
 from dtlaunch.check.facts import HostFacts
 from dtlaunch.check.gpu_facts import GpuFacts, parse_gpu_facts

@@ -182,3 +182,11 @@ def test_the_architecture_page_maps_every_room_and_module() -> None:
               and f"`{entry.name}`" not in text):
             missing.append(entry.name)
     assert not missing
+
+
+def test_no_test_file_imports_another() -> None:
+    """What tests share lives in tests/helpers/ (or conftest.py and the test beds)."""
+    tests = Path(__file__).resolve().parent
+    wrong = [f"{path.name}:{line} imports {name}" for path in sorted(tests.glob("test_*.py"))
+             for name, line in imports(path) if name.split(".")[0].startswith("test_")]
+    assert not wrong
