@@ -15,27 +15,45 @@ kinds, environment names, argv builders) each agent defines for itself.
 """
 
 import functools
+import importlib
 import os
 import shutil
 from importlib import resources
+from typing import TYPE_CHECKING, Any
 
-# The words dtlaunch shares with its agents, defined once in the agent that speaks them.
-from .lifeline import guarded_argv, session_members
-from .rank_shim import (
-    ESC,
-    EXIT,
-    HEADER_MAX,
-    HOST,
-    MAGIC,
-    NOSTART,
-    PIPE_BUF,
-    STDERR,
-    STDOUT,
-    encode_argv,
-    unescape,
-    wrap_program,
-)
-from .rsh import LOST_PREFIX, SSH_ARGS_ENV
+# The words dtlaunch shares with its agents, defined once in the agent that speaks them. Loaded
+# on first use, not here: `python -m dtlaunch.agents.rsh` must find its module not yet imported.
+_WORDS = {
+    "lifeline": ("guarded_argv", "session_members"),
+    "rank_shim": ("ESC", "EXIT", "HEADER_MAX", "HOST", "MAGIC", "NOSTART", "PIPE_BUF", "STDERR",
+                  "STDOUT", "encode_argv", "unescape", "wrap_program"),
+    "rsh": ("LOST_PREFIX", "SSH_ARGS_ENV"),
+}
+if TYPE_CHECKING:
+    from .lifeline import guarded_argv, session_members
+    from .rank_shim import (
+        ESC,
+        EXIT,
+        HEADER_MAX,
+        HOST,
+        MAGIC,
+        NOSTART,
+        PIPE_BUF,
+        STDERR,
+        STDOUT,
+        encode_argv,
+        unescape,
+        wrap_program,
+    )
+    from .rsh import LOST_PREFIX, SSH_ARGS_ENV
+
+
+def __getattr__(name: str) -> Any:
+    for agent, words in _WORDS.items():
+        if name in words:
+            return getattr(importlib.import_module(f"{__name__}.{agent}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = ["ESC", "EXIT", "HEADER_MAX", "HOST", "LOCAL_SHELL", "LOST_PREFIX", "MAGIC", "NOSTART",
            "PIPE_BUF", "SSH_ARGS_ENV", "STDERR", "STDOUT", "encode_argv", "guarded_argv", "path",
