@@ -107,6 +107,8 @@ def run(ctx: click.Context, /, hosts: str | None, hostfile: str | None, iface: s
     from dtlaunch.ssh_options import ssh_options_from
 
     hvd = read_horovod_args(horovod)
+    for line in hvd.warnings:
+        _warn(line)
     if hvd.check_build:
         from dtlaunch.run_args import check_build_text
 
