@@ -104,10 +104,14 @@ def check_open_mpi(facts: HostFacts, launcher_version: str | None) -> CheckResul
 def check_python(py: PythonFacts, expect: Expectations,
                  launcher: PythonFacts | None) -> CheckResult:
     if not py.found:
-        return CheckResult("python", FAIL, f"{expect.python}: {py.error or 'not found'}",
-                           "create the same virtual environment at the same path on every host "
-                           "(or on a shared filesystem), or pass --python with a path that "
-                           "exists everywhere")
+        if "/" not in expect.python:  # looked up on the PATH the ranks get
+            fix = (f"the ranks find {expect.python} on the PATH dtlaunch exports (its own): "
+                   "install it in the same directory on every host, or name the interpreter "
+                   "by a path that exists everywhere")
+        else:
+            fix = ("create the same virtual environment at the same path on every host (or on "
+                   "a shared filesystem), or pass --python with a path that exists everywhere")
+        return CheckResult("python", FAIL, f"{expect.python}: {py.error or 'not found'}", fix)
     if py.error:
         return CheckResult("python", FAIL, py.error,
                            f"check that '{expect.python} -c pass' works on this host")

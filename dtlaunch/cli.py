@@ -240,6 +240,7 @@ def doctor(hosts: str | None, hostfile: str | None, iface: str | None, python: s
         command_timeout=timeout if timeout is not None else COMMAND_TIMEOUT,
         choose_network=iface is None and len(host_names) > 1,  # as run's pre-flight
         mpi_launcher=job_launcher(),
+        job_path=os.environ.get("PATH", ""),  # what run exports to the ranks
     )
     from dtlaunch.render import Spinner, preload
 

@@ -45,7 +45,8 @@ def checked_program(request: RunRequest) -> tuple[str | None, str | None, str | 
     return program.python, program.script, program.module
 
 
-def cache_key(request: RunRequest, hosts: tuple[str, ...], cwd: str, launcher: str = "") -> str:
+def cache_key(request: RunRequest, hosts: tuple[str, ...], cwd: str, launcher: str = "",
+              job_path: str = "") -> str:
     ssh = request.ssh
     python, script, module = checked_program(request)
     watched = [ssh.config_file or "~/.ssh/config", ssh.identity_file, "~/.ssh/known_hosts",
@@ -62,6 +63,7 @@ def cache_key(request: RunRequest, hosts: tuple[str, ...], cwd: str, launcher: s
         "tree_spawn": request.tree_spawn,
         "cwd": cwd,
         "launcher": launcher,  # another MPI first on PATH is another job
+        "path": job_path,  # where the hosts find a bare interpreter name
         "uid": os.getuid(),
         "files": [_stamp(p) for p in watched],
     }

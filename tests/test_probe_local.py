@@ -127,3 +127,19 @@ def test_a_daemon_left_by_the_interpreter_does_not_hold_the_local_probe(tmp_path
         assert facts.python.found and not facts.python.error  # type: ignore[attr-defined]
     finally:
         kill_all(sleeping("3174"))
+
+
+def test_a_bare_interpreter_name_is_looked_up_on_the_jobs_path(tmp_path):
+    # The ranks find `python` on the PATH dtlaunch exports, so the probe looks there too.
+    bin_dir = tmp_path / "jobbin"
+    bin_dir.mkdir()
+    wrapper = bin_dir / "python"
+    wrapper.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} \"$@\"\n")
+    wrapper.chmod(0o755)
+    facts = probe_local(ProbeArgs(python="python", imports=False,
+                                  path=f"{bin_dir}{os.pathsep}{os.defpath}"), timeout=60)
+    assert facts.python.found and facts.python.executable == sys.executable
+    missing = probe_local(ProbeArgs(python="python", imports=False, path=str(tmp_path / "none")),
+                          timeout=60)
+    assert not missing.python.found
+    assert missing.python.error == "not found on the PATH the job exports"
