@@ -61,6 +61,7 @@ def probe_args(request: DoctorRequest, host: str | None) -> ProbeArgs:
         peer_ssh_args=request.ssh.ssh_args() if peers else (),
         mpi_launcher=request.mpi_launcher,
         path=request.job_path,
+        program=request.expect.program or "",
     )
 
 

@@ -28,6 +28,7 @@ from dtlaunch.preflight_cache import (
     cache_key,
     cache_problem,
     cached_entry,
+    checked_executable,
     checked_program,
     drop_cache,
     write_cache,
@@ -198,7 +199,8 @@ def run_preflight(request: RunRequest, plan: RunPlan, job_started: bool = False,
                                 pairwise=request.tree_spawn)
     doctor_request = DoctorRequest(
         hosts=hosts,
-        expect=replace(expect, check_python=python is not None),
+        expect=replace(expect, check_python=python is not None,
+                       program=checked_executable(request)),
         ssh=request.ssh,
         cwd=cwd,
         command_timeout=command_timeout if command_timeout is not None else COMMAND_TIMEOUT,

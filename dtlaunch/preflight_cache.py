@@ -12,6 +12,7 @@ import os
 import time
 from typing import TYPE_CHECKING, Any
 
+from dtlaunch.command import EXECUTABLE
 from dtlaunch.private_files import (
     NotPrivate,
     cache_dir,
@@ -43,6 +44,14 @@ def checked_program(request: RunRequest) -> tuple[str | None, str | None, str | 
     if program is None:
         return request.python, request.script, request.module
     return program.python, program.script, program.module
+
+
+def checked_executable(request: RunRequest) -> str | None:
+    """The executable the command starts when it is not the interpreter (`bash run.sh`)."""
+    program = request.program
+    if program is None or program.form != EXECUTABLE:
+        return None
+    return program.argv[0]
 
 
 def cache_key(request: RunRequest, hosts: tuple[str, ...], cwd: str, launcher: str = "",

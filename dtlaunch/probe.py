@@ -63,6 +63,7 @@ class ProbeArgs:
     # The PATH the job exports to its ranks: a bare interpreter name (`python`) is looked up
     # there, as the ranks will, not on the login shell's PATH. "": the login shell's.
     path: str = ""
+    program: str = ""  # the command's executable, when it is not the interpreter ("": none)
 
     def positional(self) -> tuple[str, ...]:
         return (
@@ -78,6 +79,7 @@ class ProbeArgs:
             str(max(1, round(self.gpu_timeout * 1000))),
             self.mpi_launcher,
             self.path,
+            self.program,
         )
 
 

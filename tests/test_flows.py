@@ -57,7 +57,7 @@ def facts(name: str) -> HostFacts:
     return HostFacts(hostname=name, path="/usr/bin", mpirun="/usr/bin/mpirun",
                      orted="/usr/bin/orted", mpi=MpiImpl("Open MPI", "4.1.4"),
                      ifaces=(Iface("eth0", True, ("10.1.2.3/24",)),), python=PY,
-                     script_exists=True)
+                     script_exists=True, program_path="/work/train")
 
 
 CHANGED = ssh_failed("the host key of h2 has CHANGED", "POSSIBLE MAN-IN-THE-MIDDLE ATTACK: ...")

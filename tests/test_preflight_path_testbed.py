@@ -53,3 +53,23 @@ def test_a_bare_python_is_the_one_the_job_exports(bed: TestBed, tmp_path: Path) 
         python = next(c for c in entry["checks"] if c["name"] == "python")
         assert python["status"] == "pass" and python["detail"].endswith(sys.executable), entry
     assert doctor.returncode == 0, doctor.stdout
+
+
+def test_the_commands_executable_is_the_one_the_job_exports(bed: TestBed, tmp_path: Path) -> None:
+    folder = venv_bin(tmp_path)
+    tool = folder / "hostreport"  # on the job's PATH only
+    tool.write_text("#!/bin/sh\necho reported \"$(hostname)\" \"$@\"\n")
+    tool.chmod(0o755)
+    env = {**os.environ, "PATH": f"{folder}{os.pathsep}{os.environ['PATH']}",
+           "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    hosts = ("-H", "h1:1,h2:1", "--iface", bed.subnet, "--ssh-config", str(bed.ssh_config))
+    run = subprocess.run(dtlaunch_argv("run", *hosts, "hostreport", "-p", "1"), env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert "reported h1 -p 1" in run.stdout and "reported h2 -p 1" in run.stdout
+    # One the hosts do not have is found by the pre-flight, before anything starts.
+    missing = subprocess.run(dtlaunch_argv("run", *hosts, "no-such-tool-xyz"), env=env,
+                             capture_output=True, text=True, timeout=300)
+    assert missing.returncode == 1, missing.stderr
+    assert "no-such-tool-xyz: not found on the PATH the job exports" in missing.stderr
+    assert "(script)" in missing.stderr

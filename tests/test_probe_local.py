@@ -143,3 +143,18 @@ def test_a_bare_interpreter_name_is_looked_up_on_the_jobs_path(tmp_path):
                           timeout=60)
     assert not missing.python.found
     assert missing.python.error == "not found on the PATH the job exports"
+
+
+def test_the_commands_executable_is_looked_up_on_the_jobs_path(tmp_path):
+    tool = tmp_path / "jobbin" / "mytool"
+    tool.parent.mkdir()
+    tool.write_text("#!/bin/sh\n")
+    tool.chmod(0o755)
+    job_path = f"{tool.parent}{os.pathsep}{os.defpath}"
+    found = probe_local(ProbeArgs(python=sys.executable, imports=False, path=job_path,
+                                  program="mytool"), timeout=60)
+    assert found.program_path == str(tool)
+    for program in ("no-such-tool-here", str(tmp_path / "nope")):
+        missing = probe_local(ProbeArgs(python=sys.executable, imports=False, path=job_path,
+                                        program=program), timeout=60)
+        assert missing.program_path == ""

@@ -4,6 +4,7 @@
 # $8 imports 0/1  $9 import_probe.py's text  $10 milliseconds nvidia-smi may take
 # $11 the launcher's mpirun (absolute) or empty
 # $12 the PATH the job exports to its ranks, where a bare $1 is looked up, or empty (this PATH)
+# $13 the command's executable (bash, numactl, ./train), looked up as $1, or empty
 bounded() {  # a command that may hang (a broken mpirun, a stuck ip) gets 10 s
   if command -v timeout >/dev/null 2>&1; then timeout 10 "$@"; else "$@"; fi
 }
@@ -56,6 +57,14 @@ else
     *) why="not found on the PATH"; [ -n "${12}" ] && why="not found on the PATH the job exports" ;;
   esac
   printf '{"missing": true, "error": "%s"}\n' "$why"
+fi
+echo @@program
+if [ -n "${13}" ]; then
+  case "${13}" in
+    */*) [ -f "${13}" ] && [ -x "${13}" ] && printf '%s\n' "${13}" ;;
+    *) program=$(if [ -n "${12}" ]; then PATH=${12}; fi; command -v "${13}" 2>/dev/null)
+       case "$program" in /*) printf '%s\n' "$program" ;; esac ;;
+  esac
 fi
 echo @@peers
 if [ -n "$6" ]; then
