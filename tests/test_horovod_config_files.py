@@ -70,6 +70,7 @@ def test_horovods_files_are_here() -> None:
         assert "Apache License" in path.read_text().splitlines()[1]
 
 
+@pytest.mark.horovod
 @pytest.mark.parametrize("path", HOROVOD_FILES, ids=lambda p: p.stem)
 def test_horovods_own_config_files(hvd_runner: None, tmp_path: Path, path: Path) -> None:
     text = path.read_text()
@@ -89,6 +90,7 @@ def test_horovods_own_config_files(hvd_runner: None, tmp_path: Path, path: Path)
     assert any("controller: gloo" in w for w in warnings)
 
 
+@pytest.mark.horovod
 def test_horovods_file_on_dtlaunchs_command_line(hvd_runner: None) -> None:
     path = HOROVOD_FILES[-1]  # the one Horovod 0.28.1's tests read
     result = subprocess.run(dtlaunch_argv("run", "--dry-run", "-H", "h1", "--config-file",
@@ -140,6 +142,7 @@ def test_what_horovodrun_ignores_is_one_warning_line(text: str, warning: str,
     "params: []\n", "params: ''\n", "params: false\n", "autotune: {}\n", "controller: ''\n",
     "controller: false\n", "base: &b {cycle_time_ms: 4}\nparams:\n  <<: *b\n  cache_capacity: 1\n",
 ])
+@pytest.mark.horovod
 def test_files_horovodrun_takes_quietly(hvd_runner: None, tmp_path: Path, text: str) -> None:
     env, warnings = dtlaunch_env_of(text)
     assert env == oracle_for(tmp_path, text)
@@ -202,7 +205,8 @@ def config_texts(draw: st.DrawFn) -> str:
     return "\n".join(lines) + "\n"
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@pytest.mark.horovod
+@settings(max_examples=300, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(text=config_texts())
 def test_generated_files_give_horovods_variables(hvd_runner: None, tmp_path: Path, text: str) -> None:
     env, warnings = dtlaunch_env_of(text)
