@@ -18,6 +18,7 @@ from dtlaunch import __version__
 from dtlaunch.console.options import (
     RUN_OWN_FLAGS,
     SECONDS,
+    RunCommand,
     horovod_click_options,
     host_options,
     single_option,
@@ -60,7 +61,8 @@ def _event_printer(verbose: bool) -> Callable[[Any], None]:
     return show
 
 
-@cli.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@cli.command(cls=RunCommand,
+             context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @host_options
 @single_option("-np", "--num-proc", "num_proc", type=int, metavar="N",
                help="Number of processes (default: all slots).")
@@ -94,16 +96,19 @@ def run(ctx: click.Context, /, hosts: str | None, hostfile: str | None, iface: s
         env_file: str | None, module: str | None, mpi_args: str | None, output_dir: str | None,
         timeout: float | None, tree_spawn: bool, no_check: bool, dry_run: bool, verbose: bool,
         max_restarts: int | None, min_np: int | None, restart_delay: float | None,
-        args: tuple[str, ...], **horovod: Any) -> None:
+        args: tuple[str, ...], program: tuple[str, ...] = (), **horovod: Any) -> None:
     """Run a command on every host through mpirun: SCRIPT.py [ARGS], -m MODULE [ARGS],
     python SCRIPT.py [ARGS] or any EXECUTABLE [ARGS] (horovodrun's options work too)."""
     from dtlaunch.console.run_args import RunArgs, build_run_request, resolve_output_dir
     from dtlaunch.horovod.options import read_horovod_args
+    from dtlaunch.plan.command import suggest_option
     from dtlaunch.plan.hosts import read_hosts
     from dtlaunch.reach.ssh_options import ssh_options_from
     from dtlaunch.run import launcher_choice, session
 
     hvd = read_horovod_args(horovod)
+    for line in hvd.warnings:
+        _warn(line)
     if hvd.check_build:
         from dtlaunch.console.run_args import check_build_text
 
@@ -112,6 +117,8 @@ def run(ctx: click.Context, /, hosts: str | None, hostfile: str | None, iface: s
         return
     known = [o for p in ctx.command.params if isinstance(p, click.Option) and not p.hidden
              for o in p.opts]
+    if args:  # what click left before the program: options it does not know
+        raise UsageError(f"run: unknown option {args[0]}{suggest_option(args[0], known)}")
     request = build_run_request(RunArgs(
         hosts=read_hosts(hosts, hostfile),
         python=python,
@@ -127,7 +134,7 @@ def run(ctx: click.Context, /, hosts: str | None, hostfile: str | None, iface: s
         mpi_args=mpi_args,
         tree_spawn=tree_spawn,
         rsh_agent=launcher_choice.rsh_agent_command(),
-    ), hvd, args, known)
+    ), hvd, program, known)
     request = replace(request, launcher=launcher)
     output_dir = resolve_output_dir(output_dir, hvd)
     on_event = _event_printer(verbose)
@@ -233,6 +240,7 @@ def doctor(hosts: str | None, hostfile: str | None, iface: str | None, python: s
         command_timeout=timeout if timeout is not None else COMMAND_TIMEOUT,
         choose_network=iface is None and len(host_names) > 1,  # as run's pre-flight
         mpi_launcher=job_launcher(),
+        job_path=os.environ.get("PATH", ""),  # what run exports to the ranks
     )
     from dtlaunch.console.render import Spinner, preload
 

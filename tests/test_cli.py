@@ -213,7 +213,7 @@ BAD_RUN = [
     (["--start-timeout", "0"], "between 1 second and a day"),
     (["--start-timeout", "9" * 40], "between 1 second and a day"),
     (["--config-file", "{tmp}/bad.yaml"], "bad.yaml:3:1: malformed YAML"),
-    (["--config-file", "{tmp}/typo.yaml"], "unknown key 'parms'"),
+    (["--config-file", "{tmp}/typo.yaml"], "typo.yaml:2:18: params.cycle_time_ms: expected a number"),
     (["--config-file", "{tmp}/missing.yaml"], "--config-file: cannot read"),
     (["--binding-args", "-map-by node"], "spreads ranks across hosts"),
     (["--binding-args", "-H a"], "dtlaunch sets the hosts"),
@@ -234,7 +234,7 @@ def test_bad_run_input(args: list[str], message: str | None, script: Path, tmp_p
     (tmp_path / "junk").write_text("a slots=1\nb !!!\n")
     (tmp_path / "binary").write_bytes(b"a\n\xff\n")
     (tmp_path / "bad.yaml").write_text("params:\n  fusion_threshold_mb: [1\n")
-    (tmp_path / "typo.yaml").write_text("parms:\n  cycle_time_ms: 1\n")
+    (tmp_path / "typo.yaml").write_text("params:\n  cycle_time_ms: '1'\n")  # a string
     full = [a.format(tmp=tmp_path) for a in args]
     result = dtl("run", "--dry-run", *full, str(script))
     assert result.returncode == 2, result.stdout + result.stderr

@@ -70,6 +70,7 @@ def test_env_check_with_nothing_on_path_reports_instead_of_crashing() -> None:
     assert doc["openmpi"]["mpirun"] is None and doc["ok"] is False
 
 
+@pytest.mark.slow
 def test_env_check_with_a_hanging_ip_returns(tmp_path: Path) -> None:
     fake = tmp_path / "ip"
     fake.write_text("#!/bin/sh\nexec sleep 3000\n")

@@ -176,6 +176,7 @@ def cpu_set(text: str) -> set[int]:
     return out
 
 
+@pytest.mark.testbed  # the intelmpi venv
 @pytest.mark.parametrize("binding", ["-bind-to none", "-bind-to core"])
 def test_intel_ranks_get_the_cpus_binding_args_asks_for(binding: str) -> None:
     """Measured on the real Intel MPI: before the translation both lines gave one CPU per rank."""

@@ -128,3 +128,34 @@ def test_a_daemon_left_by_the_interpreter_does_not_hold_the_local_probe(tmp_path
         assert facts.python.found and not facts.python.error  # type: ignore[attr-defined]
     finally:
         kill_all(sleeping("3174"))
+
+
+def test_a_bare_interpreter_name_is_looked_up_on_the_jobs_path(tmp_path):
+    # The ranks find `python` on the PATH dtlaunch exports, so the probe looks there too.
+    bin_dir = tmp_path / "jobbin"
+    bin_dir.mkdir()
+    wrapper = bin_dir / "python"
+    wrapper.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} \"$@\"\n")
+    wrapper.chmod(0o755)
+    facts = probe_local(ProbeArgs(python="python", imports=False,
+                                  path=f"{bin_dir}{os.pathsep}{os.defpath}"), timeout=60)
+    assert facts.python.found and facts.python.executable == sys.executable
+    missing = probe_local(ProbeArgs(python="python", imports=False, path=str(tmp_path / "none")),
+                          timeout=60)
+    assert not missing.python.found
+    assert missing.python.error == "not found on the PATH the job exports"
+
+
+def test_the_commands_executable_is_looked_up_on_the_jobs_path(tmp_path):
+    tool = tmp_path / "jobbin" / "mytool"
+    tool.parent.mkdir()
+    tool.write_text("#!/bin/sh\n")
+    tool.chmod(0o755)
+    job_path = f"{tool.parent}{os.pathsep}{os.defpath}"
+    found = probe_local(ProbeArgs(python=sys.executable, imports=False, path=job_path,
+                                  program="mytool"), timeout=60)
+    assert found.program_path == str(tool)
+    for program in ("no-such-tool-here", str(tmp_path / "nope")):
+        missing = probe_local(ProbeArgs(python=sys.executable, imports=False, path=job_path,
+                                        program=program), timeout=60)
+        assert missing.program_path == ""

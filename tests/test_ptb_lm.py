@@ -262,6 +262,7 @@ def read_metrics(path: Path) -> list[dict[str, object]]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+@pytest.mark.slow
 @needs_ptb
 def test_single_process_training_reduces_loss(tmp_path: Path) -> None:
     metrics = tmp_path / "m.jsonl"
@@ -293,6 +294,7 @@ def test_unreadable_checkpoint_exits_2(tmp_path: Path, monkeypatch: pytest.Monke
     assert err.count("\n") == 1 and "cannot resume from" in err
 
 
+@pytest.mark.slow
 @pytest.mark.horovod
 @needs_ptb
 @pytest.mark.usefixtures("horovod")

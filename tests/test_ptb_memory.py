@@ -50,6 +50,7 @@ def probe(mode: str) -> dict[str, object]:
     return json.loads(result.stdout.splitlines()[-1])  # type: ignore[no-any-return]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="tunes glibc's malloc")
 def test_freed_step_sized_blocks_are_reused_instead_of_faulted_in_again() -> None:
     default, tuned = probe("default"), probe("tuned")

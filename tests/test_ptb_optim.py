@@ -28,6 +28,7 @@ def _train(optimizer_cls: type, steps: int = 4) -> list[torch.Tensor]:
     return [p.detach().clone() for p in params]
 
 
+@pytest.mark.slow
 def test_same_updates_as_torch_sgd_dense_and_sparse() -> None:
     for ours, theirs in zip(_train(PlainSGD), _train(torch.optim.SGD), strict=True):
         assert torch.equal(ours, theirs)
@@ -46,6 +47,7 @@ def test_state_dict_round_trip_and_rebuild_from_param_groups() -> None:
         PlainSGD(model.parameters())  # no lr anywhere
 
 
+@pytest.mark.slow
 def test_building_and_stepping_does_not_import_dynamo() -> None:
     code = (
         "import sys, torch\n"

@@ -60,6 +60,7 @@ def in_process(monkeypatch: pytest.MonkeyPatch) -> None:
 # ---------------------------------------------------------------- one process, exact
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("in_process")
 def test_resume_mid_epoch_equals_the_uninterrupted_run_bit_for_bit(
         tiny_ptb: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -170,6 +171,7 @@ def test_bad_checkpoint_options_are_usage_errors(capsys: pytest.CaptureFixture[s
 # ---------------------------------------------------------------- several ranks (Horovod)
 
 
+@pytest.mark.slow
 @pytest.mark.horovod
 @pytest.mark.usefixtures("horovod")
 def test_dropout_masks_do_not_depend_on_the_number_of_ranks(tiny_ptb: Path, tmp_path: Path) -> None:
@@ -234,6 +236,7 @@ def kill_after_checkpoint(argv: list[str], metrics: Path, after_step: int) -> in
             proc.wait()
 
 
+@pytest.mark.slow
 @pytest.mark.horovod
 @needs_ptb
 @pytest.mark.usefixtures("horovod")

@@ -3,6 +3,8 @@
 # $6 peers (space separated, names already validated)  $7 ssh options for peers
 # $8 imports 0/1  $9 import_probe.py's text  $10 milliseconds nvidia-smi may take
 # $11 the launcher's mpirun (absolute) or empty
+# $12 the PATH the job exports to its ranks, where a bare $1 is looked up, or empty (this PATH)
+# $13 the command's executable (bash, numactl, ./train), looked up as $1, or empty
 bounded() {  # a command that may hang (a broken mpirun, a stuck ip) gets 10 s
   if command -v timeout >/dev/null 2>&1; then timeout 10 "$@"; else "$@"; fi
 }
@@ -41,13 +43,29 @@ echo @@ip_addr; bounded ip -o addr show 2>/dev/null
 echo @@script
 if [ -n "$2" ]; then if [ -f "$2" ]; then echo yes; else echo no; fi; fi
 echo @@python
-found=no
+# A bare name is found as the ranks will find it: on the PATH the job exports, not this one.
+found=no python=$1
 case "$1" in
   */*) [ -f "$1" ] && [ -x "$1" ] && found=yes ;;
-  *) command -v "$1" >/dev/null 2>&1 && found=yes ;;
+  *) python=$(if [ -n "${12}" ]; then PATH=${12}; fi; command -v "$1" 2>/dev/null) || python=
+     case "$python" in /*) found=yes ;; esac ;;
 esac
-if [ "$found" = yes ]; then "$1" -c "$5" "$2" "$3" "$8" "$9" 2>&1 </dev/null
-else echo '{"missing": true, "error": "no such file or not executable"}'; fi
+if [ "$found" = yes ]; then "$python" -c "$5" "$2" "$3" "$8" "$9" 2>&1 </dev/null
+else
+  case "$1" in
+    */*) why="no such file or not executable" ;;
+    *) why="not found on the PATH"; [ -n "${12}" ] && why="not found on the PATH the job exports" ;;
+  esac
+  printf '{"missing": true, "error": "%s"}\n' "$why"
+fi
+echo @@program
+if [ -n "${13}" ]; then
+  case "${13}" in
+    */*) [ -f "${13}" ] && [ -x "${13}" ] && printf '%s\n' "${13}" ;;
+    *) program=$(if [ -n "${12}" ]; then PATH=${12}; fi; command -v "${13}" 2>/dev/null)
+       case "$program" in /*) printf '%s\n' "$program" ;; esac ;;
+  esac
+fi
 echo @@peers
 if [ -n "$6" ]; then
   set -f

@@ -75,6 +75,7 @@ class HostFacts:
     python: PythonFacts = PythonFacts(found=False)
     peers: tuple[PeerResult, ...] = ()
     script_exists: bool | None = None  # None: no script to look for
+    program_path: str = ""  # the command's executable as the job finds it ("": not found, not asked)
     gpus: GpuFacts = field(default_factory=GpuFacts)  # NVIDIA GPUs, from nvidia-smi (none when it is absent)
 
 
@@ -184,6 +185,7 @@ def parse_probe_output(text: str) -> HostFacts:
         python=parse_python_json(sections.get("python", "")),
         peers=parse_peers(sections.get("peers", "")),
         script_exists={"yes": True, "no": False}.get(sections.get("script", "")),
+        program_path=sections.get("program", "").strip(),
         gpus=parse_gpu_probe(sections.get("gpu_status", ""), sections.get("gpu_query", ""),
                              sections.get("gpu_header", "")),
     )

@@ -34,6 +34,9 @@ class Expectations:
     iface: Interfaces | None = None
     pairwise: bool = False
     check_python: bool = True  # False: the command names no interpreter
+    # The executable the command starts (`bash`, `numactl`, `./train`) when it is not the
+    # interpreter: a bare name is looked up on the PATH the job exports.
+    program: str | None = None
 
 
 def _path_hint(what: str) -> str:
@@ -104,10 +107,14 @@ def check_open_mpi(facts: HostFacts, launcher_version: str | None) -> CheckResul
 def check_python(py: PythonFacts, expect: Expectations,
                  launcher: PythonFacts | None) -> CheckResult:
     if not py.found:
-        return CheckResult("python", FAIL, f"{expect.python}: {py.error or 'not found'}",
-                           "create the same virtual environment at the same path on every host "
-                           "(or on a shared filesystem), or pass --python with a path that "
-                           "exists everywhere")
+        if "/" not in expect.python:  # looked up on the PATH the ranks get
+            fix = (f"the ranks find {expect.python} on the PATH dtlaunch exports (its own): "
+                   "install it in the same directory on every host, or name the interpreter "
+                   "by a path that exists everywhere")
+        else:
+            fix = ("create the same virtual environment at the same path on every host (or on "
+                   "a shared filesystem), or pass --python with a path that exists everywhere")
+        return CheckResult("python", FAIL, f"{expect.python}: {py.error or 'not found'}", fix)
     if py.error:
         return CheckResult("python", FAIL, py.error,
                            f"check that '{expect.python} -c pass' works on this host")
@@ -164,6 +171,15 @@ def check_horovod(py: PythonFacts, launcher: PythonFacts | None) -> CheckResult:
 
 
 def check_script(facts: HostFacts, expect: Expectations) -> CheckResult:
+    if expect.program:
+        if not facts.program_path:
+            where = ("on the PATH the job exports" if "/" not in expect.program
+                     else "or not executable")
+            return CheckResult("script", FAIL, f"{expect.program}: not found {where}",
+                               f"install {expect.program} at the same path on every host (the "
+                               "ranks look a bare name up on the PATH dtlaunch exports, its own)")
+        if not expect.script and not expect.module:
+            return CheckResult("script", PASS, facts.program_path)
     if expect.script:
         if facts.script_exists:
             return CheckResult("script", PASS, expect.script)

@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 import click
 
 from dtlaunch.core.errors import UsageError
+from dtlaunch.plan.command import OptionTable, split_program
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -104,3 +105,24 @@ def horovod_click_options(exclude_flags: tuple[str, ...] = ()) -> Callable[[F], 
 
 # Spellings dtlaunch's own run options take (restarts), so the table's refusals give way.
 RUN_OWN_FLAGS = ("--min-np",)
+
+
+class RunCommand(click.Command):
+    """`dtlaunch run`: click reads only the words before the program; the program's words
+    (dtlaunch.plan.command.split_program) reach the command as `program`, untouched, so an option
+    after `-m MODULE` or after the script (`-p`, `-H`, `--`) is the program's, never dtlaunch's.
+    What click leaves over (`args`) can only be options it does not know."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        short: dict[str, int] = {}
+        long: dict[str, int] = {}
+        for param in self.get_params(ctx):
+            if isinstance(param, click.Option):
+                takes = 0 if param.is_flag or param.count else param.nargs
+                for spelling in (*param.opts, *param.secondary_opts):
+                    one_letter = len(spelling) == 2 and spelling[1] != "-"
+                    (short if one_letter else long)[spelling] = takes
+        own, program = split_program(args, OptionTable(short, long, program_follows=("-m",)))
+        rest = super().parse_args(ctx, list(own))
+        ctx.params["program"] = program
+        return rest

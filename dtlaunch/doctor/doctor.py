@@ -38,6 +38,9 @@ class DoctorRequest:
     choose_network: bool = False
     # The launcher's mpirun (absolute): the job starts that path on every host. "": the PATH's.
     mpi_launcher: str = ""
+    # The PATH the job exports to its ranks, where a bare interpreter name is looked up on
+    # every host, as the ranks will. "": each host's login PATH.
+    job_path: str = ""
 
 
 def local_launcher(name: str = "mpirun") -> str:
@@ -58,6 +61,8 @@ def probe_args(request: DoctorRequest, host: str | None) -> ProbeArgs:
         peers=peers,
         peer_ssh_args=request.ssh.ssh_args() if peers else (),
         mpi_launcher=request.mpi_launcher,
+        path=request.job_path,
+        program=request.expect.program or "",
     )
 
 

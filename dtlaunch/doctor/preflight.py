@@ -27,6 +27,7 @@ from dtlaunch.doctor.preflight_cache import (
     cache_key,
     cache_problem,
     cached_entry,
+    checked_executable,
     checked_program,
     drop_cache,
     write_cache,
@@ -144,7 +145,9 @@ def run_preflight(request: RunRequest, plan: RunPlan, job_started: bool = False,
     use_cache = (use_cache and not job_started
                  and os.environ.get("DTLAUNCH_PREFLIGHT_CACHE", "1") != "0")
     launcher = local_launcher(plan.family.launcher)
-    key = cache_key(request, hosts, cwd, launcher)
+    # The ranks look a bare program name up on the PATH they get; so do the checks.
+    job_path = next((v.value for v in plan.env.variables if v.name == "PATH"), "")
+    key = cache_key(request, hosts, cwd, launcher, job_path)
     warnings: list[str] = []
     problem = cache_problem() if use_cache else None
     if problem is not None:
@@ -176,12 +179,14 @@ def run_preflight(request: RunRequest, plan: RunPlan, job_started: bool = False,
                                 pairwise=request.tree_spawn)
     doctor_request = DoctorRequest(
         hosts=hosts,
-        expect=replace(expect, check_python=python is not None),
+        expect=replace(expect, check_python=python is not None,
+                       program=checked_executable(request)),
         ssh=request.ssh,
         cwd=cwd,
         command_timeout=command_timeout if command_timeout is not None else COMMAND_TIMEOUT,
         choose_network=request.iface is None and len(hosts) > 1,
         mpi_launcher=launcher,
+        job_path=job_path,
     )
     report, network = doctor_and_network(doctor_request, reach=ways)
     warnings += report.warning_lines(said=problem)

@@ -20,6 +20,7 @@ from dtlaunch.core.private_files import (
     remove_private,
     write_private,
 )
+from dtlaunch.plan.command import EXECUTABLE
 
 if TYPE_CHECKING:
     from dtlaunch.plan.plan import RunRequest
@@ -45,7 +46,16 @@ def checked_program(request: RunRequest) -> tuple[str | None, str | None, str | 
     return program.python, program.script, program.module
 
 
-def cache_key(request: RunRequest, hosts: tuple[str, ...], cwd: str, launcher: str = "") -> str:
+def checked_executable(request: RunRequest) -> str | None:
+    """The executable the command starts when it is not the interpreter (`bash run.sh`)."""
+    program = request.program
+    if program is None or program.form != EXECUTABLE:
+        return None
+    return program.argv[0]
+
+
+def cache_key(request: RunRequest, hosts: tuple[str, ...], cwd: str, launcher: str = "",
+              job_path: str = "") -> str:
     ssh = request.ssh
     python, script, module = checked_program(request)
     watched = [ssh.config_file or "~/.ssh/config", ssh.identity_file, "~/.ssh/known_hosts",
@@ -62,6 +72,7 @@ def cache_key(request: RunRequest, hosts: tuple[str, ...], cwd: str, launcher: s
         "tree_spawn": request.tree_spawn,
         "cwd": cwd,
         "launcher": launcher,  # another MPI first on PATH is another job
+        "path": job_path,  # where the hosts find a bare interpreter name
         "uid": os.getuid(),
         "files": [_stamp(p) for p in watched],
     }

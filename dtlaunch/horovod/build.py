@@ -10,6 +10,11 @@ The MPI is the first `mpirun`/`mpiexec` on PATH, or the one given with `--mpi`. 
 finds MPI through the compiler wrappers (`mpicc`, `mpicxx`) it sees first on PATH and through
 MPI_HOME, so the build puts that MPI's bin directory first and points MPI_HOME at its prefix:
 PyPI's MPI wheels live in a venv's bin/ that is not on PATH when pip runs the build.
+
+The wheel is installed with the runtime dependencies it declares (cloudpickle, psutil, ...),
+PyTorch pinned to the installed build, so `pip install dtlaunch`, `pip install torch` and
+`dtlaunch install-horovod` give a Horovod that imports; when it does not, the import's own error
+line says why.
 """
 
 from __future__ import annotations
@@ -178,26 +183,78 @@ _LOADED_MPI = ("import horovod.torch as h, json\n"
                "print(json.dumps({'mpi': h.mpi_built(), 'lib': libs[0] if libs else None}))")
 
 
-def installed_ok(key: BuildKey) -> bool:
-    """Horovod imports with PyTorch, was built with MPI, and for this MPI: the key recorded
-    at install matches, and the libmpi it loads lies in this MPI's prefix."""
+def horovod_problem(key: BuildKey) -> str | None:
+    """Why the installed Horovod is not one for `key`, in one line (None: it is). It must
+    import with PyTorch (else: the import's own last error line), be built with MPI, and for
+    this MPI: the key recorded at install matches, and the libmpi it loads lies in this MPI's
+    prefix."""
     try:
         marker: str | None = (Path(sys.prefix) / MARKER).read_text().strip()
     except OSError:
         marker = None  # installed by other means: judged by the library it loads
     if marker is not None and marker != key.tag():
-        return False
+        return f"the Horovod installed was built for {marker}"
     done = _call([sys.executable, "-c", _LOADED_MPI], IMPORT_TIMEOUT, "importing horovod.torch",
                  capture_output=True, stdin=subprocess.DEVNULL)
+    if done.returncode != 0:
+        errors = done.stderr.strip().splitlines()
+        return errors[-1] if errors else f"importing horovod.torch exited with {done.returncode}"
     try:
         found = json.loads(done.stdout.strip().splitlines()[-1])
     except (IndexError, ValueError):
-        return False
-    if done.returncode != 0 or not found.get("mpi"):
-        return False
+        return "importing horovod.torch printed no answer"
+    if not found.get("mpi"):
+        return "Horovod was built without MPI"
     lib = found.get("lib")
     prefix = os.path.realpath(key.mpi.prefix)
-    return lib is None or os.path.realpath(lib).startswith(prefix.rstrip("/") + "/")
+    if lib is not None and not os.path.realpath(lib).startswith(prefix.rstrip("/") + "/"):
+        return f"Horovod loads {lib}, not the libmpi of {key.mpi.prefix}"
+    return None
+
+
+def runtime_requirements(metadata: str) -> list[str]:
+    """The requirements a wheel's METADATA names for this interpreter, without its extras."""
+    from email.parser import HeaderParser
+
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    wanted = []
+    for line in HeaderParser().parsestr(metadata).get_all("Requires-Dist") or []:
+        try:
+            requirement = Requirement(line)
+        except InvalidRequirement:
+            continue
+        if requirement.marker is None or requirement.marker.evaluate({"extra": ""}):
+            requirement.marker = None
+            wanted.append(str(requirement))
+    return wanted
+
+
+def wheel_requirements(wheel: Path) -> list[str]:
+    import zipfile
+
+    with zipfile.ZipFile(wheel) as archive:
+        name = next((n for n in archive.namelist()
+                     if n.count("/") == 1 and n.endswith(".dist-info/METADATA")), None)
+        if name is None:
+            raise DtlaunchError(f"{wheel.name} has no METADATA; rebuild it with --force")
+        return runtime_requirements(archive.read(name).decode("utf-8", errors="replace"))
+
+
+def install_wheel(wheel: Path, torch_version: str) -> None:
+    """Install the wheel over whatever Horovod is there, then the runtime dependencies it
+    declares (cloudpickle, psutil, ...) that are missing. The wheel goes in alone
+    (--force-reinstall would reinstall its dependencies too), and the dependencies with the
+    installed PyTorch pinned, so nothing they pull in can replace it with another build."""
+    pip = [sys.executable, "-m", "pip", "install", "--disable-pip-version-check"]
+    _run([*pip, "--no-deps", "--force-reinstall", str(wheel)], 600)
+    requirements = wheel_requirements(wheel)
+    if not requirements:
+        return
+    with tempfile.TemporaryDirectory(prefix="dtlaunch-pin-") as tmp:
+        pins = Path(tmp) / "constraints.txt"
+        pins.write_text(f"torch=={torch_version}\n")
+        _run([*pip, "--constraint", str(pins), *requirements], 600)
 
 
 def build_wheel(key: BuildKey, dest: Path) -> Path:
@@ -226,15 +283,15 @@ def install_horovod(force: bool = False, mpi: str | None = None) -> str:
     """Install Horovod (from the cache when possible) for the MPI found; returns what was done."""
     found = find_mpi(mpi)
     key = current_key(found)
-    if not force and installed_ok(key):
+    if not force and horovod_problem(key) is None:
         return f"Horovod is already installed for {found.impl.name} {found.impl.version} ({found.launcher})"
     dest = cache_dir() / key.tag()
     wheels = sorted(dest.glob("horovod-*.whl"))
     if force or not wheels:
         wheels = [build_wheel(key, dest)]
-    _run([sys.executable, "-m", "pip", "install", "--no-deps", "--force-reinstall", str(wheels[0])],
-         600)
+    install_wheel(wheels[0], key.torch)
     (Path(sys.prefix) / MARKER).write_text(key.tag() + "\n")
-    if not installed_ok(key):
-        raise DtlaunchError("Horovod installed but does not import with MPI; see the build log above")
+    problem = horovod_problem(key)
+    if problem is not None:
+        raise DtlaunchError(f"Horovod installed, but it does not work: {problem}")
     return f"installed {wheels[0].name} for {found.launcher} ({key.tag()})"

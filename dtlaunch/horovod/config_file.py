@@ -1,10 +1,15 @@
 """horovodrun's `--config-file`: its YAML read into knob values, with horovodrun's meaning.
 
 Sections `params`, `autotune`, `timeline`, `stall_check`, `library_options`, `logging` and the
-key `controller` (only `mpi` is accepted). What horovodrun would silently ignore or crash on is a
-one-line UsageError here, with the file, line and column: malformed YAML, keys horovodrun does
-not know, a key given twice, values of the wrong type or out of range. A null value means "not
-set", as in horovodrun. Parsing is pure; `read_horovod_config` only adds reading the file.
+key `controller`. Every file horovodrun 0.28.1 accepts is accepted, with the knob values it
+sets; what horovodrun passes over in silence gets one warning line here, with the file, line
+and column: a key it does not know (with the nearest known one; ignored, as horovodrun ignores
+it), a key Horovod renamed (taken under its new name, which the line names), a key given twice
+(the last counts, as in YAML loaders), `controller: gloo` (see horovod_options). What horovodrun
+crashes on, or takes and then hands to Horovod as nonsense, is a one-line UsageError: malformed
+YAML, a section that is not a mapping, values of the wrong type or out of range. A null value
+means "not set", as in horovodrun; an empty section (`{}`, `[]`, `''`) sets nothing. Parsing is
+pure; `read_horovod_config` only adds reading the file.
 """
 
 from __future__ import annotations
@@ -22,8 +27,23 @@ for _setting in SETTINGS:
     if _setting.section is not None and _setting.key is not None:
         SECTIONS.setdefault(_setting.section, {})[_setting.key] = _setting
 TOP_KEYS = ("controller", *SECTIONS)
-# Keys older Horovod releases read, and what replaced them.
-RENAMED = {"mlsl_bgt_affinity": "thread_affinity (renamed in Horovod 0.20)"}
+
+
+@dataclass(frozen=True)
+class Renamed:
+    """A key an earlier Horovod release read, and the key that replaced it."""
+
+    new: str
+    release: str  # the first release that reads only the new key
+    inverted: bool = False  # a switch whose meaning flipped with the name
+
+
+# Old keys, by section, newest first (the first given of a setting's names counts).
+RENAMED: dict[str, dict[str, Renamed]] = {
+    "library_options": {"ccl_bgt_affinity": Renamed("thread_affinity", "0.21.1"),
+                        "mlsl_bgt_affinity": Renamed("thread_affinity", "0.19.0")},
+    "logging": {"hide_timestamp": Renamed("with_timestamp", "0.21.0", inverted=True)},
+}
 MAX_CONFIG_BYTES = 1 << 20
 
 
@@ -35,43 +55,100 @@ class HorovodConfig:
     values: tuple[tuple[str, Any], ...] = ()
     controller: str | None = None  # "mpi" or "gloo"
     controller_where: str = ""
+    warnings: tuple[str, ...] = ()  # one line each, for what horovodrun passes over in silence
 
 
 def _at(source: str, mark: Any) -> str:
     return f"{source}:{mark.line + 1}:{mark.column + 1}"
 
 
-def _unknown(key: str, known: tuple[str, ...], where: str, what: str) -> UsageError:
-    if key in RENAMED:
-        hint = f"; use {RENAMED[key]}"
-    else:
-        close = difflib.get_close_matches(key, known, n=1)
-        hint = f"; did you mean {close[0]}?" if close else f"; known: {', '.join(known)}"
-    return UsageError(f"{where}: unknown key {key!r} {what}{hint}")
+def _unknown(key: Any, known: tuple[str, ...], where: str, what: str) -> str:
+    """The warning for a key horovodrun does not read (it ignores it, and so does dtlaunch)."""
+    close = difflib.get_close_matches(key, known, n=1) if isinstance(key, str) else []
+    hint = f"did you mean {close[0]}?" if close else f"known: {', '.join(known)}"
+    return f"{where}: unknown key {key!r} {what}, ignored as horovodrun ignores it; {hint}"
 
 
-def _pairs(loader: Any, node: Any, source: str, what: str) -> list[tuple[str, Any, Any]]:
-    """(key, key node, value node) of a mapping node; keys are names, each given once."""
+def _is_null(node: Any) -> bool:
     import yaml
 
-    pairs: list[tuple[str, Any, Any]] = []
-    first: dict[str, Any] = {}
+    return isinstance(node, yaml.ScalarNode) and node.tag.endswith(":null")
+
+
+def _pairs(loader: Any, node: Any, source: str, what: str,
+           warnings: list[str]) -> list[tuple[Any, Any, Any]]:
+    """(key, key node, value node) of a mapping node, `<<` merges applied. A key given again
+    replaces the first (as yaml.load does for horovodrun), with a warning."""
+    import yaml
+
+    merged = any(k.tag == "tag:yaml.org,2002:merge" for k, _ in node.value)
+    loader.flatten_mapping(node)
+    pairs: dict[Any, tuple[Any, Any, Any]] = {}
     for key_node, value_node in node.value:
         key = loader.construct_object(key_node) if isinstance(key_node, yaml.ScalarNode) else None
-        if not isinstance(key, str):
+        if key is None and not _is_null(key_node):
             raise UsageError(f"{_at(source, key_node.start_mark)}: expected a key name {what}")
-        if key in first:
-            raise UsageError(f"{_at(source, key_node.start_mark)}: {key!r} is given twice {what} "
-                             f"(first on line {first[key].line + 1})")
-        first[key] = key_node.start_mark
-        pairs.append((key, key_node, value_node))
-    return pairs
+        if key in pairs and not merged:
+            first = pairs[key][1].start_mark.line + 1
+            warnings.append(f"{_at(source, key_node.start_mark)}: {key!r} is given twice {what} "
+                            f"(first on line {first}); the last counts, as in horovodrun")
+        pairs.pop(key, None)
+        pairs[key] = (key, key_node, value_node)
+    return list(pairs.values())
+
+
+def _section(loader: Any, name: str, node: Any, source: str,
+             warnings: list[str]) -> dict[str, Any]:
+    """One section's knob values (dest -> value)."""
+    import yaml
+
+    where = _at(source, node.start_mark)
+    if not isinstance(node, yaml.MappingNode):
+        if not loader.construct_object(node, deep=True):
+            return {}  # horovodrun skips an empty or false section
+        raise UsageError(f"{where}: {name}: expected keys and values ({', '.join(SECTIONS[name])})")
+    pairs = _pairs(loader, node, source, f"in {name}", warnings)
+    given = {key for key, _, _ in pairs}
+    old_names = RENAMED.get(name, {})
+    values: dict[str, Any] = {}
+    for key, key_node, value_node in pairs:
+        spot = _at(source, key_node.start_mark)
+        renamed = old_names.get(key) if isinstance(key, str) else None
+        if renamed is not None:
+            newer = {renamed.new, *(k for k in list(old_names)[:list(old_names).index(key)]
+                                    if old_names[k].new == renamed.new)}
+            if given & newer:
+                warnings.append(f"{spot}: {name}.{key} is Horovod's old name for {name}."
+                                f"{renamed.new}, which is given too: ignored")
+                continue
+            flipped = ", the opposite switch," if renamed.inverted else ""
+            warnings.append(f"{spot}: {name}.{key} was renamed {name}.{renamed.new}{flipped} in "
+                            f"Horovod {renamed.release} (whose horovodrun ignores the old name): "
+                            f"taken as {name}.{renamed.new}")
+        setting = SECTIONS[name].get(renamed.new if renamed is not None else key)
+        if setting is None:
+            warnings.append(_unknown(key, tuple(SECTIONS[name]), spot, f"in {name}"))
+            continue
+        value = loader.construct_object(value_node, deep=True)
+        if value is None and setting.key != "enabled":
+            continue
+        value = setting.check(value, f"{_at(source, value_node.start_mark)}: {name}.{key}")
+        if renamed is not None and renamed.inverted:
+            value = not value
+        # stall_check.enabled is the negation of horovodrun's no_stall_check.
+        values[setting.dest] = (not value) if setting.dest == "no_stall_check" else value
+    # A non-empty section sets its switch even without `enabled` (horovodrun's defaults).
+    if pairs and name == "autotune":
+        values.setdefault("autotune", False)
+    if pairs and name == "stall_check":
+        values.setdefault("no_stall_check", False)
+    return values
 
 
 def _walk(loader: Any, root: Any, source: str) -> HorovodConfig:
     import yaml
 
-    if root is None or (isinstance(root, yaml.ScalarNode) and root.tag.endswith(":null")):
+    if root is None or _is_null(root):
         return HorovodConfig(source)  # an empty file sets nothing
     if not isinstance(root, yaml.MappingNode):
         raise UsageError(f"{_at(source, root.start_mark)}: expected horovodrun's sections "
@@ -79,44 +156,24 @@ def _walk(loader: Any, root: Any, source: str) -> HorovodConfig:
     values: dict[str, Any] = {}
     controller: str | None = None
     controller_where = ""
-    for name, key_node, node in _pairs(loader, root, source, "at the top level"):
+    warnings: list[str] = []
+    for name, key_node, node in _pairs(loader, root, source, "at the top level", warnings):
         where = _at(source, node.start_mark)
         if name == "controller":
             value = loader.construct_object(node, deep=True)
-            if value is None or value == "":
-                continue
+            if not value:
+                continue  # horovodrun: no controller given
             if not isinstance(value, str) or value.lower() not in ("mpi", "gloo"):
                 raise UsageError(f"{where}: controller: expected mpi, got {value!r}")
             controller, controller_where = value.lower(), where
-            continue
-        if name not in SECTIONS:
-            raise _unknown(name, TOP_KEYS, _at(source, key_node.start_mark), "at the top level")
-        if isinstance(node, yaml.ScalarNode) and node.tag.endswith(":null"):
-            continue  # horovodrun skips an empty section
-        if not isinstance(node, yaml.MappingNode):
-            raise UsageError(f"{where}: {name}: expected keys and values "
-                             f"({', '.join(SECTIONS[name])})")
-        pairs = _pairs(loader, node, source, f"in {name}")
-        for key, sub_key_node, value_node in pairs:
-            setting = SECTIONS[name].get(key)
-            if setting is None:
-                raise _unknown(key, tuple(SECTIONS[name]), _at(source, sub_key_node.start_mark),
-                               f"in {name}")
-            value = loader.construct_object(value_node, deep=True)
-            spot = f"{_at(source, value_node.start_mark)}: {name}.{key}"
-            if value is None and key != "enabled":
-                continue
-            value = setting.check(value, spot)
-            # stall_check.enabled is the negation of horovodrun's no_stall_check.
-            values[setting.dest] = (not value) if setting.dest == "no_stall_check" else value
-        # A non-empty section sets its switch even without `enabled` (horovodrun's defaults).
-        if pairs and name == "autotune":
-            values.setdefault("autotune", False)
-        if pairs and name == "stall_check":
-            values.setdefault("no_stall_check", False)
+        elif name in SECTIONS:
+            values.update(_section(loader, name, node, source, warnings))
+        else:
+            warnings.append(_unknown(name, TOP_KEYS, _at(source, key_node.start_mark),
+                                     "at the top level"))
     order = [s.dest for s in SETTINGS]
     return HorovodConfig(source, tuple(sorted(values.items(), key=lambda kv: order.index(kv[0]))),
-                         controller, controller_where)
+                         controller, controller_where, tuple(warnings))
 
 
 def parse_horovod_config(text: str, source: str = "config file") -> HorovodConfig:

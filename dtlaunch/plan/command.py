@@ -19,7 +19,7 @@ from __future__ import annotations
 import difflib
 import os
 import re
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from dtlaunch.core.errors import UsageError
@@ -64,6 +64,54 @@ def suggest_option(word: str, known: Collection[str]) -> str:
         return f"; did you mean {starts[0]}?"
     close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.75)
     return f"; did you mean {close[0]}?" if close else ""
+
+
+@dataclass(frozen=True)
+class OptionTable:
+    """How many words each of `dtlaunch run`'s options takes (0: a flag), by spelling.
+
+    `short`: the one-letter spellings (`-x`), which may be clustered (`-vx NAME`) or carry their
+    value glued on (`-xNAME`); `long`: the others (`--env`, `-np`, `-hostfile`), which may carry
+    theirs after '=' (`--env=NAME`). `program_follows`: options after whose value the program's
+    own words begin (`-m MODULE`, as for `python -m`)."""
+
+    short: Mapping[str, int]
+    long: Mapping[str, int]
+    program_follows: Collection[str] = ()
+
+
+def split_program(words: Sequence[str], table: OptionTable) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """`dtlaunch run`'s words as (its own options, the program's words).
+
+    The program begins at the first word that is neither an option nor an option's value, right
+    after `-m MODULE`, or after a `--` (which is dropped); from there on every word is the
+    program's, however much it looks like one of dtlaunch's options. Options are read the way
+    the CLI's parser (click) reads them; an unknown one stays with dtlaunch's part, to be refused."""
+    i = 0
+    while i < len(words):
+        word = words[i]
+        if word == "--":
+            return tuple(words[:i]), tuple(words[i + 1:])
+        if not word.startswith("-") or word == "-":
+            break
+        name, equals, _ = word.partition("=")
+        if name in table.long:
+            i += 1 + (0 if equals else table.long[name])
+            if name in table.program_follows:
+                break
+            continue
+        i += 1
+        if word.startswith("--"):
+            continue  # unknown: refused later
+        for at, letter in enumerate(word[1:], start=2):
+            spelling = "-" + letter
+            takes = table.short.get(spelling, 0)
+            if takes:  # the rest of the word is its (first) value
+                i += takes - (1 if at < len(word) else 0)
+                if spelling in table.program_follows:
+                    return tuple(words[:i]), tuple(words[i:])
+                break
+    return tuple(words[:i]), tuple(words[i:])
 
 
 def python_target(words: Sequence[str]) -> tuple[str | None, str | None]:

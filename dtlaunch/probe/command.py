@@ -51,6 +51,10 @@ class ProbeArgs:
     # The launcher's own mpirun (absolute path): Open MPI starts the daemons from the same
     # prefix on every host, so that path is checked there, not the login PATH's mpirun.
     mpi_launcher: str = ""
+    # The PATH the job exports to its ranks: a bare interpreter name (`python`) is looked up
+    # there, as the ranks will, not on the login shell's PATH. "": the login shell's.
+    path: str = ""
+    program: str = ""  # the command's executable, when it is not the interpreter ("": none)
 
     def positional(self) -> tuple[str, ...]:
         return (
@@ -65,6 +69,8 @@ class ProbeArgs:
             script_text("import_probe.py"),
             str(max(1, round(self.gpu_timeout * 1000))),
             self.mpi_launcher,
+            self.path,
+            self.program,
         )
 
 

@@ -35,7 +35,7 @@ def facts(name: str) -> HostFacts:
     return HostFacts(hostname=name, path="/usr/bin", mpirun="/usr/bin/mpirun",
                      orted="/usr/bin/orted", mpi=MpiImpl("Open MPI", "4.1.4"),
                      ifaces=(Iface("eth0", True, ("10.1.2.3/24",)),), python=PY,
-                     script_exists=True)
+                     script_exists=True, program_path="/work/train")
 
 
 class FakeProber:
