@@ -33,7 +33,7 @@ from dtlaunch.horovod_options import (
     parse_horovod_args,
     read_horovod_args,
 )
-from dtlaunch.horovod_settings import BOOL, FLOAT, INT, LEVEL, LOG_LEVELS, SETTINGS
+from dtlaunch.horovod_settings import BOOL, FLOAT, INT, LEVEL, LOG_LEVELS, SETTING_BY_DEST, SETTINGS
 
 
 def dtlaunch_args(argv: list[str]) -> Any:
@@ -114,11 +114,12 @@ NAME = st.text("abcdefghijklmnopqrstuvwxyz0123456789_./", min_size=1, max_size=1
 
 
 def value_for(type_: str, setting_dest: str) -> st.SearchStrategy[Any]:
+    limit = SETTING_BY_DEST[setting_dest].maximum if setting_dest in SETTING_BY_DEST else None
     if type_ == INT:
-        return st.integers(0, 10**6)
+        return st.integers(0, min(10**6, int(limit if limit is not None else 10**6)))
     if type_ == FLOAT:
-        top = 1.0 if setting_dest == "autotune_gaussian_process_noise" else 1e6
-        return st.floats(0, top, allow_nan=False, allow_infinity=False)
+        return st.floats(0, min(1e6, limit if limit is not None else 1e6), allow_nan=False,
+                         allow_infinity=False)
     if type_ == LEVEL:
         return st.sampled_from(LOG_LEVELS)
     return NAME
@@ -339,7 +340,7 @@ def test_launch_options_and_aliases() -> None:
     ("params:\n  cycle_time_ms: '5'\n", r"expected a number, got '5'"),
     ("params:\n  cycle_time_ms: .nan\n", r"expected a number"),
     ("autotune:\n  enabled: null\n", r"autotune.enabled: expected true or false"),
-    ("autotune:\n  gaussian_process_noise: 2\n", r"must be <= 1, got 2"),
+    ("autotune:\n  gaussian_process_noise: 2\n", r"must be at most 1, got 2"),
     ("logging:\n  level: loud\n", r"expected one of TRACE"),
     ("timeline:\n  filename: 42\n", r"timeline.filename: expected a string"),
     ("params: 5\n", r":1:9: params: expected keys and values"),
