@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Sequence
-from dataclasses import replace
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -32,6 +33,11 @@ from dtlaunch.core.errors import (
     UsageError,
 )
 from dtlaunch.core.interrupts import Interrupted, signals_raise
+
+if TYPE_CHECKING:
+    from dtlaunch.horovod.options import HorovodArgs
+    from dtlaunch.plan.plan import RunRequest
+    from dtlaunch.run.restarts import RestartPolicy
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -99,14 +105,10 @@ def run(ctx: click.Context, /, hosts: str | None, hostfile: str | None, iface: s
         args: tuple[str, ...], program: tuple[str, ...] = (), **horovod: Any) -> None:
     """Run a command on every host through mpirun: SCRIPT.py [ARGS], -m MODULE [ARGS],
     python SCRIPT.py [ARGS] or any EXECUTABLE [ARGS] (horovodrun's options work too)."""
-    from dtlaunch.console.run_args import RunArgs, build_run_request, resolve_output_dir
-    from dtlaunch.horovod.options import read_horovod_args
-    from dtlaunch.plan.command import suggest_option
-    from dtlaunch.plan.hosts import read_hosts
-    from dtlaunch.reach.ssh_options import ssh_options_from
-    from dtlaunch.run import launcher_choice, session
+    from dtlaunch.run import session
+    from dtlaunch.run.restarts import check_policy
 
-    hvd = read_horovod_args(horovod)
+    hvd = read_horovod_flags(horovod)
     for line in hvd.warnings:
         _warn(line)
     if hvd.check_build:
@@ -115,44 +117,34 @@ def run(ctx: click.Context, /, hosts: str | None, hostfile: str | None, iface: s
         with signals_raise():
             click.echo(check_build_text(python))
         return
-    known = [o for p in ctx.command.params if isinstance(p, click.Option) and not p.hidden
-             for o in p.opts]
-    if args:  # what click left before the program: options it does not know
-        raise UsageError(f"run: unknown option {args[0]}{suggest_option(args[0], known)}")
-    request = build_run_request(RunArgs(
-        hosts=read_hosts(hosts, hostfile),
-        python=python,
-        default_python=sys.executable,
-        ssh=ssh_options_from(ssh_port, ssh_identity_file, ssh_config, connect_timeout,
-                             accept_new_host_keys),
-        iface=iface,
-        num_proc=num_proc,
-        oversubscribe=oversubscribe,
-        env_items=env_items,
-        env_file=env_file,
-        module=module,
-        mpi_args=mpi_args,
-        tree_spawn=tree_spawn,
-        rsh_agent=launcher_choice.rsh_agent_command(),
-    ), hvd, program, known)
-    request = replace(request, launcher=launcher)
-    output_dir = resolve_output_dir(output_dir, hvd)
+    setup = read_run(ctx, ctx.params, hvd)
+    request, policy = setup.request, setup.policy
     on_event = _event_printer(verbose)
     if dry_run:
-        click.echo(session.prepare(request, on_event, dry_run=True).plan.display())
+        events: list[session.Event] = []
+        prepared = session.prepare(request, events.append, dry_run=True)
+        if policy is not None:  # what the real run refuses, the dry run refuses too
+            check_policy(policy, len(prepared.plan.rank_hosts))
+        for event in events:
+            on_event(event)
+        click.echo(prepared.plan.display())
         return
+    if setup.output_dir is not None:
+        from dtlaunch.run.job_output import earlier_logs
+
+        found = earlier_logs(Path(setup.output_dir))
+        if found:
+            shown = ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
+            _note(f"--output-dir {setup.output_dir} has logs from an earlier run ({shown}): "
+                  "this run's output is appended after a '--- dtlaunch: ...' line in each")
     launch_request = session.LaunchRequest(
-        request, check=not no_check, timeout=timeout, output_dir=output_dir,
+        request, check=not no_check, timeout=timeout, output_dir=setup.output_dir,
         use_cache=not hvd.disable_cache, prefix_timestamp=hvd.prefix_timestamp,
         start_timeout=float(hvd.start_timeout) if hvd.start_timeout is not None else None,
     )
-    if max_restarts is None and (min_np is not None or restart_delay is not None):
-        raise UsageError("--min-np and --restart-delay go with --max-restarts N")
-    if max_restarts is not None:
+    if policy is not None:
         from dtlaunch.run.restart_session import launch_with_restarts
-        from dtlaunch.run.restarts import RestartPolicy
 
-        policy = RestartPolicy(max_restarts, min_np or 1, restart_delay or 0.0, oversubscribe)
         sys.exit(launch_with_restarts(launch_request, policy, on_event).exit_code)
     outcome = session.launch(launch_request, on_event)
     if outcome.error is not None:
@@ -167,19 +159,141 @@ def run(ctx: click.Context, /, hosts: str | None, hostfile: str | None, iface: s
     sys.exit(outcome.exit_code)
 
 
-@cli.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
-@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def read_horovod_flags(params: Mapping[str, Any]) -> HorovodArgs:
+    """horovodrun's options among `run`'s parameters, with --config-file read."""
+    from dtlaunch.horovod.options import HOROVOD_OPTIONS, read_horovod_args
+
+    names = {o.param for o in HOROVOD_OPTIONS}
+    return read_horovod_args({k: v for k, v in params.items() if k in names})
+
+
+@dataclass(frozen=True)
+class RunSetup:
+    """`dtlaunch run`'s command line, read and checked as far as it can be without the hosts:
+    what the real run, `--dry-run` and `submit` all check the same way."""
+
+    request: RunRequest
+    hvd: HorovodArgs
+    output_dir: str | None
+    policy: RestartPolicy | None  # None without --max-restarts
+
+
+def read_run(ctx: click.Context, params: Mapping[str, Any], hvd: HorovodArgs) -> RunSetup:
+    """`run`'s parsed parameters (and its horovodrun options, read) to a request; every bad
+    value is a UsageError here."""
+    from dtlaunch.console.run_args import RunArgs, build_run_request, resolve_output_dir
+    from dtlaunch.plan.command import suggest_option
+    from dtlaunch.plan.hosts import read_hosts
+    from dtlaunch.reach.ssh_options import ssh_options_from
+    from dtlaunch.run import launcher_choice
+    from dtlaunch.run.restarts import RestartPolicy, check_policy
+
+    p = params
+    known = [o for q in ctx.command.params if isinstance(q, click.Option) and not q.hidden
+             for o in q.opts]
+    if p["args"]:  # what click left before the program: options it does not know
+        raise UsageError(f"run: unknown option {p['args'][0]}"
+                         f"{suggest_option(p['args'][0], known)}")
+    request = build_run_request(RunArgs(
+        hosts=read_hosts(p["hosts"], p["hostfile"]),
+        python=p["python"],
+        default_python=sys.executable,
+        ssh=ssh_options_from(p["ssh_port"], p["ssh_identity_file"], p["ssh_config"],
+                             p["connect_timeout"], p["accept_new_host_keys"]),
+        iface=p["iface"],
+        num_proc=p["num_proc"],
+        oversubscribe=p["oversubscribe"],
+        env_items=p["env_items"],
+        env_file=p["env_file"],
+        module=p["module"],
+        mpi_args=p["mpi_args"],
+        tree_spawn=p["tree_spawn"],
+        rsh_agent=launcher_choice.rsh_agent_command(),
+    ), hvd, p.get("program", ()), known)
+    request = replace(request, launcher=p["launcher"])
+    output_dir = resolve_output_dir(p["output_dir"], hvd)
+    max_restarts, min_np, delay = p["max_restarts"], p["min_np"], p["restart_delay"]
+    if max_restarts is None and (min_np is not None or delay is not None):
+        raise UsageError("--min-np and --restart-delay go with --max-restarts N")
+    policy = None
+    if max_restarts is not None:
+        policy = check_policy(RestartPolicy(max_restarts, min_np if min_np is not None else 1,
+                                            delay or 0.0, p["oversubscribe"]), request.num_proc)
+    return RunSetup(request, hvd, output_dir, policy)
+
+
+class _TypedArgs(click.Command):
+    """A command that takes its words exactly as typed: click's parser would drop the first
+    `--`, which `submit` needs to tell sbatch's options from the run command. `-h`/`--help`
+    as the first word still shows the help."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if args[:1] in (["-h"], ["--help"]):
+            click.echo(ctx.get_help(), color=ctx.color)
+            ctx.exit()
+        ctx.params["args"] = tuple(args)
+        ctx.args = []
+        return []
+
+
+@cli.command(cls=_TypedArgs, options_metavar="[SBATCH OPTIONS] [--dry-run] --")
+@click.argument("args", nargs=-1, type=click.UNPROCESSED, metavar="[RUN OPTIONS] COMMAND...")
 def submit(args: tuple[str, ...]) -> None:
     """Submit a Slurm batch job that runs dtlaunch run: [SBATCH OPTIONS] [--dry-run] -- [RUN ARGS]."""
     from dtlaunch.cluster.submit import output_path, plan_submit, submit_batch
 
     plan = plan_submit(args)
+    check_submitted_run(plan.run_args, plan.workdir)
     if plan.dry_run:
         click.echo(plan.script, nl=False)
         return
     with signals_raise():
         job = submit_batch(plan)
-    click.echo(f"submitted Slurm job {job}; output: {output_path(plan.output, job, os.getcwd())}")
+    where = os.path.join(os.getcwd(), plan.workdir or "")
+    click.echo(f"submitted Slurm job {job}; output: {output_path(plan.output, job, where)}")
+
+
+def check_submitted_run(run_args: Sequence[str], workdir: str | None) -> None:
+    """`submit`'s run command, checked here as `run` will check it on the batch node, so a job
+    that would only print a usage error is never queued. The hosts are not known yet (they come
+    from the allocation): -np is checked against no slot count. A secret's value typed after -x
+    is refused: the batch script, which Slurm keeps, and the batch node's command line would
+    carry it."""
+    from dtlaunch.plan.env import looks_secret
+    from dtlaunch.plan.hosts import Host
+    from dtlaunch.plan.plan import plan_run
+    from dtlaunch.run.launcher_choice import launcher_family
+
+    ctx = run.make_context("dtlaunch submit [SBATCH OPTIONS] --", list(run_args))
+    for item in ctx.params["env_items"]:
+        name, sep, _ = item.partition("=")
+        if sep and looks_secret(name):
+            raise UsageError(
+                f"submit: -x {name}=...: a value typed here would be written into the batch "
+                "script, which Slurm keeps, and onto the batch node's command line; export "
+                f"{name} before submitting and pass -x {name} (the job gets your environment), "
+                "or put it in an --env-file")
+    here = os.getcwd()
+    if workdir is not None:
+        if not os.path.isdir(workdir):
+            raise UsageError(f"submit: the job's directory {workdir} (--chdir) is not a "
+                             "directory here")
+        os.chdir(workdir)  # relative paths in the run command are the job's
+    try:
+        hvd = read_horovod_flags(ctx.params)
+        for line in hvd.warnings:
+            _warn(line)
+        setup = read_run(ctx, ctx.params, hvd)
+        try:
+            family, _, _ = launcher_family()
+        except DtlaunchError:
+            from dtlaunch.openmpi.family import OPEN_MPI as family
+        request = setup.request
+        if not request.hosts:  # from the allocation: any -np may fit it
+            request = replace(request, hosts=(Host("node", 1),), oversubscribe=True)
+        plan_run(replace(request, launcher="ssh"), dict(os.environ), family=family)
+    finally:
+        os.chdir(here)
 
 
 @cli.command("install-horovod")

@@ -6,7 +6,9 @@ carries the bed's random tag and slurmctld listens on a free port, so concurrent
 clash and the machine's /etc/slurm and /run/munge are never touched. slurmctld runs in the root
 namespace (the launcher, like a login node); each slurmd runs inside its host's network and UTS
 namespaces and a private mount namespace with its own tmpfs /tmp, as a real node has (Slurm's
-PMIx plugin fails every step on a /tmp shared between nodes).
+PMIx plugin fails every step on a /tmp shared between nodes). What jobs need is bound back
+into that /tmp wherever it lives (`job_paths`: the checkout, the venvs, HOME), so the suite
+runs from a checkout under /tmp too (tests/test_slurm_paths_testbed.py).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -113,8 +116,8 @@ class SlurmCluster:
         env["SLURM_CONF"] = str(self.conf)
         return env
 
-    def run(self, *argv: str, timeout: float = 120,
-            env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    def run(self, *argv: str, timeout: float = 120, env: Mapping[str, str] | None = None,
+            cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
         """Run a Slurm client command (srun, salloc, sinfo, ...) from the launcher.
 
         It gets a session of its own: on a timeout the whole group (salloc and the srun or
@@ -122,7 +125,7 @@ class SlurmCluster:
         """
         proc = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, env=self.env(env),
-                                start_new_session=True)
+                                start_new_session=True, cwd=cwd)
         try:
             out, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -223,12 +226,26 @@ def _slurm_conf(c: SlurmCluster) -> str:
 CGROUP_CONF = "CgroupPlugin=cgroup/v1\nCgroupMountpoint=/sys/fs/cgroup\nCgroupAutomount=no\n"
 
 
+def job_paths(environ: Mapping[str, str] | None = None) -> list[Path]:
+    """What a job on the nodes needs to see wherever it lives, under /tmp too: the checkout
+    (a job's steps start in the submitting directory), the interpreter's venv and its base,
+    the MPI venvs, and HOME (its cache holds them and dtlaunch's own files)."""
+    env = os.environ if environ is None else environ
+    repo = Path(__file__).resolve().parent.parent
+    paths = [repo, Path(sys.prefix), Path(sys.base_prefix), Path.home()]
+    for name in ("HOME", "XDG_CACHE_HOME", "DTLAUNCH_MPI_VENVS", "VIRTUAL_ENV"):
+        if env.get(name):
+            paths.append(Path(env[name]))
+    return paths
+
+
 def start_slurm_cluster(bed: TestBed, shared: Sequence[Path] = (),
                         timeout: float = 120) -> SlurmCluster:
     """Start munged, slurmctld and one slurmd per bed host; wait until every node is idle.
 
-    shared: directories (besides the bed's own) that every node must see despite its private
-    /tmp, e.g. pytest's base temp directory. The caller must stop() the cluster.
+    shared: directories (besides the bed's own and what jobs need, `job_paths`) that every
+    node must see despite its private /tmp, e.g. pytest's base temp directory. The caller
+    must stop() the cluster.
     """
     tag = secrets.token_hex(3)
     ctld_port, slurmd_port = _free_ports(2)
@@ -256,7 +273,7 @@ def start_slurm_cluster(bed: TestBed, shared: Sequence[Path] = (),
             [_which("slurmctld") or "slurmctld", "-D", "-c", "-i", "-f", str(c.conf)],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True, env=c.env())
-        keep = [bed.workdir, *shared]
+        keep = [bed.workdir, *shared, *job_paths()]
         for h in bed.hosts:
             c.slurmds[h.name] = bed.spawn_in(
                 h, [_which("slurmd") or "slurmd", "-D", "-N", h.name, "-f", str(c.conf)],

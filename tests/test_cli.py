@@ -225,6 +225,29 @@ BAD_RUN = [
     (["--env-file", "{tmp}/junk"], "junk:1: invalid variable name"),
     (["--env-file", "{tmp}/hosts", "--env-file", "{tmp}/hosts"], "given more than once"),
     (["--python", sys.executable, "python"], "the command names its interpreter"),
+    # issue 27: a directory given as a file is one line, as a FIFO is
+    (["--config-file", "{tmp}"], "--config-file: {tmp} is a directory, not a regular file"),
+    (["--env-file", "{tmp}"], "--env-file: {tmp} is a directory, not a regular file"),
+    (["--hostfile", "{tmp}"], "--hostfile: {tmp} is a directory, not a regular file"),
+    (["--ssh-config", "{tmp}"], "--ssh-config: {tmp} is a directory, not a regular file"),
+    (["-i", "{tmp}"], "--ssh-identity-file: {tmp} is a directory, not a regular file"),
+    (["--ssh-config", "{tmp}/fifo"], "{tmp}/fifo is a FIFO, not a regular file"),
+    (["-i", "/dev/null"], "/dev/null is a character device"),
+    # issue 27: the dry run refuses what the real run refuses
+    (["--max-restarts", "-1", "-H", "a"], "--max-restarts: must be between 0 and 1000, got -1"),
+    (["--max-restarts", "1", "--min-np", "3", "-H", "a,b"],
+     "--min-np 3 is more than the job's 2 processes"),
+    (["--max-restarts", "1", "--min-np", "0", "-H", "a"], "--min-np: must be at least 1"),
+    # issue 27: absurd tunables, on the command line and in the config file
+    (["--fusion-threshold-mb", "99999999999999999999"],
+     "--fusion-threshold-mb: must be at most 1048576 MiB (1 TiB), got 99999999999999999999"),
+    (["--cache-capacity", "99999999999999999999"], "--cache-capacity: must be at most 10000000"),
+    (["--cycle-time-ms", "1e300"], "--cycle-time-ms: must be at most 3600000 ms"),
+    (["--config-file", "{tmp}/huge.yaml"],
+     "huge.yaml:2:19: params.cache_capacity: must be at most 10000000"),
+    # issue 27: env files name their line, drop a BOM, refuse an unclosed quote
+    (["--env-file", "{tmp}/unset.env"], "unset.env:2: NOT_SET_ANYWHERE_2 is not set here"),
+    (["--env-file", "{tmp}/bom.env"], "bom.env:2: the value of Q opens a \" quote"),
 ]
 
 
@@ -235,6 +258,10 @@ def test_bad_run_input(args: list[str], message: str | None, script: Path, tmp_p
     (tmp_path / "binary").write_bytes(b"a\n\xff\n")
     (tmp_path / "bad.yaml").write_text("params:\n  fusion_threshold_mb: [1\n")
     (tmp_path / "typo.yaml").write_text("params:\n  cycle_time_ms: '1'\n")  # a string
+    (tmp_path / "huge.yaml").write_text("params:\n  cache_capacity: 99999999999999999999\n")
+    (tmp_path / "unset.env").write_text("A=1\nNOT_SET_ANYWHERE_2\n")
+    (tmp_path / "bom.env").write_bytes('\ufeffP3A=1\nQ="abc\n'.encode())
+    os.mkfifo(tmp_path / "fifo")
     full = [a.format(tmp=tmp_path) for a in args]
     result = dtl("run", "--dry-run", *full, str(script))
     assert result.returncode == 2, result.stdout + result.stderr
@@ -314,6 +341,8 @@ BAD_OTHER = [
     (["run", "--dry-run", "--timeout", "1e300", "-H", "a", "{tmp}/hosts"], "not in the range"),
     (["run", "--dry-run", "--timeout", "-0.5", "-H", "a", "{tmp}/hosts"], "not in the range"),
     (["doctor", "-H", "a", "--ssh-config", "{tmp}/missing"], "no such file"),
+    (["doctor", "--hostfile", "{tmp}"], "--hostfile: {tmp} is a directory, not a regular file"),
+    (["doctor", "-H", "a", "--ssh-config", "{tmp}"], "{tmp} is a directory"),
     (["doctor", "-H", "a", "-H", "b"], "given more than once"),
     (["doctor", "-H", "a,a"], "more than once"),
     (["doctor", "-H", "a", "--iface", "eth\n0"], "invalid interface name"),
@@ -333,10 +362,27 @@ def test_bad_doctor_and_env_check_input(args: list[str], message: str, tmp_path:
     stderr = result.stderr.decode(errors="replace")
     assert result.returncode == 2, stderr
     lines = stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("dtlaunch: error: ") and message in lines[0]
+    assert len(lines) == 1 and lines[0].startswith("dtlaunch: error: ")
+    assert message.format(tmp=tmp_path) in lines[0]
     assert "Traceback" not in stderr
 
 
 def test_prefix_output_with_timestamp_is_taken(script: Path) -> None:
     result = dtl("run", "--dry-run", "--prefix-output-with-timestamp", "-H", "h1", str(script))
     assert result.returncode == 0, result.stderr
+
+
+def test_a_bom_starts_an_env_file_without_joining_its_first_name(script: Path,
+                                                                 tmp_path: Path) -> None:
+    env_file = tmp_path / "bom.env"
+    env_file.write_bytes("\ufeffP3A=abc\n".encode())
+    result = dtl("run", "--dry-run", "-H", "h1", "--env-file", str(env_file), str(script))
+    assert result.returncode == 0, result.stderr
+    assert "P3A=abc" in shlex.split(result.stdout)
+
+
+def test_ssh_config_dev_null_means_no_config_file(script: Path) -> None:
+    """`ssh -F /dev/null` is how one ignores ~/.ssh/config; --ssh-config takes it too."""
+    result = dtl("run", "--dry-run", "-H", "h1", "--ssh-config", "/dev/null", str(script))
+    assert result.returncode == 0, result.stderr
+    assert '"-F", "/dev/null"' in result.stdout

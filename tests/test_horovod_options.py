@@ -313,7 +313,7 @@ def test_launch_options_and_aliases() -> None:
     ("params:\n  cycle_time_ms: '5'\n", r"expected a number, got '5'"),
     ("params:\n  cycle_time_ms: .nan\n", r"expected a number"),
     ("autotune:\n  enabled: null\n", r"autotune.enabled: expected true or false"),
-    ("autotune:\n  gaussian_process_noise: 2\n", r"must be <= 1, got 2"),
+    ("autotune:\n  gaussian_process_noise: 2\n", r"must be at most 1, got 2"),
     ("logging:\n  level: loud\n", r"expected one of TRACE"),
     ("timeline:\n  filename: 42\n", r"timeline.filename: expected a string"),
     ("params: 5\n", r":1:9: params: expected keys and values"),

@@ -132,5 +132,5 @@ def test_parsers_never_crash(text: str) -> None:
 def test_a_fifo_given_as_hostfile_is_refused_not_waited_on(tmp_path: Path) -> None:
     fifo = tmp_path / "hosts.fifo"
     os.mkfifo(fifo)
-    with pytest.raises(UsageError, match=r"^--hostfile: .*hosts.fifo is not a regular file$"):
+    with pytest.raises(UsageError, match=r"^--hostfile: .*hosts.fifo is a FIFO, not a regular file$"):
         read_hostfile(str(fifo))

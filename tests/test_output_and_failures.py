@@ -5,7 +5,7 @@ from pathlib import Path
 
 from dtlaunch.agents.rank_shim import record
 from dtlaunch.openmpi.failures import analyze
-from dtlaunch.run.job_output import FRAGMENT, JobOutput, host_name
+from dtlaunch.run.job_output import FRAGMENT, JobOutput, earlier_logs, host_name
 
 
 def tagged(rank: int, kind: str, data: bytes) -> bytes:
@@ -48,6 +48,20 @@ def test_an_open_line_is_printed_when_long_and_at_the_end() -> None:
     assert out.getvalue().count(b"x") == 3 * FRAGMENT // 3000 * 3000
 
 
+def test_a_line_break_after_carriage_return_redraws_leaves_no_empty_tagged_line() -> None:
+    """A bar drawn as `10%\r`, `20%\r`, then ended with `\n`: the held \r goes out on its own
+    once it waited LIVE_DELAY, and the \n after it must not start a new tagged line."""
+    output, out, _ = job()
+    for piece in (b"10%\r", b"20%\r", b"\n", b"done\n"):
+        output.feed(tagged(0, "o", piece), False)
+        output.since = dict.fromkeys(output.since, 0.0)  # as if LIVE_DELAY had passed
+        output.tick()
+    output.close()
+    assert out.getvalue() == b"[0@h1] 10%\r[0@h1] 20%\r\n[0@h1] done\n"
+    lines = out.getvalue().replace(b"\r", b"\n").split(b"\n")
+    assert b"[0@h1] " not in lines  # no line that is only a tag
+
+
 def test_timestamps_prefix_each_line() -> None:
     output, out, _ = job(timestamps=True, clock=lambda: 0.25)
     output.feed(tagged(0, "o", b"a\nb\n"), False)
@@ -67,6 +81,29 @@ def test_log_files_keep_exact_bytes_and_a_write_error_costs_one_warning(tmp_path
     assert (tmp_path / "rank.0.log").read_bytes() == b"\x00\xff\r\n"
     assert out.getvalue().endswith(b"[1@h1] one\n[1@h1] two\n")
     assert err.getvalue().count(b"dtlaunch: warning: cannot write") == 1
+
+
+def test_each_attempt_and_each_later_run_starts_its_own_marked_line(tmp_path: Path) -> None:
+    """Under --max-restarts every part is marked with the attempt and the rank's host; a
+    later run appending to an earlier run's log is marked too, and an earlier part that ended
+    mid-line stays whole (issue 27)."""
+    first, _, _ = job(tmp_path, log_label="attempt 1 (DTLAUNCH_RESTART_COUNT=0)", clock=lambda: 0)
+    first.feed(tagged(1, "h", b"h2") + tagged(1, "o", b"partial"), False)
+    first.close()
+    second, _, _ = job(tmp_path, log_label="attempt 2 (DTLAUNCH_RESTART_COUNT=1)", clock=lambda: 0)
+    second.feed(tagged(1, "h", b"h3") + tagged(1, "o", b"whole\n"), False)
+    second.close()
+    later, _, _ = job(tmp_path, clock=lambda: 0)  # a plain run, same folder
+    later.feed(tagged(1, "o", b"again\n") + tagged(0, "o", b"fresh\n"), False)
+    later.close()
+    lines = (tmp_path / "rank.1.log").read_text().splitlines()
+    assert [line.split(", 19")[0] for line in lines] == [
+        "--- dtlaunch: attempt 1 (DTLAUNCH_RESTART_COUNT=0), rank 1 on h2", "partial",
+        "--- dtlaunch: attempt 2 (DTLAUNCH_RESTART_COUNT=1), rank 1 on h3", "whole",
+        "--- dtlaunch: a new run, rank 1 on h1", "again"]
+    assert (tmp_path / "rank.0.log").read_text() == "fresh\n"  # new file, plain run: as is
+    assert earlier_logs(tmp_path) == ["rank.0.log", "rank.1.log"]
+    assert earlier_logs(tmp_path / "missing") == []
 
 
 def test_a_write_error_found_at_the_end_is_still_told(tmp_path: Path) -> None:

@@ -24,6 +24,7 @@ from dtlaunch.run.restarts import (
     blame_hosts,
     check_policy,
     check_stop,
+    is_lost_host,
     plan_next,
     restart_env,
     run_with_restarts,
@@ -189,6 +190,29 @@ def test_a_timeout_is_never_restarted() -> None:
     fake = Cluster([AttemptOutcome(124, timed_out=True), OK])
     report = fake.run(max_restarts=5)
     assert len(fake.attempts) == 1 and report.exit_code == 124 and report.stop.kind == "timeout"
+
+
+@pytest.mark.parametrize(("delay", "attempts", "slept"), [
+    (0.0, 3, [0.0, 0.0]),  # attempts start at 0, 12 and 24 s; the re-check ends past 25 s
+    (30.0, 1, [13.0]),  # the delay is cut to what is left, then the limit stops the loop
+])
+def test_timeout_bounds_the_whole_job_across_restarts(delay: float, attempts: int,
+                                                      slept: list[float]) -> None:
+    """--timeout 25 with attempts of 10 s: the limit is the whole job's (issue 27)."""
+    fake = Cluster([exited(3 + i) for i in range(6)])
+    report = run_with_restarts(H3, 3, RestartPolicy(5, delay=delay), fake.run_attempt,
+                               fake.recheck, fake.sleep, fake.clock, deadline=fake.now + 25)
+    assert report.exit_code == 124 and report.stop.kind == "timeout"
+    assert len(fake.attempts) == attempts and fake.slept == slept
+
+
+def test_a_refused_host_key_is_never_a_lost_host_and_never_restarted() -> None:
+    refused = AttemptOutcome(255, Failure(host="h2", final="host-key", reason="ssh refused ..."))
+    assert not is_lost_host(refused.failure) and blame_hosts(refused, H3) == {}
+    fake = Cluster([refused, OK])
+    report = fake.run(max_restarts=3)
+    assert len(fake.attempts) == 1 and not fake.rechecked
+    assert report.stop.kind == "host-key" and report.exit_code == 255
 
 
 def test_an_option_the_launcher_refused_is_never_restarted() -> None:

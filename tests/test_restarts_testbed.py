@@ -62,6 +62,66 @@ def test_a_failure_that_repeats_stops_early_with_the_report(bed: TestBed, tmp_pa
     assert "Traceback" not in result.stderr
 
 
+def test_timeout_bounds_the_whole_job_restarts_included(bed: TestBed, tmp_path: Path) -> None:
+    """--timeout 15 with attempts that each fail differently after 2.5 s (about 4 s each with
+    their start, 6 s for the first with its pre-flight): the job stops at its limit with exit
+    124, not after 6 attempts (about 30 s, each under 15 s) with the last one's status, 15
+    (issue 27)."""
+    result = subprocess.run(restart_argv(bed, "h1:1,h2:1", tmp_path, PROBE, str(tmp_path),
+                                         "fail-slow",
+                                         options=("--max-restarts", "5", "--timeout", "15")),
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 124, result.stderr[-3000:]
+    runs = attempts(tmp_path)
+    stop = json.loads((tmp_path / "logs" / "attempts.json").read_text())["stop"]
+    assert stop["kind"] == "timeout" and len(runs) < 6, (stop, runs)
+    assert_no_strays(bed)
+
+
+def test_a_changed_host_key_under_no_check_is_named_and_never_taken_for_a_lost_host(
+        make_bed: Any, tmp_path: Path) -> None:
+    """--no-check leaves the keys to mpirun's ssh: "Host key verification failed" is the key,
+    not a lost link, and --max-restarts stops at once instead of dropping h2 (issue 27)."""
+    testbed = make_bed(2)
+    testbed.restart_with_new_host_key("h2")
+    for options in ((), ("--max-restarts", "2")):
+        result = subprocess.run(restart_argv(testbed, "h1:1,h2:1", tmp_path, PROBE,
+                                             str(tmp_path), "ok", options=("--no-check", *options)),
+                                capture_output=True, text=True, timeout=300)
+        assert result.returncode != 0, result.stderr[-3000:]
+        assert "ssh refused the host key of host h2" in result.stderr, result.stderr[-3000:]
+        assert "lost the SSH connection" not in result.stderr
+        assert "dropping h2" not in result.stderr
+        if options:
+            runs = attempts(tmp_path)
+            stop = json.loads((tmp_path / "logs" / "attempts.json").read_text())["stop"]
+            assert len(runs) == 1 and stop["kind"] == "host-key", (stop, runs)
+    assert_no_strays(testbed)
+
+
+def test_output_dir_marks_each_attempt_and_its_host_on_a_line_of_its_own(
+        bed: TestBed, tmp_path: Path) -> None:
+    """Attempts append to the same rank.N.log: each part starts on a new line with a marker
+    naming the attempt and the rank's host (rank 1 moves from h2 to h3 when h2 is dropped),
+    and a later run in the same folder is told about the earlier logs (issue 27)."""
+    result = subprocess.run(restart_argv(bed, "h1:1,h2:1,h3:1", tmp_path, PROBE, str(tmp_path),
+                                         "kill-first"), capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert [a["hosts"] for a in attempts(tmp_path)] == [["h1", "h2", "h3"], ["h1", "h3"]]
+    lines = (tmp_path / "logs" / "rank.1.log").read_text().splitlines()
+    assert len(lines) == 4, lines
+    assert lines[0].startswith("--- dtlaunch: attempt 1 (DTLAUNCH_RESTART_COUNT=0), rank 1 on h2, ")
+    assert lines[1] == "partial 0 1"
+    assert lines[2].startswith("--- dtlaunch: attempt 2 (DTLAUNCH_RESTART_COUNT=1), rank 1 on h3, ")
+    assert lines[3] == "line 1 1"
+    again = subprocess.run(restart_argv(bed, "h1:1", tmp_path, PROBE, str(tmp_path), "ok",
+                                        options=()), capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"--output-dir {tmp_path / 'logs'} has logs from an earlier run" in again.stderr
+    assert_no_strays(bed)
+
+
 def test_a_lost_host_is_dropped_and_the_job_finishes_on_the_others(make_bed: Any,
                                                                    tmp_path: Path) -> None:
     testbed = make_bed(3)

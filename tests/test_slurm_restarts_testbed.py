@@ -88,6 +88,40 @@ def test_a_rank_failing_once_is_restarted_on_the_allocated_nodes(
     slurm_cluster.wait_idle(60)
 
 
+def test_scancel_of_the_allocation_is_named_and_never_restarted(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    """scancel ends the allocation under a running job: dtlaunch says the Slurm job was
+    cancelled, and --max-restarts stops without re-checking (through srun, not ssh) nodes
+    that are no longer the job's and without dropping them as lost (issue 27)."""
+    name = f"dtl-scancel-{os.getpid()}"
+    argv = ["salloc", "--nodes=2", f"--job-name={name}", *dtlaunch_argv(
+        "run", "--max-restarts", "2", "--output-dir", str(tmp_path / "logs"),
+        "--iface", slurm_cluster.bed.subnet, PROBE, str(tmp_path), "hang-first")]
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=slurm_cluster.env(),
+                            start_new_session=True)
+    try:
+        wait_for(lambda: len(ranks_of(tmp_path, 0)) >= 2 or proc.poll() is not None,
+                 "the first attempt's ranks")
+        assert len(ranks_of(tmp_path, 0)) >= 2, "the first attempt's ranks did not start"
+        queue = slurm_cluster.run("squeue", "-h", "-n", name, "-o", "%i", timeout=30).stdout
+        job = queue.split()[0]
+        assert slurm_cluster.run("scancel", job, timeout=30).returncode == 0
+        _, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert proc.returncode != 0
+    assert f"the Slurm job {job} was cancelled" in err, err[-3000:]
+    assert "lost the connection" not in err and "dropping" not in err, err[-3000:]
+    assert "re-checking" not in err and "ssh:" not in err, err[-3000:]
+    report = json.loads((tmp_path / "logs" / "attempts.json").read_text())
+    assert len(report["attempts"]) == 1 and report["stop"]["kind"] == "allocation", report
+    slurm_cluster.wait_idle(120)
+
+
 def test_a_node_lost_mid_job_is_dropped_and_the_job_finishes_on_the_others(
     make_bed: Any, tmp_path: Path
 ) -> None:

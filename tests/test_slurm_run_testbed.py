@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from conftest import SCRIPTS, dtlaunch_argv
 from helpers.jobs import records, start_job
-from helpers.procs import cmdline, survivors
+from helpers.procs import cmdline, survivors, wait_for
 from slurm_bed import SlurmCluster
 
 pytestmark = pytest.mark.testbed
@@ -184,6 +184,77 @@ def test_submit_runs_every_rank_and_completes(slurm_cluster: SlurmCluster, tmp_p
     for rank in range(4):
         assert f"rank {rank} of 4 on h" in text, text
     slurm_cluster.wait_idle(60)
+
+
+def job_state(cluster: SlurmCluster, job: str) -> str:
+    show = cluster.run("scontrol", "show", "job", "-o", job, timeout=30).stdout
+    return next((w.split("=", 1)[1] for w in show.split() if w.startswith("JobState=")), "")
+
+
+def submitted_job(proc: subprocess.CompletedProcess[str]) -> str:
+    words = proc.stdout.split()
+    return words[words.index("job") + 1].rstrip(";")
+
+
+@pytest.mark.parametrize("form", [["-N2", "--hold"], ["--time=10", "--hold"],
+                                  ["--exclusive", "--hold"], ["--hold", "-N", "1"]])
+def test_submit_takes_the_forms_the_readme_names(slurm_cluster: SlurmCluster, tmp_path: Path,
+                                                 form: list[str]) -> None:
+    """Joined values, `--name=value` and flags before `--` reach a real sbatch (held, so
+    nothing runs), and its stored batch script runs `dtlaunch run` with the rest (issue 27)."""
+    proc = slurm_cluster.run(*dtlaunch_argv("submit", *form, "--", "--no-check", "-np", "1",
+                                            PROBE, "--out", str(tmp_path)),
+                             timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    job = submitted_job(proc)
+    try:
+        assert job_state(slurm_cluster, job) == "PENDING"
+        stored = slurm_cluster.run("scontrol", "write", "batch_script", job, "-", timeout=30)
+        assert stored.returncode == 0, stored.stderr
+        assert f"-m dtlaunch run --no-check -np 1 {PROBE} --out {tmp_path}" in stored.stdout
+    finally:
+        slurm_cluster.run("scancel", job, timeout=30)
+
+
+def test_submit_with_no_sbatch_options_runs_and_completes(slurm_cluster: SlurmCluster,
+                                                          tmp_path: Path) -> None:
+    proc = slurm_cluster.run(*dtlaunch_argv("submit", "--", "--no-check", "-np", "1", PROBE,
+                                            "--out", str(tmp_path)), timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    job = submitted_job(proc)
+    wait_for(lambda: job_state(slurm_cluster, job) not in ("PENDING", "RUNNING", "CONFIGURING",
+                                                           "COMPLETING", ""),
+             f"Slurm job {job} to end", every=0.5)
+    text = (tmp_path / f"dtlaunch-{job}.out").read_text()
+    assert job_state(slurm_cluster, job) == "COMPLETED", text
+    assert "rank 0 of 1 on h" in text, text
+    slurm_cluster.wait_idle(60)
+
+
+@pytest.mark.parametrize(("run_part", "message"), [
+    (["-np", "0", PROBE], "-np: must be at least 1"),
+    (["--no-such-option", PROBE], "unknown option --no-such-option"),
+    (["missing_script.py"], "script not found: missing_script.py"),
+    (["--env-file", "{tmp}", PROBE], "is a directory"),
+    (["--timeout", "-1", PROBE], "--timeout"),
+    (["-x", "1BAD", PROBE], "invalid variable name '1BAD'"),
+    (["-x", "AWS_SECRET_ACCESS_KEY=s3cr3t-value", PROBE], "pass -x AWS_SECRET_ACCESS_KEY"),
+])
+def test_submit_queues_nothing_run_would_refuse(slurm_cluster: SlurmCluster, tmp_path: Path,
+                                                run_part: list[str], message: str) -> None:
+    """Refused before sbatch, exit 2: no job that would only print a usage error, and no
+    secret's value in a batch script Slurm keeps (issue 27)."""
+    name = f"dtl-refused-{tmp_path.name}"[:60]
+    before = slurm_cluster.run("squeue", "-h", "-o", "%i", timeout=30).stdout.split()
+    proc = slurm_cluster.run(*dtlaunch_argv(
+        "submit", "-N1", "-t2", f"--job-name={name}", "--",
+        *(w.format(tmp=tmp_path) for w in run_part)), timeout=120, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert message in proc.stderr and "s3cr3t" not in proc.stdout + proc.stderr
+    assert proc.stdout == ""
+    everything = slurm_cluster.run("scontrol", "show", "job", "-o", timeout=30).stdout
+    assert f"JobName={name}" not in everything
+    assert slurm_cluster.run("squeue", "-h", "-o", "%i", timeout=30).stdout.split() == before
 
 
 def test_doctor_names_a_node_missing_the_interpreter(slurm_cluster: SlurmCluster) -> None:

@@ -11,9 +11,12 @@ from dtlaunch.run.slurm_watch import (
     STARTUP,
     TASK_CODE,
     NodeWatch,
+    allocation_end_reason,
     blame,
+    blame_allocation,
     failed_node,
     node_watch_for,
+    parse_job_end,
     silent_nodes,
     watch_argv,
 )
@@ -96,3 +99,27 @@ def test_srun_naming_a_node_it_cannot_reach_names_a_lost_node() -> None:
     assert failed_node("srun: error: Node failure on h2", NODES) == "h2"
     assert failed_node("srun: error: Task launch failed on node h9: ...", NODES) is None
     assert failed_node("srun: error: h1: task 0: Killed", NODES) is None
+
+
+def test_how_an_allocation_ended_from_scontrol() -> None:
+    line = "JobId=7 JobName=x JobState={} Reason={} RunTime={} TimeLimit={} Partition=bed"
+    assert parse_job_end(line.format("RUNNING", "None", "00:00:05", "UNLIMITED")) is None
+    assert parse_job_end(line.format("COMPLETING", "None", "00:00:05", "UNLIMITED")) == "CANCELLED"
+    assert parse_job_end(line.format("COMPLETING", "None", "00:10:00", "00:10:00")) == "TIMEOUT"
+    assert parse_job_end(line.format("COMPLETING", "None", "1-00:00:00", "2-00:00:00")) == "CANCELLED"
+    assert parse_job_end(line.format("COMPLETING", "NodeDown", "00:00:05", "10")) == "NodeDown"
+    assert parse_job_end(line.format("TIMEOUT", "TimeLimit", "00:10:00", "00:10:00")) == "TIMEOUT"
+    assert parse_job_end("nothing") is None
+
+
+def test_a_failure_inside_an_ended_allocation_is_the_allocations() -> None:
+    lost = LaunchResult(205, Failure(host="h1", reason="lost the connection to host h1"))
+    blamed = blame_allocation(lost, "7", end=lambda job: "CANCELLED")
+    assert blamed.failure is not None and blamed.failure.final == "allocation"
+    assert blamed.failure.describe() == "the Slurm job 7 was cancelled (scancel)"
+    assert blamed.exit_code == 205
+    assert blame_allocation(lost, "7", end=lambda job: None) is lost  # still running
+    assert blame_allocation(lost, None, end=lambda job: "CANCELLED") is lost  # not in a job
+    ok = LaunchResult(0, None)
+    assert blame_allocation(ok, "7", end=lambda job: "CANCELLED") is ok
+    assert "reached its time limit" in allocation_end_reason("7", "TIMEOUT")

@@ -59,6 +59,20 @@ def _pick_subnet() -> ipaddress.IPv4Network:
     raise RuntimeError("no free 10.x.y.0/24 subnet for the test bed")
 
 
+def under_tmp(paths: Sequence[Path | str]) -> list[str]:
+    """The paths that lie under /tmp, relative to it, without those inside another one (its
+    bind brings them along); existing directories only, links resolved."""
+    tmp = os.path.realpath("/tmp")
+    found: list[str] = []
+    for path in sorted({os.path.realpath(p) for p in paths if os.path.isdir(p)}):
+        rel = os.path.relpath(path, tmp)
+        if rel == "." or rel.startswith(".."):
+            continue  # /tmp itself would hide nothing; outside it nothing is hidden
+        if not any(rel == f or rel.startswith(f + os.sep) for f in found):
+            found.append(rel)
+    return found
+
+
 @dataclass
 class BedHost:
     name: str
@@ -115,27 +129,31 @@ class TestBed:
         """Start a daemon inside the host's network and UTS namespaces (it shows the host's name).
 
         private_tmp: give it (and its children) a mount namespace of its own with a fresh tmpfs
-        on /tmp, as a real node has; the directories in `keep` (which may lie under /tmp) are
-        bound back in so shared files stay visible. The caller stops the process; close() ends
-        whatever is left in the host's network namespace.
+        on /tmp, as a real node has; the directories in `keep` that lie under /tmp (any number;
+        the others stay visible anyway) are bound back in so shared files stay visible. The
+        caller stops the process; close() ends whatever is left in the host's network namespace.
         """
         h = self.host(host) if isinstance(host, str) else host
         inner = list(argv)
         if private_tmp:
-            # Open each kept directory before the tmpfs hides it, then bind it back by its fd
-            # (a bind mount's source must be in the caller's own mount namespace).
-            n = len(keep)
-            assert n <= 6, "sh names file descriptors 3..9 only"
+            # The real /tmp is opened before the tmpfs hides it, and each kept directory is
+            # bound back from beneath that descriptor (a bind mount's source must be in the
+            # caller's own mount namespace): one descriptor serves any number of them.
+            kept = under_tmp(keep)
             script = "\n".join([
-                *(f'exec {3 + i}<"${{{i + 1}}}"' for i in range(n)),
+                "n=$1; shift",
+                "exec 3</tmp",
                 "mount -t tmpfs -o mode=1777 dtlaunch-tmp /tmp",
-                *(f'mkdir -p "${{{i + 1}}}" && mount --no-canonicalize --bind /proc/self/fd/{3 + i} "${{{i + 1}}}"'
-                  f" && exec {3 + i}<&-" for i in range(n)),
-                f"shift {n}",
+                'while [ "$n" -gt 0 ]; do',
+                '  mkdir -p "/tmp/$1"',
+                '  mount --no-canonicalize --bind "/proc/self/fd/3/$1" "/tmp/$1"',
+                "  shift; n=$((n - 1))",
+                "done",
+                "exec 3<&-",
                 'exec "$@"',
             ])
             inner = ["unshare", "--mount", "--propagation", "private", "--", "/bin/sh", "-ec",
-                     script, "sh", *(str(k) for k in keep), *argv]
+                     script, "sh", str(len(kept)), *kept, *argv]
         out = open(log, "ab") if log is not None else subprocess.DEVNULL  # noqa: SIM115
         try:
             return subprocess.Popen(self.nsenter_argv(h, inner), stdin=subprocess.DEVNULL,

@@ -27,7 +27,7 @@ _WORDS = {
     "lifeline": ("guarded_argv", "session_members"),
     "rank_shim": ("ESC", "EXIT", "HEADER_MAX", "HOST", "MAGIC", "NOSTART", "PIPE_BUF", "STDERR",
                   "STDOUT", "encode_argv", "unescape", "wrap_program"),
-    "rsh": ("LOST_PREFIX", "SSH_ARGS_ENV"),
+    "rsh": ("HOST_KEY_PREFIX", "LOST_PREFIX", "SSH_ARGS_ENV"),
 }
 if TYPE_CHECKING:
     from .lifeline import guarded_argv, session_members
@@ -45,7 +45,7 @@ if TYPE_CHECKING:
         unescape,
         wrap_program,
     )
-    from .rsh import LOST_PREFIX, SSH_ARGS_ENV
+    from .rsh import HOST_KEY_PREFIX, LOST_PREFIX, SSH_ARGS_ENV
 
 
 def __getattr__(name: str) -> Any:
@@ -55,9 +55,9 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["ESC", "EXIT", "HEADER_MAX", "HOST", "LOCAL_SHELL", "LOST_PREFIX", "MAGIC", "NOSTART",
-           "PIPE_BUF", "SSH_ARGS_ENV", "STDERR", "STDOUT", "encode_argv", "guarded_argv", "path",
-           "session_members", "text", "unescape", "wrap_program"]
+__all__ = ["ESC", "EXIT", "HEADER_MAX", "HOST", "HOST_KEY_PREFIX", "LOCAL_SHELL", "LOST_PREFIX",
+           "MAGIC", "NOSTART", "PIPE_BUF", "SSH_ARGS_ENV", "STDERR", "STDOUT", "encode_argv",
+           "guarded_argv", "path", "session_members", "text", "unescape", "wrap_program"]
 
 # The shell that runs a shell agent on this machine.
 LOCAL_SHELL = "/bin/sh" if os.path.exists("/bin/sh") else (shutil.which("sh") or "sh")

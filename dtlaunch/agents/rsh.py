@@ -28,6 +28,10 @@ import time
 from collections.abc import Mapping, Sequence
 
 LOST_PREFIX = "dtlaunch-rsh: lost the SSH connection to host "
+# ssh refused the host's key (changed, or unknown under StrictHostKeyChecking=yes): the link
+# was never made, so the host is not lost, and a restart would be refused the same way.
+HOST_KEY_PREFIX = "dtlaunch-rsh: ssh refused the host key of host "
+_HOST_KEY_REFUSED = ("Host key verification failed", "REMOTE HOST IDENTIFICATION HAS CHANGED")
 SSH_ARGS_ENV = "DTLAUNCH_SSH_ARGS"
 # OpenSSH options that take a value (from ssh(1)); the first other word is the host.
 _WITH_VALUE = set("BbcDEeFIiJLlmOopQRSWw")
@@ -84,6 +88,11 @@ def ssh_options(environ: Mapping[str, str]) -> list[str]:
 def link_lost(code: int, log: str) -> bool:
     """ssh's 255 means a lost connection only if the remote command's end never arrived."""
     return code == 255 and not any(mark in log for mark in _REMOTE_ENDED)
+
+
+def host_key_refused(code: int, log: str) -> bool:
+    """ssh's 255 because it refused the host's key: no connection was ever made."""
+    return code == 255 and any(mark in log for mark in _HOST_KEY_REFUSED)
 
 
 def messages(log: str) -> str:
@@ -162,7 +171,9 @@ def main(argv: Sequence[str] | None = None, end_with_parent: bool = False) -> in
     if text is not None:
         sys.stderr.write(messages(text))
     # Without a log (no temporary folder), every 255 counts as lost, as ssh(1) documents it.
-    if code == 255 and (text is None or link_lost(code, text)):
+    if text is not None and host_key_refused(code, text):
+        sys.stderr.write(f"{HOST_KEY_PREFIX}{find_host(args)} (Host key verification failed)\n")
+    elif code == 255 and (text is None or link_lost(code, text)):
         sys.stderr.write(f"{LOST_PREFIX}{find_host(args)} (ssh exit status 255)\n")
     sys.stderr.flush()
     return code if code >= 0 else 128 - code

@@ -19,6 +19,7 @@ from dtlaunch.core.errors import DtlaunchError, UsageError
 SBATCH_TIMEOUT = 60.0
 DEFAULT_OUTPUT = "dtlaunch-%j.out"
 _OUTPUT_OPTIONS = ("-o", "--output")
+_CHDIR_OPTIONS = ("-D", "--chdir")
 
 
 @dataclass(frozen=True)
@@ -28,21 +29,20 @@ class SubmitPlan:
     dry_run: bool
     output: str  # the job's output file, %j for the job id
     script: str  # the batch script's text
+    workdir: str | None = None  # sbatch's --chdir: where the job runs (None: here)
 
 
 def parse_submit_args(args: Sequence[str]) -> tuple[tuple[tuple[str, str | None], ...],
                                                     tuple[str, ...], bool]:
-    """sbatch options (`-N 2`, `-N2`, `--time=10`, `--time 10`, `--exclusive`), --dry-run,
-    then `--` and the run part. A value is a next word that does not start with '-'."""
+    """sbatch options (`-N 2`, `-N2`, `--time=10`, `--time 10`, `--exclusive`, or none),
+    --dry-run, then `--` and the run part, as typed (the CLI keeps the `--`). A value is a
+    next word that does not start with '-'."""
     args = list(args)
-    if "--" in args:
-        cut = args.index("--")
-        before, run = args[:cut], args[cut + 1:]
-    elif args and not args[0].startswith("-"):
-        before, run = [], args  # `dtlaunch submit -- prog.py`: click took the `--`
-    else:
+    if "--" not in args:
         raise UsageError("submit: put -- between the sbatch options and the run command, "
                          "e.g. dtlaunch submit -N 2 -t 30 -- train.py")
+    cut = args.index("--")
+    before, run = args[:cut], args[cut + 1:]
     if not run:
         raise UsageError("submit: missing the command after --; e.g. dtlaunch submit -N 2 -- train.py")
     options: list[tuple[str, str | None]] = []
@@ -78,8 +78,9 @@ def plan_submit(args: Sequence[str], python: str = sys.executable) -> SubmitPlan
     if output is None:
         output = DEFAULT_OUTPUT
         options = (*options, ("--output", output))
+    workdir = next((v for o, v in options if o in _CHDIR_OPTIONS and v), None)
     script = build_batch_script(options, [python, "-m", "dtlaunch", "run", *run_args])
-    return SubmitPlan(options, run_args, dry_run, output, script)
+    return SubmitPlan(options, run_args, dry_run, output, script, workdir)
 
 
 def output_path(output: str, job_id: str, cwd: str) -> str:

@@ -83,7 +83,9 @@ def build_run_request(run: RunArgs, hvd: HorovodArgs, words: tuple[str, ...],
     program = parse_command(words, python=interpreter, module=run.module,
                             python_given=run.python is not None, is_file=os.path.isfile,
                             known_options=known_options)
-    from_file = read_env_file(run.env_file) if run.env_file is not None else ()
+    # With this environment, a bare NAME the file names but nobody set is refused with the
+    # file's name and line (not as -x's --env).
+    from_file = read_env_file(run.env_file, os.environ) if run.env_file is not None else ()
     return RunRequest(
         hosts=run.hosts,
         python=interpreter,

@@ -17,6 +17,9 @@ class Failure:
     signal: int | None = None
     reason: str = ""  # for failures that are not a rank's exit (lost daemon, ssh failure)
     option: str | None = None  # an option the launcher refused, as it names it
+    # A failure no restart can help, as the restart loop's stop kind: "host-key" (ssh refused
+    # `host`'s key; it would again), "allocation" (the Slurm job itself ended: no node left).
+    final: str | None = None
 
     def describe(self) -> str:
         who = f"rank {self.rank}" if self.rank is not None else "a process"

@@ -111,7 +111,11 @@ class PreflightOutcome:
 
 def failure_message(report: DoctorReport | None, job_started: bool) -> str:
     """The one line that ends a run whose pre-flight failed."""
-    bad = sorted({f"{host} ({check.name})" for host, check in report.failures()}) if report else []
+    def label(name: str) -> str:  # through srun the ssh column is the launch path
+        return report.ssh_label if report is not None and name == "ssh" else name
+
+    bad = sorted({f"{host} ({label(check.name)})" for host, check in report.failures()}) \
+        if report else []
     outcome = "the job did not start" if job_started else "not launching"
     return ("pre-flight checks failed: " + ", ".join(bad)
             + f"; {outcome} (fix the problems above, or pass --no-check)")

@@ -16,6 +16,16 @@ from dtlaunch.core.errors import UsageError
 
 LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL")
 
+# Horovod reads its whole-number variables into a C int: more would wrap around there.
+C_INT_MAX = 2**31 - 1
+# A year and a day, as for dtlaunch's own seconds (cli_options.MAX_SECONDS).
+MAX_SECONDS = 366 * 86400
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
+
+
 # Value types (of a Setting, or of what an option takes).
 INT, FLOAT, STR, BOOL, LEVEL = "int", "float", "str", "bool", "level"
 
@@ -33,6 +43,7 @@ class Setting:
     maximum: float | None = None
     # How the value becomes the variable: plain str(), 1/0, 0/1, MiB -> bytes, "1" or unset.
     encode: str = "plain"  # plain | bool | inverse | mebibytes | true_only
+    unit: str = ""  # after the maximum in an error line: " (1 TiB)"
 
     def check(self, value: Any, where: str) -> Any:
         """The value, or a UsageError naming `where` (a flag or a config-file position)."""
@@ -48,9 +59,12 @@ class Setting:
         if self.type == LEVEL and value.upper() not in LOG_LEVELS:
             raise UsageError(f"{where}: expected one of {', '.join(LOG_LEVELS)}, got {value!r}")
         if self.minimum is not None and value < self.minimum:
-            raise UsageError(f"{where}: must be >= {self.minimum:g}, got {value!r}")
-        if self.maximum is not None and value > self.maximum:
-            raise UsageError(f"{where}: must be <= {self.maximum:g}, got {value!r}")
+            raise UsageError(f"{where}: must be >= {_number(self.minimum)}, got {value!r}")
+        maximum = self.maximum if self.maximum is not None else (
+            C_INT_MAX if self.type == INT else None)
+        if maximum is not None and value > maximum:
+            raise UsageError(f"{where}: must be at most {_number(maximum)}{self.unit}, "
+                             f"got {value!r}")
         return value
 
     def variable(self, value: Any) -> str | None:
@@ -74,10 +88,13 @@ def _s(dest: str, type_: str, env: str, section: str | None, key: str | None = N
 
 # In horovodrun's order (set_env_from_args), which is the order of the variables.
 SETTINGS: tuple[Setting, ...] = (
+    # Bounded like -np: far past any real use, a typo rather than a setting.
     _s("fusion_threshold_mb", INT, "HOROVOD_FUSION_THRESHOLD", "params", minimum=0,
-       encode="mebibytes"),
-    _s("cycle_time_ms", FLOAT, "HOROVOD_CYCLE_TIME", "params", minimum=0),
-    _s("cache_capacity", INT, "HOROVOD_CACHE_CAPACITY", "params", minimum=0),
+       maximum=1 << 20, unit=" MiB (1 TiB)", encode="mebibytes"),
+    _s("cycle_time_ms", FLOAT, "HOROVOD_CYCLE_TIME", "params", minimum=0, maximum=3_600_000,
+       unit=" ms (an hour)"),
+    _s("cache_capacity", INT, "HOROVOD_CACHE_CAPACITY", "params", minimum=0,
+       maximum=10_000_000),
     _s("hierarchical_allreduce", BOOL, "HOROVOD_HIERARCHICAL_ALLREDUCE", "params", encode="bool"),
     _s("hierarchical_allgather", BOOL, "HOROVOD_HIERARCHICAL_ALLGATHER", "params", encode="bool"),
     _s("torus_allreduce", BOOL, "HOROVOD_TORUS_ALLREDUCE", "params", encode="bool"),
@@ -98,15 +115,18 @@ SETTINGS: tuple[Setting, ...] = (
     _s("no_stall_check", BOOL, "HOROVOD_STALL_CHECK_DISABLE", "stall_check", "enabled",
        encode="bool"),
     _s("stall_check_warning_time_seconds", INT, "HOROVOD_STALL_CHECK_TIME_SECONDS", "stall_check",
-       "warning_time_seconds", minimum=0),
+       "warning_time_seconds", minimum=0, maximum=MAX_SECONDS, unit=" s (a year and a day)"),
     _s("stall_check_shutdown_time_seconds", INT, "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS",
-       "stall_check", "shutdown_time_seconds", minimum=0),
+       "stall_check", "shutdown_time_seconds", minimum=0, maximum=MAX_SECONDS,
+       unit=" s (a year and a day)"),
     _s("mpi_threads_disable", BOOL, "HOROVOD_MPI_THREADS_DISABLE", "library_options",
        encode="bool"),
-    _s("num_nccl_streams", INT, "HOROVOD_NUM_NCCL_STREAMS", "library_options", minimum=0),
+    _s("num_nccl_streams", INT, "HOROVOD_NUM_NCCL_STREAMS", "library_options", minimum=0,
+       maximum=1024),
     _s("tcp_flag", BOOL, "NCCL_IB_DISABLE", None, None, encode="true_only"),
     _s("thread_affinity", INT, "HOROVOD_THREAD_AFFINITY", "library_options", minimum=0),
-    _s("gloo_timeout_seconds", INT, "HOROVOD_GLOO_TIMEOUT_SECONDS", "library_options", minimum=0),
+    _s("gloo_timeout_seconds", INT, "HOROVOD_GLOO_TIMEOUT_SECONDS", "library_options", minimum=0,
+       maximum=MAX_SECONDS, unit=" s (a year and a day)"),
     _s("log_level", LEVEL, "HOROVOD_LOG_LEVEL", "logging", "level"),
     _s("log_with_timestamp", BOOL, "HOROVOD_LOG_HIDE_TIME", "logging", "with_timestamp",
        encode="inverse"),

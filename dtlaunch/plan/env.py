@@ -204,8 +204,14 @@ def kept_home_note(environ: Mapping[str, str], plan: EnvPlan, limit: int = 8) ->
 MAX_ENV_FILE_BYTES = 1 << 20
 
 
-def _unquote(value: str) -> str:
-    if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+def _unquote(value: str, where: str, name: str) -> str:
+    """One pair of matching quotes around the value goes; a value that opens a quote and does
+    not close it (`A="abc`) is an error rather than a value with a stray quote in it."""
+    if value[:1] in ("'", '"'):
+        quote = value[0]
+        if len(value) < 2 or value[-1] != quote:
+            raise UsageError(f"{where}: the value of {name} opens a {quote} quote that the line "
+                             f"does not close; quote the whole value or none of it")
         return value[1:-1]
     return value
 
@@ -217,9 +223,11 @@ def parse_env_file_text(text: str, path: str = "env file",
     Blank lines and lines starting with '#' are skipped; `export NAME=VALUE` is accepted; one
     pair of matching quotes around a value is removed, nothing else is interpreted (no
     escapes, no $VARIABLES). A bare `NAME` sends this machine's value, like `-x NAME`; with
-    `environ`, a bare name that is not set is an error here, with its line."""
+    `environ`, a bare name that is not set is an error here, with its line. A UTF-8 byte order
+    mark at the start (editors on Windows write one) is not part of the first name."""
     items: list[str] = []
     first: dict[str, int] = {}
+    text = text.removeprefix("\ufeff")
     for lineno, raw in enumerate(text.splitlines(), start=1):
         where = f"{path}:{lineno}"
         line = raw.strip()
@@ -237,7 +245,7 @@ def parse_env_file_text(text: str, path: str = "env file",
         first[name] = lineno
         if not sep and environ is not None and name not in environ:
             raise UsageError(f"{where}: {name} is not set here; give it as {name}=VALUE")
-        items.append(f"{name}={_unquote(value)}" if sep else name)
+        items.append(f"{name}={_unquote(value, where, name)}" if sep else name)
     return tuple(items)
 
 

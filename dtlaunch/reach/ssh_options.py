@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from dataclasses import dataclass
 
 from dtlaunch.core.errors import UsageError
@@ -37,12 +38,32 @@ class SshOptions:
         return tuple(args)
 
 
+def _check_file(value: str, option: str, devnull_ok: bool) -> None:
+    """A regular file (or, where ssh takes it to mean "none", /dev/null); anything else is
+    named for what it is."""
+    from dtlaunch.core.textfile import file_kind
+
+    try:
+        mode = os.stat(value).st_mode
+    except FileNotFoundError:
+        raise UsageError(f"{option}: no such file: {value}") from None
+    except OSError as exc:
+        raise UsageError(f"{option}: cannot read {value}: {exc.strerror or exc}") from None
+    if stat.S_ISREG(mode):
+        return
+    if devnull_ok and stat.S_ISCHR(mode) and os.path.realpath(value) == os.devnull:
+        return
+    raise UsageError(f"{option}: {value} is {file_kind(mode)}")
+
+
 def ssh_options_from(port: int | None, identity: str | None, config: str | None,
                      timeout: int, accept_new: bool) -> SshOptions:
-    """The command line's SSH options, checked: the files exist."""
-    for value, option in ((identity, "--ssh-identity-file"), (config, "--ssh-config")):
-        if value is not None and not os.path.isfile(value):
-            raise UsageError(f"{option}: no such file: {value}")
+    """The command line's SSH options, checked: the files exist and are files.
+    `--ssh-config /dev/null` is ssh's own way to read no config file (`ssh -F /dev/null`)."""
+    if identity is not None:
+        _check_file(identity, "--ssh-identity-file", devnull_ok=False)
+    if config is not None:
+        _check_file(config, "--ssh-config", devnull_ok=True)
     return SshOptions(port=port, identity_file=identity, config_file=config,
                       connect_timeout=timeout,
                       host_key_policy="accept-new" if accept_new else "yes")

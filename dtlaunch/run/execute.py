@@ -62,7 +62,9 @@ def execute(
     env: Mapping[str, str],
     rank_hosts: Sequence[str],
     timeout: float | None = None,
+    timeout_total: float | None = None,
     output_dir: Path | None = None,
+    log_label: str | None = None,
     announce: Callable[[str], None] = lambda msg: None,
     stop_when: Callable[[], str | None] | None = None,
     new_demux: Callable[[str], OutputDemux] | None = None,
@@ -83,7 +85,7 @@ def execute(
                                 f"{exc.strerror or exc}") from None
     for path, text in support_files:
         write_private_executable(Path(path), text)
-    out = JobOutput(rank_hosts, output_dir, timestamps=prefix_timestamp,
+    out = JobOutput(rank_hosts, output_dir, timestamps=prefix_timestamp, log_label=log_label,
                     new_demux=new_demux or family.new_demux)
     # Open MPI's mpirun ends the job when a rank fails; Hydra waits for the others, which may
     # wait forever for the failed one, so dtlaunch ends it on the rank's exit record.
@@ -126,6 +128,7 @@ def execute(
     deadline = time.monotonic() + timeout if timeout else None
     timed_out = False
     lost_host: str | None = None
+    key_refused: str | None = None
     stopped_for: str | None = None
     stop_requested_at: float | None = None
     # A thread blocks in wait() so the job's end is seen at once; the main thread stays free
@@ -145,7 +148,14 @@ def execute(
                 _signal(proc, signal.SIGTERM)
             if deadline is not None and now >= deadline and not timed_out:
                 timed_out = True
-                announce(f"job still running after --timeout {timeout:g} s: stopping it")
+                announce(f"job still running after --timeout {timeout:g} s: stopping it"
+                         if timeout_total is None else
+                         f"job still running at the end of --timeout {timeout_total:g} s (all "
+                         "attempts together): stopping it")
+                _signal(proc, signal.SIGTERM)
+            if out.host_key_refused is not None and key_refused is None:
+                key_refused = out.host_key_refused
+                announce(f"ssh refused the host key of host {key_refused}: stopping the job")
                 _signal(proc, signal.SIGTERM)
             if out.lost_host is not None and lost_host is None:
                 lost_host = out.lost_host
@@ -161,7 +171,7 @@ def execute(
                 if stopped_for is not None:
                     announce(stopped_for)
                     _signal(proc, signal.SIGTERM)
-            if (received or timed_out or lost_host or stopped_for or rank_failed) \
+            if (received or timed_out or lost_host or key_refused or stopped_for or rank_failed) \
                     and stop_requested_at is None:
                 stop_requested_at = now
             if stop_requested_at is not None and now - stop_requested_at > GRACE_SECONDS:
@@ -204,6 +214,9 @@ def execute(
         return LaunchResult(EXIT_TIMEOUT, kept, timed_out=True)
     if stopped_for is not None:
         return LaunchResult(exit_code or 1, Failure(reason=stopped_for))
+    key_refused = key_refused or out.host_key_refused
+    if key_refused is not None:
+        return LaunchResult(exit_code or 1, host_key_failure(key_refused))
     if lost_host is not None:
         lost = Failure(host=lost_host, reason=f"lost the SSH connection to host {lost_host}")
         return LaunchResult(exit_code or 1, lost)
@@ -217,6 +230,16 @@ def execute(
     if exit_code != 0 and failure is None:
         failure = Failure(reason=f"{family.launcher} exited with status {exit_code}")
     return LaunchResult(exit_code, failure)
+
+
+def host_key_failure(host: str) -> Failure:
+    """ssh refused a host's key (Host key verification failed): a changed or unknown key, not
+    a lost host; the fix is the user's, and restarting would be refused again."""
+    return Failure(host=host, final="host-key", reason=(
+        f"ssh refused the host key of host {host} (Host key verification failed): its key "
+        "changed or is not in known_hosts; if the change is expected, remove the old key "
+        "(ssh-keygen -R, as ssh's message says) and check the new one, or see 'dtlaunch "
+        "doctor' with the same hosts"))
 
 
 def first_failed_rank(exits: Mapping[int, str], rank_hosts: Sequence[str]) -> Failure | None:

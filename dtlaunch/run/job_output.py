@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, cast
 
-from dtlaunch.agents import LOST_PREFIX
+from dtlaunch.agents import HOST_KEY_PREFIX, LOST_PREFIX
 from dtlaunch.core.records import Event, Piece, RankExit, RankHost, RankNotStarted
 from dtlaunch.openmpi.output import OpenMpiDemux
 
@@ -56,16 +56,46 @@ def host_name(reported: str, predicted: str | None, given: Sequence[str]) -> str
     return reported
 
 
+LOG_NAMES = ("rank.*.log", "mpirun.log")
+
+
+def earlier_logs(directory: Path) -> list[str]:
+    """The log files an earlier run left in an --output-dir, sorted; [] when there are none."""
+    try:
+        return sorted({p.name for pattern in LOG_NAMES for p in directory.glob(pattern)},
+                      key=lambda n: (len(n), n))
+    except OSError:
+        return []
+
+
+def log_marker(label: str, host: str | None, when: float) -> bytes:
+    """The line that starts an attempt's (or a later run's) part of a log file."""
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(when))
+    where = f" on {host}" if host else ""
+    return f"--- dtlaunch: {label}{where}, {stamp} ---\n".encode("utf-8", "surrogateescape")
+
+
 class LogFiles:
     """`--output-dir`: DIR/rank.N.log (the rank's exact bytes) and DIR/mpirun.log. Opened for
-    each write of a gathered chunk and closed again, so no handle is held per rank."""
+    each write of a gathered chunk and closed again, so no handle is held per rank.
 
-    def __init__(self, directory: Path | None, warn: Callable[[str], None]) -> None:
+    A file that already has content (an earlier attempt's, or an earlier run's), or any file
+    when ``label`` is given (each attempt under --max-restarts), gets a marker line first,
+    `--- dtlaunch: attempt 2 (restart 1) on h3, <time> ---`, on a line of its own."""
+
+    def __init__(self, directory: Path | None, warn: Callable[[str], None],
+                 label: str | None = None,
+                 host_of: Callable[[str], str | None] = lambda key: None,
+                 clock: Callable[[], float] = time.time) -> None:
         self.directory = directory
         self.warn = warn
         self.buffers: dict[str, bytearray] = {}
         self.held = 0
         self.failed: set[str] = set()
+        self.label = label
+        self.host_of = host_of
+        self.clock = clock
+        self.started: set[str] = set()  # files this run has written to already
 
     def write(self, key: str, data: bytes) -> None:
         if self.directory is None or key in self.failed:
@@ -84,12 +114,32 @@ class LogFiles:
         assert self.directory is not None
         path = self.directory / f"{key}.log"
         try:
-            with open(path, "ab") as handle:
+            with open(path, "ab+") as handle:
+                if key not in self.started:
+                    self.started.add(key)
+                    handle.write(self._marker(handle, key))  # O_APPEND: at the end
                 handle.write(data)
         except OSError as exc:
             self.failed.add(key)
             self.warn(f"cannot write {path}: {exc.strerror or exc}; no more of it is written "
                       "there (the console still shows everything)")
+
+    def _marker(self, handle: BinaryIO, key: str) -> bytes:
+        """What goes before this run's first bytes in the file: nothing for a new file
+        without a label; else a line break if the file's last line is open, and the marker."""
+        size = handle.seek(0, os.SEEK_END)
+        if size == 0 and self.label is None:
+            return b""
+        head = b""
+        if size:
+            handle.seek(size - 1)
+            if handle.read(1) != b"\n":
+                head = b"\n"  # an earlier part that ended mid-line stays whole
+            handle.seek(0, os.SEEK_END)
+        host = self.host_of(key) if key != "mpirun" else None
+        label = self.label or "a new run"
+        what = f"{label}, {key.replace('.', ' ')}" if key != "mpirun" else f"{label}, mpirun"
+        return head + log_marker(what, host, self.clock())
 
     def flush(self) -> None:
         for key in list(self.buffers):
@@ -124,7 +174,8 @@ class JobOutput:
     def __init__(self, rank_hosts: Sequence[str], output_dir: Path | None, *,
                  new_demux: Callable[[str], OutputDemux] | None = None,
                  timestamps: bool = False, stdout: BinaryIO | None = None,
-                 stderr: BinaryIO | None = None, clock: Callable[[], float] = time.time) -> None:
+                 stderr: BinaryIO | None = None, clock: Callable[[], float] = time.time,
+                 log_label: str | None = None) -> None:
         self.predicted = tuple(rank_hosts)
         self.reported: dict[int, str] = {}
         self.exits: dict[int, str] = {}
@@ -138,10 +189,11 @@ class JobOutput:
         self.since: dict[tuple[int, str], float] = {}
         self.launcher_lines: deque[str] = deque(maxlen=400)
         self.lost_host: str | None = None
+        self.host_key_refused: str | None = None  # a host whose key ssh refused
         self.broken_pipe = False
         self.timestamps = timestamps
         self.clock = clock
-        self.logs = LogFiles(output_dir, self._warn)
+        self.logs = LogFiles(output_dir, self._warn, log_label, self._log_host, clock)
 
     # --- what the pumps and the main loop call ------------------------------------------------
 
@@ -175,6 +227,14 @@ class JobOutput:
             self.logs.flush()  # first: its warning must reach the console too
             self._write()
 
+    def _log_host(self, key: str) -> str | None:
+        """The host of `rank.N`, for its log's marker line."""
+        rank = int(key.split(".", 1)[1]) if key.startswith("rank.") else -1
+        if rank < 0:
+            return None
+        return self.reported.get(rank) or (self.predicted[rank] if rank < len(self.predicted)
+                                           else None)
+
     def rank_hosts(self) -> tuple[str, ...]:
         """rank -> host: where each rank said it runs, else where it was expected to."""
         count = max([len(self.predicted), *(r + 1 for r in self.reported)])
@@ -201,6 +261,9 @@ class JobOutput:
             if line.startswith(LOST_PREFIX) and self.lost_host is None:
                 words = line[len(LOST_PREFIX):].split()
                 self.lost_host = words[0] if words else "?"
+            if line.startswith(HOST_KEY_PREFIX) and self.host_key_refused is None:
+                words = line[len(HOST_KEY_PREFIX):].split()
+                self.host_key_refused = words[0] if words else "?"
             if line.strip():
                 self.launcher_lines.append(line)
         self._put("stderr", -1, data if data.endswith(b"\n") else data + b"\n", b"")
@@ -251,6 +314,12 @@ class JobOutput:
         if console.open is not None and console.open != rank:
             console.out.append(b"\n")  # another rank's open line (or progress bar) ends here
             console.open = None
+        if console.open is not None and console.at_start and data[:1] == b"\n":
+            # A line break right after a redraw's \r (`50%\r` then `\n`): the redrawn line
+            # stays as it is and ends here, with no empty tagged line after it.
+            console.out.append(b"\n")
+            console.open, console.at_start = None, False
+            data = data[1:]
         if console.open is None:
             data = data.lstrip(b"\r")  # nothing of this rank's on the line to draw over
             if not data:

@@ -16,8 +16,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from types import FrameType
 
+from dtlaunch.core.errors import EXIT_TIMEOUT
 from dtlaunch.core.failure import Failure
 from dtlaunch.core.interrupts import Interrupted, signals_raise
+from dtlaunch.doctor.doctor import COMMAND_TIMEOUT
 from dtlaunch.plan.hosts import Host
 from dtlaunch.probe import reach_for
 from dtlaunch.run.restart_report import build_report_json, build_report_lines
@@ -75,14 +77,25 @@ def launch_with_restarts(request: LaunchRequest, policy: RestartPolicy, on_event
     first = prepare(request.run, on_event).plan
     check_policy(policy, len(first.rank_hosts))
     pending = _PendingSignals()
+    # --timeout is the whole job's: each attempt gets what is left of it.
+    deadline = time.time() + request.timeout if request.timeout is not None else None
+
+    def time_left() -> float | None:
+        return None if deadline is None else deadline - time.time()
 
     def run_attempt(hosts: tuple[Host, ...], num_proc: int, count: int) -> AttemptOutcome:
         if pending.received:
             return AttemptOutcome(128 + pending.received[0], interrupted_by=pending.received[0])
+        left = time_left()
+        if left is not None and left <= 0:
+            return AttemptOutcome(EXIT_TIMEOUT, timed_out=True)
         run = replace(request.run, hosts=hosts, num_proc=num_proc,
                       env_items=with_restart_count(request.run.env_items, count))
         # The first attempt runs the ordinary pre-flight; later ones were re-checked just before.
-        outcome = launch(replace(request, run=run, check=request.check and count == 0), on_event)
+        outcome = launch(replace(request, run=run, check=request.check and count == 0,
+                                 deadline=deadline,
+                                 log_label=f"attempt {count + 1} (DTLAUNCH_RESTART_COUNT={count})"),
+                         on_event)
         if outcome.result is None:
             for line in (outcome.error or "pre-flight checks failed").splitlines():
                 on_event(Event(EventLevel.NOTE, line))
@@ -99,10 +112,14 @@ def launch_with_restarts(request: LaunchRequest, policy: RestartPolicy, on_event
         # Inside a Slurm job the re-check goes through srun like the first pre-flight: the
         # allocated nodes may not be reachable over SSH at all.
         reach = reach_for(run.launcher)
+        limit = request.start_timeout
+        left = time_left()
+        if left is not None:  # the re-check too ends by the job's deadline
+            limit = max(1.0, min(limit if limit is not None else COMMAND_TIMEOUT, left))
         try:
             with signals_raise():
                 checked = run_preflight(run, prepared.plan, job_started=True, reach=reach,
-                                        command_timeout=request.start_timeout)
+                                        command_timeout=limit)
         except KeyboardInterrupt:  # ends the loop at the sleep that follows
             pending.handler(signal.SIGINT, None)
             return {}
@@ -115,14 +132,16 @@ def launch_with_restarts(request: LaunchRequest, policy: RestartPolicy, on_event
         failing: dict[str, str] = {}
         for host, check in checked.report.failures():
             if host in names and host not in failing:
-                failing[host] = f"{check.name}: {check.detail}"
+                # Through srun the "ssh" check is the launch path: say srun, not ssh.
+                label = "srun" if check.name == "ssh" and reach is not None else check.name
+                failing[host] = f"{label}: {check.detail}"
         return failing
 
     def show(event: RestartEvent) -> None:
         on_event(Event(EventLevel.NOTE, f"[{time.strftime('%H:%M:%S')}] {event.text}"))
 
     report = run_with_restarts(first.hosts, len(first.rank_hosts), policy, run_attempt,
-                               recheck, pending.sleep, on_event=show)
+                               recheck, pending.sleep, on_event=show, deadline=deadline)
     if request.output_dir:
         Path(request.output_dir).mkdir(parents=True, exist_ok=True)
         target = Path(request.output_dir) / "attempts.json"

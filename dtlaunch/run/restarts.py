@@ -2,7 +2,8 @@
 and on which hosts, and drive the attempts. Pure policy plus a loop over injected callables.
 
 The policy, in order (``check_stop`` then ``blame_hosts``, the re-check, ``plan_next``):
-- success, the user's interrupt (SIGINT/SIGTERM/SIGHUP) and ``--timeout`` end the loop;
+- success, the user's interrupt (SIGINT/SIGTERM/SIGHUP) and ``--timeout`` end the loop; the
+  time limit is the whole job's, every attempt, re-check and delay together (exit 124);
 - no restarts left, or the same failure twice in a row (a bug, not bad luck), end it early;
 - a lost host is dropped; the host of a rank killed by a signal is dropped unless it is the only
   one left (a one-machine job is restarted where it is, and the re-check decides);
@@ -18,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from dtlaunch.core.errors import DtlaunchError, UsageError
+from dtlaunch.core.errors import EXIT_TIMEOUT, DtlaunchError, UsageError
 from dtlaunch.core.failure import Failure, signal_name
 from dtlaunch.plan.hosts import Host, total_slots
 
@@ -38,14 +39,15 @@ class RestartPolicy:
     oversubscribe: bool = False  # -np may exceed slots: keep it when hosts are dropped
 
 
-def check_policy(policy: RestartPolicy, num_proc: int) -> RestartPolicy:
-    """Reject options that cannot mean anything; ``num_proc`` is the first attempt's -np."""
+def check_policy(policy: RestartPolicy, num_proc: int | None) -> RestartPolicy:
+    """Reject options that cannot mean anything; ``num_proc`` is the first attempt's -np
+    (None: not known yet, e.g. before the hosts are)."""
     if not 0 <= policy.max_restarts <= MAX_RESTARTS_LIMIT:
         raise UsageError(f"--max-restarts: must be between 0 and {MAX_RESTARTS_LIMIT}, "
                          f"got {policy.max_restarts}")
     if policy.min_np < 1:
         raise UsageError(f"--min-np: must be at least 1, got {policy.min_np}")
-    if policy.min_np > num_proc:
+    if num_proc is not None and policy.min_np > num_proc:
         raise UsageError(f"--min-np {policy.min_np} is more than the job's {num_proc} processes")
     if not policy.delay >= 0:  # also rejects NaN
         raise UsageError(f"--restart-delay: must be 0 or more seconds, got {policy.delay}")
@@ -79,8 +81,8 @@ def outcome_from_launch(result: LaunchResult) -> AttemptOutcome:
 
 @dataclass(frozen=True)
 class Stop:
-    kind: str  # finished interrupted timeout refused-option no-restarts-left repeated no-hosts
-    # min-np recheck-error
+    kind: str  # finished interrupted timeout refused-option host-key allocation
+    # no-restarts-left repeated no-hosts min-np recheck-error
     reason: str
 
 
@@ -109,7 +111,7 @@ def failure_signature(outcome: AttemptOutcome) -> tuple[object, ...] | None:
 
 def is_lost_host(failure: Failure | None) -> bool:
     return (failure is not None and failure.host is not None and failure.rank is None
-            and failure.signal is None and failure.exit_code is None)
+            and failure.signal is None and failure.exit_code is None and failure.final is None)
 
 
 def check_stop(outcome: AttemptOutcome, previous: AttemptOutcome | None, restarts_used: int,
@@ -121,6 +123,12 @@ def check_stop(outcome: AttemptOutcome, previous: AttemptOutcome | None, restart
         return Stop("timeout", "the job ran longer than --timeout; a timeout is never restarted")
     if outcome.exit_code == 0:
         return Stop("finished", "finished")
+    if outcome.failure is not None and outcome.failure.final is not None:
+        why = {"host-key": "ssh would refuse it again; a changed key is never taken for a lost "
+                           "host",
+               "allocation": "its nodes went with it: nothing to re-check or restart on"}
+        return Stop(outcome.failure.final, f"{outcome.describe()}; not restarting "
+                                           f"({why.get(outcome.failure.final, 'final')})")
     if outcome.failure is not None and outcome.failure.option is not None:
         return Stop("refused-option", f"{outcome.describe()}; the same command line would be "
                                       "refused again: not restarting")
@@ -236,6 +244,7 @@ def run_with_restarts(
     sleep: Sleep,
     clock: Callable[[], float] = time.time,
     on_event: Callable[[RestartEvent], None] = lambda event: None,
+    deadline: float | None = None,
 ) -> RestartReport:
     """Run attempts until one ends the loop (see the module doc).
 
@@ -245,6 +254,9 @@ def run_with_restarts(
     DtlaunchError (a failure that must stop everything, like a changed host key) ends the loop.
     ``sleep(seconds)`` waits, returning at once with the signal number if one arrives (or is
     already pending; it is also called with 0 before every restart to ask).
+    ``deadline`` (on ``clock``'s scale): ``--timeout`` for the whole job. ``run_attempt``
+    bounds each attempt by it; the loop stops with exit 124 once it has passed, and waits
+    for a delay no longer than what is left.
     """
     current: tuple[Host, ...] = tuple(hosts)
     records: list[AttemptRecord] = []
@@ -256,6 +268,13 @@ def run_with_restarts(
         on_event(RestartEvent("stop", clock(), stop.reason, {"kind": stop.kind,
                                                              "exit_code": exit_code}))
         return RestartReport(tuple(records), exit_code, stop, policy.max_restarts)
+
+    def out_of_time(when: str) -> RestartReport | None:
+        if deadline is None or clock() < deadline:
+            return None
+        return finish(Stop("timeout", f"--timeout reached {when}; the time limit covers every "
+                                      "attempt, re-check and delay: not restarting"),
+                      EXIT_TIMEOUT)
 
     while True:
         number = len(records)
@@ -292,6 +311,9 @@ def run_with_restarts(
         recheck_s = clock() - check_started
         on_event(RestartEvent("recheck-end", clock(), f"re-check done in {recheck_s:.1f} s",
                               {"failing": dict(failing), "seconds": recheck_s}))
+        late = out_of_time("during the re-check")
+        if late is not None:
+            return late
         for name, why in failing.items():
             on_event(RestartEvent("drop", clock(), f"dropping {name}: {why}", {"host": name}))
         dropped = tuple({**blamed, **failing}.items())
@@ -301,9 +323,14 @@ def run_with_restarts(
         if policy.delay > 0:
             on_event(RestartEvent("wait", clock(), f"restarting in {policy.delay:g} s"))
         wait_started = clock()
-        signum = sleep(policy.delay)
+        delay = policy.delay if deadline is None else min(policy.delay,
+                                                          max(deadline - wait_started, 0.0))
+        signum = sleep(delay)
         waited_s = clock() - wait_started
         if signum is not None:
             return finish(Stop("interrupted", f"stopped by {signal_name(signum)} before a restart"),
                           EXIT_SIGNAL_BASE + signum)
+        late = out_of_time("before a restart")
+        if late is not None:
+            return late
         current, num_proc = decision.hosts, decision.num_proc

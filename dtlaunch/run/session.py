@@ -12,6 +12,7 @@ import os
 import shutil
 import signal
 import sys
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
@@ -57,6 +58,12 @@ class LaunchRequest:
     run: RunRequest
     check: bool = True  # run the pre-flight checks first
     timeout: float | None = None  # stop the whole job after this many seconds
+    # When the job must be over (time.time()), where attempts share one --timeout (restarts):
+    # the job then gets what is left of it when it starts, after the pre-flight.
+    deadline: float | None = None
+    # Under --max-restarts, "attempt 2 (DTLAUNCH_RESTART_COUNT=1)": each --output-dir log's
+    # part of this attempt starts with a marker line naming it and the rank's host.
+    log_label: str | None = None
     output_dir: str | None = None  # also write each rank's output to DIR/rank.N.log
     use_cache: bool = True  # False (--disable-cache): the full pre-flight checks every time
     start_timeout: float | None = None  # seconds each host's pre-flight checks may run
@@ -218,12 +225,17 @@ def launch(request: LaunchRequest, on_event: OnEvent, *, executor: Executor | No
     argv = plan.launch_argv or plan.argv
     # Through Slurm no ssh link shows a lost node: a heartbeat step watches them instead.
     nodes = node_watch_for(run_request.launcher, plan.rank_hosts, run_request.python)
+    timeout, total = request.timeout, None
+    if request.deadline is not None:
+        timeout, total = max(request.deadline - time.time(), 0.001), request.timeout
     try:
         result = executor(
             (prepared.mpirun or plan.family.launcher, *argv[1:]),
             plan.launcher_env,
             plan.rank_hosts,
-            timeout=request.timeout,
+            timeout=timeout,
+            timeout_total=total,
+            log_label=request.log_label,
             output_dir=Path(request.output_dir) if request.output_dir else None,
             announce=lambda text: on_event(Event(EventLevel.NOTE, text)),
             stop_when=nodes.stop_reason if nodes is not None else None,
@@ -236,6 +248,10 @@ def launch(request: LaunchRequest, on_event: OnEvent, *, executor: Executor | No
         if nodes is not None:
             nodes.close()
     result = blame(result, nodes)
+    if run_request.launcher == "slurm":
+        from dtlaunch.run.slurm_watch import blame_allocation
+
+        result = blame_allocation(result, os.environ.get("SLURM_JOB_ID"))
     if result.failure is not None and result.failure.option is not None:
         from dtlaunch.core.failure import blame_mpi_args
 

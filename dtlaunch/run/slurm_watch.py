@@ -184,6 +184,82 @@ def node_watch_for(launcher: str, hosts: Sequence[str], python: str) -> NodeWatc
     return NodeWatch(list(dict.fromkeys(hosts)), python, shutil.which("srun") or "srun")
 
 
+# Slurm job states after which the allocation is gone (squeue's long names). COMPLETING is
+# one too, seen from inside: the job's steps are being killed while its salloc or batch
+# script (dtlaunch) still runs, which only scancel, the time limit or a failure does.
+_ENDED_STATES = ("CANCELLED", "TIMEOUT", "DEADLINE", "FAILED", "NODE_FAIL", "PREEMPTED",
+                 "BOOT_FAIL", "OUT_OF_MEMORY", "COMPLETED", "REVOKED", "COMPLETING")
+_FIELD = re.compile(r"\b(JobState|Reason|RunTime|TimeLimit)=(\S+)")
+
+
+def _seconds(text: str) -> float | None:
+    """Slurm's [days-]hours:minutes:seconds (or minutes:seconds); None for UNLIMITED."""
+    days, _, rest = text.rpartition("-")
+    parts = rest.split(":")
+    if not all(p.isdigit() for p in parts) or (days and not days.isdigit()) or len(parts) > 3:
+        return None
+    total = 0
+    for part in parts:
+        total = total * 60 + int(part)
+    return total + int(days or 0) * 86400
+
+
+def parse_job_end(text: str) -> str | None:
+    """How a job ended from `scontrol show job -o`: its state, where COMPLETING is read as
+    TIMEOUT past the time limit, CANCELLED without another reason. None while it runs. Pure."""
+    fields: dict[str, str] = dict(_FIELD.findall(text))
+    state = fields.get("JobState")
+    if state not in _ENDED_STATES:
+        return None
+    if state == "COMPLETING":
+        run, limit = _seconds(fields.get("RunTime", "")), _seconds(fields.get("TimeLimit", ""))
+        if run is not None and limit is not None and run >= limit:
+            return "TIMEOUT"
+        reason = fields.get("Reason", "None")
+        return "CANCELLED" if reason == "None" else reason
+    return state
+
+
+def allocation_end(job_id: str, scontrol: str = "scontrol", timeout: float = 10.0) -> str | None:
+    """How the Slurm job `job_id` ended, when it has (its state: CANCELLED, TIMEOUT, ...;
+    "gone" when slurmctld no longer knows it); None while it runs or when nobody can tell."""
+    from dtlaunch.core.bounded import run_bounded
+
+    try:
+        code, out = run_bounded([scontrol, "show", "job", "-o", job_id], timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if code != 0:
+        return "gone" if "Invalid job id" in out else None
+    return parse_job_end(out)
+
+
+def allocation_end_reason(job_id: str, state: str) -> str:
+    if state == "CANCELLED":
+        what = "was cancelled (scancel)"
+    elif state in ("TIMEOUT", "DEADLINE"):
+        what = "reached its time limit"
+    elif state == "gone":
+        what = "has ended (slurmctld no longer knows it)"
+    else:
+        what = f"has ended ({state})"
+    return f"the Slurm job {job_id} {what}"
+
+
+def blame_allocation(result: LaunchResult, job_id: str | None,
+                     end: Callable[[str], str | None] = allocation_end) -> LaunchResult:
+    """A job that failed inside a Slurm allocation that has itself ended (scancel, its time
+    limit) failed because of that, not of the node mpirun happened to name."""
+    if job_id is None or result.exit_code == 0 or result.interrupted_by is not None \
+            or result.timed_out:
+        return result
+    state = end(job_id)
+    if state is None:
+        return result
+    return replace(result, failure=Failure(reason=allocation_end_reason(job_id, state),
+                                           final="allocation"))
+
+
 def blame(result: LaunchResult, watch: NodeWatch | None) -> LaunchResult:
     """A job the watch stopped failed because of the lost node: say so, naming it (the restart
     loop drops a node named this way)."""

@@ -9,7 +9,7 @@ from unittest import mock
 
 from hypothesis import strategies as st
 
-from dtlaunch.horovod.settings import FLOAT, INT, LEVEL, LOG_LEVELS
+from dtlaunch.horovod.settings import FLOAT, INT, LEVEL, LOG_LEVELS, SETTING_BY_DEST
 
 NAME = st.text("abcdefghijklmnopqrstuvwxyz0123456789_./", min_size=1, max_size=12).filter(
     lambda s: not s.startswith("-"))
@@ -28,11 +28,13 @@ def oracle_env(argv: list[str]) -> dict[str, str]:
 
 
 def value_for(type_: str, setting_dest: str) -> st.SearchStrategy[Any]:
+    """Values horovodrun takes for a setting, within the limits dtlaunch holds it to."""
+    limit = SETTING_BY_DEST[setting_dest].maximum if setting_dest in SETTING_BY_DEST else None
     if type_ == INT:
-        return st.integers(0, 10**6)
+        return st.integers(0, min(10**6, int(limit if limit is not None else 10**6)))
     if type_ == FLOAT:
-        top = 1.0 if setting_dest == "autotune_gaussian_process_noise" else 1e6
-        return st.floats(0, top, allow_nan=False, allow_infinity=False)
+        return st.floats(0, min(1e6, limit if limit is not None else 1e6), allow_nan=False,
+                         allow_infinity=False)
     if type_ == LEVEL:
         return st.sampled_from(LOG_LEVELS)
     return NAME

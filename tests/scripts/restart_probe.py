@@ -2,10 +2,14 @@
 
 Writes OUT/attempt<DTLAUNCH_RESTART_COUNT>.rank<rank> (its host). Modes: fail-once (rank 1
 exits 3 in the first attempt), always-fail (rank 0 exits 1), hang-first (the first attempt's
-ranks sleep until stopped), ok.
+ranks sleep until stopped), fail-slow (rank 0 exits 10 + the attempt's number after 2.5 s, so
+no two attempts fail alike), kill-first (the first attempt's ranks print a line without its
+end, then rank 1 kills itself with SIGKILL and the others wait to be stopped; later attempts
+print `line <attempt> <rank>`), ok.
 """
 
 import os
+import signal
 import socket
 import sys
 import time
@@ -21,3 +25,15 @@ if mode == "always-fail" and rank == 0:
     sys.exit(1)
 if mode == "hang-first" and count == 0:
     time.sleep(600)
+if mode == "kill-first":
+    if count == 0:
+        sys.stdout.write(f"partial {count} {rank}")
+        sys.stdout.flush()
+        time.sleep(1)
+        if rank == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(600)
+    print(f"line {count} {rank}")
+if mode == "fail-slow" and rank == 0:
+    time.sleep(2.5)
+    sys.exit(10 + count)
