@@ -142,6 +142,20 @@ class SlurmCluster:
         path = self.dir / name
         return path.read_text(errors="replace") if path.exists() else ""
 
+    def job_state(self, job: str) -> str:
+        """The job's JobState as scontrol shows it now ("" when it is unknown)."""
+        show = self.run("scontrol", "show", "job", "-o", job, timeout=30).stdout
+        return next((w.split("=", 1)[1] for w in show.split() if w.startswith("JobState=")), "")
+
+    def wait_job_ended(self, job: str, within: float = 180) -> str:
+        """Wait until the job has left its pending and running states; its final state."""
+        deadline = time.monotonic() + within
+        while (state := self.job_state(job)) in ("PENDING", "RUNNING", "CONFIGURING",
+                                                 "COMPLETING", ""):
+            assert time.monotonic() < deadline, f"Slurm job {job} still {state or 'unknown'}"
+            time.sleep(0.5)
+        return state
+
     def node_states(self) -> dict[str, str]:
         out = self.run("sinfo", "-h", "-N", "-o", "%N %T", timeout=30).stdout
         return dict(line.split(None, 1) for line in out.splitlines() if line.strip())

@@ -13,13 +13,12 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
 from conftest import SCRIPTS, dtlaunch_argv
 from helpers.jobs import records, start_job
-from helpers.procs import cmdline, survivors, wait_for
+from helpers.procs import cmdline, survivors
 from slurm_bed import SlurmCluster
 
 pytestmark = pytest.mark.testbed
@@ -171,24 +170,12 @@ def test_submit_runs_every_rank_and_completes(slurm_cluster: SlurmCluster, tmp_p
     words = proc.stdout.split()
     job = words[words.index("job") + 1].rstrip(";")
     assert proc.stdout.strip().endswith(str(tmp_path / f"job-{job}.out"))
-    state = ""
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        show = slurm_cluster.run("scontrol", "show", "job", job, timeout=30).stdout
-        state = next((w.split("=", 1)[1] for w in show.split() if w.startswith("JobState=")), "")
-        if state not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", ""):
-            break
-        time.sleep(0.5)
+    state = slurm_cluster.wait_job_ended(job)
     text = (tmp_path / f"job-{job}.out").read_text()
     assert state == "COMPLETED", text
     for rank in range(4):
         assert f"rank {rank} of 4 on h" in text, text
     slurm_cluster.wait_idle(60)
-
-
-def job_state(cluster: SlurmCluster, job: str) -> str:
-    show = cluster.run("scontrol", "show", "job", "-o", job, timeout=30).stdout
-    return next((w.split("=", 1)[1] for w in show.split() if w.startswith("JobState=")), "")
 
 
 def submitted_job(proc: subprocess.CompletedProcess[str]) -> str:
@@ -208,7 +195,7 @@ def test_submit_takes_the_forms_the_readme_names(slurm_cluster: SlurmCluster, tm
     assert proc.returncode == 0, proc.stderr
     job = submitted_job(proc)
     try:
-        assert job_state(slurm_cluster, job) == "PENDING"
+        assert slurm_cluster.job_state(job) == "PENDING"
         stored = slurm_cluster.run("scontrol", "write", "batch_script", job, "-", timeout=30)
         assert stored.returncode == 0, stored.stderr
         assert f"-m dtlaunch run --no-check -np 1 {PROBE} --out {tmp_path}" in stored.stdout
@@ -222,11 +209,9 @@ def test_submit_with_no_sbatch_options_runs_and_completes(slurm_cluster: SlurmCl
                                             "--out", str(tmp_path)), timeout=120, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     job = submitted_job(proc)
-    wait_for(lambda: job_state(slurm_cluster, job) not in ("PENDING", "RUNNING", "CONFIGURING",
-                                                           "COMPLETING", ""),
-             f"Slurm job {job} to end", every=0.5)
+    state = slurm_cluster.wait_job_ended(job)
     text = (tmp_path / f"dtlaunch-{job}.out").read_text()
-    assert job_state(slurm_cluster, job) == "COMPLETED", text
+    assert state == "COMPLETED", text
     assert "rank 0 of 1 on h" in text, text
     slurm_cluster.wait_idle(60)
 

@@ -166,15 +166,7 @@ def test_sbatch_runs_a_batch_script_built_by_dtlaunch(slurm_cluster: SlurmCluste
     proc = slurm_cluster.run("sbatch", str(path))
     assert proc.returncode == 0, proc.stderr
     job = parse_sbatch_output(proc.stdout)
-    state = ""
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        show = slurm_cluster.run("scontrol", "show", "job", job, timeout=30).stdout
-        state = next((w.split("=", 1)[1] for w in show.split() if w.startswith("JobState=")), "")
-        if state not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", ""):
-            break
-        time.sleep(0.5)
-    assert state == "COMPLETED"
+    assert slurm_cluster.wait_job_ended(job) == "COMPLETED"
     text = (tmp_path / f"job-{job}.out").read_text()
     lines = sorted(text.splitlines())
     assert len(lines) == 2
