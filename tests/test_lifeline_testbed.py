@@ -3,7 +3,6 @@ remote shell; a lost link is told from a remote exit 255; a missing program is n
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -14,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from conftest import SCRIPTS, dtlaunch_argv
+from helpers.jobs import assert_no_strays, records
 from helpers.procs import alive, cmdline, descendants, pids_containing, ppid, sleeping, survivors, wait_for
 from slurm_bed import SlurmCluster
 from testbed import TestBed
@@ -24,26 +24,6 @@ from dtlaunch.agents.rsh import LOST_PREFIX, SSH_ARGS_ENV
 pytestmark = pytest.mark.testbed
 PROBE = str(SCRIPTS / "rank_probe.py")
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def records(out: Path) -> dict[int, dict]:
-    """The ranks' records written so far (one being written is skipped)."""
-    found = {}
-    for path in out.glob("rank.*.json"):
-        with contextlib.suppress(ValueError):
-            found[int(path.name.split(".")[1])] = json.loads(path.read_text())
-    return found
-
-
-def left_behind(bed: TestBed, pids: tuple[int, ...]) -> dict[str, list[int]]:
-    """Processes still on the hosts (mpirun, its guard, orted, ranks, ssh) once they had
-    time to end."""
-    def strays() -> dict[str, list[int]]:
-        found = {h.name: bed.stray_pids(h) for h in bed.hosts}
-        found["ranks"] = [p for p in pids if alive(p)]
-        return {k: v for k, v in found.items() if v}
-    survivors(lambda: list(strays()))
-    return strays()
 
 
 @pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGQUIT])
@@ -60,8 +40,7 @@ def test_killing_dtlaunch_mid_job_leaves_nothing_on_any_host(
         assert {r["host"] for r in records(tmp_path).values()} == {"h1", "h2", "h3"}
         proc.send_signal(signum)
         proc.wait(timeout=30)
-        left = left_behind(bed, tuple(r["pid"] for r in records(tmp_path).values()))
-        assert left == {}, f"processes left after dtlaunch got {signum.name}: {left}"
+        assert_no_strays(bed, pids=tuple(r["pid"] for r in records(tmp_path).values()))
     finally:
         proc.kill()
         proc.wait()

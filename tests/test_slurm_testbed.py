@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from conftest import SCRIPTS
+from helpers.jobs import records
 from slurm_bed import SlurmCluster
 from testbed import TestBed
 
@@ -37,10 +38,6 @@ def in_salloc(cluster: SlurmCluster, nodes: int, *args: str, timeout: float = 18
     assert proc.returncode == 0, proc.stderr
     answer: dict[str, object] = json.loads(proc.stdout.strip().splitlines()[-1])
     return answer
-
-
-def rank_records(out: Path) -> dict[int, dict[str, object]]:
-    return {int(p.name.split(".")[1]): json.loads(p.read_text()) for p in out.glob("rank.*.json")}
 
 
 def test_srun_runs_on_every_node(slurm_cluster: SlurmCluster) -> None:
@@ -129,11 +126,11 @@ def test_mpirun_starts_ranks_through_slurm_without_ssh(slurm_cluster: SlurmClust
     assert answer["rc"] == 0, answer
     names = answer["names"]
     assert isinstance(names, list)
-    records = rank_records(tmp_path)
+    found = records(tmp_path)
     cpus = slurm_cluster.cpus
-    assert sorted(records) == list(range(2 * cpus))
-    assert sorted(str(r["host"]) for r in records.values()) == sorted(names * cpus)
-    for r in records.values():
+    assert sorted(found) == list(range(2 * cpus))
+    assert sorted(str(r["host"]) for r in found.values()) == sorted(names * cpus)
+    for r in found.values():
         env = r["env"]
         assert isinstance(env, dict)
         assert "SLURM_STEP_ID" in env  # the rank's daemon was started by srun, not ssh
@@ -148,10 +145,10 @@ def test_srun_pmix_runs_a_horovod_allreduce_across_two_nodes(
     proc = slurm_cluster.run("salloc", "--nodes=2", "srun", "--mpi=pmix", "--ntasks=4",
                              sys.executable, PROBE, "--out", str(tmp_path), "--horovod", timeout=240)
     assert proc.returncode == 0, proc.stderr
-    records = rank_records(tmp_path)
-    assert sorted(records) == [0, 1, 2, 3]
-    assert {r["allreduce_sum"] for r in records.values()} == {10.0}
-    assert len({r["host"] for r in records.values()}) == 2
+    found = records(tmp_path)
+    assert sorted(found) == [0, 1, 2, 3]
+    assert {r["allreduce_sum"] for r in found.values()} == {10.0}
+    assert len({r["host"] for r in found.values()}) == 2
 
 
 def test_sbatch_runs_a_batch_script_built_by_dtlaunch(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
