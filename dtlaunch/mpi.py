@@ -211,6 +211,16 @@ class MpiFamily(Protocol):
         """Variables the launcher's own environment needs for this job (beyond the plan's)."""
         ...
 
+    def launcher_defaults(self, spec: JobSpec) -> dict[str, str]:
+        """Variables the launcher needs for this job unless its environment already sets them
+        (the user's value wins; they are not shown with the command)."""
+        ...
+
+    def refuse_insecure(self, extra_args: Sequence[str], environ: Mapping[str, str]) -> None:
+        """Raise UsageError when the user's extra launcher arguments or the launcher's
+        environment make its ssh accept any host key."""
+        ...
+
     def ssh_left_to_dtlaunch(self, extra_args: Sequence[str], environ: Mapping[str, str]) -> bool:
         """False when the user's extra launcher arguments or the launcher's environment may
         change how ssh is run."""

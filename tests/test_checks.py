@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dtlaunch.check.facts import HostFacts, Iface, PythonFacts, parse_ip_output, parse_probe_output
 from dtlaunch.check.host_checks import Expectations, check_hostnames, check_iface
-from dtlaunch.check.report import FAIL, HOST, LAUNCHER, PASS, SKIP, WARN, HostOutcome, ssh_failed
+from dtlaunch.check.report import FAIL, HOST, LAUNCHER, PASS, SKIP, WARN, HostOutcome, unreachable
 from dtlaunch.check.verdict import evaluate
 from dtlaunch.mpi import Interfaces, MpiImpl
 
@@ -44,14 +44,14 @@ def status(rep, host: str, name: str) -> str:
 def test_healthy_host_passes():
     rep = report(facts())
     assert rep.ok
-    assert status(rep, "h1", "open-mpi") == PASS
+    assert status(rep, "h1", "mpi") == PASS
     assert status(rep, "h1", "pairwise") == SKIP
-    assert next(c.name for c in rep.hosts[1].checks) == "ssh"
+    assert next(c.name for c in rep.hosts[1].checks) == "reach"
 
 
 def test_old_open_mpi_fails_with_path_hint():
     rep = report(facts(mpirun="/tmp/fake/mpirun", mpi=MpiImpl("Open MPI", "2.1.1")))
-    check = rep.hosts[1].check("open-mpi")
+    check = rep.hosts[1].check("mpi")
     assert check is not None and check.status == FAIL
     assert "2.1.1" in check.detail and "older than 3.0" in check.detail
     assert "PATH" in check.hint
@@ -59,13 +59,13 @@ def test_old_open_mpi_fails_with_path_hint():
 
 def test_mpich_rejected():
     rep = report(facts(mpi=MpiImpl("MPICH", "4.0")))
-    check = rep.hosts[1].check("open-mpi")
+    check = rep.hosts[1].check("mpi")
     assert check is not None and check.status == FAIL and "MPICH" in check.detail
 
 
 def test_version_differs_from_launcher():
     rep = report(facts(mpi=MpiImpl("Open MPI", "4.0.3")))
-    check = rep.hosts[1].check("open-mpi")
+    check = rep.hosts[1].check("mpi")
     assert check is not None and check.status == FAIL and "4.1.4 on the launcher" in check.detail
 
 
@@ -132,11 +132,11 @@ def test_hostnames_unique():
 
 def test_ssh_failure_marks_rest_skipped():
     outcomes = [HostOutcome("localhost", LAUNCHER, facts(hostname="launch"), is_rank_host=False),
-                HostOutcome("h2", HOST, problem=ssh_failed("connection refused", "fix"))]
+                HostOutcome("h2", HOST, problem=unreachable("connection refused", "fix"))]
     rep = evaluate(outcomes, EXPECT)
     assert not rep.ok
     h2 = rep.hosts[1]
-    assert h2.check("ssh") is not None and h2.status == FAIL
+    assert h2.check("reach") is not None and h2.status == FAIL
     assert [c.status for c in h2.checks[1:]] == [SKIP] * 9
     assert rep.failures() == (("h2", h2.checks[0]),)
 
@@ -190,7 +190,7 @@ OMPI5 = dict(launcher=VENV_MPIRUN, mpirun=VENV_MPIRUN, orted="/shared/venvs/open
 def test_venv_mpi_present_at_the_launchers_path_passes():
     rep = report(facts(**OMPI5), launcher=facts(hostname="launch", **OMPI5))
     assert status(rep, "h1", "mpirun") == PASS
-    assert status(rep, "h1", "open-mpi") == PASS
+    assert status(rep, "h1", "mpi") == PASS
 
 
 def test_venv_mpi_missing_on_a_host_is_named_with_its_path():
@@ -210,4 +210,4 @@ def test_venv_mpi_without_its_daemon_on_a_host_fails():
 def test_other_version_at_the_launchers_path_fails():
     other = {**OMPI5, "mpi": MpiImpl("Open MPI", "5.0.3")}
     rep = report(facts(**other), launcher=facts(hostname="launch", **OMPI5))
-    assert status(rep, "h1", "open-mpi") == FAIL
+    assert status(rep, "h1", "mpi") == FAIL

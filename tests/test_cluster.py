@@ -13,6 +13,7 @@ from conftest import dtlaunch_argv
 from dtlaunch.cluster.allocation import detect
 from dtlaunch.cluster.placement import choose_launcher, plan_allocation
 from dtlaunch.core.errors import UsageError
+from dtlaunch.openmpi.family import OPEN_MPI
 from dtlaunch.plan.env import SLURM_LAUNCH_NAMES
 from dtlaunch.plan.hosts import Host
 from dtlaunch.plan.plan import RunRequest, plan_run
@@ -60,7 +61,7 @@ def test_launcher_choice() -> None:
 
 def test_slurm_plan_has_no_ssh_and_keeps_only_the_launch_set() -> None:
     placed = plan_allocation(request(rsh_agent="/x/rsh"), detect(SLURM_ENV), "auto")
-    plan = plan_run(placed.request, SLURM_ENV, mpi_version=(4, 1, 4))
+    plan = plan_run(placed.request, SLURM_ENV, mpi_version=(4, 1, 4), family=OPEN_MPI)
     argv = list(plan.argv)
     assert not any("plm_rsh" in a or a == "/x/rsh" for a in argv)
     assert argv[argv.index("plm") - 1] == "--mca" and "slurm" in argv
@@ -76,17 +77,17 @@ def test_slurm_daemons_step_overlaps_unless_the_user_says_otherwise() -> None:
     """A restart after a lost node must not wait for the stopped attempt's step, which holds
     its CPUs until slurmctld declares the node down."""
     placed = plan_allocation(request(), detect(SLURM_ENV), "auto")
-    plan = plan_run(placed.request, SLURM_ENV, mpi_version=(4, 1, 4))
+    plan = plan_run(placed.request, SLURM_ENV, mpi_version=(4, 1, 4), family=OPEN_MPI)
     assert plan.launcher_env["OMPI_MCA_plm_slurm_args"] == "--overlap"
     mine = {**SLURM_ENV, "OMPI_MCA_plm_slurm_args": "--exclusive"}
-    assert plan_run(placed.request, mine).launcher_env["OMPI_MCA_plm_slurm_args"] == "--exclusive"
-    ssh = plan_run(plan_allocation(request(), detect(SLURM_ENV), "ssh").request, SLURM_ENV)
+    assert plan_run(placed.request, mine, family=OPEN_MPI).launcher_env["OMPI_MCA_plm_slurm_args"] == "--exclusive"
+    ssh = plan_run(plan_allocation(request(), detect(SLURM_ENV), "ssh").request, SLURM_ENV, family=OPEN_MPI)
     assert "OMPI_MCA_plm_slurm_args" not in ssh.launcher_env
 
 
 def test_ssh_plan_inside_slurm_keeps_slurm_out() -> None:
     placed = plan_allocation(request(), detect(SLURM_ENV), "ssh")
-    plan = plan_run(placed.request, SLURM_ENV)
+    plan = plan_run(placed.request, SLURM_ENV, family=OPEN_MPI)
     assert any(a == "plm_rsh_agent" for a in plan.argv)
     assert not [k for k in plan.launcher_env if k.startswith("SLURM_")]
 

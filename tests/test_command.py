@@ -8,6 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dtlaunch.core.errors import UsageError
+from dtlaunch.openmpi.family import OPEN_MPI
 from dtlaunch.plan.command import (
     EXECUTABLE,
     MODULE,
@@ -125,12 +126,12 @@ def test_plan_runs_the_program_with_dtlaunch_variables() -> None:
     program = parse("bash", "run.sh")
     request = RunRequest(hosts=(Host("h1"), Host("h2")), python=VENV, program=program,
                          extra_env=(("HOROVOD_CYCLE_TIME", "2.5"),), env_items=("HOROVOD_CYCLE_TIME=9",))
-    plan = plan_run(request, {"PATH": "/usr/bin"})
+    plan = plan_run(request, {"PATH": "/usr/bin"}, family=OPEN_MPI)
     assert plan.argv[-2:] == ("bash", "run.sh")
     assert plan.rank_hosts == ("h1", "h2")
     # -x beats what dtlaunch sets; dtlaunch's variables travel inline.
     assert "HOROVOD_CYCLE_TIME=9" in plan.argv and "HOROVOD_CYCLE_TIME=2.5" not in plan.argv
     only_dtlaunch = plan_run(RunRequest(hosts=(Host("h1"),), python=VENV, program=program,
-                                        extra_env=(("HOROVOD_CYCLE_TIME", "2.5"),)), {})
+                                        extra_env=(("HOROVOD_CYCLE_TIME", "2.5"),)), {}, family=OPEN_MPI)
     assert "HOROVOD_CYCLE_TIME=2.5" in only_dtlaunch.argv
     assert plan_environment({}, (), dict(request.extra_env)).names() == ("HOROVOD_CYCLE_TIME",)

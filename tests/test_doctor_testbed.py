@@ -73,7 +73,7 @@ def test_all_hosts_healthy(dbed: tb.TestBed) -> None:
     assert [h["host"] for h in doc["hosts"]] == ["localhost", "h1", "h2", "h3"]
     version = local_ompi_version()
     for host in doc["hosts"]:
-        assert host["versions"]["open-mpi"] == version
+        assert host["versions"]["mpi"] == version
         assert host["status"] == "pass"
     assert {check(doc, h, "hostname")["detail"] for h in ("h1", "h2", "h3")} == {"h1", "h2", "h3"}
     assert "MPI" in check(doc, "h1", "horovod")["detail"]
@@ -109,9 +109,9 @@ def test_stopped_sshd_fails_fast_others_pass(dbed: tb.TestBed) -> None:
     finally:
         dbed.start_sshd("h2")
     assert code == 1
-    ssh = check(doc, "h2", "ssh")
+    ssh = check(doc, "h2", "reach")
     assert ssh["status"] == "fail" and "refused" in ssh["detail"] and "sshd" in ssh["hint"]
-    assert check(doc, "h1", "ssh")["status"] == "pass"
+    assert check(doc, "h1", "reach")["status"] == "pass"
     assert next(h for h in doc["hosts"] if h["host"] == "h3")["status"] == "pass"
 
 
@@ -124,7 +124,7 @@ def test_missing_client_key_is_auth_failure_with_fix(dbed: tb.TestBed) -> None:
     finally:
         keys.write_text(saved)
     assert code == 1
-    ssh = check(doc, "h3", "ssh")
+    ssh = check(doc, "h3", "reach")
     assert ssh["status"] == "fail" and "refused every key" in ssh["detail"]
     assert "ssh-copy-id -i " + str(dbed.client_key) + ".pub" in ssh["hint"]
 
@@ -172,7 +172,7 @@ def test_old_mpirun_first_on_a_hosts_login_path_is_not_what_the_job_starts(
         dbed.start_sshd(host)
     assert code == 0, doc
     assert check(doc, "h2", "mpirun")["detail"] == os.path.abspath(launcher_mpirun)
-    assert check(doc, "h2", "open-mpi")["detail"] == check(doc, "h1", "open-mpi")["detail"]
+    assert check(doc, "h2", "mpi")["detail"] == check(doc, "h1", "mpi")["detail"]
     assert run.returncode == 0, run.stderr
     assert "ran" in run.stdout
 
@@ -215,7 +215,7 @@ def test_changed_host_key_is_hard_failure_even_after_cached_success(
         assert "pre-flight checks failed: h2 (ssh)" in second.stderr
         assert "MAN-IN-THE-MIDDLE" in second.stderr
         code, doc, _ = doctor(bed, "h1,h2")
-        ssh = check(doc, "h2", "ssh")
+        ssh = check(doc, "h2", "reach")
         assert code == 1 and "CHANGED" in ssh["detail"] and "ssh-keygen -R" in ssh["hint"]
 
 
@@ -226,7 +226,7 @@ def test_unknown_host_key_and_accept_new(tmp_path: Path) -> None:
     with tb.testbed(1) as bed:
         bed.known_hosts.write_text("")
         code, doc, _ = doctor(bed, "h1")
-        ssh = check(doc, "h1", "ssh")
+        ssh = check(doc, "h1", "reach")
         assert code == 1 and ssh["status"] == "fail" and "not in known_hosts" in ssh["detail"]
         assert "--accept-new-host-keys" in ssh["hint"]
         code, doc, _ = doctor(bed, "h1", "--accept-new-host-keys")
@@ -281,7 +281,7 @@ def test_timeout_bounds_a_hung_remote_command_and_ends_it(dbed: tb.TestBed, tmp_
     assert result.returncode == 1, result.stderr
     doc = json.loads(result.stdout)
     for host in ("h1", "h2"):
-        ssh = check(doc, host, "ssh")
+        ssh = check(doc, host, "reach")
         assert ssh["status"] == "fail" and "did not finish in 3 s" in ssh["detail"]
     assert _none_left() == [], "the hung probe was left running"
 
@@ -317,7 +317,7 @@ def test_a_daemon_left_by_the_interpreter_does_not_hold_the_probe(dbed: tb.TestB
     try:
         _, doc, result = doctor(dbed, "h1,h2", "--python", str(wrapper), "--timeout", "40")
         for host in ("h1", "h2"):
-            assert check(doc, host, "ssh")["status"] == "pass", result.stdout
+            assert check(doc, host, "reach")["status"] == "pass", result.stdout
             assert check(doc, host, "python")["status"] == "pass", result.stdout
     finally:
         kill_all(sleeping("3175"))

@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dtlaunch.core.errors import UsageError
+from dtlaunch.openmpi.family import OPEN_MPI
 from dtlaunch.plan.env import (
     build_launcher_env,
     kept_home,
@@ -114,7 +115,7 @@ def test_kept_home_note() -> None:
 def test_cuda_visible_devices_stays_on_the_launcher() -> None:
     environ = {"PATH": "/bin", "CUDA_VISIBLE_DEVICES": "GPU-5e2c6e36-8c3a", "HOME": "/root"}
     plan = plan_run(RunRequest(hosts=(Host("h1", 2), Host("h2", 2)), python="python3",
-                               script="train.py"), environ)
+                               script="train.py"), environ, family=OPEN_MPI)
     # Not exported to other hosts; mpirun keeps it, so ranks it starts on this machine see it.
     assert "CUDA_VISIBLE_DEVICES" not in plan.env.names()
     assert not any("CUDA_VISIBLE_DEVICES" in a for a in plan.argv)

@@ -38,7 +38,7 @@ def test_healthy_machine_lists_the_facts(facts: dict[str, Any]) -> None:
     assert rows(items, "horovod") == [
         ("version", PASS, "0.28.1"), ("frameworks", PASS, "PyTorch"),
         ("controllers", PASS, "MPI, Gloo"), ("tensor operations", PASS, "MPI, Gloo")]
-    assert rows(items, "open-mpi")[:2] == [("mpirun", PASS, "/usr/bin/mpirun"),
+    assert rows(items, "mpi")[:2] == [("mpirun", PASS, "/usr/bin/mpirun"),
                                            ("version", PASS, "4.1.4")]
     report = env_report(facts, items)
     assert {"section": "torch", "name": "version", "value": "2.13.0", "status": "pass",
@@ -48,7 +48,7 @@ def test_healthy_machine_lists_the_facts(facts: dict[str, Any]) -> None:
 def test_failures_carry_the_doctors_verdict_and_fix(facts: dict[str, Any]) -> None:
     mpich = dataclasses.replace(HOST, mpi=MpiImpl("unknown", ""))
     no_mpi = dataclasses.replace(HOST, python=dataclasses.replace(PY, controllers=("Gloo",)))
-    for host, section, expected in ((mpich, "open-mpi", check_mpi(mpich, None)),
+    for host, section, expected in ((mpich, "mpi", check_mpi(mpich, None)),
                                     (no_mpi, "horovod", check_horovod(no_mpi.python, None))):
         items = evaluate_env(facts, host)
         failed = [i.check for i in items if i.section == section and i.check.status == FAIL]

@@ -27,12 +27,13 @@ from helpers.procs import HANG
 
 from dtlaunch.check.facts import HostFacts, Iface, PythonFacts
 from dtlaunch.check.host_checks import Expectations
-from dtlaunch.check.report import FAIL, PASS, SKIP, CheckResult, ssh_failed
+from dtlaunch.check.report import FAIL, PASS, SKIP, CheckResult, unreachable
 from dtlaunch.console.render import render_report, report_to_json
 from dtlaunch.core.failure import Failure
 from dtlaunch.doctor import preflight
 from dtlaunch.doctor.doctor import DoctorRequest, run_doctor
 from dtlaunch.mpi import parse_iface
+from dtlaunch.openmpi.family import OPEN_MPI
 from dtlaunch.plan.command import parse_command
 from dtlaunch.plan.hosts import Host
 from dtlaunch.plan.plan import plan_run
@@ -58,7 +59,7 @@ def _no_kept_home_note(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 
-CHANGED = ssh_failed("the host key of h2 has CHANGED", "POSSIBLE MAN-IN-THE-MIDDLE ATTACK: ...")
+CHANGED = unreachable("the host key of h2 has CHANGED", "POSSIBLE MAN-IN-THE-MIDDLE ATTACK: ...")
 
 
 
@@ -82,12 +83,12 @@ def test_doctor_all_healthy() -> None:
 
 
 def test_doctor_dead_host_fails_alone() -> None:
-    dead = ssh_failed("connection refused by 10.0.0.2:22", "start sshd there")
+    dead = unreachable("connection refused by 10.0.0.2:22", "start sshd there")
     report = doctor(FakeWorld(h1=facts("h1"), h2=dead), "h1", "h2")
     assert not report.ok
-    assert [(h, c.name) for h, c in report.failures()] == [("h2", "ssh")]
+    assert [(h, c.name) for h, c in report.failures()] == [("h2", "reach")]
     h2 = report.hosts[2]
-    assert h2.check("ssh") == dead and h2.check("mpirun").status == "skip"  # type: ignore[union-attr]
+    assert h2.check("reach") == dead and h2.check("mpirun").status == "skip"  # type: ignore[union-attr]
 
 
 def test_doctor_returns_by_its_deadline_when_a_host_never_answers() -> None:
@@ -99,7 +100,7 @@ def test_doctor_returns_by_its_deadline_when_a_host_never_answers() -> None:
     finally:
         world.release.set()
     assert time.monotonic() - start < HANG  # by its deadline, not the silent host's
-    ssh = report.hosts[2].check("ssh")
+    ssh = report.hosts[2].check("reach")
     assert ssh is not None and ssh.status == FAIL and "no answer within" in ssh.detail
     assert report.hosts[1].status == PASS
     assert all(p.closed for p in world.probers)  # the stuck host's connection is ended
@@ -113,7 +114,7 @@ def test_preflight_cache_miss_then_hit_leaves_the_keys_to_ssh_until_a_failure(
         cache: Path) -> None:
     world = FakeWorld(h1=facts("h1"), h2=facts("h2"))
     request = run_request()
-    plan = plan_run(request, {"PATH": "/usr/bin"})
+    plan = plan_run(request, {"PATH": "/usr/bin"}, family=OPEN_MPI)
     first = preflight.run_preflight(request, plan, reach=world.reach())
     assert first.ok and first.report is not None and first.keys is None
     assert sorted(world.probed) == ["h1", "h2"] and world.verified == []
@@ -137,7 +138,7 @@ def test_preflight_cache_hit_with_an_agent_override_checks_keys_first(
         cache: Path, mpi_args: tuple[str, ...], environ: dict[str, str]) -> None:
     world = FakeWorld(h1=facts("h1"), h2=facts("h2"))
     request = run_request(mpi_args=mpi_args)
-    plan = plan_run(request, {"PATH": "/usr/bin", **environ})
+    plan = plan_run(request, {"PATH": "/usr/bin", **environ}, family=OPEN_MPI)
     assert preflight.run_preflight(request, plan, reach=world.reach()).ok
     world.keys["h2"] = CHANGED_HOST_KEY
     world.hosts["h2"] = CHANGED
@@ -185,7 +186,7 @@ def test_run_whose_host_key_changed_after_a_cached_preflight_names_it(cache: Pat
     assert second.exit_code == 1
     assert second.error == ("pre-flight checks failed: h2 (ssh); the job did not start "
                             "(fix the problems above, or pass --no-check)")
-    assert second.preflight is not None and second.preflight.hosts[2].check("ssh") == CHANGED
+    assert second.preflight is not None and second.preflight.hosts[2].check("reach") == CHANGED
     # The cache was dropped: the next run checks everything again and refuses to launch.
     third = session.launch(launch, lambda e: None, executor=job, reach=world.reach())
     assert job.calls == 3 and third.result is None and third.exit_code == 1
@@ -212,7 +213,7 @@ def test_a_failed_cached_job_is_reported_as_it_failed(cache: Path, result: Launc
 
 @needs_mpirun
 def test_run_with_a_dead_host_launches_nothing(cache: Path) -> None:
-    world = FakeWorld(h1=facts("h1"), h2=ssh_failed("no answer from 10.0.0.2:22 within 1 s", "x"))
+    world = FakeWorld(h1=facts("h1"), h2=unreachable("no answer from 10.0.0.2:22 within 1 s", "x"))
     job = SshJob(world)
     outcome = session.launch(session.LaunchRequest(run_request()), lambda e: None, executor=job,
                              reach=world.reach())
@@ -311,7 +312,7 @@ def test_an_executable_without_an_interpreter_skips_the_python_checks(cache: Pat
     world.hosts["h2"] = replace(facts("h2"), python=PythonFacts(found=False, error="no such file"))
     program = parse_command(("./train", "--epochs", "1"), python=sys.executable)
     request = run_request(script=None, program=program)
-    plan = plan_run(request, {"PATH": "/usr/bin"})
+    plan = plan_run(request, {"PATH": "/usr/bin"}, family=OPEN_MPI)
     checked = preflight.run_preflight(request, plan, reach=world.reach())
     assert checked.ok and checked.report is not None
     h2 = next(h for h in checked.report.hosts if h.host == "h2")
@@ -319,7 +320,7 @@ def test_an_executable_without_an_interpreter_skips_the_python_checks(cache: Pat
     # The same host fails once the command names an interpreter.
     program = parse_command(("python", SCRIPT), python=sys.executable)
     request = run_request(script=None, program=program)
-    checked = preflight.run_preflight(request, plan_run(request, {"PATH": "/usr/bin"}),
+    checked = preflight.run_preflight(request, plan_run(request, {"PATH": "/usr/bin"}, family=OPEN_MPI),
                                       reach=world.reach())
     assert not checked.ok
     assert [h for h, c in checked.report.failures()] == ["h2"]  # type: ignore[union-attr]
@@ -328,7 +329,7 @@ def test_an_executable_without_an_interpreter_skips_the_python_checks(cache: Pat
 def test_disable_cache_and_start_timeout(cache: Path) -> None:
     world = FakeWorld(h1=facts("h1"), h2=facts("h2"))
     request = run_request()
-    plan = plan_run(request, {"PATH": "/usr/bin"})
+    plan = plan_run(request, {"PATH": "/usr/bin"}, family=OPEN_MPI)
     assert preflight.run_preflight(request, plan, reach=world.reach()).ok
     again = preflight.run_preflight(request, plan, reach=world.reach(), use_cache=False)
     assert again.report is not None and world.probed.count("h1") == 2
@@ -407,7 +408,7 @@ def test_a_hosts_import_cache_problem_is_one_warning(cache: Path) -> None:
 def test_a_cached_network_that_is_damaged_is_a_cache_miss(cache: Path) -> None:
     world = docker_world()
     request = run_request()
-    plan = plan_run(request, {"PATH": "/usr/bin"})
+    plan = plan_run(request, {"PATH": "/usr/bin"}, family=OPEN_MPI)
     assert preflight.run_preflight(request, plan, reach=world.reach()).network is not None
     [path] = cache.glob("dtlaunch/preflight-*.json")
     entry = json.loads(path.read_text())

@@ -27,6 +27,7 @@ from dtlaunch.check.gpus import (
 )
 from dtlaunch.check.host_checks import FAIL, PASS, SKIP, WARN
 from dtlaunch.core.errors import UsageError
+from dtlaunch.openmpi.family import OPEN_MPI
 from dtlaunch.plan.hosts import Host, parse_hosts
 from dtlaunch.plan.plan import RunRequest, plan_run
 
@@ -180,9 +181,9 @@ def test_this_machine_gets_one_slot_per_gpu_and_at_least_np() -> None:
     assert choose_slots((), {"localhost": 4}, 6).hosts == (Host("localhost", 4),)
     with pytest.raises(UsageError, match="-np: 6 processes but the hosts have only 4 slots"):
         plan_run(RunRequest(hosts=(Host("localhost", 4),), python="python3", script="t.py",
-                            num_proc=6), {})
+                            num_proc=6), {}, family=OPEN_MPI)
     assert plan_run(RunRequest(hosts=(Host("localhost", 4),), python="python3", script="t.py",
-                               num_proc=6, oversubscribe=True), {}).rank_hosts == ("localhost",) * 6
+                               num_proc=6, oversubscribe=True), {}, family=OPEN_MPI).rank_hosts == ("localhost",) * 6
     assert not choose_slots((), {"localhost": 0}, None).changed
 
 

@@ -300,7 +300,7 @@ def test_doctor_names_an_open_mpi_host_in_an_mpich_job_with_its_fix() -> None:
 
 
 def test_same_mpich_everywhere_passes_without_orted() -> None:
-    assert check_mpi(_facts(MPICH), MPICH) == CheckResult("open-mpi", PASS, "MPICH 5.0.2")
+    assert check_mpi(_facts(MPICH), MPICH) == CheckResult("mpi", PASS, "MPICH 5.0.2")
     assert check_mpirun(_facts(MPICH), HOST, needs_orted=False).status == PASS
     assert check_mpirun(_facts(MPICH), HOST).status == FAIL  # an Open MPI job needs orted
     # env-check judges this machine alone: MPICH and Intel MPI are supported, others are not.

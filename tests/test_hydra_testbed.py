@@ -230,7 +230,7 @@ def test_doctor_names_a_host_with_the_other_mpi(bed: TestBed, tmp_path: Path, h2
     assert result.returncode == 1, result.stderr
     doc = json.loads(result.stdout)
     hosts = {h["host"]: h for h in doc["hosts"]}
-    mpi = {c["name"]: c for c in hosts["h2"]["checks"]}["open-mpi"]
+    mpi = {c["name"]: c for c in hosts["h2"]["checks"]}["mpi"]
     assert mpi["status"] == "fail"
     launcher = next(h for h in doc["hosts"] if h["role"] == "launcher")
     if h2_has == "openmpi":  # an Open MPI host in an MPICH job

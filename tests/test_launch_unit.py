@@ -8,6 +8,7 @@ import sys
 
 from helpers.procs import HANG
 
+from dtlaunch.openmpi.family import OPEN_MPI
 from dtlaunch.run.execute import _kill_tree, _signal
 
 
@@ -40,7 +41,7 @@ def test_stop_when_ends_the_job_with_its_reason() -> None:
 
     started = time.monotonic()
     result = execute([sys.executable, "-c", "import time; time.sleep(600)"], dict(os.environ),
-                     [], stop_when=stop_when)
+                     [], stop_when=stop_when, family=OPEN_MPI)
     assert time.monotonic() - started < HANG  # stopped, not waited for
     assert result.exit_code != 0
     assert result.failure is not None

@@ -15,6 +15,7 @@ from conftest import await_sleeping, kill_sleeping, survivors_of_kill
 from helpers.procs import gone, pids_where, wait_for
 
 from dtlaunch.agents import lifeline
+from dtlaunch.openmpi.family import OPEN_MPI
 from dtlaunch.run.execute import execute
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -33,8 +34,10 @@ STUBBORN_JOB = textwrap.dedent("""
 
 LAUNCHER = textwrap.dedent("""
     import os, sys
+    from dtlaunch.openmpi.family import OPEN_MPI
     from dtlaunch.run.execute import execute
-    execute([sys.executable, "-c", sys.argv[1], sys.argv[2]], dict(os.environ), [])
+    execute([sys.executable, "-c", sys.argv[1], sys.argv[2]], dict(os.environ), [],
+            family=OPEN_MPI)
 """)
 
 
@@ -71,13 +74,13 @@ def test_killing_the_launcher_ends_the_whole_job(tmp_path: Path, signum: int) ->
 
 
 def test_the_guard_ends_with_the_job() -> None:
-    result = execute([sys.executable, "-c", "print('done')"], dict(os.environ), [])
+    result = execute([sys.executable, "-c", "print('done')"], dict(os.environ), [], family=OPEN_MPI)
     assert result.exit_code == 0
     assert gone(guards_of(os.getpid())) == []
 
 
 def test_a_missing_launcher_is_one_line_and_exit_127(capsys: pytest.CaptureFixture[str]) -> None:
-    result = execute(["/nonexistent/mpirun", "-np", "1"], dict(os.environ), [])
+    result = execute(["/nonexistent/mpirun", "-np", "1"], dict(os.environ), [], family=OPEN_MPI)
     assert result.exit_code == 127
     assert "cannot run /nonexistent/mpirun: No such file or directory" in capsys.readouterr().err
     assert gone(guards_of(os.getpid())) == []

@@ -118,7 +118,7 @@ def test_preflight_checks_the_venvs_mpi_on_every_host(bed: TestBed, run_mpi_env:
         checks = {c["name"]: c for c in host["checks"]}
         assert checks["mpirun"]["detail"] == run_mpi_env.launcher, checks["mpirun"]
         if run_mpi_env.id in VERSIONS:
-            assert VERSIONS[run_mpi_env.id].endswith(checks["open-mpi"]["detail"])
+            assert VERSIONS[run_mpi_env.id].endswith(checks["mpi"]["detail"])
     run = dtl(run_mpi_env, bed, "run", "-H", "h1:1,h2:1", "--iface", bed.subnet, PROBE,
               "--out", str(tmp_path), "--horovod", check=True)
     assert run.returncode == 0, run.stderr

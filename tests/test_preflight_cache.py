@@ -9,6 +9,7 @@ import time
 import pytest
 
 from dtlaunch.doctor import preflight, preflight_cache
+from dtlaunch.openmpi.family import OPEN_MPI
 from dtlaunch.plan.hosts import Host
 from dtlaunch.plan.plan import RunRequest
 from dtlaunch.reach.ssh_options import SshOptions
@@ -57,10 +58,10 @@ def test_key_changes_with_what_matters(tmp_path):
 
 
 def test_key_check_overlaps_the_launch_only_while_dtlaunch_owns_mpiruns_ssh() -> None:
-    assert preflight.may_overlap(request())
-    assert preflight.may_overlap(request(mpi_args=("-mca", "btl_tcp_eager_limit", "65536")))
-    assert not preflight.may_overlap(request(mpi_args=("-mca", "plm_rsh_args", "-o X=y")))
-    assert not preflight.may_overlap(request(mpi_args=("--mca", "plm_rsh_agent", "rsh")))
+    assert preflight.may_overlap(request(), family=OPEN_MPI)
+    assert preflight.may_overlap(request(mpi_args=("-mca", "btl_tcp_eager_limit", "65536")), family=OPEN_MPI)
+    assert not preflight.may_overlap(request(mpi_args=("-mca", "plm_rsh_args", "-o X=y")), family=OPEN_MPI)
+    assert not preflight.may_overlap(request(mpi_args=("--mca", "plm_rsh_agent", "rsh")), family=OPEN_MPI)
 
 
 def test_a_damaged_cache_file_is_ignored_not_a_crash(tmp_path, monkeypatch):

@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from dtlaunch.agents.rank_shim import decode_argv
 from dtlaunch.cli import run
 from dtlaunch.core.errors import UsageError
+from dtlaunch.openmpi.family import OPEN_MPI
 from dtlaunch.plan.command import OptionTable, parse_command, split_program
 from dtlaunch.plan.hosts import Host
 from dtlaunch.plan.plan import RunRequest, plan_run
@@ -64,7 +65,7 @@ def ranks_argv(argv: Sequence[str]) -> tuple[list[str], tuple[str, ...]]:
     assert params["args"] == ()  # nothing left over for dtlaunch to refuse
     program = parse_command(params["program"], python=VENV, module=params["module"],
                             is_file=lambda path: True)
-    plan = plan_run(RunRequest(hosts=(Host("h1", 1),), python=VENV, program=program), {})
+    plan = plan_run(RunRequest(hosts=(Host("h1", 1),), python=VENV, program=program), {}, family=OPEN_MPI)
     return decode_argv(plan.launch_argv[-1]), plan.argv[-len(program.argv):]
 
 

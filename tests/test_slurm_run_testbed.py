@@ -149,7 +149,7 @@ def test_doctor_checks_exactly_the_allocated_nodes_through_srun(slurm_cluster: S
             "doctor", "--json", "--timeout", "120", str(script)), timeout=300)
     assert proc.returncode == 1, proc.stderr
     report = json.loads(proc.stdout)
-    assert report["ssh_label"] == "launch path"
+    assert report["reach"] == "srun"
     nodes = {h["host"]: h for h in report["hosts"] if h["role"] == "host"}
     assert sorted(nodes) == ["h1", "h2", "h3"]
     for host, entry in nodes.items():

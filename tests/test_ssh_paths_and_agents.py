@@ -72,7 +72,7 @@ def test_plain_paths_still_pass_with_tree_spawn() -> None:
 def test_the_dry_run_line_carries_the_agents_options() -> None:
     request = RunRequest(hosts=(Host("a"),), python="python", script="t.py",
                          ssh=SshOptions(identity_file="/k/key$x"), rsh_agent="/py -I -S /d/rsh.py")
-    plan = plan_run(request, {})
+    plan = plan_run(request, {}, family=OPEN_MPI)
     assert plan.display().startswith("DTLAUNCH_SSH_ARGS='[")
     assert json.loads(plan.launcher_env["DTLAUNCH_SSH_ARGS"])[-2:] == ["-i", "/k/key$x"]
 
@@ -196,7 +196,7 @@ def test_an_override_that_accepts_any_host_key_is_refused(
         refuse_insecure(args, env)
     request = RunRequest(hosts=(Host("a"),), python="python", script="t.py", mpi_args=args)
     with pytest.raises(UsageError, match=r"(?i)StrictHostKeyChecking|UserKnownHostsFile"):
-        plan_run(request, env)
+        plan_run(request, env, family=OPEN_MPI)
 
 
 def test_a_safe_override_is_not_refused() -> None:

@@ -9,7 +9,7 @@ from dtlaunch.check.report import FAIL, PASS, SKIP, CheckResult
 from dtlaunch.hydra.family import HYDRA
 from dtlaunch.mpi import MIN_OMPI, MpiImpl
 
-NAME = "open-mpi"  # the report's column for the MPI implementation (kept for its readers)
+NAME = "mpi"  # the report's column for the MPI implementation
 
 
 def _named(impl: MpiImpl) -> str:

@@ -34,7 +34,7 @@ def report_to_dict(report: DoctorReport) -> dict[str, Any]:
         "ok": report.ok,
         "seconds": round(report.seconds, 3),
         "checks": list(report.columns),
-        "ssh_label": report.ssh_label,
+        "reach": report.reach,
         "job": [{"name": c.name, "status": c.status, "detail": c.detail, "hint": c.hint}
                 for c in report.job],
         "hosts": [
@@ -94,7 +94,7 @@ def render_report(report: DoctorReport, stream: IO[str] | None = None) -> None:
     table = Table(title=None, show_lines=False, pad_edge=False)
     table.add_column("host", no_wrap=True)
     for name in report.columns:
-        table.add_column(report.ssh_label if name == "ssh" else name, justify="center")
+        table.add_column(report.reach if name == "reach" else name, justify="center")
     table.add_column("time", justify="right")
     for host in report.hosts:
         label = host.host + (" (launcher)" if host.role == "launcher" else "")

@@ -183,20 +183,20 @@ def evaluate_env(facts: Mapping[str, Any], host: HostFacts) -> tuple[EnvItem, ..
         "'--python' names the same interpreter and packages everywhere")
     add("dtlaunch", "version", facts["dtlaunch"]["version"])
     mpi = facts["openmpi"]
-    items += _judged("open-mpi", "mpirun", check_mpirun(host, LAUNCHER),
+    items += _judged("mpi", "mpirun", check_mpirun(host, LAUNCHER),
                      [("mpirun", str(mpi["mpirun"]))])
     if mpi["mpirun"]:
-        items += _judged("open-mpi", "version", check_mpi(host, None),
+        items += _judged("mpi", "version", check_mpi(host, None),
                          [("implementation", mpi.get("implementation") or ""),
                           ("version", mpi.get("version") or "")][
                              0 if mpi.get("implementation") not in (None, "Open MPI") else 1:])
         if "btl" in mpi:
-            add("open-mpi", "btl components", ",".join(mpi["btl"]) or "none")
-            add("open-mpi", "tcp", "yes" if mpi["tcp"] else "missing",
+            add("mpi", "btl components", ",".join(mpi["btl"]) or "none")
+            add("mpi", "tcp", "yes" if mpi["tcp"] else "missing",
                 PASS if mpi["tcp"] else FAIL,
                 "" if mpi["tcp"] else "the TCP BTL is needed between hosts: reinstall "
                 "Open MPI with its TCP component")
-            add("open-mpi", "shared memory", "yes" if mpi["shared_memory"] else "missing",
+            add("mpi", "shared memory", "yes" if mpi["shared_memory"] else "missing",
                 PASS if mpi["shared_memory"] else WARN,
                 "" if mpi["shared_memory"] else "ranks on one host will talk over TCP "
                 "(slower); install Open MPI's vader/sm component")

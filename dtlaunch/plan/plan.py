@@ -8,8 +8,6 @@ from dataclasses import dataclass, field, replace
 from dtlaunch.agents import wrap_program
 from dtlaunch.core.errors import UsageError
 from dtlaunch.mpi import Interfaces, JobSpec, MpiFamily, format_command
-from dtlaunch.openmpi.family import OPEN_MPI
-from dtlaunch.openmpi.mca import refuse_insecure
 from dtlaunch.plan.command import Program
 from dtlaunch.plan.command import check_module_name as check_module_name  # re-exported for the CLI
 from dtlaunch.plan.env import EnvPlan, build_launcher_env, plan_environment, slurm_launch_env
@@ -55,7 +53,7 @@ class RunPlan:
     rank_hosts: tuple[str, ...]
     env: EnvPlan
     hosts: tuple[Host, ...]
-    family: MpiFamily = field(default=OPEN_MPI, compare=False)  # how the job is started
+    family: MpiFamily = field(compare=False)  # how the job is started
     # Variables the launcher needs beyond the ranks' (dtlaunch's ssh options): shown first.
     shown_env: tuple[tuple[str, str], ...] = ()
     support_files: tuple[tuple[str, str], ...] = ()  # (path, text) written before the start
@@ -125,7 +123,7 @@ def plan_run(
     request: RunRequest,
     environ: Mapping[str, str],
     *,
-    family: MpiFamily = OPEN_MPI,
+    family: MpiFamily,
     launcher: str | None = None,
     mpi_version: tuple[int, ...] = (),
     as_root: bool = False,
@@ -144,7 +142,7 @@ def plan_run(
     if request.timeline:
         fixed["HOROVOD_TIMELINE"] = request.timeline
     fixed.update(request.extra_env)
-    refuse_insecure(request.mpi_args, environ)
+    family.refuse_insecure(request.mpi_args, environ)
     env = plan_environment(environ, request.env_items, fixed, typed=request.typed_env)
     spec = JobSpec(
         hosts=hosts,
@@ -171,12 +169,10 @@ def plan_run(
     own = family.launcher_env(spec)
     launcher_env.update(own)
     if spec.slurm:
-        # Open MPI's plm slurm reads the job from these and starts its daemons with srun.
+        # The launcher reads the Slurm job from these, to start its daemons with srun.
         launcher_env.update(slurm_launch_env(environ))
-        # The daemons' step shares CPUs with other steps: after a lost node, the stopped
-        # attempt's step lingers until slurmctld declares the node down (minutes), and the
-        # next attempt's daemons must not wait for it.
-        launcher_env.setdefault("OMPI_MCA_plm_slurm_args", "--overlap")
+    for name, value in family.launcher_defaults(spec).items():
+        launcher_env.setdefault(name, value)
     return RunPlan(
         argv=argv,
         launch_argv=launch_argv,

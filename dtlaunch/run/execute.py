@@ -22,7 +22,6 @@ from dtlaunch.agents import guarded_argv, session_members
 from dtlaunch.core.errors import EXIT_TIMEOUT, DtlaunchError, exit_for_signal
 from dtlaunch.core.failure import Failure
 from dtlaunch.mpi import MpiFamily, OutputDemux
-from dtlaunch.openmpi.family import OPEN_MPI
 from dtlaunch.run.job_output import JobOutput
 from dtlaunch.run.spool import Spool
 
@@ -69,7 +68,8 @@ def execute(
     stop_when: Callable[[], str | None] | None = None,
     new_demux: Callable[[str], OutputDemux] | None = None,
     prefix_timestamp: bool = False,
-    family: MpiFamily = OPEN_MPI,
+    *,
+    family: MpiFamily,
     support_files: Sequence[tuple[str, str]] = (),
 ) -> LaunchResult:
     """Run mpirun to the end. ``stop_when`` is polled while it runs: a returned reason stops

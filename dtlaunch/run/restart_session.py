@@ -132,8 +132,8 @@ def launch_with_restarts(request: LaunchRequest, policy: RestartPolicy, on_event
         failing: dict[str, str] = {}
         for host, check in checked.report.failures():
             if host in names and host not in failing:
-                # Through srun the "ssh" check is the launch path: say srun, not ssh.
-                label = "srun" if check.name == "ssh" and reach is not None else check.name
+                # The reach check is named by how hosts were reached: ssh or srun.
+                label = checked.report.reach if check.name == "reach" else check.name
                 failing[host] = f"{label}: {check.detail}"
         return failing
 
