@@ -20,8 +20,8 @@ from dtlaunch.cluster.allocation import (
     read_allocation_file,
 )
 from dtlaunch.core.errors import UsageError
-from dtlaunch.plan.env import SLURM_LAUNCH_NAMES, looks_secret, slurm_launch_env
-from dtlaunch.plan.hosts import Host
+from dtlaunch.job.env import SLURM_LAUNCH_NAMES, looks_secret, slurm_launch_env
+from dtlaunch.job.hosts import Host
 
 
 def files(**texts: str):  # a reader over in-memory files, for detect()

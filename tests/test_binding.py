@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from dtlaunch.core.errors import UsageError
-from dtlaunch.plan.binding import DEFAULT_BINDING, parse_binding_args
+from dtlaunch.job.binding import DEFAULT_BINDING, parse_binding_args
 
 
 @pytest.mark.parametrize("words", [

@@ -13,9 +13,9 @@ from conftest import dtlaunch_argv
 from dtlaunch.cluster.allocation import detect
 from dtlaunch.cluster.placement import choose_launcher, plan_allocation
 from dtlaunch.core.errors import UsageError
+from dtlaunch.job.env import SLURM_LAUNCH_NAMES
+from dtlaunch.job.hosts import Host
 from dtlaunch.openmpi.family import OPEN_MPI
-from dtlaunch.plan.env import SLURM_LAUNCH_NAMES
-from dtlaunch.plan.hosts import Host
 from dtlaunch.plan.plan import RunRequest, plan_run
 
 SLURM_ENV = {

@@ -8,8 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dtlaunch.core.errors import UsageError
-from dtlaunch.openmpi.family import OPEN_MPI
-from dtlaunch.plan.command import (
+from dtlaunch.job.command import (
     EXECUTABLE,
     MODULE,
     PYTHON,
@@ -20,8 +19,9 @@ from dtlaunch.plan.command import (
     python_target,
     suggest_option,
 )
-from dtlaunch.plan.env import plan_environment
-from dtlaunch.plan.hosts import Host
+from dtlaunch.job.env import plan_environment
+from dtlaunch.job.hosts import Host
+from dtlaunch.openmpi.family import OPEN_MPI
 from dtlaunch.plan.plan import RunRequest, plan_run
 
 VENV = "/venv/bin/python"

@@ -9,8 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dtlaunch.core.errors import UsageError
-from dtlaunch.openmpi.family import OPEN_MPI
-from dtlaunch.plan.env import (
+from dtlaunch.job.env import (
     build_launcher_env,
     kept_home,
     kept_home_note,
@@ -19,7 +18,8 @@ from dtlaunch.plan.env import (
     plan_environment,
     read_env_file,
 )
-from dtlaunch.plan.hosts import Host
+from dtlaunch.job.hosts import Host
+from dtlaunch.openmpi.family import OPEN_MPI
 from dtlaunch.plan.plan import RunRequest, plan_run
 
 ENV_FILE = """\

@@ -5,7 +5,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dtlaunch.core.errors import UsageError
-from dtlaunch.plan.env import build_launcher_env, looks_secret, plan_environment
+from dtlaunch.job.env import build_launcher_env, looks_secret, plan_environment
 
 ENV = {
     "PATH": "/usr/bin",

@@ -32,10 +32,10 @@ from dtlaunch.console.render import render_report, report_to_json
 from dtlaunch.core.failure import Failure
 from dtlaunch.doctor import preflight
 from dtlaunch.doctor.doctor import DoctorRequest, run_doctor
+from dtlaunch.job.command import parse_command
+from dtlaunch.job.hosts import Host
 from dtlaunch.mpi import parse_iface
 from dtlaunch.openmpi.family import OPEN_MPI
-from dtlaunch.plan.command import parse_command
-from dtlaunch.plan.hosts import Host
 from dtlaunch.plan.plan import plan_run
 from dtlaunch.reach.ssh_errors import CHANGED_HOST_KEY
 from dtlaunch.reach.ssh_options import SshOptions
@@ -50,7 +50,7 @@ def _no_kept_home_note(monkeypatch: pytest.MonkeyPatch) -> None:
     """This machine's training variables would add a kept-home note to every run's events."""
     import os
 
-    from dtlaunch.plan.env import EnvPlan, kept_home
+    from dtlaunch.job.env import EnvPlan, kept_home
 
     for name in kept_home(os.environ, EnvPlan(())):
         monkeypatch.delenv(name)

@@ -19,7 +19,7 @@ from dtlaunch.check.report import FAIL, PASS, WARN
 from dtlaunch.console.render import report_to_dict
 from dtlaunch.core.errors import UsageError
 from dtlaunch.doctor.doctor import DoctorRequest, run_doctor
-from dtlaunch.plan.hosts import parse_hosts
+from dtlaunch.job.hosts import parse_hosts
 from dtlaunch.reach.ssh_options import SshOptions
 from dtlaunch.run import session
 

@@ -27,8 +27,8 @@ from dtlaunch.check.gpus import (
 )
 from dtlaunch.check.host_checks import FAIL, PASS, SKIP, WARN
 from dtlaunch.core.errors import UsageError
+from dtlaunch.job.hosts import Host, parse_hosts
 from dtlaunch.openmpi.family import OPEN_MPI
-from dtlaunch.plan.hosts import Host, parse_hosts
 from dtlaunch.plan.plan import RunRequest, plan_run
 
 
@@ -204,7 +204,7 @@ def test_cuda_visible_devices_limits_this_machines_gpus(value: str, visible: int
 # --- which slots were written -----------------------------------------------------------------
 
 def test_written_slots_are_told_apart_from_the_stand_in_one() -> None:
-    from dtlaunch.plan.hosts import parse_hostfile_text
+    from dtlaunch.job.hosts import parse_hostfile_text
 
     assert [h.slots_given for h in parse_hosts("h1,h2:2,h3:1")] == [False, True, True]
     hostfile = parse_hostfile_text("h1\nh2 slots=4\nh3:2\nh4 max_slots=8\n")

@@ -21,7 +21,7 @@ from testbed import DOCKER0_ADDRESS, TestBed
 from dtlaunch.check.facts import HostFacts, parse_probe_output
 from dtlaunch.check.network import choose_network
 from dtlaunch.horovod.options import parse_horovod_args
-from dtlaunch.plan.binding import double_dash
+from dtlaunch.job.binding import double_dash
 from dtlaunch.probe.command import ProbeArgs, build_remote_command, probe_local
 
 pytestmark = pytest.mark.testbed

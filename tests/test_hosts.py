@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dtlaunch.core.errors import UsageError
-from dtlaunch.plan.hosts import (
+from dtlaunch.job.hosts import (
     Host,
     assign_ranks,
     format_hosts,

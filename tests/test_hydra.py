@@ -26,10 +26,10 @@ from dtlaunch.core.errors import DtlaunchError, UsageError
 from dtlaunch.core.records import Piece, RankExit, RankHost
 from dtlaunch.hydra.family import HYDRA, Hydra, agent_path, agent_script, build_mpiexec_argv
 from dtlaunch.hydra.output import HydraDemux, analyze_hydra
+from dtlaunch.job.env import EnvPlan, is_allowed
+from dtlaunch.job.hosts import Host
 from dtlaunch.mpi import Interfaces, MpiImpl, parse_mpirun_version
 from dtlaunch.openmpi.family import OPEN_MPI
-from dtlaunch.plan.env import EnvPlan, is_allowed
-from dtlaunch.plan.hosts import Host
 from dtlaunch.plan.plan import RunRequest
 from dtlaunch.reach.ssh_options import SshOptions
 from dtlaunch.run import launcher_choice, session

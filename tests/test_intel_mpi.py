@@ -16,9 +16,9 @@ from dtlaunch.agents import rsh
 from dtlaunch.core.errors import UsageError
 from dtlaunch.hydra.family import Hydra, agent_script, build_mpiexec_argv, ranks_per_host
 from dtlaunch.hydra.output import analyze_hydra
-from dtlaunch.plan.binding import intel_pinning
-from dtlaunch.plan.env import EnvPlan, EnvVar
-from dtlaunch.plan.hosts import Host
+from dtlaunch.job.binding import intel_pinning
+from dtlaunch.job.env import EnvPlan, EnvVar
+from dtlaunch.job.hosts import Host
 from dtlaunch.reach.ssh_options import SshOptions
 from dtlaunch.run import launcher_choice
 from dtlaunch.run.execute import write_private_executable

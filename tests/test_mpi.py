@@ -9,6 +9,8 @@ from hypothesis import strategies as st
 from dtlaunch.agents.rank_shim import record
 from dtlaunch.core.errors import UsageError
 from dtlaunch.core.records import Piece
+from dtlaunch.job.env import EnvPlan, EnvVar
+from dtlaunch.job.hosts import Host
 from dtlaunch.mpi import (
     Interfaces,
     JobSpec,
@@ -18,8 +20,6 @@ from dtlaunch.mpi import (
     split_mpi_args,
 )
 from dtlaunch.openmpi.family import OPEN_MPI, build_mpirun_argv
-from dtlaunch.plan.env import EnvPlan, EnvVar
-from dtlaunch.plan.hosts import Host
 from dtlaunch.reach.ssh_options import SshOptions
 
 SSH_DEFAULT = ("-o BatchMode=yes -o ConnectTimeout=10 -o StrictHostKeyChecking=yes "

@@ -9,8 +9,8 @@ import time
 import pytest
 
 from dtlaunch.doctor import preflight, preflight_cache
+from dtlaunch.job.hosts import Host
 from dtlaunch.openmpi.family import OPEN_MPI
-from dtlaunch.plan.hosts import Host
 from dtlaunch.plan.plan import RunRequest
 from dtlaunch.reach.ssh_options import SshOptions
 

@@ -24,9 +24,9 @@ from hypothesis import strategies as st
 from dtlaunch.agents.rank_shim import decode_argv
 from dtlaunch.cli import run
 from dtlaunch.core.errors import UsageError
+from dtlaunch.job.command import OptionTable, parse_command, split_program
+from dtlaunch.job.hosts import Host
 from dtlaunch.openmpi.family import OPEN_MPI
-from dtlaunch.plan.command import OptionTable, parse_command, split_program
-from dtlaunch.plan.hosts import Host
 from dtlaunch.plan.plan import RunRequest, plan_run
 
 VENV = "/venv/bin/python"

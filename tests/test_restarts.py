@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from dtlaunch.core.errors import DtlaunchError, UsageError
 from dtlaunch.core.failure import Failure
-from dtlaunch.plan.hosts import Host
+from dtlaunch.job.hosts import Host
 from dtlaunch.run.restart_report import build_report_json, build_report_lines
 from dtlaunch.run.restarts import (
     RESTART_COUNT_ENV,

@@ -12,7 +12,7 @@ import pytest
 from dtlaunch.agents.rank_shim import encode_argv
 from dtlaunch.core.errors import UsageError
 from dtlaunch.core.failure import Failure
-from dtlaunch.plan.hosts import Host
+from dtlaunch.job.hosts import Host
 from dtlaunch.plan.plan import RunRequest
 from dtlaunch.run import session
 from dtlaunch.run.execute import LaunchResult
@@ -25,7 +25,7 @@ def _no_kept_home_note(monkeypatch: pytest.MonkeyPatch) -> None:
     """This machine's training variables would add a kept-home note to every run's events."""
     import os
 
-    from dtlaunch.plan.env import EnvPlan, kept_home
+    from dtlaunch.job.env import EnvPlan, kept_home
 
     for name in kept_home(os.environ, EnvPlan(())):
         monkeypatch.delenv(name)

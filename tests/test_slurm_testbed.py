@@ -23,8 +23,8 @@ from testbed import TestBed
 
 from dtlaunch.cluster.allocation import detect
 from dtlaunch.cluster.slurm import build_batch_script, parse_sbatch_output
-from dtlaunch.plan.env import SLURM_LAUNCH_NAMES
-from dtlaunch.plan.hosts import Host
+from dtlaunch.job.env import SLURM_LAUNCH_NAMES
+from dtlaunch.job.hosts import Host
 
 pytestmark = pytest.mark.testbed
 IN_ALLOCATION = str(SCRIPTS / "in_allocation.py")

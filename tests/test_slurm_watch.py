@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dtlaunch.core.failure import Failure
-from dtlaunch.plan.hosts import Host
+from dtlaunch.job.hosts import Host
 from dtlaunch.run.execute import LaunchResult
 from dtlaunch.run.restarts import AttemptOutcome, blame_hosts, is_lost_host
 from dtlaunch.run.slurm_watch import (

@@ -14,6 +14,7 @@ from conftest import dtlaunch_argv
 from dtlaunch.agents import rsh
 from dtlaunch.core.errors import UsageError
 from dtlaunch.doctor import preflight
+from dtlaunch.job.hosts import Host
 from dtlaunch.mpi import JobSpec
 from dtlaunch.openmpi import mca
 from dtlaunch.openmpi.failures import analyze
@@ -24,7 +25,6 @@ from dtlaunch.openmpi.mca import (
     refuse_insecure,
     ssh_overrides,
 )
-from dtlaunch.plan.hosts import Host
 from dtlaunch.plan.plan import RunRequest, plan_run
 from dtlaunch.reach.ssh_options import SshOptions
 

@@ -25,7 +25,7 @@ from dtlaunch.check.mpi_checks import check_mpi
 from dtlaunch.check.report import FAIL, LAUNCHER, PASS, WARN, CheckResult, Status
 from dtlaunch.check.verdict import nccl_of
 from dtlaunch.core.bounded import run_bounded
-from dtlaunch.plan.env import looks_secret
+from dtlaunch.job.env import looks_secret
 
 STEERING_PREFIXES = ("OMPI_", "OPAL_", "PMIX_", "PRTE_", "ORTE_", "NCCL_", "HOROVOD_", "GLOO_",
                      "UCX_", "I_MPI_", "MPICH_", "TORCH_")

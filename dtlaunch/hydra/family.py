@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING
 
 from dtlaunch.agents import PIPE_BUF
 from dtlaunch.core.errors import UsageError
+from dtlaunch.job.binding import intel_pinning
+from dtlaunch.job.hosts import Host, format_hosts
 from dtlaunch.mpi import HYDRA_FAMILY, MPI_FAMILIES, Interfaces, JobSpec, MpiImpl, parse_mpirun_version
-from dtlaunch.plan.binding import intel_pinning
-from dtlaunch.plan.hosts import Host, format_hosts
 from dtlaunch.reach.ssh_options import refuse_any_host_key
 
 if TYPE_CHECKING:  # imported when a job runs, not for a dry run

@@ -11,10 +11,10 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from dtlaunch.agents import SSH_ARGS_ENV
+from dtlaunch.job.binding import binding_for, double_dash
+from dtlaunch.job.hosts import format_hosts
 from dtlaunch.mpi import INSTALL_OMPI_HINT, MIN_OMPI, Interfaces, JobSpec, MpiImpl, parse_mpirun_version
 from dtlaunch.openmpi.mca import param_files_set_ssh, refuse_insecure, ssh_overrides
-from dtlaunch.plan.binding import binding_for, double_dash
-from dtlaunch.plan.hosts import format_hosts
 from dtlaunch.reach.ssh_options import check_rsh_arg
 
 if TYPE_CHECKING:  # imported when a job runs, not for a dry run

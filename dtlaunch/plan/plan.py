@@ -7,11 +7,11 @@ from dataclasses import dataclass, field, replace
 
 from dtlaunch.agents import wrap_program
 from dtlaunch.core.errors import UsageError
+from dtlaunch.job.command import Program
+from dtlaunch.job.command import check_module_name as check_module_name  # re-exported for the CLI
+from dtlaunch.job.env import EnvPlan, build_launcher_env, plan_environment, slurm_launch_env
+from dtlaunch.job.hosts import Host, assign_ranks, total_slots
 from dtlaunch.mpi import Interfaces, JobSpec, MpiFamily, format_command
-from dtlaunch.plan.command import Program
-from dtlaunch.plan.command import check_module_name as check_module_name  # re-exported for the CLI
-from dtlaunch.plan.env import EnvPlan, build_launcher_env, plan_environment, slurm_launch_env
-from dtlaunch.plan.hosts import Host, assign_ranks, total_slots
 from dtlaunch.reach.ssh_options import SshOptions
 
 
@@ -31,7 +31,7 @@ class RunRequest:
     timeline: str | None = None
     tree_spawn: bool = False
     rsh_agent: str | None = None
-    # The ranks' command from dtlaunch.plan.command.parse_command; when set, script/module/args
+    # The ranks' command from dtlaunch.job.command.parse_command; when set, script/module/args
     # are not used.
     program: Program | None = None
     # Variables dtlaunch sets for every rank besides its own (horovodrun's options, the

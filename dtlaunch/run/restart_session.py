@@ -20,7 +20,7 @@ from dtlaunch.core.errors import EXIT_TIMEOUT
 from dtlaunch.core.failure import Failure
 from dtlaunch.core.interrupts import Interrupted, signals_raise
 from dtlaunch.doctor.doctor import COMMAND_TIMEOUT
-from dtlaunch.plan.hosts import Host
+from dtlaunch.job.hosts import Host
 from dtlaunch.probe import reach_for
 from dtlaunch.run.restart_report import build_report_json, build_report_lines
 from dtlaunch.run.restarts import (

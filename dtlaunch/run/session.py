@@ -22,15 +22,15 @@ from typing import TYPE_CHECKING
 from dtlaunch.check.gpus import choose_slots, slots_pending, unchecked_slots_text, visible_devices
 from dtlaunch.core.errors import EXIT_FAILURE, UsageError
 from dtlaunch.core.interrupts import signals_raise
+from dtlaunch.job.env import kept_home_note
 from dtlaunch.mpi import MpiFamily, MpiImpl
-from dtlaunch.plan.env import kept_home_note
 from dtlaunch.plan.plan import RunPlan, RunRequest, plan_run
 from dtlaunch.probe import reach_for
 from dtlaunch.run.launcher_choice import launcher_family, local_mpi
 
 if TYPE_CHECKING:
     from dtlaunch.check.report import DoctorReport
-    from dtlaunch.plan.hosts import Host
+    from dtlaunch.job.hosts import Host
     from dtlaunch.probe.prober import Reach
     from dtlaunch.run.execute import LaunchResult
 
