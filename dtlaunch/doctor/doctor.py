@@ -18,7 +18,8 @@ from dtlaunch.check.report import HOST, LAUNCHER, DoctorReport, HostOutcome, Rol
 from dtlaunch.check.verdict import evaluate
 from dtlaunch.core.tracker import Tracker
 from dtlaunch.probe.command import ProbeArgs
-from dtlaunch.probe.prober import Reach, fan_out, local_names, ssh_reach
+from dtlaunch.probe.prober import Reach, fan_out, local_names
+from dtlaunch.probe.ssh_prober import ssh_reach
 from dtlaunch.reach.ssh_options import SshOptions
 
 Progress = Callable[[int, int, str], None]

@@ -32,7 +32,8 @@ from dtlaunch.doctor.preflight_cache import (
     drop_cache,
     write_cache,
 )
-from dtlaunch.probe.prober import Prober, Reach, fan_out, local_names, ssh_reach
+from dtlaunch.probe.prober import Prober, Reach, fan_out, local_names
+from dtlaunch.probe.ssh_prober import ssh_reach
 
 if TYPE_CHECKING:
     from dtlaunch.check.network import NetworkChoice

@@ -12,7 +12,8 @@ from typing import Any
 
 from dtlaunch.check.report import HOST, HostOutcome, unreachable
 from dtlaunch.core.tracker import Tracker
-from dtlaunch.probe.command import END_MARK, ProbeArgs, build_remote_command
+from dtlaunch.probe.command import END_MARK, ProbeArgs, build_remote_command, probe_local
+from dtlaunch.probe.prober import Reach
 from dtlaunch.reach.ssh_errors import SshFailure
 from dtlaunch.reach.ssh_options import SshOptions
 
@@ -73,3 +74,8 @@ class SshProber:
 
     def close(self) -> None:
         self._tracker.close_all()
+
+
+def ssh_reach(options: SshOptions) -> Reach:
+    """Remote hosts over SSH, this machine through a local shell: the default."""
+    return Reach(prober=lambda: SshProber(options), here=probe_local)
