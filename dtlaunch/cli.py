@@ -374,21 +374,16 @@ def doctor(hosts: str | None, hostfile: str | None, iface: str | None, python: s
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def env_check(as_json: bool) -> None:
     """Report this machine: OS, Python, Open MPI, Horovod, PyTorch, GPUs, network, SSH."""
-    import json
-
-    from dtlaunch.doctor.envcheck import env_report, evaluate_env, gather_env
+    from dtlaunch.console.render import env_to_json, render_env
+    from dtlaunch.doctor.envcheck import check_env
 
     with signals_raise():
-        facts, host = gather_env()
-    items = evaluate_env(facts, host)
-    report = env_report(facts, items)
+        report = check_env()
     if as_json:
-        click.echo(json.dumps(report, indent=2, default=str))
+        click.echo(env_to_json(report))
     else:
-        from dtlaunch.console.render import render_env
-
-        render_env(items)
-    sys.exit(EXIT_OK if report["ok"] else EXIT_FAILURE)
+        render_env(report)
+    sys.exit(EXIT_OK if report.ok else EXIT_FAILURE)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

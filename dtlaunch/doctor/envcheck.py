@@ -264,6 +264,23 @@ def gpu_items(gpus: Mapping[str, Any], host: HostFacts) -> list[EnvItem]:
     return items
 
 
-def env_report(facts: Mapping[str, Any], items: tuple[EnvItem, ...]) -> dict[str, Any]:
-    return {"ok": all(i.check.status != FAIL for i in items), **facts,
-            "items": [i.to_dict() for i in items]}
+@dataclass(frozen=True)
+class EnvReport:
+    """env-check's outcome: what was gathered (as `--json` shows it) and each row judged."""
+
+    facts: Mapping[str, Any]
+    items: tuple[EnvItem, ...]
+
+    @property
+    def ok(self) -> bool:
+        return all(i.check.status != FAIL for i in self.items)
+
+
+def env_report(facts: Mapping[str, Any], items: tuple[EnvItem, ...]) -> EnvReport:
+    return EnvReport(facts, items)
+
+
+def check_env(environ: Mapping[str, str] | None = None) -> EnvReport:
+    """This machine gathered and judged: env-check's one library call."""
+    facts, host = gather_env(environ)
+    return EnvReport(facts, evaluate_env(facts, host))
