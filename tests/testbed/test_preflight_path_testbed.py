@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from conftest import dtlaunch_argv
-from testbed import TestBed
+from helpers.testbed import TestBed
 
 pytestmark = pytest.mark.testbed
 

@@ -3,7 +3,7 @@ MPI (PyPI's wheels in their own venvs, Horovod built against each). Real sshd, r
 real ranks.
 
 `run_mpi_env` covers the Open MPIs (conftest.DTLAUNCH_RUN_MPIS); MPICH and Intel MPI have the
-same suite through Hydra in tests/test_hydra_testbed.py. `mpi_env` covers every MPI, for what
+same suite through Hydra in tests/testbed/test_hydra_testbed.py. `mpi_env` covers every MPI, for what
 holds for all of them (Horovod's build for that MPI).
 """
 
@@ -20,7 +20,7 @@ import pytest
 from conftest import MPI_VENVS, SCRIPTS, MpiEnv
 from helpers.jobs import assert_no_strays, records, start_job
 from helpers.procs import HANG, survivors
-from testbed import TestBed
+from helpers.testbed import TestBed
 
 pytestmark = pytest.mark.testbed
 PROBE = str(SCRIPTS / "rank_probe.py")

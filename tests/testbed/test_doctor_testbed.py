@@ -11,16 +11,14 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import helpers.testbed as tb
 import psutil
 import pytest
 from conftest import require_testbed
 from helpers.procs import kill_all, sleeping, survivors, wait_for
 
-sys.path.insert(0, str(Path(__file__).parent))
-import testbed as tb
-
 pytestmark = pytest.mark.testbed
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

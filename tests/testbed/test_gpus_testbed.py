@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from conftest import dtlaunch_argv
 from helpers.gpus import A100_HEADER, A100_QUERY, fake_smi
-from testbed import TestBed
+from helpers.testbed import TestBed
 
 pytestmark = pytest.mark.testbed
 

@@ -16,7 +16,7 @@ import pytest
 from conftest import SCRIPTS, dtlaunch_argv
 from helpers.jobs import assert_no_strays, records
 from helpers.procs import HANG, wait_for
-from testbed import DOCKER0_ADDRESS, TestBed
+from helpers.testbed import DOCKER0_ADDRESS, TestBed
 
 from dtlaunch.check.facts import HostFacts, parse_probe_output
 from dtlaunch.check.network import choose_network

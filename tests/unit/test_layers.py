@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parent.parent / "dtlaunch"
+PACKAGE = Path(__file__).resolve().parents[2] / "dtlaunch"
 DOCS = PACKAGE.parent / "docs"
 
 # Each room of the package (a subpackage, or one of the three files that face their layer) and
@@ -190,8 +190,18 @@ def test_the_architecture_page_maps_every_room_and_module() -> None:
 
 
 def test_no_test_file_imports_another() -> None:
-    """What tests share lives in tests/helpers/ (or conftest.py and the test beds)."""
-    tests = Path(__file__).resolve().parent
-    wrong = [f"{path.name}:{line} imports {name}" for path in sorted(tests.glob("test_*.py"))
+    """What tests share lives in tests/helpers/ (the test beds among them) or conftest.py."""
+    tests = Path(__file__).resolve().parents[1]
+    wrong = [f"{path.name}:{line} imports {name}" for path in sorted(tests.rglob("test_*.py"))
              for name, line in imports(path) if name.split(".")[0].startswith("test_")]
     assert not wrong
+
+
+def test_tests_live_by_what_they_need() -> None:
+    """tests/unit/ needs no root, no network namespace, no sshd, no Slurm and no extra MPI venv;
+    what needs the test bed lives in tests/testbed/ (the `testbed` marker, added from the
+    fixtures a test uses, is held to the folder in conftest.py)."""
+    tests = Path(__file__).resolve().parents[1]
+    assert not list(tests.glob("test_*.py")), "a test file outside tests/unit and tests/testbed"
+    assert sorted(p.name for p in (tests / "testbed").glob("test_*.py"))
+    assert sorted(p.name for p in (tests / "unit").glob("test_*.py"))

@@ -8,7 +8,7 @@ namespace (the launcher, like a login node); each slurmd runs inside its host's 
 namespaces and a private mount namespace with its own tmpfs /tmp, as a real node has (Slurm's
 PMIx plugin fails every step on a /tmp shared between nodes). What jobs need is bound back
 into that /tmp wherever it lives (`job_paths`: the checkout, the venvs, HOME), so the suite
-runs from a checkout under /tmp too (tests/test_slurm_paths_testbed.py).
+runs from a checkout under /tmp too (tests/testbed/test_slurm_paths_testbed.py).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from testbed import TestBed
+from helpers.testbed import TestBed
 
 SLURM_TOOLS = ("munged", "slurmctld", "slurmd", "slurmstepd", "srun", "salloc", "sbatch", "sinfo",
                "scancel", "squeue")

@@ -18,7 +18,7 @@ from conftest import SCRIPTS, dtlaunch_argv
 from helpers.jobs import assert_no_strays
 from helpers.procs import HANG, survivors, wait_for
 from helpers.ptb import PTB_DIR, needs_ptb
-from testbed import TestBed
+from helpers.testbed import TestBed
 
 PROBE = str(SCRIPTS / "restart_probe.py")
 

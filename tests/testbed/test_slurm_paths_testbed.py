@@ -18,16 +18,16 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, require_testbed
-from slurm_bed import missing_slurm
-from testbed import under_tmp
+from helpers.slurm_bed import missing_slurm
+from helpers.testbed import under_tmp
 
 pytestmark = pytest.mark.testbed
 
 SELECTED = (
-    "tests/test_slurm_testbed.py::test_srun_probe_reaches_every_allocated_node_and_maps_answers",
-    "tests/test_slurm_testbed.py::test_mpirun_starts_ranks_through_slurm_without_ssh",
-    "tests/test_slurm_run_testbed.py::test_run_places_ranks_on_the_allocated_nodes_and_allreduces",
-    "tests/test_slurm_run_testbed.py::test_submit_with_no_sbatch_options_runs_and_completes",
+    "tests/testbed/test_slurm_testbed.py::test_srun_probe_reaches_every_allocated_node_and_maps_answers",
+    "tests/testbed/test_slurm_testbed.py::test_mpirun_starts_ranks_through_slurm_without_ssh",
+    "tests/testbed/test_slurm_run_testbed.py::test_run_places_ranks_on_the_allocated_nodes_and_allreduces",
+    "tests/testbed/test_slurm_run_testbed.py::test_submit_with_no_sbatch_options_runs_and_completes",
 )
 
 

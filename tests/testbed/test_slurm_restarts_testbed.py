@@ -18,10 +18,10 @@ from typing import Any
 
 import psutil
 import pytest
-import slurm_bed
 from conftest import SCRIPTS, dtlaunch_argv
+from helpers import slurm_bed
 from helpers.procs import cmdline, survivors, wait_for
-from slurm_bed import SlurmCluster
+from helpers.slurm_bed import SlurmCluster
 
 pytestmark = pytest.mark.testbed
 PROBE = str(SCRIPTS / "restart_probe.py")

@@ -19,7 +19,7 @@ import pytest
 from conftest import SCRIPTS, dtlaunch_argv
 from helpers.jobs import records, start_job
 from helpers.procs import cmdline, survivors
-from slurm_bed import SlurmCluster
+from helpers.slurm_bed import SlurmCluster
 
 pytestmark = pytest.mark.testbed
 PROBE = str(SCRIPTS / "rank_probe.py")

@@ -15,15 +15,15 @@ import pytest
 from conftest import SCRIPTS, dtlaunch_argv
 from helpers.jobs import assert_no_strays, records
 from helpers.procs import alive, cmdline, descendants, pids_containing, ppid, sleeping, survivors, wait_for
-from slurm_bed import SlurmCluster
-from testbed import TestBed
+from helpers.slurm_bed import SlurmCluster
+from helpers.testbed import TestBed
 
 from dtlaunch.agents.lifeline import stop_session
 from dtlaunch.agents.rsh import LOST_PREFIX, SSH_ARGS_ENV
 
 pytestmark = pytest.mark.testbed
 PROBE = str(SCRIPTS / "rank_probe.py")
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGQUIT])

@@ -22,7 +22,7 @@ import pytest
 from conftest import MPI_VENVS, SCRIPTS, _unavailable, dtlaunch_argv, make_mpi_env
 from helpers.jobs import assert_no_strays as _assert_no_strays
 from helpers.jobs import records, start_job
-from testbed import TestBed
+from helpers.testbed import TestBed
 
 pytestmark = pytest.mark.testbed
 PROBE = str(SCRIPTS / "rank_probe.py")

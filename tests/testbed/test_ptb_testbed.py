@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import dtlaunch_argv
 from helpers.ptb import PTB_DIR, needs_ptb
-from testbed import TestBed
+from helpers.testbed import TestBed
 
 pytestmark = [pytest.mark.testbed, pytest.mark.horovod]
 

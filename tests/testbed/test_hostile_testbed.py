@@ -19,7 +19,7 @@ import pytest
 from conftest import SCRIPTS, dtlaunch_argv
 from helpers.jobs import assert_no_strays
 from helpers.procs import alive
-from testbed import TestBed
+from helpers.testbed import TestBed
 
 pytestmark = pytest.mark.testbed
 HOSTILE = str(SCRIPTS / "hostile_rank.py")

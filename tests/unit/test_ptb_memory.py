@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 # A fresh interpreter, as a rank is: a few training steps of PTB small at batch 20 (random
 # tokens: a step's cost does not depend on which words it sees), counting the page faults of

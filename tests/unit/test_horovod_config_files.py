@@ -29,7 +29,7 @@ from dtlaunch.horovod.config_file import (
 from dtlaunch.horovod.options import parse_horovod_args
 from dtlaunch.horovod.settings import BOOL
 
-HOROVOD_FILES = sorted((Path(__file__).parent / "data" / "horovod").glob("*.yaml"))
+HOROVOD_FILES = sorted((Path(__file__).parents[1] / "data" / "horovod").glob("*.yaml"))
 # Keys Horovod renamed, as its history shows: (section, old) -> (new, the switch flipped).
 # Newest first: where several old names of one key are given, the newest counts.
 RENAMES = {("library_options", "ccl_bgt_affinity"): ("thread_affinity", False),

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 from conftest import SCRIPTS
 from helpers.jobs import records
-from slurm_bed import SlurmCluster
-from testbed import TestBed
+from helpers.slurm_bed import SlurmCluster
+from helpers.testbed import TestBed
 
 from dtlaunch.cluster.allocation import detect
 from dtlaunch.cluster.slurm import build_batch_script, parse_sbatch_output
@@ -173,7 +173,7 @@ def test_sbatch_runs_a_batch_script_built_by_dtlaunch(slurm_cluster: SlurmCluste
 
 def test_cluster_stops_cleanly(make_bed: object, tmp_path: Path) -> None:
     """A second, private cluster: stop() leaves no daemon, no node process and no files."""
-    from slurm_bed import start_slurm_cluster
+    from helpers.slurm_bed import start_slurm_cluster
 
     bed = make_bed(2)  # type: ignore[operator]
     cluster = start_slurm_cluster(bed)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from conftest import SCRIPTS, dtlaunch_argv
-from testbed import TestBed
+from helpers.testbed import TestBed
 
 pytestmark = pytest.mark.testbed
 PROBE = str(SCRIPTS / "rank_probe.py")

@@ -18,7 +18,7 @@ from dtlaunch.agents import lifeline
 from dtlaunch.openmpi.family import OPEN_MPI
 from dtlaunch.run.execute import execute
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 # A job that ignores SIGTERM and has a child that ignores it too: only SIGKILL ends them.
 STUBBORN_JOB = textwrap.dedent("""

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import SCRIPTS, dtlaunch_argv
 from helpers.jobs import assert_no_strays, records
-from testbed import TestBed
+from helpers.testbed import TestBed
 
 pytestmark = pytest.mark.testbed
 PROBE = str(SCRIPTS / "rank_probe.py")

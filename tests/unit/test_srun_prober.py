@@ -1,6 +1,6 @@
 """SrunProber's handling of srun itself: a step that never answers is named and ended, a
 failed step is named with srun's reason. srun here is a small stand-in script; the real
-srun path is covered by tests/test_slurm_run_testbed.py."""
+srun path is covered by tests/testbed/test_slurm_run_testbed.py."""
 
 from __future__ import annotations
 
