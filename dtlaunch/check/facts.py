@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dtlaunch.check.gpu_facts import GpuFacts, nccl_from_code, parse_gpu_probe
-from dtlaunch.mpi import MpiImpl, parse_mpirun_version
+from dtlaunch.core.mpi_kinds import MpiImpl, parse_mpirun_version
 
 SECTION_MARK = "@@"
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from dtlaunch.check.facts import PythonFacts
 from dtlaunch.check.report import FAIL, PASS, CheckResult
-from dtlaunch.mpi import MpiImpl, kinds_with_libmpi
+from dtlaunch.core.mpi_kinds import MpiImpl, kinds_with_libmpi
 
 _SONAME = re.compile(r"libmpi\.so\.(\d+)(?:\.(\d+))?(?:\.\d+)*")
 

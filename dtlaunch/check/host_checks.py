@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 from dtlaunch.check.facts import HostFacts, Iface, PythonFacts
 from dtlaunch.check.report import FAIL, HOST, LAUNCHER, PASS, SKIP, WARN, CheckResult, Role
-from dtlaunch.mpi import INSTALL_OMPI_HINT, Interfaces
+from dtlaunch.core.mpi_kinds import INSTALL_OMPI_HINT
+from dtlaunch.job.iface import Interfaces
 
 UNROUTABLE_PREFIXES = ("lo", "docker", "virbr", "veth", "br-", "cni", "flannel", "tun", "tap")
 

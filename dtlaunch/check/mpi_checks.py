@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from dtlaunch.check.facts import HostFacts
 from dtlaunch.check.report import FAIL, PASS, SKIP, CheckResult
-from dtlaunch.hydra.family import HYDRA
 from dtlaunch.mpi import INSTALL_OMPI_HINT, MIN_OMPI, MpiImpl
 
 NAME = "mpi"  # the report's column for the MPI implementation
@@ -29,9 +28,7 @@ def check_mpi(facts: HostFacts, launcher: MpiImpl | None) -> CheckResult:
         return _against_hydra(facts, impl, launcher)
     if impl.is_hydra:
         if launcher is None:  # this machine alone: Hydra's MPIs are supported too
-            why = HYDRA.unsupported(impl, str(facts.mpirun))
-            return CheckResult(NAME, FAIL, why, HYDRA.install_hint) if why else \
-                CheckResult(NAME, PASS, _named(impl))
+            return _alone(facts, impl)
         if launcher.is_open_mpi:
             return CheckResult(
                 NAME, FAIL, f"{facts.mpirun} is {_named(impl)}; the launcher's mpirun is "
@@ -43,6 +40,19 @@ def check_mpi(facts: HostFacts, launcher: MpiImpl | None) -> CheckResult:
     if launcher is not None and launcher.is_open_mpi and launcher.release >= MIN_OMPI:
         ompi_version = launcher.version
     return check_open_mpi(facts, ompi_version)
+
+
+def _alone(facts: HostFacts, impl: MpiImpl) -> CheckResult:
+    """An MPI judged on its own (env-check): one dtlaunch supports, recent enough."""
+    kind = impl.kind
+    if kind is None:
+        return CheckResult(NAME, FAIL, f"{facts.mpirun} is {impl.name}, not an MPI dtlaunch "
+                           "starts (Open MPI, MPICH, Intel MPI)", INSTALL_OMPI_HINT)
+    if impl.release and impl.release < kind.min_release:
+        least = ".".join(map(str, kind.min_release))
+        return CheckResult(NAME, FAIL, f"{facts.mpirun} is {_named(impl)}; dtlaunch needs "
+                           f">= {least}", kind.install_hint)
+    return CheckResult(NAME, PASS, _named(impl))
 
 
 def _against_hydra(facts: HostFacts, impl: MpiImpl, launcher: MpiImpl) -> CheckResult:

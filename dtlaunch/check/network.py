@@ -29,7 +29,7 @@ from typing import Any
 from dtlaunch.check.facts import Iface
 from dtlaunch.check.report import FAIL, PASS, CheckResult, HostOutcome
 from dtlaunch.check.report import LAUNCHER as LAUNCHER_ROLE
-from dtlaunch.mpi import Interfaces
+from dtlaunch.job.iface import Interfaces
 
 HOST_LOCAL_PREFIXES = ("docker", "virbr", "veth", "br-", "cni", "podman", "lxcbr", "lxdbr")
 LAUNCHER = "this machine"

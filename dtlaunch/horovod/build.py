@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dtlaunch.core.errors import DtlaunchError, UsageError
+from dtlaunch.core.mpi_kinds import MpiImpl, parse_mpirun_version
 from dtlaunch.horovod.source import extract_sdist, patch_cxx_standard
-from dtlaunch.mpi import MpiImpl, parse_mpirun_version
 
 HOROVOD_VERSION = "0.28.1"
 DOWNLOAD_TIMEOUT = 300

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from dtlaunch.agents import PIPE_BUF
 from dtlaunch.core.errors import UsageError
+from dtlaunch.core.mpi_kinds import INSTALL_MPICH_HINT
 from dtlaunch.job.binding import intel_pinning
 from dtlaunch.job.hosts import Host, format_hosts
 from dtlaunch.mpi import HYDRA_FAMILY, MPI_FAMILIES, Interfaces, JobSpec, MpiImpl, parse_mpirun_version
@@ -28,11 +29,6 @@ if TYPE_CHECKING:  # imported when a job runs, not for a dry run
     from dtlaunch.hydra.output import HydraDemux
 
 HYDRA_IMPLS = tuple(name for name, family in MPI_FAMILIES.items() if family == HYDRA_FAMILY)
-MIN_MPICH = (3, 0)
-INSTALL_MPICH_HINT = (
-    "install MPICH ('apt-get install mpich libmpich-dev', or 'pip install mpich' into the venv "
-    "the job runs from) or load Intel MPI's environment, then make its mpiexec come first on PATH"
-)
 
 # What picks Hydra's launcher (and so how ssh is run), on its command line or in its environment.
 LAUNCHER_ARGS = ("-launcher", "-launcher-exec", "-bootstrap", "-bootstrap-exec", "-rsh", "-ssh")
@@ -174,8 +170,10 @@ class Hydra:
     def unsupported(self, impl: MpiImpl, program: str) -> str | None:
         if impl.name not in HYDRA_IMPLS:
             return f"{program} is {impl.name}, not MPICH or Intel MPI"
-        if impl.name == "MPICH" and impl.release and impl.release < MIN_MPICH:
-            return f"{program} is MPICH {impl.version}; dtlaunch needs >= 3.0"
+        least = impl.kind.min_release if impl.kind else ()
+        if impl.release and impl.release < least:
+            return (f"{program} is {impl.name} {impl.version}; dtlaunch needs >= "
+                    + ".".join(map(str, least)))
         return None
 
     def _agent(self, spec: JobSpec) -> SupportFile | None:

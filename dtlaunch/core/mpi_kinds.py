@@ -1,0 +1,116 @@
+"""Which MPI an installation is, classified once: its `--version` banner read into an MpiImpl
+(name, version), and MPI_KINDS, the one table of what dtlaunch knows of each MPI (the family
+whose launcher starts it, its Horovod wheel slug, its libmpi ABI). Pure; below everything that
+judges or starts an MPI, so that reading a host's facts needs nothing else."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from packaging.version import InvalidVersion, Version
+
+MIN_OMPI = (3, 0)
+INSTALL_OMPI_HINT = (
+    "install Open MPI: 'apt-get install openmpi-bin libopenmpi-dev' (Debian/Ubuntu) or "
+    "'dnf install openmpi openmpi-devel' (RHEL/Fedora), then make sure mpirun is on PATH"
+)
+INSTALL_MPICH_HINT = (
+    "install MPICH ('apt-get install mpich libmpich-dev', or 'pip install mpich' into the venv "
+    "the job runs from) or load Intel MPI's environment, then make its mpiexec come first on PATH"
+)
+
+# Each implementation's `--version` banner; the version text itself is read by `packaging`.
+# Open MPI 4's mpiexec (Debian's too) answers as OpenRTE's, under its own name.
+_OMPI_RE = re.compile(r"\((?:Open MPI|OpenRTE)\)\s+(\S+)")
+_INTEL_RE = re.compile(r"Version\s+(\S+)")
+_HYDRA_RE = re.compile(r"Version:\s+(\S+)")
+
+
+OPEN_MPI_FAMILY, HYDRA_FAMILY = "Open MPI", "Hydra"
+
+
+@dataclass(frozen=True)
+class MpiKind:
+    """What dtlaunch knows of one MPI implementation beyond its launcher."""
+
+    name: str  # as parse_mpirun_version names it
+    family: str  # the family whose launcher starts its jobs
+    slug: str  # its short name in the names of the Horovod wheels dtlaunch builds
+    libmpi_major: str  # the N of the libmpi.so.N its libraries carry (the ABI Horovod links)
+    # libmpi.so.N.M: (least M, the release's major version), highest first, where M tells it.
+    libmpi_releases: tuple[tuple[int, int], ...] = ()
+    install_hint: str = ""  # how to install it (the fix for a host without it)
+    min_release: tuple[int, ...] = ()  # the oldest release dtlaunch supports
+    # The variable its compiler wrappers read their installation prefix from, set when
+    # Horovod is built against it; "" when they need none.
+    prefix_variable: str = ""
+
+
+# The one classification of an MPI by its name (none: unsupported). A new MPI is a line here
+# and, for a new way to start jobs, a family folder.
+MPI_KINDS = {kind.name: kind for kind in (
+    # libtool's age: 0-10 for 3.x, 20-30 for 4.x, 40 for 5.x.
+    MpiKind("Open MPI", OPEN_MPI_FAMILY, "ompi", "40", ((40, 5), (20, 4), (0, 3)),
+            INSTALL_OMPI_HINT, MIN_OMPI),
+    MpiKind("MPICH", HYDRA_FAMILY, "mpich", "12", (), INSTALL_MPICH_HINT, (3, 0)),
+    MpiKind("Intel MPI", HYDRA_FAMILY, "impi", "12", (), INSTALL_MPICH_HINT,
+            prefix_variable="I_MPI_ROOT"),
+)}
+MPI_FAMILIES = {name: kind.family for name, kind in MPI_KINDS.items()}
+
+
+def kinds_with_libmpi(major: str) -> tuple[MpiKind, ...]:
+    """The MPIs whose libmpi is libmpi.so.`major`: one ABI, possibly several MPIs."""
+    return tuple(kind for kind in MPI_KINDS.values() if kind.libmpi_major == major)
+
+
+@dataclass(frozen=True)
+class MpiImpl:
+    name: str  # "Open MPI", "MPICH", "Intel MPI", "unknown"
+    version: str  # "4.1.4" or "" when unknown
+
+    @property
+    def release(self) -> tuple[int, ...]:
+        """(4, 1, 4); () when the version is unknown or unreadable."""
+        try:
+            return Version(self.version).release
+        except InvalidVersion:
+            return ()
+
+    @property
+    def kind(self) -> MpiKind | None:
+        """What dtlaunch knows of this MPI; None for one it does not support."""
+        return MPI_KINDS.get(self.name)
+
+    @property
+    def family(self) -> str | None:
+        """OPEN_MPI_FAMILY, HYDRA_FAMILY, or None for an MPI no family starts."""
+        return MPI_FAMILIES.get(self.name)
+
+    @property
+    def is_open_mpi(self) -> bool:
+        return self.family == OPEN_MPI_FAMILY
+
+    @property
+    def is_hydra(self) -> bool:
+        return self.family == HYDRA_FAMILY
+
+
+def parse_mpirun_version(text: str) -> MpiImpl:
+    """Read the `--version` output of any MPI implementation's launcher."""
+    match = _OMPI_RE.search(text)
+    if match:
+        return MpiImpl("Open MPI", match.group(1))
+    lowered = text.lower()
+    if "intel(r) mpi" in lowered or "intel mpi" in lowered:
+        found = _INTEL_RE.search(text)
+        return MpiImpl("Intel MPI", found.group(1) if found else "")
+    found = _HYDRA_RE.search(text)
+    # "hydra" alone is no banner: Intel MPI's mpirun says "mpiexec.hydra: not found" when
+    # mpiexec.hydra is not on PATH.
+    if ("hydra" in lowered and found) or "mpich" in lowered:
+        return MpiImpl("MPICH", found.group(1) if found else "")
+    if "mvapich" in lowered:
+        return MpiImpl("MVAPICH", "")
+    return MpiImpl("unknown", "")
