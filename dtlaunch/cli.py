@@ -237,6 +237,13 @@ def read_run(ctx: click.Context, params: Mapping[str, Any], hvd: HorovodArgs) ->
     if p["args"]:  # what click left before the program: options it does not know
         raise UsageError(f"run: unknown option {p['args'][0]}"
                          f"{suggest_option(p['args'][0], known)}")
+    ranks = None
+    if p.get("ranks_spec") is not None and p.get("local_ranks_spec") is not None:
+        raise UsageError("--ranks and --local-ranks-filter both pick the ranks shown; give one")
+    if p.get("ranks_spec") is not None:
+        ranks = parse_rank_filter(p["ranks_spec"])
+    elif p.get("local_ranks_spec") is not None:
+        ranks = parse_rank_filter(p["local_ranks_spec"], local=True)
     request = build_run_request(RunArgs(
         hosts=read_hosts(p["hosts"], p["hostfile"]),
         python=p["python"],
@@ -262,13 +269,6 @@ def read_run(ctx: click.Context, params: Mapping[str, Any], hvd: HorovodArgs) ->
     if max_restarts is not None:
         policy = check_policy(RestartPolicy(max_restarts, min_np if min_np is not None else 1,
                                             delay or 0.0, p["oversubscribe"]), request.num_proc)
-    ranks = None
-    if p.get("ranks_spec") is not None and p.get("local_ranks_spec") is not None:
-        raise UsageError("--ranks and --local-ranks-filter both pick the ranks shown; give one")
-    if p.get("ranks_spec") is not None:
-        ranks = parse_rank_filter(p["ranks_spec"])
-    elif p.get("local_ranks_spec") is not None:
-        ranks = parse_rank_filter(p["local_ranks_spec"], local=True)
     return RunSetup(request, hvd, output_dir, policy, ranks)
 
 
