@@ -64,11 +64,12 @@ def _event_printer(verbose: bool, line: Any = None) -> Callable[[Any], None]:
             if line is not None and event.progress is not None:
                 line.update(event.progress)
             return
-        if line is not None:
+        shown = event.level in (EventLevel.WARNING, EventLevel.NOTE) or verbose
+        if line is not None and shown:
             line.pause()  # a message: the live line steps aside, the next count redraws it
         if event.level is EventLevel.WARNING:
             _warn(event.text)
-        elif event.level is EventLevel.NOTE or verbose:
+        elif shown:
             _note(event.text)
 
     return show
