@@ -136,9 +136,6 @@ def run(ctx: click.Context, /, hosts: str | None, hostfile: str | None, iface: s
         return
     setup = read_run(ctx, ctx.params, hvd)
     request, policy = setup.request, setup.policy
-    if as_json and policy is not None:
-        raise UsageError("--json goes without --max-restarts (the attempts' report is "
-                         "--output-dir's attempts.json)")
     if as_json and dry_run:
         raise UsageError("--json reports how a job ended; --dry-run starts none")
     from dtlaunch.console.render import ProgressLine
@@ -270,6 +267,9 @@ def read_run(ctx: click.Context, params: Mapping[str, Any], hvd: HorovodArgs) ->
     if max_restarts is not None:
         policy = check_policy(RestartPolicy(max_restarts, min_np if min_np is not None else 1,
                                             delay or 0.0, p["oversubscribe"]), request.num_proc)
+    if p.get("as_json") and policy is not None:
+        raise UsageError("--json goes without --max-restarts (the attempts' report is "
+                         "--output-dir's attempts.json)")
     return RunSetup(request, hvd, output_dir, policy, ranks)
 
 
