@@ -18,7 +18,8 @@ Records, one per line (protocol version 2; the payload is escaped, not encoded):
 
 kinds: `h` the host's name (sent first), `o`/`e` a chunk of the program's stdout/stderr,
 sent as soon as it is read (binary-safe, no waiting for a newline), `x` the program's end
-(`exit N` or `signal N`, then ` @SECONDS`: when it ended, time.time() here), `n` the program could not be started (its name). Escaping touches
+(`exit N` or `signal N`, then ` @SECONDS`: when it ended, time.time() here), `n` the
+program could not be started (its name). Escaping touches
 three bytes only: ESC (0x10) becomes ESC `0`, `\\n` ESC `1` and `[` ESC `2`, so a payload
 holds no newline (a record is one line) and no `[` (a rank's own text can never pass for a
 launcher's tag, Open MPI's `[1,7]<stdout>:` or Hydra's `[7] `), and text stays as it was.

@@ -139,10 +139,14 @@ class ProgressLine:
     (`pause`) for a message; the next count draws it again."""
 
     def __init__(self, enabled: bool) -> None:
+        import threading
+
         self.enabled = enabled
         self.counts: dict[str, tuple[int, int]] = {}
         self.live: Any = None
         self.over = False
+        # The job's output threads count ranks while the main thread prints messages.
+        self.lock = threading.RLock()
 
     def __enter__(self) -> ProgressLine:
         return self
@@ -156,6 +160,10 @@ class ProgressLine:
                                  if item[0] in STAGES else len(STAGES)))
 
     def update(self, progress: Progress) -> None:
+        with self.lock:
+            self._update(progress)
+
+    def _update(self, progress: Progress) -> None:
         if progress.stage == RANKS_RUNNING and progress.done == 0 and not progress.final:
             self.over = False  # a (new) launch begins: a restart's attempt draws it anew
         if not self.enabled or self.over:
@@ -184,13 +192,15 @@ class ProgressLine:
 
     def pause(self) -> None:
         """Take the line off the screen (a message follows, or the start is over)."""
-        if self.live is not None:
-            live, self.live = self.live, None
-            live.stop()
+        with self.lock:
+            if self.live is not None:
+                live, self.live = self.live, None
+                live.stop()
 
     def close(self) -> None:
-        self.over = True
-        self.pause()
+        with self.lock:
+            self.over = True
+            self.pause()
 
 
 STAGES = (HOSTS_CHECKED, HOSTS_UP, RANKS_RUNNING)
