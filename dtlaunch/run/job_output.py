@@ -190,6 +190,8 @@ class JobOutput:
         self.tails: dict[int, bytearray] = {}
         self.on_progress = on_progress
         self.starting = on_progress is not None  # the progress line may be up
+        self.host_count = len(set(self.predicted))
+        self.hosts_up: set[str] = set()  # hosts where a rank has started (as planned)
         self.not_started: dict[int, str] = {}  # rank -> the program that could not be run
         self.lock = threading.Lock()
         make = new_demux or OpenMpiDemux
@@ -265,10 +267,9 @@ class JobOutput:
             return
         total = len(self.predicted)
         running = len(self.reported)
-        hosts = len(set(self.predicted))
-        up = len({self.predicted[r] if r < total else h for r, h in self.reported.items()})
         final = running >= total
-        self.on_progress(Progress(HOSTS_UP, min(up, hosts), hosts))
+        self.on_progress(Progress(HOSTS_UP, min(len(self.hosts_up), self.host_count),
+                                  self.host_count))
         self.on_progress(Progress(RANKS_RUNNING, running, total, final))
         self.starting = not final
 
@@ -284,6 +285,7 @@ class JobOutput:
         if isinstance(event, RankHost):
             predicted = self.predicted[event.rank] if event.rank < len(self.predicted) else None
             self.reported[event.rank] = host_name(event.host, predicted, self.predicted)
+            self.hosts_up.add(predicted if predicted is not None else event.host)
             self._progress()
         elif isinstance(event, RankExit):
             self.exits[event.rank] = event.how
