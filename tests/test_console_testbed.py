@@ -12,13 +12,14 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import SCRIPTS, dtlaunch_argv
+from conftest import SCRIPTS, MpiEnv, dtlaunch_argv
 from helpers.jobs import assert_no_strays
 from helpers.procs import HANG
 from testbed import TestBed
 
 pytestmark = pytest.mark.testbed
 PROBE = str(SCRIPTS / "rank_probe.py")
+FAIL_AFTER_ALL = str(SCRIPTS / "fail_after_all.py")
 HOSTS = "h1:2,h2:2,h3:1"  # ranks 0-1 on h1, 2-3 on h2, 4 on h3
 WHERE = ["h1", "h1", "h2", "h2", "h3"]
 
@@ -29,20 +30,24 @@ def argv(bed: TestBed, *args: str) -> list[str]:
 
 
 def test_the_root_cause_comes_first_the_rest_grouped_and_the_filter_hides_the_others(
-        bed: TestBed, tmp_path: Path) -> None:
-    """Rank 4 (alone on h3) exits 5; mpirun kills ranks 0-3 on h1 and h2. The console shows
-    rank 0 only, yet the report names rank 4 first with its last line, the others in one line
-    per cause; --json says the same on stdout; every rank's log is whole."""
+        bed: TestBed, tmp_path: Path, mpi_env: MpiEnv) -> None:
+    """Rank 4 (alone on h3) exits 5; the launcher kills ranks 0-3 on h1 and h2 (mpirun itself,
+    or dtlaunch under Hydra). The console shows rank 0 only, yet the report names rank 4 first
+    with its last line, the others in one line per cause; --json says the same on stdout;
+    every rank's log is whole. With each MPI."""
     logs = tmp_path / "logs"
-    result = subprocess.run(
-        argv(bed, "--no-check", "--ranks", "0", "--output-dir", str(logs), "--json", PROBE,
-             "--out", str(tmp_path), "--exit-rank", "4", "--exit-code", "5", "--sleep", "600"),
-        capture_output=True, text=True, timeout=HANG)
+    # From inside h1, with an interface name, as every MPI takes it (Hydra takes no subnet).
+    command = mpi_env.dtlaunch_argv(
+        "run", "--no-check", "-H", HOSTS, "--iface", "eth0", "--ssh-config", str(bed.ssh_config),
+        "--ranks", "0", "--output-dir", str(logs), "--json", FAIL_AFTER_ALL, str(tmp_path),
+        "4", "5")
+    result = subprocess.run(bed.nsenter_argv("h1", command), capture_output=True, text=True,
+                            timeout=HANG, env=mpi_env.environ())
     assert result.returncode == 5, result.stderr
     report = json.loads(result.stdout)  # stdout is the report's alone: the ranks' went to stderr
     root = report["root_cause"]
     assert (root["rank"], root["host"], root["exit_code"], root["signal"]) == (4, "h3", 5, None)
-    assert root["last_lines"] == ["rank 4 of 5 on h3"]
+    assert root["last_lines"] == ["rank 4 of 5 on h3", "rank 4: giving up"]
     others = report["other_failures"]
     assert sorted(r for group in others for r in group["ranks"]) == [0, 1, 2, 3]
     assert len(others) == len({group["cause"] for group in others}) <= 2  # one line per cause
@@ -52,17 +57,19 @@ def test_the_root_cause_comes_first_the_rest_grouped_and_the_filter_hides_the_ot
     lines = result.stderr.splitlines()
     first = lines.index("dtlaunch: root cause (first failure): rank 4 on host h3 exited with "
                         f"code 5 at {_clock(root['at'])}")
-    assert lines[first + 1:first + 3] == ["dtlaunch:   its last 1 line(s):",
-                                          "    [4@h3] rank 4 of 5 on h3"]
-    assert lines[first + 3:-1] == [f"dtlaunch: then: {_group_line(g)}" for g in others]
+    assert lines[first + 1:first + 4] == ["dtlaunch:   its last 2 line(s):",
+                                          "    [4@h3] rank 4 of 5 on h3",
+                                          "    [4@h3] rank 4: giving up"]
+    assert lines[first + 4:-1] == [f"dtlaunch: then: {_group_line(g)}" for g in others]
     assert lines[-1] == "dtlaunch: job failed: rank 4 on host h3 exited with code 5"
     assert report["summary"] == lines[-1].removeprefix("dtlaunch: ")
 
     # --ranks 0: rank 0's line shows; the others' only in the report (rank 4's) and the logs.
-    assert "[0@h1] rank 0 of 5 on h1" in lines
+    assert "[0@h1] rank 0 of 5 on h1" in lines, result.stderr
     assert not [line for line in lines if line.startswith(("[1@", "[2@", "[3@", "[4@"))]
     for rank, host in enumerate(WHERE):
-        assert (logs / f"rank.{rank}.log").read_bytes() == f"rank {rank} of 5 on {host}\n".encode()
+        mine = f"rank {rank} of 5 on {host}\n" + ("rank 4: giving up\n" if rank == 4 else "")
+        assert (logs / f"rank.{rank}.log").read_bytes() == mine.encode()
     assert_no_strays(bed)
 
 
