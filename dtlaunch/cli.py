@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from dtlaunch.plan.plan import RunRequest
     from dtlaunch.plan.rank_filter import RankFilter
     from dtlaunch.run.restarts import RestartPolicy
+    from dtlaunch.run.session import RunOutcome
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -177,7 +178,7 @@ def run(ctx: click.Context, /, hosts: str | None, hostfile: str | None, iface: s
     sys.exit(outcome.exit_code)
 
 
-def show_job_end(outcome: Any, as_json: bool) -> None:
+def show_job_end(outcome: RunOutcome, as_json: bool) -> None:
     """The job's report on stderr (root cause first) and, with --json, as data on stdout."""
     from dtlaunch.console.render import job_report_lines, job_report_to_dict
 
@@ -194,8 +195,10 @@ def show_job_end(outcome: Any, as_json: bool) -> None:
         raise DtlaunchError(outcome.error)
     if outcome.report is not None:
         for text in job_report_lines(outcome.report):
-            # A rank's own lines go as they are; dtlaunch's carry its name.
-            click.echo(text, err=True) if text.startswith("    ") else _note(text)
+            if text.startswith("    "):
+                click.echo(text, err=True)  # a rank's own line, as it printed it
+            else:
+                _note(text)
 
 
 def read_horovod_flags(params: Mapping[str, Any]) -> HorovodArgs:
