@@ -259,13 +259,17 @@ def test_progress_ends_when_every_rank_runs() -> None:
     assert seen[-1] == Progress(RANKS_RUNNING, 1, 1, final=True)
 
 
-def test_a_disabled_progress_line_draws_nothing(capsys: pytest.CaptureFixture[str]) -> None:
-    line = ProgressLine(enabled=False)
+@pytest.mark.parametrize("enabled", [False, True])  # True: stderr is no terminal here
+def test_a_progress_line_off_a_terminal_draws_nothing(enabled: bool,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    line = ProgressLine(enabled=enabled)
     with line:
         line.update(Progress(HOSTS_CHECKED, 1, 4))
         line.hosts_checked(2, 4, "h1")
         line.pause()
+        line.update(Progress(RANKS_RUNNING, 0, 4))
     assert line.live is None and capsys.readouterr() == ("", "")
+    assert not line.enabled
 
 
 def test_exit_records_carry_the_programs_end_time_and_old_ones_still_read() -> None:

@@ -134,7 +134,7 @@ def render_report(report: DoctorReport, stream: IO[str] | None = None) -> None:
 
 class ProgressLine:
     """One live line on stderr while a job (or doctor) starts: each stage with its count,
-    `hosts checked 3/4 · hosts up 1/3 · ranks running 2/6`. Only on a terminal: disabled, it
+    `hosts checked 3/4, hosts up 1/3, ranks running 2/6`. Only on a terminal: disabled, it
     draws nothing at all. It goes when the start is over (a final Progress), and steps aside
     (`pause`) for a message; the next count draws it again."""
 
@@ -145,6 +145,7 @@ class ProgressLine:
         self.counts: dict[str, tuple[int, int]] = {}
         self.live: Any = None
         self.over = False
+        self.spinner = "dots"
         # The job's output threads count ranks while the main thread prints messages.
         self.lock = threading.RLock()
 
@@ -155,7 +156,7 @@ class ProgressLine:
         self.close()
 
     def text(self) -> str:
-        return " · ".join(f"{stage} {done}/{total}" for stage, (done, total) in
+        return ", ".join(f"{stage} {done}/{total}" for stage, (done, total) in
                           sorted(self.counts.items(), key=lambda item: STAGES.index(item[0])
                                  if item[0] in STAGES else len(STAGES)))
 
@@ -166,6 +167,7 @@ class ProgressLine:
     def _update(self, progress: Progress) -> None:
         if progress.stage == RANKS_RUNNING and progress.done == 0 and not progress.final:
             self.over = False  # a (new) launch begins: a restart's attempt draws it anew
+            self.counts.pop(HOSTS_UP, None)
         if not self.enabled or self.over:
             return
         self.counts[progress.stage] = (progress.done, progress.total)
@@ -179,12 +181,18 @@ class ProgressLine:
             from rich.console import Console
             from rich.live import Live
 
-            self.live = Live(Spinner("dots", self.text()), console=Console(stderr=True),
+            console = Console(stderr=True)
+            if not console.is_terminal or console.is_dumb_terminal:  # TERM=dumb: no redraws
+                self.enabled = False
+                return
+            # Braille dots where the terminal takes UTF-8, an ASCII spinner elsewhere (LANG=C).
+            self.spinner = "dots" if console.encoding.lower().startswith("utf") else "line"
+            self.live = Live(Spinner(self.spinner, self.text()), console=console,
                              transient=True, redirect_stdout=False, redirect_stderr=False,
                              refresh_per_second=8)
             self.live.start(refresh=True)
         else:
-            self.live.update(Spinner("dots", self.text()))
+            self.live.update(Spinner(self.spinner, self.text()))
 
     def hosts_checked(self, done: int, total: int, _host: str) -> None:
         """doctor's progress callback."""
