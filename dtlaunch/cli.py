@@ -37,7 +37,9 @@ from dtlaunch.core.interrupts import Interrupted, signals_raise
 if TYPE_CHECKING:
     from dtlaunch.horovod.options import HorovodArgs
     from dtlaunch.plan.plan import RunRequest
+    from dtlaunch.plan.rank_filter import RankFilter
     from dtlaunch.run.restarts import RestartPolicy
+    from dtlaunch.run.session import RunOutcome
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -54,14 +56,21 @@ def _note(message: str) -> None:
     click.echo(f"dtlaunch: {message}", err=True)
 
 
-def _event_printer(verbose: bool) -> Callable[[Any], None]:
-    """How the CLI shows a run's events on stderr."""
+def _event_printer(verbose: bool, line: Any = None) -> Callable[[Any], None]:
+    """How the CLI shows a run's events on stderr; progress goes to `line` (a ProgressLine)."""
     from dtlaunch.run.session import EventLevel
 
     def show(event: Any) -> None:
+        if event.level is EventLevel.PROGRESS:
+            if line is not None and event.progress is not None:
+                line.update(event.progress)
+            return
+        shown = event.level in (EventLevel.WARNING, EventLevel.NOTE) or verbose
+        if line is not None and shown:
+            line.pause()  # a message: the live line steps aside, the next count redraws it
         if event.level is EventLevel.WARNING:
             _warn(event.text)
-        elif event.level is EventLevel.NOTE or verbose:
+        elif shown:
             _note(event.text)
 
     return show
@@ -80,6 +89,14 @@ def _event_printer(verbose: bool) -> Callable[[Any], None]:
 @single_option("-m", "module", metavar="MODULE", help="Run a module, like python -m.")
 @single_option("--mpi-args", metavar="ARGS", help="Extra mpirun arguments, split like a shell.")
 @single_option("--output-dir", metavar="DIR", help="Also write each rank's output to DIR/rank.N.log.")
+@single_option("--ranks", "ranks_spec", metavar="SPEC",
+               help="Show only these ranks' output on the console: 0, 0,3-5, last or all "
+                    "(--output-dir still gets every rank's; failures always show).")
+@single_option("--local-ranks-filter", "--local_ranks_filter", "local_ranks_spec", metavar="SPEC",
+               help="torchrun's spelling: show only these local ranks (index on each host).")
+@click.option("--json", "as_json", is_flag=True,
+              help="At the end, print how the job ended as one JSON document on stdout (the "
+                   "ranks' output then goes to stderr).")
 @single_option("--timeout", type=SECONDS, metavar="SECONDS",
                help="Stop the whole job after this long.")
 @click.option("--tree-spawn", is_flag=True,
@@ -100,6 +117,7 @@ def run(ctx: click.Context, /, hosts: str | None, hostfile: str | None, iface: s
         ssh_config: str | None, connect_timeout: int, accept_new_host_keys: bool, launcher: str,
         num_proc: int | None, oversubscribe: bool, env_items: tuple[str, ...],
         env_file: str | None, module: str | None, mpi_args: str | None, output_dir: str | None,
+        ranks_spec: str | None, local_ranks_spec: str | None, as_json: bool,
         timeout: float | None, tree_spawn: bool, no_check: bool, dry_run: bool, verbose: bool,
         max_restarts: int | None, min_np: int | None, restart_delay: float | None,
         args: tuple[str, ...], program: tuple[str, ...] = (), **horovod: Any) -> None:
@@ -119,7 +137,12 @@ def run(ctx: click.Context, /, hosts: str | None, hostfile: str | None, iface: s
         return
     setup = read_run(ctx, ctx.params, hvd)
     request, policy = setup.request, setup.policy
-    on_event = _event_printer(verbose)
+    if as_json and dry_run:
+        raise UsageError("--json reports how a job ended; --dry-run starts none")
+    from dtlaunch.console.render import ProgressLine
+
+    progress = ProgressLine(enabled=sys.stderr.isatty() and not dry_run)
+    on_event = _event_printer(verbose, progress)
     if dry_run:
         events: list[session.Event] = []
         prepared = session.prepare(request, events.append, dry_run=True)
@@ -141,22 +164,41 @@ def run(ctx: click.Context, /, hosts: str | None, hostfile: str | None, iface: s
         request, check=not no_check, timeout=timeout, output_dir=setup.output_dir,
         use_cache=not hvd.disable_cache, prefix_timestamp=hvd.prefix_timestamp,
         start_timeout=float(hvd.start_timeout) if hvd.start_timeout is not None else None,
+        ranks=setup.ranks, ranks_to_stderr=as_json,
     )
     if policy is not None:
         from dtlaunch.run.restart_session import launch_with_restarts
 
-        sys.exit(launch_with_restarts(launch_request, policy, on_event).exit_code)
-    outcome = session.launch(launch_request, on_event)
+        with progress:
+            code = launch_with_restarts(launch_request, policy, on_event).exit_code
+        sys.exit(code)
+    with progress:
+        outcome = session.launch(launch_request, on_event)
+    show_job_end(outcome, as_json)
+    sys.exit(outcome.exit_code)
+
+
+def show_job_end(outcome: RunOutcome, as_json: bool) -> None:
+    """The job's report on stderr (root cause first) and, with --json, as data on stdout."""
+    from dtlaunch.console.render import job_report_lines, job_report_to_dict
+
+    if as_json:
+        import json
+
+        click.echo(json.dumps(job_report_to_dict(outcome.report, outcome.exit_code,
+                                                 outcome.error), indent=2))
     if outcome.error is not None:
         if outcome.preflight is not None:
             from dtlaunch.console.render import render_report
 
             render_report(outcome.preflight, sys.stderr)
         raise DtlaunchError(outcome.error)
-    if outcome.result is not None:
-        for line in session.outcome_lines(outcome.result, timeout):
-            _note(line)
-    sys.exit(outcome.exit_code)
+    if outcome.report is not None:
+        for text in job_report_lines(outcome.report):
+            if text.startswith("    "):
+                click.echo(text, err=True)  # a rank's own line, as it printed it
+            else:
+                _note(text)
 
 
 def read_horovod_flags(params: Mapping[str, Any]) -> HorovodArgs:
@@ -176,6 +218,7 @@ class RunSetup:
     hvd: HorovodArgs
     output_dir: str | None
     policy: RestartPolicy | None  # None without --max-restarts
+    ranks: RankFilter | None = None  # --ranks or --local-ranks-filter
 
 
 def read_run(ctx: click.Context, params: Mapping[str, Any], hvd: HorovodArgs) -> RunSetup:
@@ -184,6 +227,7 @@ def read_run(ctx: click.Context, params: Mapping[str, Any], hvd: HorovodArgs) ->
     from dtlaunch.console.run_args import RunArgs, build_run_request, resolve_output_dir
     from dtlaunch.job.command import suggest_option
     from dtlaunch.job.hosts import read_hosts
+    from dtlaunch.plan.rank_filter import parse_rank_filter
     from dtlaunch.reach.ssh_options import ssh_options_from
     from dtlaunch.run import launcher_choice
     from dtlaunch.run.restarts import RestartPolicy, check_policy
@@ -194,6 +238,13 @@ def read_run(ctx: click.Context, params: Mapping[str, Any], hvd: HorovodArgs) ->
     if p["args"]:  # what click left before the program: options it does not know
         raise UsageError(f"run: unknown option {p['args'][0]}"
                          f"{suggest_option(p['args'][0], known)}")
+    ranks = None
+    if p.get("ranks_spec") is not None and p.get("local_ranks_spec") is not None:
+        raise UsageError("--ranks and --local-ranks-filter both pick the ranks shown; give one")
+    if p.get("ranks_spec") is not None:
+        ranks = parse_rank_filter(p["ranks_spec"])
+    elif p.get("local_ranks_spec") is not None:
+        ranks = parse_rank_filter(p["local_ranks_spec"], local=True)
     request = build_run_request(RunArgs(
         hosts=read_hosts(p["hosts"], p["hostfile"]),
         python=p["python"],
@@ -219,7 +270,10 @@ def read_run(ctx: click.Context, params: Mapping[str, Any], hvd: HorovodArgs) ->
     if max_restarts is not None:
         policy = check_policy(RestartPolicy(max_restarts, min_np if min_np is not None else 1,
                                             delay or 0.0, p["oversubscribe"]), request.num_proc)
-    return RunSetup(request, hvd, output_dir, policy)
+    if p.get("as_json") and policy is not None:
+        raise UsageError("--json goes without --max-restarts (the attempts' report is "
+                         "--output-dir's attempts.json)")
+    return RunSetup(request, hvd, output_dir, policy, ranks)
 
 
 class _TypedArgs(click.Command):
@@ -329,11 +383,10 @@ def doctor(hosts: str | None, hostfile: str | None, iface: str | None, python: s
     if setup.source and not as_json:
         _note(setup.source)
     request, reach = setup.request, setup.reach
-    from dtlaunch.console.render import Spinner, preload
+    from dtlaunch.console.render import ProgressLine, preload
 
-    with signals_raise(), Spinner(len(request.hosts) + 1,
-                                  enabled=not as_json and sys.stderr.isatty()) as spinner:
-        report = run_doctor(request, progress=spinner.update,
+    with signals_raise(), ProgressLine(enabled=not as_json and sys.stderr.isatty()) as line:
+        report = run_doctor(request, progress=line.hosts_checked,
                             while_waiting=None if as_json else preload, reach=reach)
     if as_json:
         from dtlaunch.console.render import report_to_json

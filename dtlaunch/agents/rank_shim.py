@@ -18,7 +18,8 @@ Records, one per line (protocol version 2; the payload is escaped, not encoded):
 
 kinds: `h` the host's name (sent first), `o`/`e` a chunk of the program's stdout/stderr,
 sent as soon as it is read (binary-safe, no waiting for a newline), `x` the program's end
-(`exit N` or `signal N`), `n` the program could not be started (its name). Escaping touches
+(`exit N` or `signal N`, then ` @SECONDS`: when it ended, time.time() here), `n` the
+program could not be started (its name). Escaping touches
 three bytes only: ESC (0x10) becomes ESC `0`, `\\n` ESC `1` and `[` ESC `2`, so a payload
 holds no newline (a record is one line) and no `[` (a rank's own text can never pass for a
 launcher's tag, Open MPI's `[1,7]<stdout>:` or Hydra's `[7] `), and text stays as it was.
@@ -207,6 +208,7 @@ class Shim:
         self.out_fd = out_fd
         self.signals: List[int] = []
         self.status: Optional[int] = None  # the program's wait status
+        self.ended_at = 0.0  # when the program ended (time.time()), for the exit record
         self.proc: Optional["subprocess.Popen[bytes]"] = None
         self.out_broken = False
 
@@ -252,6 +254,7 @@ class Shim:
                 return
             if self.proc is not None and pid == self.proc.pid:
                 self.status = status
+                self.ended_at = time.time()
                 self.proc.returncode = 0  # reaped here; keeps Popen from waiting again
 
     def _signal_program(self, signum: int) -> None:
@@ -374,13 +377,17 @@ def main(argv: List[str]) -> None:
     shim.send(HOST, (os.environ.get("PMIX_HOSTNAME") or os.uname().nodename).encode())
     code = shim.start()
     if code is not None:
-        shim.send(EXIT, b"exit %d" % code)
+        shim.send(EXIT, b"exit %d @%.3f" % (code, time.time()))
         os._exit(code)
     status = shim.run()
+    # The time the program ended, not the time its output was drained: what orders the
+    # failures of a job ("the first in time").
+    when = b" @%.3f" % (shim.ended_at or time.time())
     if os.WIFSIGNALED(status):
-        shim.send(EXIT, b"signal %d" % os.WTERMSIG(status))
+        shim.send(EXIT, b"signal %d" % os.WTERMSIG(status) + when)
     else:
-        shim.send(EXIT, b"exit %d" % (os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1))
+        shim.send(EXIT, b"exit %d" % (os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1)
+                  + when)
     _die_like(status)
 
 

@@ -1,4 +1,5 @@
-"""Show doctor and env-check results: a rich table with one fix per failure, or JSON.
+"""Show doctor and env-check results (a rich table with one fix per failure, or JSON), a
+job's end (root cause first, as lines or JSON) and the live progress line while things start.
 
 The only module that imports rich (lazily, inside the functions that draw).
 """
@@ -10,10 +11,13 @@ from dataclasses import asdict
 from typing import IO, TYPE_CHECKING, Any
 
 from dtlaunch.check.report import FAIL, PASS, SKIP, WARN, DoctorReport
+from dtlaunch.core.failure import signal_name
+from dtlaunch.run.progress import HOSTS_CHECKED, HOSTS_UP, RANKS_RUNNING, Progress
 
 if TYPE_CHECKING:
     from dtlaunch.check.gpu_facts import GpuFacts
     from dtlaunch.doctor.envcheck import EnvReport
+    from dtlaunch.run.failure_report import JobReport
 
 SYMBOLS = {PASS: "pass", WARN: "warn", FAIL: "FAIL", SKIP: "-"}
 STYLES = {PASS: "green", WARN: "yellow", FAIL: "bold red", SKIP: "dim"}
@@ -128,29 +132,159 @@ def render_report(report: DoctorReport, stream: IO[str] | None = None) -> None:
     console.print(f"{summary} ({report.seconds:.2f} s)")
 
 
-class Spinner:
-    """A progress line on stderr while hosts answer (only on a terminal)."""
+class ProgressLine:
+    """One live line on stderr while a job (or doctor) starts: each stage with its count,
+    `hosts checked 3/4, hosts up 1/3, ranks running 2/6`. Only on a terminal: disabled, it
+    draws nothing at all. It goes when the start is over (a final Progress), and steps aside
+    (`pause`) for a message; the next count draws it again."""
 
-    def __init__(self, total: int, enabled: bool) -> None:
-        self.total = total
-        self.status: Any = None
-        if enabled:
-            from rich.console import Console
+    def __init__(self, enabled: bool) -> None:
+        import threading
 
-            self.status = Console(stderr=True).status(f"checking {total} host(s)...")
+        self.enabled = enabled
+        self.counts: dict[str, tuple[int, int]] = {}
+        self.live: Any = None
+        self.over = False
+        self.spinner = "dots"
+        # The job's output threads count ranks while the main thread prints messages.
+        self.lock = threading.RLock()
 
-    def __enter__(self) -> Spinner:
-        if self.status is not None:
-            self.status.__enter__()
+    def __enter__(self) -> ProgressLine:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self.status is not None:
-            self.status.__exit__(*exc)
+        self.close()
 
-    def update(self, done: int, total: int, host: str) -> None:
-        if self.status is not None:
-            self.status.update(f"checked {done} of {total} host(s); last: {host}")
+    def text(self) -> str:
+        return ", ".join(f"{stage} {done}/{total}" for stage, (done, total) in
+                          sorted(self.counts.items(), key=lambda item: STAGES.index(item[0])
+                                 if item[0] in STAGES else len(STAGES)))
+
+    def update(self, progress: Progress) -> None:
+        with self.lock:
+            self._update(progress)
+
+    def _update(self, progress: Progress) -> None:
+        if progress.stage == RANKS_RUNNING and progress.done == 0 and not progress.final:
+            self.over = False  # a (new) launch begins: a restart's attempt draws it anew
+            self.counts.pop(HOSTS_UP, None)
+        if not self.enabled or self.over:
+            return
+        self.counts[progress.stage] = (progress.done, progress.total)
+        if progress.final:
+            self.over = True
+            self.pause()
+            return
+        from rich.spinner import Spinner
+
+        if self.live is None:
+            from rich.console import Console
+            from rich.live import Live
+
+            console = Console(stderr=True)
+            if not console.is_terminal or console.is_dumb_terminal:  # TERM=dumb: no redraws
+                self.enabled = False
+                return
+            # Braille dots where the terminal takes UTF-8, an ASCII spinner elsewhere (LANG=C).
+            self.spinner = "dots" if console.encoding.lower().startswith("utf") else "line"
+            self.live = Live(Spinner(self.spinner, self.text()), console=console,
+                             transient=True, redirect_stdout=False, redirect_stderr=False,
+                             refresh_per_second=8)
+            self.live.start(refresh=True)
+        else:
+            self.live.update(Spinner(self.spinner, self.text()))
+
+    def hosts_checked(self, done: int, total: int, _host: str) -> None:
+        """doctor's progress callback."""
+        self.update(Progress(HOSTS_CHECKED, done, total))
+
+    def pause(self) -> None:
+        """Take the line off the screen (a message follows, or the start is over)."""
+        with self.lock:
+            if self.live is not None:
+                live, self.live = self.live, None
+                live.stop()
+
+    def close(self) -> None:
+        with self.lock:
+            self.over = True
+            self.pause()
+
+
+STAGES = (HOSTS_CHECKED, HOSTS_UP, RANKS_RUNNING)
+
+
+# --- a job's end ----------------------------------------------------------------------------
+
+
+def _clock(at: float) -> str:
+    import time
+
+    return time.strftime("%H:%M:%S", time.localtime(at)) + f".{int(at % 1 * 1000):03d}"
+
+
+def job_report_lines(report: JobReport) -> list[str]:
+    """The end of a job, for stderr (each line is given the `dtlaunch: ` prefix by the CLI,
+    the rank's last lines excepted): the root cause first, with the rank's last lines; then
+    the other failures, one line per cause; then the one-line summary scripts read, last."""
+    if report.quiet:
+        return []
+    lines = list(report.notes)
+    root = report.root
+    if root is None:
+        return lines
+    if root.last_lines or report.others:
+        when = f" at {_clock(root.at)}" if root.at is not None else ""
+        lines.append(f"root cause (first failure): {root.description}{when}")
+        if root.last_lines:
+            tag = f"[{root.rank}@{root.host}] " if root.rank is not None else ""
+            lines.append(f"  its last {len(root.last_lines)} line(s):")
+            lines += ["    " + tag + line for line in root.last_lines]
+        lines += [f"then: {group.line()}" for group in report.others]
+    summary = report.summary()
+    if summary is not None:
+        lines.append(summary)
+    return lines
+
+
+def job_report_to_dict(report: JobReport | None, exit_code: int,
+                       error: str | None = None) -> dict[str, Any]:
+    """`dtlaunch run --json`'s document: the same report as data. ``error``: the pre-flight
+    stopped the run (report None)."""
+    if report is None:
+        return {"version": JOB_REPORT_VERSION, "status": "not-started", "exit_code": exit_code,
+                "error": error, "ranks": 0, "notes": [], "root_cause": None,
+                "other_failures": [], "summary": error}
+    root = report.root
+    return {
+        "version": JOB_REPORT_VERSION,
+        "status": report.status,
+        "exit_code": report.exit_code,
+        "error": error,
+        "ranks": report.ranks,
+        "notes": list(report.notes),
+        "root_cause": None if root is None else {
+            "description": root.description,
+            "rank": root.rank,
+            "host": root.host,
+            "exit_code": root.exit_code,
+            "signal": root.signal,
+            "signal_name": signal_name(root.signal) if root.signal is not None else None,
+            "reason": root.reason or None,
+            "at": root.at,
+            "last_lines": list(root.last_lines),
+        },
+        "other_failures": [
+            {"cause": g.cause, "ranks": list(g.ranks), "ranks_text": g.ranks_text,
+             "hosts": list(g.hosts), "hosts_text": g.hosts_text, "exit_code": g.exit_code,
+             "signal": g.signal,
+             "signal_name": signal_name(g.signal) if g.signal is not None else None}
+            for g in report.others],
+        "summary": report.summary(),
+    }
+
+
+JOB_REPORT_VERSION = 1
 
 
 # --- env-check ------------------------------------------------------------------------------

@@ -50,6 +50,9 @@ class RankHost:
 class RankExit:
     rank: int
     how: str  # "exit 3" or "signal 9"
+    # When the program ended (time.time() on its host), where the shim said: the record reads
+    # `exit 3 @1700000000.125`. Not compared: it is a measurement, not what happened.
+    at: float | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -68,10 +71,19 @@ def _event(rank: int, kind: str, payload: bytes) -> Event | None:
     if kind == HOST:
         return RankHost(rank, payload.decode("utf-8", "replace"))
     if kind == EXIT:
-        return RankExit(rank, payload.decode("ascii", "replace"))
+        how, _, when = payload.decode("ascii", "replace").partition(" @")
+        return RankExit(rank, how, _seconds(when))
     if kind == NOSTART:
         return RankNotStarted(rank, payload.decode("utf-8", "replace"))
     return None
+
+
+def _seconds(text: str) -> float | None:
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if value == value and 0 < value < 1e11 else None  # not nan, not absurd
 
 
 def parse_record(line: bytes, default_rank: int | None) -> Event | None:

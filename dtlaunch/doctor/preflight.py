@@ -123,7 +123,8 @@ def failure_message(report: DoctorReport | None, job_started: bool) -> str:
 
 def run_preflight(request: RunRequest, plan: RunPlan, job_started: bool = False,
                   reach: Reach | None = None, use_cache: bool = True,
-                  command_timeout: float | None = None) -> PreflightOutcome:
+                  command_timeout: float | None = None,
+                  progress: Callable[[int, int, str], None] | None = None) -> PreflightOutcome:
     """Check what the job needs on every host.
 
     On a cache hit the host keys still get checked: if the job fails, when that is safe (the
@@ -131,7 +132,7 @@ def run_preflight(request: RunRequest, plan: RunPlan, job_started: bool = False,
     key after the launch; the cache is dropped and the full checks run to report it. ``reach``:
     how hosts are reached (default: SSH with the request's options). ``use_cache`` False
     (`--disable-cache`): always the full checks; ``command_timeout`` (`--start-timeout`):
-    seconds each host's checks may run.
+    seconds each host's checks may run; ``progress(done, total, host)``: told as hosts answer.
     """
     ways = reach or ssh_reach(request.ssh)
     from dtlaunch.check.gpus import slots_pending
@@ -193,7 +194,7 @@ def run_preflight(request: RunRequest, plan: RunPlan, job_started: bool = False,
         mpi_launcher=launcher,
         job_path=job_path,
     )
-    report, network = doctor_and_network(doctor_request, reach=ways)
+    report, network = doctor_and_network(doctor_request, progress, reach=ways)
     warnings += report.warning_lines(said=problem)
     if not report.ok:
         return PreflightOutcome(report, warnings=tuple(warnings))

@@ -14,7 +14,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 
@@ -23,7 +23,9 @@ from dtlaunch.core.errors import EXIT_TIMEOUT, DtlaunchError, exit_for_signal
 from dtlaunch.core.failure import Failure
 from dtlaunch.core.private_files import NotPrivate, write_private_program
 from dtlaunch.mpi import MpiFamily, OutputDemux
+from dtlaunch.run.failure_report import JobRanks, first_in_time
 from dtlaunch.run.job_output import JobOutput
+from dtlaunch.run.progress import RANKS_RUNNING, Progress
 from dtlaunch.run.spool import Spool
 
 # After forwarding a signal, how long mpirun gets to take its ranks down before we kill it.
@@ -36,6 +38,7 @@ class LaunchResult:
     failure: Failure | None
     interrupted_by: int | None = None  # signal number dtlaunch received
     timed_out: bool = False
+    ranks: JobRanks = field(default_factory=JobRanks)  # what the ranks' records told
 
 
 def _signal(proc: subprocess.Popen[bytes], signum: int) -> None:
@@ -72,12 +75,17 @@ def execute(
     *,
     family: MpiFamily,
     support_files: Sequence[tuple[str, str]] = (),
+    shown_ranks: frozenset[int] | None = None,
+    ranks_to_stderr: bool = False,
+    on_progress: Callable[[Progress], None] | None = None,
 ) -> LaunchResult:
     """Run mpirun to the end. ``stop_when`` is polled while it runs: a returned reason stops
     the job (used by the pre-flight's host-key check that runs alongside the start).
     ``new_demux(stream)`` reads the launcher's output (default: the family's).
     ``family`` reads the launcher's failures; ``support_files`` are written first (the
-    family's ssh agent)."""
+    family's ssh agent). ``shown_ranks``: the ranks whose output the console shows (None: all);
+    ``ranks_to_stderr``: the ranks' stdout goes to stderr (stdout is a report's);
+    ``on_progress``: told as the ranks start."""
     if output_dir is not None:
         try:
             output_dir.mkdir(parents=True, exist_ok=True)
@@ -87,7 +95,10 @@ def execute(
     for path, text in support_files:
         write_private_executable(Path(path), text)
     out = JobOutput(rank_hosts, output_dir, timestamps=prefix_timestamp, log_label=log_label,
-                    new_demux=new_demux or family.new_demux)
+                    new_demux=new_demux or family.new_demux, shown=shown_ranks,
+                    ranks_to_stderr=ranks_to_stderr, on_progress=on_progress)
+    if on_progress is not None:  # the launch stage shows at once: a stall shows as 0 of N
+        on_progress(Progress(RANKS_RUNNING, 0, len(rank_hosts)))
     # Open MPI's mpirun ends the job when a rank fails; Hydra waits for the others, which may
     # wait forever for the failed one, so dtlaunch ends it on the rank's exit record.
     stop_on_rank_failure = not family.ends_job_on_rank_failure
@@ -163,7 +174,7 @@ def execute(
                 announce(f"lost the SSH connection to host {lost_host}: stopping the job")
                 _signal(proc, signal.SIGTERM)
             if stop_on_rank_failure and rank_failed is None:
-                rank_failed = first_failed_rank(out.exits, out.rank_hosts())
+                rank_failed = first_failed_rank(out.exits, out.rank_hosts(), out.exit_times)
                 if rank_failed is not None:
                     announce(f"{rank_failed.describe()}: stopping the job")
                     _signal(proc, signal.SIGTERM)
@@ -191,12 +202,18 @@ def execute(
         for spool in spools:
             spool.close()
         out.close()
+    return replace(_ended(proc.returncode, out, family, received, timed_out, stopped_for,
+                          key_refused, lost_host, rank_failed), ranks=out.job_ranks())
 
+
+def _ended(code: int, out: JobOutput, family: MpiFamily, received: list[int], timed_out: bool,
+           stopped_for: str | None, key_refused: str | None, lost_host: str | None,
+           rank_failed: Failure | None) -> LaunchResult:
+    """How the job ended, from what the loop and the output saw."""
     if lost_host is None:
         # mpirun may end (Open MPI 5 at once, on its daemon's ssh exit) before the loop saw
         # the link watcher's line; the pumps have read it by now.
         lost_host = out.lost_host
-    code = proc.returncode
     exit_code = code if code >= 0 else 128 - code
     failure = family.parse_failure(list(out.launcher_lines), out.rank_hosts()) if code != 0 else None
     if code != 0 and out.not_started and (failure is None or failure.rank in out.not_started):
@@ -222,7 +239,7 @@ def execute(
         lost = Failure(host=lost_host, reason=f"lost the SSH connection to host {lost_host}")
         return LaunchResult(exit_code or 1, lost)
     if rank_failed is None and (failure is None or failure.rank is None):
-        rank_failed = first_failed_rank(out.exits, out.rank_hosts())
+        rank_failed = first_failed_rank(out.exits, out.rank_hosts(), out.exit_times)
     if rank_failed is not None:
         # The ranks' own exit records name rank, host and status exactly.
         failure = rank_failed
@@ -243,18 +260,23 @@ def host_key_failure(host: str) -> Failure:
         "doctor' with the same hosts"))
 
 
-def first_failed_rank(exits: Mapping[int, str], rank_hosts: Sequence[str]) -> Failure | None:
-    """The first rank whose exit record says it failed (`exit 3`, `signal 9`), in the order
-    the records came."""
-    for rank, how in exits.items():
-        kind, _, number = how.partition(" ")
-        if not number.lstrip("-").isdigit() or how == "exit 0":
-            continue
-        host = rank_hosts[rank] if 0 <= rank < len(rank_hosts) else None
-        if kind == "signal":
-            return Failure(rank, host, signal=int(number))
-        return Failure(rank, host, exit_code=int(number))
-    return None
+def first_failed_rank(exits: Mapping[int, str], rank_hosts: Sequence[str],
+                      times: Mapping[int, float] | None = None) -> Failure | None:
+    """The rank whose exit record says it failed (`exit 3`, `signal 9`) first: by the time its
+    host gave, else in the order the records came."""
+    from dtlaunch.run.failure_report import RankEnd
+
+    ends = [RankEnd(rank, rank_hosts[rank] if 0 <= rank < len(rank_hosts) else "", how,
+                    (times or {}).get(rank), index)
+            for index, (rank, how) in enumerate(exits.items())]
+    first = first_in_time(ends)
+    if first is None:
+        return None
+    kind, _, number = (first.how or "").partition(" ")
+    host = first.host or None
+    if kind == "signal":
+        return Failure(first.rank, host, signal=int(number))
+    return Failure(first.rank, host, exit_code=int(number))
 
 
 def write_private_executable(path: Path, text: str) -> None:

@@ -29,6 +29,8 @@ from typing import TYPE_CHECKING, Any, BinaryIO, cast
 from dtlaunch.agents import HOST_KEY_PREFIX, LOST_PREFIX
 from dtlaunch.core.records import Event, Piece, RankExit, RankHost, RankNotStarted
 from dtlaunch.openmpi.output import OpenMpiDemux
+from dtlaunch.run.failure_report import TAIL_BYTES, JobRanks, RankEnd, tail_lines
+from dtlaunch.run.progress import HOSTS_UP, RANKS_RUNNING, Progress
 
 if TYPE_CHECKING:
     from dtlaunch.mpi import OutputDemux
@@ -175,16 +177,30 @@ class JobOutput:
                  new_demux: Callable[[str], OutputDemux] | None = None,
                  timestamps: bool = False, stdout: BinaryIO | None = None,
                  stderr: BinaryIO | None = None, clock: Callable[[], float] = time.time,
-                 log_label: str | None = None) -> None:
+                 log_label: str | None = None, shown: frozenset[int] | None = None,
+                 ranks_to_stderr: bool = False,
+                 on_progress: Callable[[Progress], None] | None = None) -> None:
         self.predicted = tuple(rank_hosts)
         self.reported: dict[int, str] = {}
         self.exits: dict[int, str] = {}
+        self.exit_times: dict[int, float] = {}
+        # `--ranks`: the ranks whose output the console shows (None: all). The logs get all,
+        # and every rank's latest bytes are kept (`tails`) for the failure report.
+        self.shown = shown
+        self.tails: dict[int, bytearray] = {}
+        self.on_progress = on_progress
+        self.starting = on_progress is not None  # the progress line may be up
+        self.host_count = len(set(self.predicted))
+        self.hosts_up: set[str] = set()  # hosts where a rank has started (as planned)
         self.not_started: dict[int, str] = {}  # rank -> the program that could not be run
         self.lock = threading.Lock()
         make = new_demux or OpenMpiDemux
         self.demux = {False: make("stdout"), True: make("stderr")}
-        self.consoles = {"stdout": _Console(stdout or _binary(sys.stdout)),
-                         "stderr": _Console(stderr or _binary(sys.stderr))}
+        err_console = _Console(stderr or _binary(sys.stderr))
+        # `--json`: stdout is the report's alone, so the ranks' stdout goes to stderr too.
+        self.consoles = {"stdout": err_console if ranks_to_stderr
+                         else _Console(stdout or _binary(sys.stdout)),
+                         "stderr": err_console}
         self.pending: dict[tuple[int, str], bytearray] = {}
         self.since: dict[tuple[int, str], float] = {}
         self.launcher_lines: deque[str] = deque(maxlen=400)
@@ -235,6 +251,28 @@ class JobOutput:
         return self.reported.get(rank) or (self.predicted[rank] if rank < len(self.predicted)
                                            else None)
 
+    def job_ranks(self) -> JobRanks:
+        """What the records told of each rank, for the failure report: its end (with the time
+        its host gave), and the last lines of each that failed."""
+        hosts = self.rank_hosts()
+        order = {rank: index for index, rank in enumerate(self.exits)}
+        ends = tuple(RankEnd(r, hosts[r], self.exits.get(r), self.exit_times.get(r),
+                             order.get(r, len(order))) for r in range(len(hosts)))
+        tails = {r: tail_lines(bytes(self.tails.get(r, b""))) for r in range(len(hosts))
+                 if self.exits.get(r) != "exit 0"}
+        return JobRanks(hosts, ends, tails, reported=bool(self.reported or self.exits))
+
+    def _progress(self) -> None:
+        if not self.starting or self.on_progress is None:
+            return
+        total = len(self.predicted)
+        running = len(self.reported)
+        final = running >= total
+        self.on_progress(Progress(HOSTS_UP, min(len(self.hosts_up), self.host_count),
+                                  self.host_count))
+        self.on_progress(Progress(RANKS_RUNNING, running, total, final))
+        self.starting = not final
+
     def rank_hosts(self) -> tuple[str, ...]:
         """rank -> host: where each rank said it runs, else where it was expected to."""
         count = max([len(self.predicted), *(r + 1 for r in self.reported)])
@@ -247,8 +285,12 @@ class JobOutput:
         if isinstance(event, RankHost):
             predicted = self.predicted[event.rank] if event.rank < len(self.predicted) else None
             self.reported[event.rank] = host_name(event.host, predicted, self.predicted)
+            self.hosts_up.add(predicted if predicted is not None else event.host)
+            self._progress()
         elif isinstance(event, RankExit):
             self.exits[event.rank] = event.how
+            if event.at is not None:
+                self.exit_times[event.rank] = event.at
         elif isinstance(event, RankNotStarted):
             self.not_started[event.rank] = event.program
         elif event.rank is None:
@@ -273,6 +315,14 @@ class JobOutput:
         assert piece.rank is not None
         key = (piece.rank, piece.stream)
         self.logs.write(f"rank.{piece.rank}", piece.data)
+        tail = self.tails.get(piece.rank)
+        if tail is None:
+            tail = self.tails[piece.rank] = bytearray()
+        tail += piece.data[-TAIL_BYTES:]
+        if len(tail) > 2 * TAIL_BYTES:  # trimmed now and then, not on every piece
+            del tail[:-TAIL_BYTES]
+        if self.shown is not None and piece.rank not in self.shown:
+            return  # `--ranks`: not on the console (its log and its tail have it)
         buf = self.pending.get(key)
         if buf is None:
             buf = self.pending[key] = bytearray()
@@ -334,6 +384,12 @@ class JobOutput:
         self._put("stderr", -1, f"dtlaunch: warning: {message}\n".encode(), b"")
 
     def _write(self) -> None:
+        if self.starting and any(c.out for c in self.consoles.values()):
+            # The job's own output begins: the progress line goes first.
+            self.starting = False
+            assert self.on_progress is not None
+            self.on_progress(Progress(RANKS_RUNNING, len(self.reported), len(self.predicted),
+                                      final=True))
         for console in self.consoles.values():
             if not console.out:
                 continue

@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 import os
 import shutil
-import signal
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -26,11 +25,14 @@ from dtlaunch.job.env import kept_home_note
 from dtlaunch.mpi import MpiFamily, MpiImpl
 from dtlaunch.plan.plan import RunPlan, RunRequest, plan_run
 from dtlaunch.probe import reach_for
+from dtlaunch.run.failure_report import JobReport, build_report
 from dtlaunch.run.launcher_choice import launcher_family, local_mpi
+from dtlaunch.run.progress import HOSTS_CHECKED, Progress
 
 if TYPE_CHECKING:
     from dtlaunch.check.report import DoctorReport
     from dtlaunch.job.hosts import Host
+    from dtlaunch.plan.rank_filter import RankFilter
     from dtlaunch.probe.prober import Reach
     from dtlaunch.run.execute import LaunchResult
 
@@ -39,12 +41,19 @@ class EventLevel(Enum):
     NOTE = "note"  # always shown
     WARNING = "warning"  # always shown, as a warning
     DETAIL = "detail"  # shown with --verbose
+    PROGRESS = "progress"  # a job starting: a live line on a terminal, else nothing
 
 
 @dataclass(frozen=True)
 class Event:
     level: EventLevel
     text: str
+    progress: Progress | None = None  # with PROGRESS
+
+
+def progress_event(progress: Progress) -> Event:
+    return Event(EventLevel.PROGRESS, f"{progress.stage} {progress.done}/{progress.total}",
+                 progress)
 
 
 OnEvent = Callable[[Event], None]
@@ -68,6 +77,8 @@ class LaunchRequest:
     use_cache: bool = True  # False (--disable-cache): the full pre-flight checks every time
     start_timeout: float | None = None  # seconds each host's pre-flight checks may run
     prefix_timestamp: bool = False  # start each output line with the time it arrived
+    ranks: RankFilter | None = None  # --ranks: the ranks the console shows (None: all)
+    ranks_to_stderr: bool = False  # --json: stdout is the report's
 
 
 @dataclass(frozen=True)
@@ -77,6 +88,7 @@ class RunOutcome:
     result: LaunchResult | None  # None: nothing was launched
     exit_code: int
     error: str | None = None  # one line, when the pre-flight stopped the run
+    report: JobReport | None = None  # how the job ended (None: nothing was launched)
 
 
 @dataclass(frozen=True)
@@ -193,7 +205,9 @@ def launch(request: LaunchRequest, on_event: OnEvent, *, executor: Executor | No
     if request.check:
         with signals_raise():
             checked = run_preflight(run_request, plan, reach=reach, use_cache=request.use_cache,
-                                    command_timeout=request.start_timeout)
+                                    command_timeout=request.start_timeout,
+                                    progress=lambda done, total, _host: on_event(progress_event(
+                                        Progress(HOSTS_CHECKED, done, total))))
         if checked.message:
             on_event(Event(EventLevel.DETAIL, checked.message))
         for warning in checked.warnings:
@@ -225,6 +239,12 @@ def launch(request: LaunchRequest, on_event: OnEvent, *, executor: Executor | No
     argv = plan.launch_argv or plan.argv
     # Through Slurm no ssh link shows a lost node: a heartbeat step watches them instead.
     nodes = node_watch_for(run_request.launcher, plan.rank_hosts, run_request.python)
+    shown = None
+    if request.ranks is not None:
+        shown = request.ranks.shown(plan.rank_hosts)
+        unused = request.ranks.unused(plan.rank_hosts)
+        if unused is not None:
+            on_event(Event(EventLevel.WARNING, unused))
     timeout, total = request.timeout, None
     if request.deadline is not None:
         timeout, total = max(request.deadline - time.time(), 0.001), request.timeout
@@ -243,6 +263,9 @@ def launch(request: LaunchRequest, on_event: OnEvent, *, executor: Executor | No
             support_files=plan.support_files,
             new_demux=functools.partial(plan.family.new_demux, release=prepared.mpi_version),
             prefix_timestamp=request.prefix_timestamp,
+            shown_ranks=shown,
+            ranks_to_stderr=request.ranks_to_stderr,
+            on_progress=lambda progress: on_event(progress_event(progress)),
         )
     finally:
         if nodes is not None:
@@ -267,22 +290,14 @@ def launch(request: LaunchRequest, on_event: OnEvent, *, executor: Executor | No
                 if keys.failed() else None
         if again is not None and not again.ok:
             return RunOutcome(plan, again.report, result, EXIT_FAILURE,
-                              failure_message(again.report, job_started=True))
-    return RunOutcome(plan, None, result, result.exit_code)
+                              failure_message(again.report, job_started=True),
+                              report=job_report(result, request.timeout))
+    return RunOutcome(plan, None, result, result.exit_code,
+                      report=job_report(result, request.timeout))
 
 
-def outcome_lines(result: LaunchResult, timeout: float | None) -> Sequence[str]:
-    """What the CLI says when a job ends other than cleanly."""
-    from dtlaunch.core.failure import signal_name
-
-    lines: list[str] = []
-    if result.interrupted_by == signal.SIGPIPE:
-        return lines  # dtlaunch's reader went away (`| head`): nothing to say, nobody to read
-    if result.interrupted_by is not None:
-        lines.append(f"stopped by {signal_name(result.interrupted_by)}; "
-                     "all ranks were told to exit")
-    elif result.timed_out:
-        lines.append(f"job stopped: it ran longer than --timeout {timeout or 0:g} s")
-    if result.failure is not None and result.exit_code != 0:
-        lines.append(f"job failed: {result.failure.describe()}")
-    return lines
+def job_report(result: LaunchResult, timeout: float | None) -> JobReport:
+    """How the job ended, root cause first (see failure_report); the CLI renders it."""
+    return build_report(result.exit_code, result.failure, result.ranks,
+                        interrupted_by=result.interrupted_by, timed_out=result.timed_out,
+                        timeout=timeout)

@@ -248,6 +248,16 @@ BAD_RUN = [
     # issue 27: env files name their line, drop a BOM, refuse an unclosed quote
     (["--env-file", "{tmp}/unset.env"], "unset.env:2: NOT_SET_ANYWHERE_2 is not set here"),
     (["--env-file", "{tmp}/bom.env"], "bom.env:2: the value of Q opens a \" quote"),
+    # issue 26: the console filter (and torchrun's spelling of it), --json
+    (["--ranks", "1-0"], "--ranks '1-0': the range 1-0 runs backwards"),
+    (["--ranks", "first"], "--ranks 'first': 'first' is not a rank, a range A-B, 'last' or 'all'"),
+    (["--ranks", ""], "--ranks '': expected ranks like 0 or 0,3-5 or last or all"),
+    (["--ranks", "0,,2"], "expected ranks like"),
+    (["--ranks", "0", "--ranks", "1"], "given more than once"),
+    (["--local_ranks_filter", "a"], "--local-ranks-filter 'a': 'a' is not a rank"),
+    (["--ranks", "0", "--local-ranks-filter", "0"], "both pick the ranks shown; give one"),
+    (["--json", "--max-restarts", "1", "-H", "a"], "--json goes without --max-restarts"),
+    (["--json"], "--json reports how a job ended; --dry-run starts none"),
 ]
 
 

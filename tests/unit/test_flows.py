@@ -255,10 +255,14 @@ def test_run_without_iface_uses_the_shared_network_not_docker0_and_caches_it(cac
     assert "NCCL_SOCKET_IFNAME==eth0" in argv and "HOROVOD_GLOO_IFACE=eth0" in argv
     notes = [e.text for e in events if e.level is session.EventLevel.NOTE]
     assert notes[0].startswith("network: 10.1.2.0/24 (h1 eth0, h2 eth0); not used: 172.17.0.0/16")
+    # The pre-flight's progress (the two hosts and this machine, each as it answers).
+    progress = [e.text for e in events if e.level is session.EventLevel.PROGRESS]
+    assert progress == ["hosts checked 1/3", "hosts checked 2/3", "hosts checked 3/3"]
     # A cache hit reuses the choice without probing again.
     events.clear()
     second = session.launch(launch, events.append, executor=job, reach=world.reach())
     assert second.exit_code == 0 and sorted(world.probed) == ["h1", "h2"]
+    assert not [e for e in events if e.level is session.EventLevel.PROGRESS]
     assert job.argv[1] == argv
     assert any(e.text.startswith("network: 10.1.2.0/24") for e in events)
 

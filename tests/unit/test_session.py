@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from dtlaunch.agents.rank_shim import encode_argv
+from dtlaunch.console.render import job_report_lines
 from dtlaunch.core.errors import UsageError
 from dtlaunch.core.failure import Failure
 from dtlaunch.job.hosts import Host
@@ -72,15 +73,20 @@ def test_launch_without_checks_returns_the_outcome_and_prints_nothing(
     assert levels == [(session.EventLevel.WARNING, "exporting MY_TOKEN"),
                       (session.EventLevel.DETAIL, "running"),
                       (session.EventLevel.NOTE, "starting")]
-    assert session.outcome_lines(failed, 5) == ["job failed: rank 1 on host h2 exited with code 3"]
+    assert outcome.report is not None
+    assert job_report_lines(outcome.report) == ["job failed: rank 1 on host h2 exited with code 3"]
 
 
 def test_outcome_lines_for_signals_and_timeouts() -> None:
-    assert session.outcome_lines(LaunchResult(130, None, interrupted_by=2), None) == [
+    def lines(result: LaunchResult, timeout: float | None) -> list[str]:
+        return job_report_lines(session.job_report(result, timeout))
+
+    assert lines(LaunchResult(130, None, interrupted_by=2), None) == [
         "stopped by SIGINT; all ranks were told to exit"]
-    assert session.outcome_lines(LaunchResult(124, None, timed_out=True), 2.5) == [
+    assert lines(LaunchResult(124, None, timed_out=True), 2.5) == [
         "job stopped: it ran longer than --timeout 2.5 s"]
-    assert session.outcome_lines(LaunchResult(0, None), None) == []
+    assert lines(LaunchResult(0, None), None) == []
+    assert lines(LaunchResult(141, None, interrupted_by=13), None) == []  # `| head`: quiet
 
 
 def test_no_mpirun_is_a_usage_error_unless_dry_run(tmp_path: Path,

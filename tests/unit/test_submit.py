@@ -88,6 +88,9 @@ BAD_RUN_PARTS = [
     (["-x", "AWS_SECRET_ACCESS_KEY=hunter2-value", "train.py"],
      "export AWS_SECRET_ACCESS_KEY before submitting and pass -x AWS_SECRET_ACCESS_KEY"),
     (["--env=DB_PASSWORD=hunter2-value", "train.py"], "or put it in an --env-file"),
+    # issue 26: the console filter and --json are checked too
+    (["--ranks", "0-x", "train.py"], "--ranks '0-x': '0-x' is not a rank"),
+    (["--json", "--max-restarts", "1", "train.py"], "--json goes without --max-restarts"),
 ]
 
 
