@@ -114,7 +114,12 @@ def prepare(request: RunRequest, on_event: OnEvent, *, dry_run: bool = False,
     if placement.allocation is not None:  # outside one, the hosts are what was typed
         on_event(Event(EventLevel.NOTE if dry_run else EventLevel.DETAIL, placement.source))
     impl: MpiImpl | None = None
-    if family is None:
+    if request.controller == "gloo":
+        from dtlaunch.gloo.family import GLOO
+
+        # No MPI: dtlaunch starts the ranks itself; there is no launcher to ask.
+        family, program, impl = GLOO, GLOO.launcher, MpiImpl("none", "")
+    elif family is None:
         family, program, impl = launcher_family(env)
     else:
         program = shutil.which(family.launcher)
@@ -190,6 +195,7 @@ def launch(request: LaunchRequest, on_event: OnEvent, *, executor: Executor | No
     if reach is None:
         reach = reach_for(run_request.launcher)
     keys = None
+    network = None
     if request.check:
         with signals_raise():
             checked = run_preflight(run_request, plan, reach=reach, use_cache=request.use_cache,
@@ -202,7 +208,7 @@ def launch(request: LaunchRequest, on_event: OnEvent, *, executor: Executor | No
             return RunOutcome(plan, checked.report, None, EXIT_FAILURE,
                               failure_message(checked.report, job_started=False))
         keys = checked.keys
-        choice = checked.network
+        choice = network = checked.network
         run = run_request
         if choice is not None and choice.iface is not None and run_request.iface is None:
             iface = plan.family.job_iface(choice.iface, choice.gloo_iface)
@@ -228,10 +234,18 @@ def launch(request: LaunchRequest, on_event: OnEvent, *, executor: Executor | No
     timeout, total = request.timeout, None
     if request.deadline is not None:
         timeout, total = max(request.deadline - time.time(), 0.001), request.timeout
+    command, command_env = (prepared.mpirun or plan.family.launcher, *argv[1:]), plan.launcher_env
+    gloo = None
+    extra: dict[str, object] = {}
+    if run_request.controller == "gloo":
+        from dtlaunch.gloo.start import gloo_job_for
+
+        gloo = gloo_job_for(run_request, plan, network)
+        command, command_env, extra = gloo.argv, gloo.env, {"stdin_data": gloo.stdin}
     try:
         result = executor(
-            (prepared.mpirun or plan.family.launcher, *argv[1:]),
-            plan.launcher_env,
+            command,
+            command_env,
             plan.rank_hosts,
             timeout=timeout,
             timeout_total=total,
@@ -243,10 +257,13 @@ def launch(request: LaunchRequest, on_event: OnEvent, *, executor: Executor | No
             support_files=plan.support_files,
             new_demux=functools.partial(plan.family.new_demux, release=prepared.mpi_version),
             prefix_timestamp=request.prefix_timestamp,
+            **extra,
         )
     finally:
         if nodes is not None:
             nodes.close()
+        if gloo is not None:
+            gloo.store.close()  # the rendezvous lives exactly as long as the job
     result = blame(result, nodes)
     if run_request.launcher == "slurm":
         from dtlaunch.run.slurm_watch import blame_allocation
