@@ -27,14 +27,16 @@ if args.horovod:
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
     total = hvd.allreduce(torch.tensor([float(rank + 1)]), op=hvd.Sum).item()
+    layout = [hvd.local_rank(), hvd.local_size(), hvd.cross_rank(), hvd.cross_size()]
 else:
     # mpirun sets OMPI_COMM_WORLD_*, Hydra's mpiexec PMI_RANK/PMI_SIZE; a direct launch by
-    # srun sets SLURM_PROCID/SLURM_NTASKS.
+    # srun sets SLURM_PROCID/SLURM_NTASKS, dtlaunch's --gloo HOROVOD_RANK/HOROVOD_SIZE.
     rank = int(os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ.get("PMI_RANK")
-               or os.environ["SLURM_PROCID"])
+               or os.environ.get("SLURM_PROCID") or os.environ["HOROVOD_RANK"])
     size = int(os.environ.get("OMPI_COMM_WORLD_SIZE") or os.environ.get("PMI_SIZE")
-               or os.environ["SLURM_NTASKS"])
+               or os.environ.get("SLURM_NTASKS") or os.environ["HOROVOD_SIZE"])
     total = None
+    layout = None
 
 record = {
     "rank": rank,
@@ -46,6 +48,7 @@ record = {
     "rest": rest,
     "env": dict(os.environ),
     "allreduce_sum": total,
+    "layout": layout,  # Horovod's local rank and size, cross rank and size
 }
 with open(os.path.join(args.out, f"rank.{rank}.json"), "w") as handle:
     json.dump(record, handle)
