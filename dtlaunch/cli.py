@@ -317,11 +317,14 @@ def install_horovod_cmd(force: bool, mpi: str | None) -> None:
 @click.option("--pairwise", is_flag=True,
               help="Also check SSH from every host to every other (needed by --tree-spawn).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+@click.option("--gloo", is_flag=True,
+              help="Check for a --gloo job: no MPI checks; Horovod must have Gloo.")
 @click.argument("script", required=False)
 def doctor(hosts: str | None, hostfile: str | None, iface: str | None, python: str | None,
            ssh_port: int | None, ssh_identity_file: str | None, ssh_config: str | None,
            connect_timeout: int, accept_new_host_keys: bool, launcher: str, timeout: float | None,
-           module: str | None, pairwise: bool, as_json: bool, script: str | None) -> None:
+           module: str | None, pairwise: bool, as_json: bool, gloo: bool,
+           script: str | None) -> None:
     """Check every host (and this one) before a job: SSH, Open MPI, Python, Horovod, network."""
     from dtlaunch.doctor.doctor import (
         COMMAND_TIMEOUT,
@@ -348,12 +351,13 @@ def doctor(hosts: str | None, hostfile: str | None, iface: str | None, python: s
     request = DoctorRequest(
         hosts=host_names,
         expect=build_expectations(python or sys.executable, script, module,
-                                  parse_iface(iface) if iface is not None else None, pairwise),
+                                  parse_iface(iface) if iface is not None else None, pairwise,
+                                  gloo=gloo),
         ssh=ssh,
         cwd=os.getcwd(),
         command_timeout=timeout if timeout is not None else COMMAND_TIMEOUT,
         choose_network=iface is None and len(host_names) > 1,  # as run's pre-flight
-        mpi_launcher=job_launcher(),
+        mpi_launcher="" if gloo else job_launcher(),
         job_path=os.environ.get("PATH", ""),  # what run exports to the ranks
     )
     from dtlaunch.console.render import Spinner, preload

@@ -23,7 +23,7 @@ LAYERS: dict[str, int] = {
     "cli": 4, "__main__": 4, "console": 4,
     "run": 3, "doctor": 3,
     "plan": 2, "mpi": 2, "openmpi": 2, "hydra": 2, "cluster": 2, "check": 2, "probe": 2,
-    "horovod": 2,
+    "horovod": 2, "gloo": 2,
     "ssh": 1, "reach": 1,
     "agents": 0, "core": 0,
 }
@@ -32,7 +32,8 @@ UI_ROOMS = {"cli", "__main__", "console"}  # the only users of click and rich
 # later), the rank shim under the ranks' (3.7, see its docstring), rsh and lifeline under
 # dtlaunch's own interpreter beside mpirun (requires-python).
 OLDEST_PYTHON = {"remote_probe.py": (3, 6), "import_probe.py": (3, 6), "rank_shim.py": (3, 7),
-                 "rsh.py": (3, 9), "lifeline.py": (3, 9)}
+                 "rsh.py": (3, 9), "lifeline.py": (3, 9), "gloo_host.py": (3, 7),
+                 "gloo_start.py": (3, 9)}
 
 
 def modules() -> dict[str, Path]:

@@ -72,11 +72,38 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["AUTH_HEADER", "MAX_BODY", "NONCE_HEADER", "BadRequest", "gloo_boot_command",
-           "gloo_packed_text", "read_request", "request_mac", "response_bytes", "response_mac",
-           "ESC", "EXIT", "HEADER_MAX", "HOST", "HOST_KEY_PREFIX", "LOCAL_SHELL", "LOST_PREFIX",
-           "MAGIC", "NOSTART", "PIPE_BUF", "SSH_ARGS_ENV", "STDERR", "STDOUT", "encode_argv",
-           "guarded_argv", "path", "session_members", "text", "unescape", "wrap_program"]
+__all__ = [
+    "AUTH_HEADER",
+    "ESC",
+    "EXIT",
+    "HEADER_MAX",
+    "HOST",
+    "HOST_KEY_PREFIX",
+    "LOCAL_SHELL",
+    "LOST_PREFIX",
+    "MAGIC",
+    "MAX_BODY",
+    "NONCE_HEADER",
+    "NOSTART",
+    "PIPE_BUF",
+    "SSH_ARGS_ENV",
+    "STDERR",
+    "STDOUT",
+    "BadRequest",
+    "encode_argv",
+    "gloo_boot_command",
+    "gloo_packed_text",
+    "guarded_argv",
+    "path",
+    "read_request",
+    "request_mac",
+    "response_bytes",
+    "response_mac",
+    "session_members",
+    "text",
+    "unescape",
+    "wrap_program",
+]
 
 # The shell that runs a shell agent on this machine.
 LOCAL_SHELL = "/bin/sh" if os.path.exists("/bin/sh") else (shutil.which("sh") or "sh")

@@ -23,7 +23,10 @@ stderr, prefixed `dtlaunch-gloo:`.
 Standard library only, no dtlaunch imports, Python >= 3.7 (the ranks' interpreter).
 """
 
+from __future__ import annotations  # no annotation is evaluated at run time
+
 import binascii
+import contextlib
 import hashlib
 import hmac
 import json
@@ -34,6 +37,10 @@ import subprocess
 import sys
 import threading
 import time
+
+TYPE_CHECKING = False  # the checkers' name for it: the typing module is never imported here
+if TYPE_CHECKING:
+    from typing import Any, BinaryIO, Dict, List, NoReturn, Optional, Sequence, Tuple
 
 PROTOCOL = b"dtlaunch-gloo-1"
 NONCE_HEADER = "X-Dtlaunch-Nonce"
@@ -50,26 +57,27 @@ PREFIX = "dtlaunch-gloo: "
 # --- both sides: the signatures -------------------------------------------------------------
 
 
-def request_mac(secret, method, path, nonce, body):
+def request_mac(secret: bytes, method: bytes, path: bytes, nonce: bytes, body: bytes) -> str:
     """The request's signature: bytes in, hex out."""
     text = b"\n".join((PROTOCOL, b"request", method, path, nonce,
                        hashlib.sha256(body).hexdigest().encode("ascii")))
     return hmac.new(secret, text, hashlib.sha256).hexdigest()
 
 
-def response_mac(secret, nonce, status, body):
+def response_mac(secret: bytes, nonce: bytes, status: int, body: bytes) -> str:
     text = b"\n".join((PROTOCOL, b"response", nonce, str(status).encode("ascii"),
                        hashlib.sha256(body).hexdigest().encode("ascii")))
     return hmac.new(secret, text, hashlib.sha256).hexdigest()
 
 
 class BadRequest(Exception):
-    def __init__(self, status, why):
+    def __init__(self, status: int, why: str) -> None:
         Exception.__init__(self, why)
         self.status = status
 
 
-def read_request(conn, buf, max_body=MAX_BODY):
+def read_request(conn: socket.socket, buf: bytes, max_body: int = MAX_BODY,
+                 ) -> Optional[Tuple[bytes, bytes, Dict[str, str], bytes, bytes]]:
     """One HTTP/1.x request from `conn` (bytes already read first in `buf`): (method, path,
     headers with lower-case names, body, what was read beyond it). None: the peer closed
     between requests. Raises BadRequest for anything malformed or too large."""
@@ -117,7 +125,8 @@ REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden",
            501: "Not Implemented", 502: "Bad Gateway", 503: "Service Unavailable"}
 
 
-def response_bytes(status, body=b"", headers=(), close=False):
+def response_bytes(status: int, body: bytes = b"", headers: Sequence[Tuple[str, str]] = (),
+                   close: bool = False) -> bytes:
     lines = ["HTTP/1.1 %d %s" % (status, REASONS.get(status, "Error")),
              "Content-Length: %d" % len(body)]
     lines += ["%s: %s" % pair for pair in headers]
@@ -126,7 +135,8 @@ def response_bytes(status, body=b"", headers=(), close=False):
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
 
 
-def read_response(conn, max_body=MAX_BODY):
+def read_response(conn: socket.socket, max_body: int = MAX_BODY,
+                  ) -> Tuple[int, Dict[str, str], bytes]:
     """(status, headers, body) of the store's answer."""
     buf = b""
     while b"\r\n\r\n" not in buf:
@@ -160,11 +170,11 @@ def read_response(conn, max_body=MAX_BODY):
 # --- the forwarder ---------------------------------------------------------------------------
 
 
-def _hex_port(port):
+def _hex_port(port: int) -> str:
     return "%04X" % port
 
 
-def socket_owner(peer_port, own_port):
+def socket_owner(peer_port: int, own_port: int) -> Optional[int]:
     """The uid that owns the loopback socket connected from `peer_port` to `own_port`, from
     /proc/net/tcp; None when it cannot be told (not Linux)."""
     want_local = "0100007F:" + _hex_port(peer_port)
@@ -183,7 +193,7 @@ def socket_owner(peer_port, own_port):
 class Forwarder:
     """127.0.0.1:PORT for the ranks here; each request signed and passed to the store."""
 
-    def __init__(self, store_host, store_port, secret):
+    def __init__(self, store_host: str, store_port: int, secret: bytes) -> None:
         self.store = (store_host, store_port)
         self.secret = secret
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -193,19 +203,17 @@ class Forwarder:
         self.slots = threading.BoundedSemaphore(MAX_CLIENTS)
         self.closed = False
 
-    def start(self):
+    def start(self) -> None:
         thread = threading.Thread(target=self._accept)
         thread.daemon = True
         thread.start()
 
-    def close(self):
+    def close(self) -> None:
         self.closed = True
-        try:
+        with contextlib.suppress(OSError):
             self.sock.close()
-        except OSError:
-            pass
 
-    def _accept(self):
+    def _accept(self) -> None:
         while not self.closed:
             try:
                 conn, peer = self.sock.accept()
@@ -218,7 +226,7 @@ class Forwarder:
             thread.daemon = True
             thread.start()
 
-    def _serve(self, conn, peer):
+    def _serve(self, conn: socket.socket, peer: Tuple[str, int]) -> None:
         try:
             conn.settimeout(IO_TIMEOUT)
             owner = socket_owner(peer[1], self.port)
@@ -246,7 +254,7 @@ class Forwarder:
             conn.close()
             self.slots.release()
 
-    def _forward(self, method, path, body):
+    def _forward(self, method: bytes, path: bytes, body: bytes) -> Tuple[int, bytes]:
         nonce = binascii.hexlify(os.urandom(16))
         mac = request_mac(self.secret, method, path, nonce, body)
         head = [method + b" " + path + b" HTTP/1.1", b"Host: dtlaunch",
@@ -272,7 +280,7 @@ class Forwarder:
 # --- the network ------------------------------------------------------------------------------
 
 
-def ipv4_ifaces():
+def ipv4_ifaces() -> List[Tuple[str, str]]:
     """(name, address) of each interface with an IPv4 address (Linux's SIOCGIFADDR)."""
     import fcntl
     import struct
@@ -289,7 +297,7 @@ def ipv4_ifaces():
     return found
 
 
-def _in_cidr(address, cidr):
+def _in_cidr(address: str, cidr: str) -> bool:
     net, _, bits = cidr.partition("/")
     try:
         mask = (0xFFFFFFFF << (32 - int(bits))) & 0xFFFFFFFF if bits else 0xFFFFFFFF
@@ -300,13 +308,13 @@ def _in_cidr(address, cidr):
     return a & mask == n & mask
 
 
-def struct_unpack(packed):
+def struct_unpack(packed: bytes) -> int:
     import struct
 
-    return struct.unpack("!I", packed)[0]
+    return int(struct.unpack("!I", packed)[0])
 
 
-def gloo_iface(cidrs, store):
+def gloo_iface(cidrs: Sequence[str], store: Tuple[str, int]) -> Optional[str]:
     """HOROVOD_GLOO_IFACE when dtlaunch could not name it: the interface on one of the job's
     subnets (--iface CIDR), else the one this host reaches dtlaunch through."""
     try:
@@ -332,7 +340,7 @@ def gloo_iface(cidrs, store):
 # --- the ranks ---------------------------------------------------------------------------------
 
 
-def session_members():
+def session_members() -> List[int]:
     """Every process in this agent's session (sshd gives the command one), this one excluded."""
     sid = os.getsid(0)
     found = []
@@ -349,20 +357,18 @@ def session_members():
     return found
 
 
-def _signal(pid, signum):
-    try:
+def _signal(pid: int, signum: int) -> None:
+    with contextlib.suppress(OSError):
         os.kill(pid, signum)
-    except OSError:
-        pass
 
 
 class Agent:
-    def __init__(self, job):
+    def __init__(self, job: Dict[str, Any]) -> None:
         self.job = job
         self.stop = threading.Event()
-        self.procs = []
+        self.procs: List[subprocess.Popen[bytes]] = []
 
-    def start_ranks(self, port):
+    def start_ranks(self, port: int) -> Optional[int]:
         cwd = self.job.get("cwd")
         if not cwd or not os.path.isdir(cwd):
             cwd = None  # as MPI launchers do: the launcher's directory when the host has it
@@ -388,7 +394,7 @@ class Agent:
             self.procs.append(proc)
         return None
 
-    def end_ranks(self):
+    def end_ranks(self) -> None:
         """SIGTERM to every rank's shim (which stops its program), then SIGKILL to whatever is
         left in this session."""
         for proc in self.procs:
@@ -411,7 +417,7 @@ class Agent:
                 _signal(proc.pid, signal.SIGKILL)
                 proc.wait()
 
-    def wait(self):
+    def wait(self) -> int:
         """Until every rank has ended (the first failure's code) or the job is stopped."""
         code = 0
         running = list(self.procs)
@@ -429,7 +435,7 @@ class Agent:
         return code
 
 
-def _watch_stdin(stop):
+def _watch_stdin(stop: threading.Event) -> None:
     """The job lives while dtlaunch's end of standard input is open (read from the descriptor:
     what the boot line's reader holds beyond the job is nothing)."""
     try:
@@ -440,7 +446,7 @@ def _watch_stdin(stop):
     stop.set()
 
 
-def main(stream):
+def main(stream: BinaryIO) -> int:
     try:
         job = json.loads(stream.readline().decode("utf-8"))
         secret = binascii.unhexlify(job["store"]["secret"])
@@ -450,7 +456,7 @@ def main(stream):
         return 2
     agent = Agent(job)
 
-    def on_signal(_signum, _frame):
+    def on_signal(_signum: int, _frame: object) -> None:
         agent.stop.set()
 
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
@@ -471,7 +477,7 @@ def main(stream):
         sys.stderr.flush()
 
 
-def gloo_boot_command(python):
+def gloo_boot_command(python: str) -> List[str]:
     """The argv that runs this agent from its text sent on standard input."""
     boot = ("import sys,zlib,binascii;s=sys.stdin.buffer;"
             "exec(compile(zlib.decompress(binascii.a2b_base64(s.readline())),'gloo_host','exec'),"
@@ -479,31 +485,29 @@ def gloo_boot_command(python):
     return [python, "-I", "-S", "-c", boot]
 
 
-def gloo_packed_text():
+def gloo_packed_text() -> bytes:
     """This file as the first line BOOT reads."""
     with open(__file__, "rb") as handle:
         return binascii.b2a_base64(zlib_compress(handle.read())).rstrip(b"\n") + b"\n"
 
 
-def zlib_compress(data):
+def zlib_compress(data: bytes) -> bytes:
     import zlib
 
     return zlib.compress(data, 9)
 
 
-def run(stream):
+def run(stream: BinaryIO) -> NoReturn:
     """main, then out at once: threads blocked in reads must not hold up the exit."""
     code = 1
     try:
         code = main(stream)
     finally:
         for handle in (sys.stdout, sys.stderr):
-            try:
+            with contextlib.suppress(OSError, ValueError):
                 handle.flush()
-            except (OSError, ValueError):
-                pass
         os._exit(code)
 
 
 if __name__ == "dtlaunch_gloo_host":
-    run(STREAM)  # noqa: F821 (given by the boot line)
+    run(globals()["STREAM"])  # given by the boot line

@@ -17,6 +17,7 @@ cleared (so a later rendezvous starts clean); elsewhere it deletes the key.
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import os
 import socket
@@ -101,10 +102,8 @@ class Store:
     def close(self) -> None:
         self._closed = True
         for sock in self._socks:
-            try:
+            with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
             sock.close()
 
     def __enter__(self) -> Store:

@@ -114,6 +114,7 @@ def prepare(request: RunRequest, on_event: OnEvent, *, dry_run: bool = False,
     if placement.allocation is not None:  # outside one, the hosts are what was typed
         on_event(Event(EventLevel.NOTE if dry_run else EventLevel.DETAIL, placement.source))
     impl: MpiImpl | None = None
+    program: str | None
     if request.controller == "gloo":
         from dtlaunch.gloo.family import GLOO
 
@@ -236,7 +237,7 @@ def launch(request: LaunchRequest, on_event: OnEvent, *, executor: Executor | No
         timeout, total = max(request.deadline - time.time(), 0.001), request.timeout
     command, command_env = (prepared.mpirun or plan.family.launcher, *argv[1:]), plan.launcher_env
     gloo = None
-    extra: dict[str, object] = {}
+    extra: dict[str, bytes] = {}
     if run_request.controller == "gloo":
         from dtlaunch.gloo.start import gloo_job_for
 
