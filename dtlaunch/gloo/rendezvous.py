@@ -38,7 +38,8 @@ MAX_NAME = 255
 
 
 def split_path(path: bytes) -> tuple[str, str] | None:
-    """`/SCOPE/KEY` with both plain names (letters, digits, `_.-:`); None otherwise."""
+    """`/SCOPE/KEY` with both plain names (letters, digits, `_.-:`, not starting with a dot);
+    None otherwise."""
     try:
         text = path.decode("ascii")
     except UnicodeDecodeError:
@@ -48,7 +49,8 @@ def split_path(path: bytes) -> tuple[str, str] | None:
         return None
     scope, key = parts[1], parts[2]
     for name in (scope, key):
-        if not name or len(name) > MAX_NAME or not _NAME_CHARS.issuperset(name):
+        if (not name or len(name) > MAX_NAME or not _NAME_CHARS.issuperset(name)
+                or name.startswith(".")):
             return None
     return scope, key
 
