@@ -18,7 +18,14 @@ parser.add_argument("--exit-rank", type=int, default=-1)
 parser.add_argument("--exit-code", type=int, default=0)
 parser.add_argument("--kill-rank", type=int, default=-1)
 parser.add_argument("--sleep", type=float, default=0.0)
+parser.add_argument("--wait-for", help="wait until this file exists before anything else")
 args, rest = parser.parse_known_args()
+
+if args.wait_for:
+    with open(os.path.join(args.out, f"waiting.{os.getpid()}"), "w"):
+        pass
+    while not os.path.exists(args.wait_for):
+        time.sleep(0.05)
 
 if args.horovod:
     import horovod.torch as hvd
