@@ -33,7 +33,7 @@ import time
 
 RANK_STOP = 4.0  # seconds the agents get to stop their ranks before they are signalled
 LINE_LIMIT = 64 * 1024  # a line longer than this is passed on in pieces
-STOPPING = "dtlaunch-gloo: stopping the job: "
+STOPPING = "dtlaunch-gloo: "
 
 
 class Host:
@@ -96,11 +96,14 @@ def main() -> int:
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, on_signal)
     hosts: list[Host] = []
+    code = 0
     for name, argv, payload in specs:
         try:
             hosts.append(Host(name, argv, payload))
         except OSError as exc:
-            sys.stderr.write(f"dtlaunch-gloo: cannot reach host {name}: {exc.strerror}\n")
+            sys.stderr.write(f"dtlaunch-gloo: cannot start the agent for host {name}: "
+                             f"{argv[0]}: {exc.strerror}\n")
+            code = 127
             stop.set()
             break
     for host in hosts:
@@ -112,7 +115,6 @@ def main() -> int:
             os.set_blocking(stream.fileno(), False)
             selector.register(stream.fileno(), selectors.EVENT_READ, (host, fd_out))
     open_streams = 2 * len(hosts)
-    code = 0
     stop_at: float | None = None
     signalled = False
     ended: set[int] = set()
@@ -145,6 +147,9 @@ def main() -> int:
             if status != 0 and code == 0:
                 code = status if status > 0 else 128 - status
                 if not stop.is_set():
+                    # Not stopped by us: its ranks failed, or the agent could not run there.
+                    write_all(2, f"{STOPPING}the agent on host {host.name} ended with status "
+                                 f"{code}\n".encode())
                     stop.set()
         if stop.is_set() and stop_at is None:
             stop_at = time.monotonic() + RANK_STOP

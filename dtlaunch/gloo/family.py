@@ -60,9 +60,17 @@ class Gloo:
     def parse_failure(self, lines: Sequence[str], rank_hosts: Sequence[str]) -> Failure | None:
         # The ranks' exit records and rsh's lost-link lines say what failed; an agent that
         # could not run says so in its own line, which the caller shows.
+        import re
+
         from dtlaunch.core.failure import Failure
 
         for line in lines:
+            found = re.match(r"dtlaunch-gloo: the agent on host (\S+) ended with status (\d+)",
+                             line)
+            if found:
+                return Failure(host=found.group(1), reason=(
+                    f"dtlaunch's Gloo agent on host {found.group(1)} ended with status "
+                    f"{found.group(2)} (see its lines above)"))
             if line.startswith("dtlaunch-gloo: "):
                 return Failure(reason=line[len("dtlaunch-gloo: "):].strip())
         return None
