@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +19,7 @@ from dtlaunch.gloo.ranks import host_ifaces, place_ranks, scope_sizes
 from dtlaunch.gloo.rendezvous import Store, split_path
 
 SECRET = b"s" * 32
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_ranks_fill_hosts_in_order_with_local_and_cross_places() -> None:
@@ -157,3 +159,27 @@ def test_the_forwarder_serves_only_its_own_user(forwarder: gloo_host.Forwarder) 
                           text=True, timeout=30, user=65534)
     assert done.stdout == "403", done.stderr
     assert http(forwarder.port, request("GET", "/global/0"))[0] == 404  # its own user: served
+
+
+def test_dry_run_shows_the_gloo_job_with_variables_by_name_only(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "dtlaunch", "run", "--gloo", "--dry-run", "-H",
+                           "h1:2,h2:2", "-np", "3", "-x", "DTL_VALUE=s3cr3t", "python", "t.py"],
+                          capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr
+    line = done.stdout.strip().splitlines()[-1]
+    assert "dtlaunch-gloo -np 3 -H h1:2,h2:2" in line and "-x DTL_VALUE python t.py" in line
+    assert "s3cr3t" not in done.stdout
+    assert "StrictHostKeyChecking=yes" in line
+
+
+def test_mpi_only_options_are_refused_under_gloo(tmp_path: Path) -> None:
+    for extra, word in ((["--mpi-args", "-v"], "--mpi-args"), (["--tree-spawn"], "--tree-spawn"),
+                        (["--binding-args", "-bind-to core"], "--binding-args")):
+        done = subprocess.run([sys.executable, "-m", "dtlaunch", "run", "--gloo", "--dry-run",
+                               "-H", "h1", *extra, "python", "t.py"], capture_output=True,
+                              text=True, timeout=60, cwd=tmp_path,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+        assert done.returncode == 2, done.stderr
+        assert done.stderr.strip().splitlines()[-1] == (
+            f"dtlaunch: error: {word}: no MPI launcher runs under --gloo; drop it")

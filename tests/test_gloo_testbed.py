@@ -11,7 +11,7 @@ import secrets
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -197,3 +197,31 @@ def test_the_rendezvous_refuses_strangers_and_the_job_is_unharmed(
     assert sorted(found) == [0, 1] and all(r["allreduce_sum"] == 3.0 for r in found.values())
     assert re.search(r"\[1@h2\] rank 1 of 2 on h2", out)
     assert_no_strays(gbed)
+
+
+def test_a_changed_host_key_is_refused_and_a_lost_host_ends_the_job(
+        make_bed: Callable[..., TestBed], tmp_path: Path) -> None:
+    bed = make_bed(2)
+    bed.restart_with_new_host_key("h2")
+    refused = run_gloo(bed, "h1:1,h2:1", PROBE, "--out", str(tmp_path), "--sleep", "600")
+    assert refused.returncode != 0
+    assert "ssh refused the host key of host h2" in refused.stderr.strip().splitlines()[-1]
+    assert_no_strays(bed)
+    # The key is trusted again; then h2 drops off the network mid-job.
+    known = bed.known_hosts.read_text().splitlines()
+    new_key = bed.host("h2").host_key.with_suffix(".pub").read_text()
+    bed.known_hosts.write_text("".join(f"{line}\n" for line in known if not line.startswith("h2,"))
+                               + f"h2,{bed.host('h2').address} {new_key}")
+    out = tmp_path / "lost"
+    out.mkdir()
+    proc = start_job(gloo_argv(bed, "h1:1,h2:1", PROBE, "--out", str(out), "--sleep", "600"),
+                     out, 2)
+    try:
+        bed.set_link("h2", up=False)
+        _, err = proc.communicate(timeout=HANG)
+    finally:
+        proc.kill()
+        bed.set_link("h2", up=True)
+    assert proc.returncode != 0
+    assert "lost the SSH connection to host h2" in err.strip().splitlines()[-1], err
+    assert_no_strays(bed, pids=(records(out)[0]["pid"],))

@@ -49,7 +49,9 @@ class Gloo:
             raise UsageError("--gloo: inside a Slurm allocation dtlaunch does not yet start "
                              "Gloo ranks through srun; pass --launcher ssh (with -H) to reach "
                              "the nodes over ssh")
-        return (LAUNCHER, "-np", str(spec.num_proc), "-H", format_hosts(spec.hosts),
+        # The variables by name only: their values go to the hosts on ssh's standard input.
+        names = [w for var in spec.env.variables for w in ("-x", var.name)]
+        return (LAUNCHER, "-np", str(spec.num_proc), "-H", format_hosts(spec.hosts), *names,
                 *spec.program)
 
     def new_demux(self, stream: str, release: tuple[int, ...] = ()) -> RecordDemux:
