@@ -81,7 +81,9 @@ def report(results: list[dict[str, Any]]) -> str:
                             "CPU s on h1", "launcher peak RSS MiB"], rows), ""]
     parts += ["Method: each repetition runs every launcher once, the order rotating; one "
               "warm-up round is dropped. horovodrun gets the hosts' addresses and an `ssh` that "
-              "adds the bed's ssh config (see launch_overhead.py).", ""]
+              "adds the bed's ssh config (see launch_overhead.py). \"CPU s on h1\" counts the "
+              "launcher and what it started as its own children; ranks that an sshd started "
+              "(all of dtlaunch --gloo's) are not in it.", ""]
     return "\n".join(parts)
 
 
