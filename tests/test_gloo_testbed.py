@@ -225,3 +225,14 @@ def test_a_changed_host_key_is_refused_and_a_lost_host_ends_the_job(
     assert proc.returncode != 0
     assert "lost the SSH connection to host h2" in err.strip().splitlines()[-1], err
     assert_no_strays(bed, pids=(records(out)[0]["pid"],))
+
+
+def test_a_host_whose_own_name_does_not_resolve_is_named(bed: TestBed, tmp_path: Path) -> None:
+    # The shared bed's hosts do not resolve their names: Horovod's Gloo ranks would crash.
+    result = run_gloo(bed, "h1:1,h2:1", PROBE, "--out", str(tmp_path))
+    assert result.returncode != 0
+    last = result.stderr.strip().splitlines()[-1]
+    assert re.match(r"dtlaunch: job failed: host h[12]: its own name 'h[12]' does not resolve", last), last
+    assert "add it to /etc/hosts" in last
+    assert records(tmp_path) == {}  # no rank started
+    assert_no_strays(bed)

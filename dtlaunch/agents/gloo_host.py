@@ -337,6 +337,30 @@ def gloo_iface(cidrs: Sequence[str], store: Tuple[str, int]) -> Optional[str]:
     return None
 
 
+def own_name_problem(timeout: float = 10.0) -> Optional[str]:
+    """Why this host's own name does not resolve here, or None. Horovod's Gloo process sets
+    look it up, and a rank crashes (SIGSEGV, Horovod 0.28.1) when it does not resolve."""
+    name = socket.gethostname()
+    found: List[Optional[str]] = []
+
+    def look() -> None:
+        try:
+            socket.getaddrinfo(name, None)
+            found.append(None)
+        except (OSError, UnicodeError) as exc:
+            found.append(str(exc))
+
+    thread = threading.Thread(target=look)
+    thread.daemon = True
+    thread.start()
+    thread.join(timeout)
+    if not found:
+        return "its own name %r did not resolve within %g s" % (name, timeout)
+    if found[0] is not None:
+        return "its own name %r does not resolve (%s)" % (name, found[0])
+    return None
+
+
 # --- the ranks ---------------------------------------------------------------------------------
 
 
@@ -455,6 +479,12 @@ def main(stream: BinaryIO) -> int:
         sys.stderr.write(PREFIX + "expected the job on standard input\n")
         return 2
     agent = Agent(job)
+    problem = own_name_problem()
+    if problem is not None:
+        sys.stderr.write(PREFIX + "host %s: %s; Horovod's Gloo controller needs every host to "
+                         "resolve its own name: add it to /etc/hosts there (or DNS)\n"
+                         % (job.get("host", "?"), problem))
+        return 1
 
     def on_signal(_signum: int, _frame: object) -> None:
         agent.stop.set()

@@ -66,6 +66,10 @@ class Gloo:
 
         from dtlaunch.core.failure import Failure
 
+        for line in lines:  # the agent's own reason first: it names what to fix
+            if line.startswith("dtlaunch-gloo: host "):
+                return Failure(host=line.split()[2].rstrip(":"),
+                               reason=line[len("dtlaunch-gloo: "):].strip())
         for line in lines:
             found = re.match(r"dtlaunch-gloo: the agent on host (\S+) ended with status (\d+)",
                              line)

@@ -104,6 +104,7 @@ def prepare_gloo_job(
             if host_iface and host in host_iface:
                 env["HOROVOD_GLOO_IFACE"] = host_iface[host]
             job = {
+                "host": host,
                 "store": {"host": where[host], "port": store.port,
                           "secret": binascii.hexlify(secret).decode("ascii")},
                 "env": env,
