@@ -236,3 +236,16 @@ def test_a_host_whose_own_name_does_not_resolve_is_named(bed: TestBed, tmp_path:
     assert "add it to /etc/hosts" in last
     assert records(tmp_path) == {}  # no rank started
     assert_no_strays(bed)
+
+
+def test_doctor_for_gloo_skips_the_mpi_checks(gbed: TestBed) -> None:
+    done = subprocess.run(dtlaunch_argv("doctor", "--gloo", "--json", "-H", "h1,h2",
+                                        "--ssh-config", str(gbed.ssh_config)),
+                          capture_output=True, text=True, timeout=HANG)
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(done.stdout)
+    for host in report["hosts"]:
+        checks = {c["name"]: c for c in host["checks"]}
+        assert checks["mpirun"]["status"] == checks["mpi"]["status"] == "skip", host
+        assert checks["mpirun"]["detail"] == "not needed (--gloo)"
+        assert "Gloo" in checks["horovod"]["detail"]
