@@ -183,3 +183,16 @@ def test_mpi_only_options_are_refused_under_gloo(tmp_path: Path) -> None:
         assert done.returncode == 2, done.stderr
         assert done.stderr.strip().splitlines()[-1] == (
             f"dtlaunch: error: {word}: no MPI launcher runs under --gloo; drop it")
+
+
+def test_the_store_listens_only_where_it_is_told_and_says_why_it_cannot() -> None:
+    with Store(["127.0.0.1", "127.0.0.2"], SECRET) as running:
+        assert running.port > 0
+        for address in ("127.0.0.1", "127.0.0.2"):
+            socket.create_connection((address, running.port), timeout=5).close()
+        with pytest.raises(OSError):
+            socket.create_connection(("127.0.0.3", running.port), timeout=5).close()
+    from dtlaunch.core.errors import DtlaunchError
+
+    with pytest.raises(DtlaunchError, match="cannot listen on 192.0.2.77"):
+        Store(["192.0.2.77"], SECRET).start()  # not an address of this machine

@@ -18,6 +18,7 @@ cleared (so a later rendezvous starts clean); elsewhere it deletes the key.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hmac
 import os
 import socket
@@ -81,25 +82,37 @@ class Store:
     _closed: bool = False
 
     def start(self) -> None:
-        """Bind every address on one port (the first one's, picked by the kernel)."""
-        port = self.port
+        """Bind every address on one port (the first one's, picked by the kernel; picked
+        again when another address has it taken)."""
+        for attempt in range(5):
+            try:
+                self._bind_all(self.port)
+                break
+            except OSError as exc:
+                for sock in self._socks:
+                    sock.close()
+                self._socks.clear()
+                if self.port or exc.errno != errno.EADDRINUSE or attempt == 4:
+                    raise DtlaunchError(f"--gloo: the rendezvous store cannot listen on "
+                                        f"{', '.join(self.addresses)}: "
+                                        f"{exc.strerror or exc}") from None
+        for sock in self._socks:
+            threading.Thread(target=self._accept, args=(sock,), daemon=True,
+                             name="dtlaunch-gloo-store").start()
+
+    def _bind_all(self, port: int) -> None:
         for address in self.addresses:
             family = socket.AF_INET6 if ":" in address else socket.AF_INET
             sock = socket.socket(family, socket.SOCK_STREAM)
             try:
                 sock.bind((address, port))
-            except OSError as exc:
+            except OSError:
                 sock.close()
-                self.close()
-                raise DtlaunchError(f"--gloo: the rendezvous store cannot listen on "
-                                    f"{address}:{port}: {exc.strerror or exc}") from None
+                raise
             sock.listen(256)
             port = sock.getsockname()[1]
             self._socks.append(sock)
         self.port = port
-        for sock in self._socks:
-            threading.Thread(target=self._accept, args=(sock,), daemon=True,
-                             name="dtlaunch-gloo-store").start()
 
     def close(self) -> None:
         self._closed = True
