@@ -321,7 +321,7 @@ def latency_config(bed: object, delay: float, path: Path) -> Path:
 @contextlib.contextmanager
 def bed_of(n: int) -> Iterator[object]:
     """A test bed of n hosts, torn down on any exit, Ctrl-C and SIGTERM included."""
-    from testbed import build_testbed
+    from helpers.testbed import build_testbed
 
     previous = signal.getsignal(signal.SIGTERM)
 

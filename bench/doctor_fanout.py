@@ -204,7 +204,7 @@ def report(res: dict[str, Any], reps: int, png: bool) -> str:
     parts += [
         "Method: one bed of the largest size, the first N hosts used; doctor runs from the root "
         "namespace with the bed's ssh config, `--iface <bed subnet>` and a script, so every check "
-        "runs (ssh, mpirun, open-mpi, python, torch, horovod, script, iface, hostname) plus the "
+        "runs (reach, mpirun, mpi, python, torch, horovod, script, iface, hostname) plus the "
         "launcher's own probe. horovodrun's check is its own function "
         "`horovod.runner.launch._check_all_hosts_ssh_successful` (parallel `ssh -o "
         "PasswordAuthentication=no -o StrictHostKeyChecking=no HOST -o ConnectTimeout=10 true`), "

@@ -34,7 +34,7 @@ JOB = str(SCRIPTS / "tiny_job.py")
 
 
 def measure(n: int, reps: int) -> dict[str, Any]:
-    from testbed import build_testbed
+    from helpers.testbed import build_testbed
 
     bed = build_testbed(n, names_resolve=True)
     try:

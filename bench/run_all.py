@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         md_table(["machine", ""], list(info.items())), "",
         "Every figure runs its tools side by side in one run: round-robin within each "
         "repetition, the order rotating, one warm-up round dropped; medians (min–max) and "
-        "ratios. The multi-host test bed (`tests/testbed.py`) makes each host a network "
+        "ratios. The multi-host test bed (`tests/helpers/testbed.py`) makes each host a network "
         "namespace on one bridge with its own hostname and its own sshd, so every host's sshd "
         "and login shell share this machine's cores.", ""]
     write_results(header, sections)

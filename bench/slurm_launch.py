@@ -188,7 +188,7 @@ def report(res: dict[str, Any], command: str) -> str:
 
 
 def outside(args: argparse.Namespace) -> str:
-    from slurm_bed import start_slurm_cluster
+    from helpers.slurm_bed import start_slurm_cluster
 
     with bed_of(2) as bed, baseline_tree(args.baseline) as base:
         t0 = time.monotonic()

@@ -21,8 +21,8 @@ import time
 from pathlib import Path
 
 from common import ROOT, log
-from slurm_bed import start_slurm_cluster
-from testbed import build_testbed
+from helpers.slurm_bed import start_slurm_cluster
+from helpers.testbed import build_testbed
 
 PROBE = str(ROOT / "tests" / "scripts" / "rank_probe.py")
 NP = 4

@@ -182,8 +182,8 @@ def read_run(ctx: click.Context, params: Mapping[str, Any], hvd: HorovodArgs) ->
     """`run`'s parsed parameters (and its horovodrun options, read) to a request; every bad
     value is a UsageError here."""
     from dtlaunch.console.run_args import RunArgs, build_run_request, resolve_output_dir
-    from dtlaunch.plan.command import suggest_option
-    from dtlaunch.plan.hosts import read_hosts
+    from dtlaunch.job.command import suggest_option
+    from dtlaunch.job.hosts import read_hosts
     from dtlaunch.reach.ssh_options import ssh_options_from
     from dtlaunch.run import launcher_choice
     from dtlaunch.run.restarts import RestartPolicy, check_policy
@@ -259,10 +259,10 @@ def check_submitted_run(run_args: Sequence[str], workdir: str | None) -> None:
     from the allocation): -np is checked against no slot count. A secret's value typed after -x
     is refused: the batch script, which Slurm keeps, and the batch node's command line would
     carry it."""
-    from dtlaunch.plan.env import looks_secret
-    from dtlaunch.plan.hosts import Host
+    from dtlaunch.job.env import looks_secret
+    from dtlaunch.job.hosts import Host
     from dtlaunch.plan.plan import plan_run
-    from dtlaunch.run.launcher_choice import launcher_family
+    from dtlaunch.run.launcher_choice import family_to_check
 
     ctx = run.make_context("dtlaunch submit [SBATCH OPTIONS] --", list(run_args))
     for item in ctx.params["env_items"]:
@@ -284,10 +284,7 @@ def check_submitted_run(run_args: Sequence[str], workdir: str | None) -> None:
         for line in hvd.warnings:
             _warn(line)
         setup = read_run(ctx, ctx.params, hvd)
-        try:
-            family, _, _ = launcher_family()
-        except DtlaunchError:
-            from dtlaunch.openmpi.family import OPEN_MPI as family
+        family = family_to_check()
         request = setup.request
         if not request.hosts:  # from the allocation: any -np may fit it
             request = replace(request, hosts=(Host("node", 1),), oversubscribe=True)
@@ -332,8 +329,8 @@ def doctor(hosts: str | None, hostfile: str | None, iface: str | None, python: s
         build_expectations,
         run_doctor,
     )
+    from dtlaunch.job.hosts import read_hosts
     from dtlaunch.mpi import parse_iface
-    from dtlaunch.plan.hosts import read_hosts
     from dtlaunch.plan.plan import check_module_name
     from dtlaunch.reach.ssh_options import ssh_options_from
     from dtlaunch.run.launcher_choice import job_launcher
@@ -381,21 +378,16 @@ def doctor(hosts: str | None, hostfile: str | None, iface: str | None, python: s
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def env_check(as_json: bool) -> None:
     """Report this machine: OS, Python, Open MPI, Horovod, PyTorch, GPUs, network, SSH."""
-    import json
-
-    from dtlaunch.doctor.envcheck import env_report, evaluate_env, gather_env
+    from dtlaunch.console.render import env_to_json, render_env
+    from dtlaunch.doctor.envcheck import check_env
 
     with signals_raise():
-        facts, host = gather_env()
-    items = evaluate_env(facts, host)
-    report = env_report(facts, items)
+        report = check_env()
     if as_json:
-        click.echo(json.dumps(report, indent=2, default=str))
+        click.echo(env_to_json(report))
     else:
-        from dtlaunch.console.render import render_env
-
-        render_env(items)
-    sys.exit(EXIT_OK if report["ok"] else EXIT_FAILURE)
+        render_env(report)
+    sys.exit(EXIT_OK if report.ok else EXIT_FAILURE)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

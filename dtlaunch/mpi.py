@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Protocol
 from packaging.version import InvalidVersion, Version
 
 from dtlaunch.core.errors import UsageError
-from dtlaunch.plan.env import EnvPlan
-from dtlaunch.plan.hosts import Host
+from dtlaunch.job.env import EnvPlan
+from dtlaunch.job.hosts import Host
 from dtlaunch.reach.ssh_options import SshOptions
 
 if TYPE_CHECKING:
@@ -85,7 +85,7 @@ class JobSpec:
     rsh_agent: str | None = None
     # Inside a Slurm job: Open MPI's plm slurm starts the daemons with srun (no ssh at all).
     slurm: bool = False
-    # --binding-args (checked by dtlaunch.plan.binding); None: dtlaunch's default binding.
+    # --binding-args (checked by dtlaunch.job.binding); None: dtlaunch's default binding.
     binding: tuple[str, ...] | None = None
 
 
@@ -209,6 +209,16 @@ class MpiFamily(Protocol):
 
     def launcher_env(self, spec: JobSpec) -> dict[str, str]:
         """Variables the launcher's own environment needs for this job (beyond the plan's)."""
+        ...
+
+    def launcher_defaults(self, spec: JobSpec) -> dict[str, str]:
+        """Variables the launcher needs for this job unless its environment already sets them
+        (the user's value wins; they are not shown with the command)."""
+        ...
+
+    def refuse_insecure(self, extra_args: Sequence[str], environ: Mapping[str, str]) -> None:
+        """Raise UsageError when the user's extra launcher arguments or the launcher's
+        environment make its ssh accept any host key."""
         ...
 
     def ssh_left_to_dtlaunch(self, extra_args: Sequence[str], environ: Mapping[str, str]) -> bool:

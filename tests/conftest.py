@@ -21,8 +21,8 @@ from hypothesis import settings
 sys.path.insert(0, str(Path(__file__).parent))
 
 from helpers.procs import kill_all, sleeping, survivors, wait_for
-from slurm_bed import SlurmCluster, missing_slurm, start_slurm_cluster
-from testbed import TestBed, build_testbed, missing_requirements
+from helpers.slurm_bed import SlurmCluster, missing_slurm, start_slurm_cluster
+from helpers.testbed import TestBed, build_testbed, missing_requirements
 
 IN_CI = os.environ.get("CI") == "true"
 
@@ -59,12 +59,21 @@ TESTBED_FIXTURES = frozenset({"bed", "make_bed", "dbed", "slurm_cluster", "mpi_e
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    misplaced = []
     for item in items:
         used = set(getattr(item, "fixturenames", ()))
+        folder = item.path.parent.name
+        if (used & TESTBED_FIXTURES or folder == "testbed") and item.get_closest_marker("testbed") is None:
+            item.add_marker(pytest.mark.testbed)
+        if folder == "unit" and item.get_closest_marker("testbed") is not None:
+            misplaced.append(item.nodeid)
         if used & TESTBED_FIXTURES and item.get_closest_marker("testbed") is None:
             item.add_marker(pytest.mark.testbed)
         if "horovod" in used and item.get_closest_marker("horovod") is None:
             item.add_marker(pytest.mark.horovod)
+    if misplaced:  # tests/unit/ runs without root, namespaces, sshd, Slurm or the MPI venvs
+        raise pytest.UsageError("these tests need the test bed; move them to tests/testbed/: "
+                                + ", ".join(misplaced))
 
 
 # One profile for every property test: a loaded machine is slow, not wrong.
@@ -197,8 +206,8 @@ class MpiEnv:
 # id -> (venv under MPI_VENVS or None for the system's, launcher name)
 MPI_ENVS = {"openmpi4": (None, "mpirun"), "openmpi5": ("openmpi5", "mpirun"),
             "mpich": ("mpich", "mpiexec"), "intelmpi": ("intelmpi", "mpiexec")}
-# The Open MPIs, which the suite of tests/test_mpis_testbed.py runs `dtlaunch run` with; the
-# Hydra MPIs (MPICH, Intel MPI) have theirs in tests/test_hydra_testbed.py (`hydra_mpi`).
+# The Open MPIs, which the suite of tests/testbed/test_mpis_testbed.py runs `dtlaunch run` with; the
+# Hydra MPIs (MPICH, Intel MPI) have theirs in tests/testbed/test_hydra_testbed.py (`hydra_mpi`).
 DTLAUNCH_RUN_MPIS = ("openmpi4", "openmpi5")
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from dtlaunch.check.gpu_facts import GpuFacts
 from dtlaunch.check.report import FAIL, PASS, SKIP, WARN, CheckResult
-from dtlaunch.plan.hosts import Host
+from dtlaunch.job.hosts import Host
 
 
 def gpu_slots(hosts: Sequence[Host], gpus: Mapping[str, GpuFacts],

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from dtlaunch.check.facts import HostFacts, Iface, PythonFacts
 from dtlaunch.check.report import FAIL, HOST, LAUNCHER, PASS, SKIP, WARN, CheckResult, Role
-from dtlaunch.mpi import INSTALL_OMPI_HINT, MIN_OMPI, Interfaces
+from dtlaunch.mpi import INSTALL_OMPI_HINT, Interfaces
 
 UNROUTABLE_PREFIXES = ("lo", "docker", "virbr", "veth", "br-", "cni", "flannel", "tun", "tap")
 
@@ -81,30 +81,6 @@ def _check_launcher_path(facts: HostFacts, role: Role) -> CheckResult:
                            "(Hydra) from there",
                            f"install the complete MPI at {folder} on every host")
     return CheckResult("mpirun", PASS, facts.mpirun)
-
-
-def check_open_mpi(facts: HostFacts, launcher_version: str | None) -> CheckResult:
-    impl = facts.mpi
-    if impl is None:
-        return CheckResult("open-mpi", SKIP, "no mpirun")
-    if not impl.is_open_mpi:
-        name = impl.name if impl.name != "unknown" else "not Open MPI"
-        return CheckResult("open-mpi", FAIL, f"{facts.mpirun} is {name}"
-                           + (f" {impl.version}" if impl.version else "")
-                           + "; dtlaunch needs Open MPI >= 3.0",
-                           INSTALL_OMPI_HINT + ", and make its mpirun come first on PATH")
-    if impl.release < MIN_OMPI:
-        return CheckResult("open-mpi", FAIL,
-                           f"{facts.mpirun} is Open MPI {impl.version}, older than 3.0",
-                           "an old Open MPI comes first on PATH: remove it or put the newer one's "
-                           "bin directory first; " + INSTALL_OMPI_HINT)
-    if launcher_version and impl.version != launcher_version:
-        return CheckResult("open-mpi", FAIL,
-                           f"Open MPI {impl.version} here, {launcher_version} on the launcher "
-                           "(different versions fail with 'Data unpack would read past end of "
-                           "buffer')", "install the same Open MPI version on every host and on "
-                           "the launcher")
-    return CheckResult("open-mpi", PASS, impl.version)
 
 
 def check_python(py: PythonFacts, expect: Expectations,

@@ -4,12 +4,11 @@ launcher's, each host's named, and the fix when one host has another MPI. Pure."
 from __future__ import annotations
 
 from dtlaunch.check.facts import HostFacts
-from dtlaunch.check.host_checks import check_open_mpi
 from dtlaunch.check.report import FAIL, PASS, SKIP, CheckResult
 from dtlaunch.hydra.family import HYDRA
-from dtlaunch.mpi import MIN_OMPI, MpiImpl
+from dtlaunch.mpi import INSTALL_OMPI_HINT, MIN_OMPI, MpiImpl
 
-NAME = "open-mpi"  # the report's column for the MPI implementation (kept for its readers)
+NAME = "mpi"  # the report's column for the MPI implementation
 
 
 def _named(impl: MpiImpl) -> str:
@@ -57,3 +56,27 @@ def _against_hydra(facts: HostFacts, impl: MpiImpl, launcher: MpiImpl) -> CheckR
         return CheckResult(NAME, FAIL, f"{_named(impl)} here, {_named(launcher)} on the launcher",
                            same_fix)
     return CheckResult(NAME, PASS, _named(impl))
+
+
+def check_open_mpi(facts: HostFacts, launcher_version: str | None) -> CheckResult:
+    impl = facts.mpi
+    if impl is None:
+        return CheckResult(NAME, SKIP, "no mpirun")
+    if not impl.is_open_mpi:
+        name = impl.name if impl.name != "unknown" else "not Open MPI"
+        return CheckResult(NAME, FAIL, f"{facts.mpirun} is {name}"
+                           + (f" {impl.version}" if impl.version else "")
+                           + "; dtlaunch needs Open MPI >= 3.0",
+                           INSTALL_OMPI_HINT + ", and make its mpirun come first on PATH")
+    if impl.release < MIN_OMPI:
+        return CheckResult(NAME, FAIL,
+                           f"{facts.mpirun} is Open MPI {impl.version}, older than 3.0",
+                           "an old Open MPI comes first on PATH: remove it or put the newer one's "
+                           "bin directory first; " + INSTALL_OMPI_HINT)
+    if launcher_version and impl.version != launcher_version:
+        return CheckResult(NAME, FAIL,
+                           f"Open MPI {impl.version} here, {launcher_version} on the launcher "
+                           "(different versions fail with 'Data unpack would read past end of "
+                           "buffer')", "install the same Open MPI version on every host and on "
+                           "the launcher")
+    return CheckResult(NAME, PASS, impl.version)

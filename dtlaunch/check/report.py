@@ -43,7 +43,7 @@ PASS, WARN, FAIL, SKIP = Status.PASS, Status.WARN, Status.FAIL, Status.SKIP
 LAUNCHER, HOST = Role.LAUNCHER, Role.HOST
 _RANK = {SKIP: 0, PASS: 1, WARN: 2, FAIL: 3}
 
-CHECK_NAMES = ("ssh", "mpirun", "open-mpi", "python", "torch", "horovod", "script", "iface",
+CHECK_NAMES = ("reach", "mpirun", "mpi", "python", "torch", "horovod", "script", "iface",
                "hostname", "pairwise")
 
 
@@ -107,7 +107,7 @@ class DoctorReport:
     hosts: tuple[HostReport, ...]
     seconds: float = 0.0
     columns: tuple[str, ...] = field(default=CHECK_NAMES)
-    ssh_label: str = "ssh"  # the ssh column's heading ("launch path" when reached through srun)
+    reach: str = "ssh"  # how the hosts were reached: the reach column's heading ("ssh", "srun")
     job: tuple[CheckResult, ...] = ()  # checks of the whole job, e.g. the network it uses
 
     @property
@@ -141,6 +141,6 @@ class DoctorReport:
         return lines
 
 
-def ssh_failed(detail: str, hint: str) -> CheckResult:
-    """The ssh check of a host that could not be probed."""
-    return CheckResult("ssh", FAIL, detail, hint)
+def unreachable(detail: str, hint: str) -> CheckResult:
+    """The reach check (ssh, or srun) of a host that could not be probed."""
+    return CheckResult("reach", FAIL, detail, hint)

@@ -32,7 +32,7 @@ from dtlaunch.check.report import (
     HostOutcome,
     HostReport,
     Role,
-    ssh_failed,
+    unreachable,
 )
 
 
@@ -59,7 +59,7 @@ def check_host(facts: HostFacts, role: Role, expect: Expectations, launcher: Hos
         mpi = (check_mpirun(facts, role, needs_orted=not uses_hydra(launcher_mpi)),
                check_mpi(facts, launcher_mpi))
     return (
-        CheckResult("ssh", PASS, "local" if role == LAUNCHER else (path or "ok")),
+        CheckResult("reach", PASS, "local" if role == LAUNCHER else (path or "ok")),
         *mpi,
         *python,
         check_script(facts, expect),
@@ -71,7 +71,7 @@ def check_host(facts: HostFacts, role: Role, expect: Expectations, launcher: Hos
 def versions_of(facts: HostFacts) -> tuple[tuple[str, str], ...]:
     py = facts.python
     pairs = [
-        ("open-mpi", facts.mpi.version if facts.mpi and facts.mpi.is_open_mpi else ""),
+        ("mpi", facts.mpi.version if facts.mpi and facts.mpi.is_open_mpi else ""),
         ("mpi", f"{facts.mpi.name} {facts.mpi.version}".strip() if facts.mpi else ""),
         ("python", py.version),
         ("torch", py.torch_imported or py.torch_version or ""),
@@ -116,7 +116,7 @@ def evaluate(outcomes: Sequence[HostOutcome], expect: Expectations, seconds: flo
     reports: list[HostReport] = []
     for outcome in outcomes:
         if outcome.facts is None:
-            problem = outcome.problem or ssh_failed("no answer", "")
+            problem = outcome.problem or unreachable("no answer", "")
             checks = skipped_after_ssh(problem)
             versions: tuple[tuple[str, str], ...] = ()
             hostname = ""
@@ -136,5 +136,5 @@ def evaluate(outcomes: Sequence[HostOutcome], expect: Expectations, seconds: flo
                                   outcome.note, hostname,
                                   outcome.facts.gpus if outcome.facts is not None else None,
                                   warnings))
-    label = "launch path" if any(o.path for o in outcomes) else "ssh"
-    return DoctorReport(tuple(reports), seconds, ssh_label=label, job=gpu_checks(outcomes))
+    reach = next((o.path for o in outcomes if o.path), "ssh")
+    return DoctorReport(tuple(reports), seconds, reach=reach, job=gpu_checks(outcomes))

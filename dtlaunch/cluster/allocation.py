@@ -15,7 +15,7 @@ import hostlist
 
 from dtlaunch.core.errors import UsageError
 from dtlaunch.core.textfile import read_small_text
-from dtlaunch.plan.hosts import Host, format_hosts, parse_host_entry
+from dtlaunch.job.hosts import Host, format_hosts, parse_host_entry
 
 SLURM, PBS, LSF = "Slurm", "PBS", "LSF"
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import hostlist
 
 from dtlaunch.core.errors import DtlaunchError, UsageError
-from dtlaunch.plan.env import NAME_RE
+from dtlaunch.job.env import NAME_RE
 
 # Probes need only PATH to find the interpreter; everything else stays on the launcher.
 PROBE_EXPORT = ("PATH",)

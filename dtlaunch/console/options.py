@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 import click
 
 from dtlaunch.core.errors import UsageError
-from dtlaunch.plan.command import OptionTable, split_program
+from dtlaunch.job.command import OptionTable, split_program
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -109,7 +109,7 @@ RUN_OWN_FLAGS = ("--min-np",)
 
 class RunCommand(click.Command):
     """`dtlaunch run`: click reads only the words before the program; the program's words
-    (dtlaunch.plan.command.split_program) reach the command as `program`, untouched, so an option
+    (dtlaunch.job.command.split_program) reach the command as `program`, untouched, so an option
     after `-m MODULE` or after the script (`-p`, `-H`, `--`) is the program's, never dtlaunch's.
     What click leaves over (`args`) can only be options it does not know."""
 

@@ -6,7 +6,6 @@ The only module that imports rich (lazily, inside the functions that draw).
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from dataclasses import asdict
 from typing import IO, TYPE_CHECKING, Any
 
@@ -14,6 +13,7 @@ from dtlaunch.check.report import FAIL, PASS, SKIP, WARN, DoctorReport
 
 if TYPE_CHECKING:
     from dtlaunch.check.gpu_facts import GpuFacts
+    from dtlaunch.doctor.envcheck import EnvReport
 
 SYMBOLS = {PASS: "pass", WARN: "warn", FAIL: "FAIL", SKIP: "-"}
 STYLES = {PASS: "green", WARN: "yellow", FAIL: "bold red", SKIP: "dim"}
@@ -34,7 +34,7 @@ def report_to_dict(report: DoctorReport) -> dict[str, Any]:
         "ok": report.ok,
         "seconds": round(report.seconds, 3),
         "checks": list(report.columns),
-        "ssh_label": report.ssh_label,
+        "reach": report.reach,
         "job": [{"name": c.name, "status": c.status, "detail": c.detail, "hint": c.hint}
                 for c in report.job],
         "hosts": [
@@ -94,7 +94,7 @@ def render_report(report: DoctorReport, stream: IO[str] | None = None) -> None:
     table = Table(title=None, show_lines=False, pad_edge=False)
     table.add_column("host", no_wrap=True)
     for name in report.columns:
-        table.add_column(report.ssh_label if name == "ssh" else name, justify="center")
+        table.add_column(report.reach if name == "reach" else name, justify="center")
     table.add_column("time", justify="right")
     for host in report.hosts:
         label = host.host + (" (launcher)" if host.role == "launcher" else "")
@@ -156,7 +156,15 @@ class Spinner:
 # --- env-check ------------------------------------------------------------------------------
 
 
-def render_env(items: Sequence[Any], stream: IO[str] | None = None) -> None:
+def env_to_dict(report: EnvReport) -> dict[str, Any]:
+    return {"ok": report.ok, **report.facts, "items": [i.to_dict() for i in report.items]}
+
+
+def env_to_json(report: EnvReport) -> str:
+    return json.dumps(env_to_dict(report), indent=2, default=str)
+
+
+def render_env(report: EnvReport, stream: IO[str] | None = None) -> None:
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
@@ -165,6 +173,7 @@ def render_env(items: Sequence[Any], stream: IO[str] | None = None) -> None:
     table = Table(pad_edge=False)
     for column in ("section", "item", "value", "status"):
         table.add_column(column)
+    items = report.items
     for item in items:
         check = item.check
         table.add_row(escape(item.section), escape(check.name), escape(check.detail),

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 
 from dtlaunch.core.errors import DtlaunchError, UsageError
 from dtlaunch.horovod.options import HorovodArgs
+from dtlaunch.job.command import parse_command
+from dtlaunch.job.env import merge_env_items, read_env_file
+from dtlaunch.job.hosts import Host
 from dtlaunch.mpi import Interfaces, parse_iface, split_mpi_args
-from dtlaunch.plan.command import parse_command
-from dtlaunch.plan.env import merge_env_items, read_env_file
-from dtlaunch.plan.hosts import Host
 from dtlaunch.plan.plan import RunRequest
 from dtlaunch.reach.ssh_options import SshOptions
 

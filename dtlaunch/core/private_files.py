@@ -101,10 +101,10 @@ def read_private(folder: int, name: str, limit: int = 1 << 20) -> bytes | None:
         os.close(fd)
 
 
-def write_private(folder: int, name: str, data: bytes) -> None:
-    """Replace `name` in `folder` with `data` (mode 0600) through a new file and a rename."""
+def write_private(folder: int, name: str, data: bytes, mode: int = 0o600) -> None:
+    """Replace `name` in `folder` with `data` (`mode`) through a new file and a rename."""
     tmp = f".{name}.{os.getpid()}.{secrets.token_hex(8)}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW | CLOEXEC, 0o600,
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW | CLOEXEC, mode,
                  dir_fd=folder)
     try:
         with os.fdopen(fd, "wb") as handle:
@@ -119,3 +119,16 @@ def write_private(folder: int, name: str, data: bytes) -> None:
 def remove_private(folder: int, name: str) -> None:
     with contextlib.suppress(OSError):
         os.unlink(name, dir_fd=folder)
+
+
+def write_private_program(path: str, text: str) -> None:
+    """A small program at `path` that only its owner may change (mode 0700), in a private
+    directory: whoever could write there could swap the program dtlaunch runs for every host.
+    Kept when it is already there as written, replaced atomically otherwise. Raises NotPrivate
+    (the directory is a link, another user's or writable by others) or OSError."""
+    folder_path, name = os.path.split(path)
+    data = text.encode("utf-8")
+    with private_dir(folder_path or ".") as folder:
+        if read_private(folder, name) == data:
+            return
+        write_private(folder, name, data, mode=0o700)

@@ -14,11 +14,12 @@ from dataclasses import dataclass, field, replace
 
 from dtlaunch.check.host_checks import Expectations
 from dtlaunch.check.network import NetworkChoice, check_network, choose_from_outcomes
-from dtlaunch.check.report import HOST, LAUNCHER, DoctorReport, HostOutcome, Role, ssh_failed
+from dtlaunch.check.report import HOST, LAUNCHER, DoctorReport, HostOutcome, Role, unreachable
 from dtlaunch.check.verdict import evaluate
 from dtlaunch.core.tracker import Tracker
 from dtlaunch.probe.command import ProbeArgs
-from dtlaunch.probe.prober import Reach, fan_out, local_names, ssh_reach
+from dtlaunch.probe.prober import Reach, fan_out, local_names
+from dtlaunch.probe.ssh_prober import ssh_reach
 from dtlaunch.reach.ssh_options import SshOptions
 
 Progress = Callable[[int, int, str], None]
@@ -72,7 +73,7 @@ def _probe_launcher(request: DoctorRequest, name: str, rank: bool, reach: Reach,
     try:
         facts = reach.here(probe_args(request, None), request.command_timeout, tracker)
     except Exception as exc:
-        return HostOutcome(name, LAUNCHER, problem=ssh_failed(
+        return HostOutcome(name, LAUNCHER, problem=unreachable(
             f"the local probe failed: {exc}", "check that 'sh' and the Python work"),
             seconds=time.monotonic() - start, is_rank_host=rank)
     return HostOutcome(name, LAUNCHER, facts, seconds=time.monotonic() - start, is_rank_host=rank)
@@ -80,9 +81,9 @@ def _probe_launcher(request: DoctorRequest, name: str, rank: bool, reach: Reach,
 
 def _no_answer(host: str, role: Role, exc: BaseException | None, seconds: float) -> HostOutcome:
     if exc is None:
-        problem = ssh_failed(f"no answer within {seconds:g} s", f"try 'ssh -v {host} true'")
+        problem = unreachable(f"no answer within {seconds:g} s", f"try 'ssh -v {host} true'")
     else:
-        problem = ssh_failed(f"{type(exc).__name__}: {exc}", "")
+        problem = unreachable(f"{type(exc).__name__}: {exc}", "")
     return HostOutcome(host, role, problem=problem, seconds=seconds)
 
 

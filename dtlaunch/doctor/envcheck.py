@@ -25,7 +25,7 @@ from dtlaunch.check.mpi_checks import check_mpi
 from dtlaunch.check.report import FAIL, LAUNCHER, PASS, WARN, CheckResult, Status
 from dtlaunch.check.verdict import nccl_of
 from dtlaunch.core.bounded import run_bounded
-from dtlaunch.plan.env import looks_secret
+from dtlaunch.job.env import looks_secret
 
 STEERING_PREFIXES = ("OMPI_", "OPAL_", "PMIX_", "PRTE_", "ORTE_", "NCCL_", "HOROVOD_", "GLOO_",
                      "UCX_", "I_MPI_", "MPICH_", "TORCH_")
@@ -183,20 +183,20 @@ def evaluate_env(facts: Mapping[str, Any], host: HostFacts) -> tuple[EnvItem, ..
         "'--python' names the same interpreter and packages everywhere")
     add("dtlaunch", "version", facts["dtlaunch"]["version"])
     mpi = facts["openmpi"]
-    items += _judged("open-mpi", "mpirun", check_mpirun(host, LAUNCHER),
+    items += _judged("mpi", "mpirun", check_mpirun(host, LAUNCHER),
                      [("mpirun", str(mpi["mpirun"]))])
     if mpi["mpirun"]:
-        items += _judged("open-mpi", "version", check_mpi(host, None),
+        items += _judged("mpi", "version", check_mpi(host, None),
                          [("implementation", mpi.get("implementation") or ""),
                           ("version", mpi.get("version") or "")][
                              0 if mpi.get("implementation") not in (None, "Open MPI") else 1:])
         if "btl" in mpi:
-            add("open-mpi", "btl components", ",".join(mpi["btl"]) or "none")
-            add("open-mpi", "tcp", "yes" if mpi["tcp"] else "missing",
+            add("mpi", "btl components", ",".join(mpi["btl"]) or "none")
+            add("mpi", "tcp", "yes" if mpi["tcp"] else "missing",
                 PASS if mpi["tcp"] else FAIL,
                 "" if mpi["tcp"] else "the TCP BTL is needed between hosts: reinstall "
                 "Open MPI with its TCP component")
-            add("open-mpi", "shared memory", "yes" if mpi["shared_memory"] else "missing",
+            add("mpi", "shared memory", "yes" if mpi["shared_memory"] else "missing",
                 PASS if mpi["shared_memory"] else WARN,
                 "" if mpi["shared_memory"] else "ranks on one host will talk over TCP "
                 "(slower); install Open MPI's vader/sm component")
@@ -264,6 +264,23 @@ def gpu_items(gpus: Mapping[str, Any], host: HostFacts) -> list[EnvItem]:
     return items
 
 
-def env_report(facts: Mapping[str, Any], items: tuple[EnvItem, ...]) -> dict[str, Any]:
-    return {"ok": all(i.check.status != FAIL for i in items), **facts,
-            "items": [i.to_dict() for i in items]}
+@dataclass(frozen=True)
+class EnvReport:
+    """env-check's outcome: what was gathered (as `--json` shows it) and each row judged."""
+
+    facts: Mapping[str, Any]
+    items: tuple[EnvItem, ...]
+
+    @property
+    def ok(self) -> bool:
+        return all(i.check.status != FAIL for i in self.items)
+
+
+def env_report(facts: Mapping[str, Any], items: tuple[EnvItem, ...]) -> EnvReport:
+    return EnvReport(facts, items)
+
+
+def check_env(environ: Mapping[str, str] | None = None) -> EnvReport:
+    """This machine gathered and judged: env-check's one library call."""
+    facts, host = gather_env(environ)
+    return EnvReport(facts, evaluate_env(facts, host))

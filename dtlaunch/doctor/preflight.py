@@ -32,8 +32,8 @@ from dtlaunch.doctor.preflight_cache import (
     drop_cache,
     write_cache,
 )
-from dtlaunch.openmpi.family import OPEN_MPI
-from dtlaunch.probe.prober import Prober, Reach, fan_out, local_names, ssh_reach
+from dtlaunch.probe.prober import Prober, Reach, fan_out, local_names
+from dtlaunch.probe.ssh_prober import ssh_reach
 
 if TYPE_CHECKING:
     from dtlaunch.check.network import NetworkChoice
@@ -82,7 +82,7 @@ class DeferredKeyCheck:
         return any(kind in (CHANGED_HOST_KEY, UNKNOWN_HOST_KEY) for kind in failures.values())
 
 
-def may_overlap(request: RunRequest, family: MpiFamily = OPEN_MPI,
+def may_overlap(request: RunRequest, family: MpiFamily,
                 launcher_env: Mapping[str, str] | None = None, launcher: str = "") -> bool:
     """The key check may wait for a failed job only while dtlaunch controls the launcher's
     ssh: extra launcher arguments, MCA variables or Open MPI's default parameter files could
@@ -111,8 +111,8 @@ class PreflightOutcome:
 
 def failure_message(report: DoctorReport | None, job_started: bool) -> str:
     """The one line that ends a run whose pre-flight failed."""
-    def label(name: str) -> str:  # through srun the ssh column is the launch path
-        return report.ssh_label if report is not None and name == "ssh" else name
+    def label(name: str) -> str:  # the reach check is named by how hosts were reached
+        return report.reach if report is not None and name == "reach" else name
 
     bad = sorted({f"{host} ({label(check.name)})" for host, check in report.failures()}) \
         if report else []

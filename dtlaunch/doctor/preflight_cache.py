@@ -20,7 +20,7 @@ from dtlaunch.core.private_files import (
     remove_private,
     write_private,
 )
-from dtlaunch.plan.command import EXECUTABLE
+from dtlaunch.job.command import EXECUTABLE
 
 if TYPE_CHECKING:
     from dtlaunch.plan.plan import RunRequest

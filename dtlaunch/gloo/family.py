@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING
 
 from dtlaunch.agents import PIPE_BUF, SSH_ARGS_ENV
 from dtlaunch.core.errors import UsageError
+from dtlaunch.job.hosts import format_hosts
 from dtlaunch.mpi import Interfaces, JobSpec, MpiImpl
-from dtlaunch.plan.hosts import format_hosts
 
 if TYPE_CHECKING:
     from dtlaunch.core.failure import Failure
@@ -84,6 +84,12 @@ class Gloo:
     def launcher_env(self, spec: JobSpec) -> dict[str, str]:
         """rsh.py's ssh options (dtlaunch's own: checked host keys, never a prompt)."""
         return {SSH_ARGS_ENV: json.dumps(spec.ssh.ssh_args())}
+
+    def launcher_defaults(self, spec: JobSpec) -> dict[str, str]:
+        return {}
+
+    def refuse_insecure(self, extra_args: Sequence[str], environ: Mapping[str, str]) -> None:
+        return None  # dtlaunch runs every ssh itself; extra launcher arguments are refused
 
     def ssh_left_to_dtlaunch(self, extra_args: Sequence[str], environ: Mapping[str, str]) -> bool:
         return True  # no launcher of someone else's runs ssh

@@ -17,19 +17,12 @@ import socket
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from dtlaunch import agents
-from dtlaunch.agents import PIPE_BUF, wrap_program
 from dtlaunch.core.errors import DtlaunchError
-from dtlaunch.gloo.ranks import host_ifaces, place_ranks, scope_sizes
+from dtlaunch.gloo.ranks import place_ranks, scope_sizes
 from dtlaunch.gloo.rendezvous import Store, new_secret
-from dtlaunch.plan.plan import build_program, shim_python
 from dtlaunch.reach.ssh_options import SshOptions
-
-if TYPE_CHECKING:
-    from dtlaunch.check.network import NetworkChoice
-    from dtlaunch.plan.plan import RunPlan, RunRequest
 
 LOOPBACK = frozenset({"localhost", "127.0.0.1", "::1", "localhost.localdomain"})
 
@@ -131,16 +124,3 @@ def prepare_gloo_job(
         store.close()
         raise
 
-
-def gloo_job_for(request: RunRequest, plan: RunPlan, network: NetworkChoice | None) -> GlooJob:
-    """The Gloo job of a run's plan (the store started): the planned variables for every
-    rank, each rank's Gloo contract, and each host's interface on the chosen network."""
-    program = wrap_program(build_program(request), shim_python(request), PIPE_BUF)
-    common = {v.name: v.value for v in plan.env.variables}
-    hosts = list(dict.fromkeys(plan.rank_hosts))
-    ifaces = host_ifaces(network.names, network.gloo_iface, hosts) if network is not None else {}
-    cidrs: tuple[str, ...] = ()
-    if request.iface is not None:
-        cidrs = request.iface.cidrs
-    return prepare_gloo_job(plan.rank_hosts, common, program, shim_python(request), request.ssh,
-                            {}, plan.launcher_env, host_iface=ifaces, iface_cidrs=cidrs)

@@ -28,7 +28,7 @@ from dtlaunch.horovod.settings import (
     STR,
     build_horovod_env,
 )
-from dtlaunch.plan.binding import parse_binding_args
+from dtlaunch.job.binding import parse_binding_args
 
 # What dtlaunch does with an option.
 SETTING = "setting"  # sets a Horovod knob (a variable for the ranks)
@@ -204,7 +204,7 @@ class HorovodArgs:
     disable_cache: bool = False
     start_timeout: int | None = None
     config_file: str | None = None
-    binding_args: tuple[str, ...] | None = None  # checked by dtlaunch.plan.binding; replaces its default
+    binding_args: tuple[str, ...] | None = None  # checked by dtlaunch.job.binding; replaces its default
     prefix_timestamp: bool = False
     given: tuple[str, ...] = field(default=())  # the horovodrun options used, for messages
     warnings: tuple[str, ...] = ()  # one line each (the config file's keys horovodrun ignores)

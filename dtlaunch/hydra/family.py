@@ -18,9 +18,10 @@ from typing import TYPE_CHECKING
 
 from dtlaunch.agents import PIPE_BUF
 from dtlaunch.core.errors import UsageError
+from dtlaunch.job.binding import intel_pinning
+from dtlaunch.job.hosts import Host, format_hosts
 from dtlaunch.mpi import HYDRA_FAMILY, MPI_FAMILIES, Interfaces, JobSpec, MpiImpl, parse_mpirun_version
-from dtlaunch.plan.binding import intel_pinning
-from dtlaunch.plan.hosts import Host, format_hosts
+from dtlaunch.reach.ssh_options import refuse_any_host_key
 
 if TYPE_CHECKING:  # imported when a job runs, not for a dry run
     from dtlaunch.core.failure import Failure
@@ -204,6 +205,16 @@ class Hydra:
 
     def launcher_env(self, spec: JobSpec) -> dict[str, str]:
         return {}  # the ssh options are in the agent file (support_files)
+
+    def launcher_defaults(self, spec: JobSpec) -> dict[str, str]:
+        return {}
+
+    def refuse_insecure(self, extra_args: Sequence[str], environ: Mapping[str, str]) -> None:
+        if any(a in LAUNCHER_ARGS for a in extra_args):
+            refuse_any_host_key(f"--mpi-args {' '.join(extra_args)!r}", " ".join(extra_args))
+        for name in LAUNCHER_VARIABLES:
+            if name in environ:
+                refuse_any_host_key(f"the environment's {name}", environ[name])
 
     def ssh_left_to_dtlaunch(self, extra_args: Sequence[str], environ: Mapping[str, str]) -> bool:
         """--mpi-args or HYDRA_*/I_MPI_HYDRA_* variables that pick another launcher could

@@ -11,10 +11,10 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from dtlaunch.agents import SSH_ARGS_ENV
+from dtlaunch.job.binding import binding_for, double_dash
+from dtlaunch.job.hosts import format_hosts
 from dtlaunch.mpi import INSTALL_OMPI_HINT, MIN_OMPI, Interfaces, JobSpec, MpiImpl, parse_mpirun_version
-from dtlaunch.openmpi.mca import param_files_set_ssh, ssh_overrides
-from dtlaunch.plan.binding import binding_for, double_dash
-from dtlaunch.plan.hosts import format_hosts
+from dtlaunch.openmpi.mca import param_files_set_ssh, refuse_insecure, ssh_overrides
 from dtlaunch.reach.ssh_options import check_rsh_arg
 
 if TYPE_CHECKING:  # imported when a job runs, not for a dry run
@@ -136,6 +136,17 @@ class OpenMpi:
 
     def launcher_env(self, spec: JobSpec) -> dict[str, str]:
         return agent_env(spec)
+
+    def launcher_defaults(self, spec: JobSpec) -> dict[str, str]:
+        if not spec.slurm:
+            return {}
+        # plm slurm starts the daemons with srun; their step shares CPUs with other steps:
+        # after a lost node, the stopped attempt's step lingers until slurmctld declares the
+        # node down (minutes), and the next attempt's daemons must not wait for it.
+        return {"OMPI_MCA_plm_slurm_args": "--overlap"}
+
+    def refuse_insecure(self, extra_args: Sequence[str], environ: Mapping[str, str]) -> None:
+        refuse_insecure(extra_args, environ)
 
     def ssh_left_to_dtlaunch(self, extra_args: Sequence[str], environ: Mapping[str, str]) -> bool:
         """--mpi-args or OMPI_MCA_*/PRTE_MCA_* variables that set the launch agent or its

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 
 from dtlaunch.core.errors import UsageError
 from dtlaunch.core.textfile import read_small_text
+from dtlaunch.reach.ssh_options import refuse_any_host_key
 
 # The launch agent and its arguments under every name Open MPI 1.x-5.x and PRRTE have used:
 # plm_rsh_*, plm_ssh_* (PRRTE), pls_rsh_* (1.x), orte_rsh_agent / orte_ssh_agent, prte_*.
@@ -25,11 +26,6 @@ _AGENT_NAME = re.compile(r"(?:(?:plm|pls)_(?:rsh|ssh)_\w+|(?:orte|prte|opal)_(?:
 _PARAM_FILE_NAMES = ("mca_base_param_files", "mca_base_envar_file_prefix")
 _PARAM_FILE_FLAGS = ("-am", "--am", "-tune", "--tune")
 _ENV_PREFIXES = ("OMPI_MCA_", "PRTE_MCA_", "PMIX_MCA_")
-# ssh settings that accept any host key: StrictHostKeyChecking=no/off, or a known_hosts of
-# /dev/null (with accept-new, every host is new every time).
-_INSECURE = re.compile(r"StrictHostKeyChecking\W{0,3}(?:no|off)\b|UserKnownHostsFile\W{0,3}/dev/null",
-                       re.IGNORECASE)
-
 
 def _is_override(name: str) -> bool:
     return bool(_AGENT_NAME.fullmatch(name)) or name in _PARAM_FILE_NAMES
@@ -54,11 +50,7 @@ def refuse_insecure(args: Sequence[str], environ: Mapping[str, str]) -> None:
     places = [(f"--mpi-args {' '.join(args)!r}", " ".join(args))] if ssh_overrides(args, {}) else []
     places += [(f"the environment's {key}", environ[key]) for key in _env_overrides(environ)]
     for where, text in places:
-        match = _INSECURE.search(text)
-        if match:
-            raise UsageError(f"{where} sets {match.group(0)!r}, which lets ssh log in to hosts "
-                             "whose key is unknown or changed; dtlaunch refuses that (use "
-                             "--accept-new-host-keys to trust hosts on first contact)")
+        refuse_any_host_key(where, text)
 
 
 def default_param_files(launcher: str, home: str) -> tuple[str, ...]:

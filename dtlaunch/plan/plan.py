@@ -7,13 +7,11 @@ from dataclasses import dataclass, field, replace
 
 from dtlaunch.agents import wrap_program
 from dtlaunch.core.errors import UsageError
+from dtlaunch.job.command import Program
+from dtlaunch.job.command import check_module_name as check_module_name  # re-exported for the CLI
+from dtlaunch.job.env import EnvPlan, build_launcher_env, plan_environment, slurm_launch_env
+from dtlaunch.job.hosts import Host, assign_ranks, total_slots
 from dtlaunch.mpi import Interfaces, JobSpec, MpiFamily, format_command
-from dtlaunch.openmpi.family import OPEN_MPI
-from dtlaunch.openmpi.mca import refuse_insecure
-from dtlaunch.plan.command import Program
-from dtlaunch.plan.command import check_module_name as check_module_name  # re-exported for the CLI
-from dtlaunch.plan.env import EnvPlan, build_launcher_env, plan_environment, slurm_launch_env
-from dtlaunch.plan.hosts import Host, assign_ranks, total_slots
 from dtlaunch.reach.ssh_options import SshOptions
 
 
@@ -33,7 +31,7 @@ class RunRequest:
     timeline: str | None = None
     tree_spawn: bool = False
     rsh_agent: str | None = None
-    # The ranks' command from dtlaunch.plan.command.parse_command; when set, script/module/args
+    # The ranks' command from dtlaunch.job.command.parse_command; when set, script/module/args
     # are not used.
     program: Program | None = None
     # Variables dtlaunch sets for every rank besides its own (horovodrun's options, the
@@ -58,7 +56,7 @@ class RunPlan:
     rank_hosts: tuple[str, ...]
     env: EnvPlan
     hosts: tuple[Host, ...]
-    family: MpiFamily = field(default=OPEN_MPI, compare=False)  # how the job is started
+    family: MpiFamily = field(compare=False)  # how the job is started
     # Variables the launcher needs beyond the ranks' (dtlaunch's ssh options): shown first.
     shown_env: tuple[tuple[str, str], ...] = ()
     support_files: tuple[tuple[str, str], ...] = ()  # (path, text) written before the start
@@ -128,7 +126,7 @@ def plan_run(
     request: RunRequest,
     environ: Mapping[str, str],
     *,
-    family: MpiFamily = OPEN_MPI,
+    family: MpiFamily,
     launcher: str | None = None,
     mpi_version: tuple[int, ...] = (),
     as_root: bool = False,
@@ -147,7 +145,7 @@ def plan_run(
     if request.timeline:
         fixed["HOROVOD_TIMELINE"] = request.timeline
     fixed.update(request.extra_env)
-    refuse_insecure(request.mpi_args, environ)
+    family.refuse_insecure(request.mpi_args, environ)
     env = plan_environment(environ, request.env_items, fixed, typed=request.typed_env)
     spec = JobSpec(
         hosts=hosts,
@@ -174,12 +172,10 @@ def plan_run(
     own = family.launcher_env(spec)
     launcher_env.update(own)
     if spec.slurm:
-        # Open MPI's plm slurm reads the job from these and starts its daemons with srun.
+        # The launcher reads the Slurm job from these, to start its daemons with srun.
         launcher_env.update(slurm_launch_env(environ))
-        # The daemons' step shares CPUs with other steps: after a lost node, the stopped
-        # attempt's step lingers until slurmctld declares the node down (minutes), and the
-        # next attempt's daemons must not wait for it.
-        launcher_env.setdefault("OMPI_MCA_plm_slurm_args", "--overlap")
+    for name, value in family.launcher_defaults(spec).items():
+        launcher_env.setdefault(name, value)
     return RunPlan(
         argv=argv,
         launch_argv=launch_argv,

@@ -23,6 +23,6 @@ def reach_for(launcher: str, ssh: SshOptions | None = None) -> Reach | None:
         return srun_reach()
     if ssh is None:
         return None
-    from dtlaunch.probe.prober import ssh_reach
+    from dtlaunch.probe.ssh_prober import ssh_reach
 
     return ssh_reach(ssh)

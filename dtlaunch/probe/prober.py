@@ -24,7 +24,6 @@ if TYPE_CHECKING:
     from dtlaunch.check.facts import HostFacts
     from dtlaunch.check.report import HostOutcome
     from dtlaunch.probe.command import ProbeArgs
-    from dtlaunch.reach.ssh_options import SshOptions
 
 MAX_PARALLEL = 64
 LOCAL_NAMES = frozenset({"localhost", "127.0.0.1", "localhost.localdomain"})
@@ -58,14 +57,6 @@ class Reach:
 
     prober: Callable[[], Prober]
     here: Callable[[ProbeArgs, float, Tracker], HostFacts]
-
-
-def ssh_reach(options: SshOptions) -> Reach:
-    """Remote hosts over SSH, this machine through a local shell: the default."""
-    from dtlaunch.probe.command import probe_local
-    from dtlaunch.probe.ssh_prober import SshProber
-
-    return Reach(prober=lambda: SshProber(options), here=probe_local)
 
 
 def local_names() -> frozenset[str]:

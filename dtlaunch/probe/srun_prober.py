@@ -14,7 +14,7 @@ import signal
 import subprocess
 import time
 
-from dtlaunch.check.report import HOST, HostOutcome, ssh_failed
+from dtlaunch.check.report import HOST, HostOutcome, unreachable
 from dtlaunch.cluster.slurm import build_srun_probe_argv, parse_srun_labeled, parse_srun_task_errors
 from dtlaunch.core.tracker import Tracker
 from dtlaunch.probe.command import ProbeArgs, build_probe_argv
@@ -23,7 +23,7 @@ from dtlaunch.probe.prober import Reach
 # The probe needs PATH (the interpreter, mpirun) and HOME (its import cache).
 EXPORT = ("PATH", "HOME")
 CONNECT_TIMEOUT = 30.0  # srun's own start of a step (slurmctld, then the node's slurmd)
-PATH = "srun"  # the ssh column says how the node was reached
+PATH = "srun"  # the reach column says how the node was reached
 
 
 class _Step:
@@ -43,7 +43,7 @@ class _Step:
 
 
 def _failed(host: str, detail: str, hint: str, start: float) -> HostOutcome:
-    return HostOutcome(host, HOST, problem=ssh_failed(detail, hint),
+    return HostOutcome(host, HOST, problem=unreachable(detail, hint),
                        seconds=time.monotonic() - start, path=PATH)
 
 

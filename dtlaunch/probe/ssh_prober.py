@@ -10,9 +10,10 @@ import threading
 import time
 from typing import Any
 
-from dtlaunch.check.report import HOST, HostOutcome, ssh_failed
+from dtlaunch.check.report import HOST, HostOutcome, unreachable
 from dtlaunch.core.tracker import Tracker
-from dtlaunch.probe.command import END_MARK, ProbeArgs, build_remote_command
+from dtlaunch.probe.command import END_MARK, ProbeArgs, build_remote_command, probe_local
+from dtlaunch.probe.prober import Reach
 from dtlaunch.reach.ssh_errors import SshFailure
 from dtlaunch.reach.ssh_options import SshOptions
 
@@ -48,17 +49,17 @@ class SshProber:
             facts = parse_probe_output(result.stdout)
             if not facts.hostname and result.exit_code != 0:
                 tail = (result.stderr.strip().splitlines() or ["no output"])[-1]
-                return HostOutcome(host, HOST, problem=ssh_failed(
+                return HostOutcome(host, HOST, problem=unreachable(
                     f"the remote command failed (exit {result.exit_code}): {tail}",
                     "the login shell must be POSIX-like (sh, bash, zsh); try "
                     f"'ssh {host} sh -c true'"), seconds=time.monotonic() - start)
             return HostOutcome(host, HOST, facts, seconds=time.monotonic() - start,
                                note=conn.host_key_note)
         except SshFailure as exc:
-            return HostOutcome(host, HOST, problem=ssh_failed(exc.detail, exc.hint),
+            return HostOutcome(host, HOST, problem=unreachable(exc.detail, exc.hint),
                                seconds=time.monotonic() - start)
         except Exception as exc:  # a bug or an odd server must not hide the other hosts' results
-            return HostOutcome(host, HOST, problem=ssh_failed(
+            return HostOutcome(host, HOST, problem=unreachable(
                 f"{type(exc).__name__}: {exc}", f"try 'ssh -v {host} true'"),
                 seconds=time.monotonic() - start)
 
@@ -73,3 +74,8 @@ class SshProber:
 
     def close(self) -> None:
         self._tracker.close_all()
+
+
+def ssh_reach(options: SshOptions) -> Reach:
+    """Remote hosts over SSH, this machine through a local shell: the default."""
+    return Reach(prober=lambda: SshProber(options), here=probe_local)

@@ -9,6 +9,21 @@ from dataclasses import dataclass
 
 from dtlaunch.core.errors import UsageError
 
+# ssh settings that accept any host key: StrictHostKeyChecking=no/off, or a known_hosts of
+# /dev/null (with accept-new, every host is new every time).
+_ANY_HOST_KEY = re.compile(
+    r"StrictHostKeyChecking\W{0,3}(?:no|off)\b|UserKnownHostsFile\W{0,3}/dev/null", re.IGNORECASE)
+
+
+def refuse_any_host_key(where: str, text: str) -> None:
+    """Refuse ssh settings in `text` (found in `where`) that accept any host key, with or
+    without --no-check: dtlaunch never logs in to a host whose key it cannot verify."""
+    match = _ANY_HOST_KEY.search(text)
+    if match:
+        raise UsageError(f"{where} sets {match.group(0)!r}, which lets ssh log in to hosts "
+                         "whose key is unknown or changed; dtlaunch refuses that (use "
+                         "--accept-new-host-keys to trust hosts on first contact)")
+
 
 @dataclass(frozen=True)
 class SshOptions:

@@ -21,8 +21,8 @@ from pathlib import Path
 from dtlaunch.agents import guarded_argv, session_members
 from dtlaunch.core.errors import EXIT_TIMEOUT, DtlaunchError, exit_for_signal
 from dtlaunch.core.failure import Failure
+from dtlaunch.core.private_files import NotPrivate, write_private_program
 from dtlaunch.mpi import MpiFamily, OutputDemux
-from dtlaunch.openmpi.family import OPEN_MPI
 from dtlaunch.run.job_output import JobOutput
 from dtlaunch.run.spool import Spool
 
@@ -78,7 +78,8 @@ def execute(
     stop_when: Callable[[], str | None] | None = None,
     new_demux: Callable[[str], OutputDemux] | None = None,
     prefix_timestamp: bool = False,
-    family: MpiFamily = OPEN_MPI,
+    *,
+    family: MpiFamily,
     support_files: Sequence[tuple[str, str]] = (),
     stdin_data: bytes | None = None,
 ) -> LaunchResult:
@@ -269,22 +270,12 @@ def first_failed_rank(exits: Mapping[int, str], rank_hosts: Sequence[str]) -> Fa
 
 
 def write_private_executable(path: Path, text: str) -> None:
-    """Write a small program only its owner may change; kept when it is already there as
-    written (its name is its content's hash), replaced atomically otherwise."""
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    folder = path.parent.stat()
-    if folder.st_uid != os.geteuid() or folder.st_mode & 0o022:
-        # Whoever may write there could swap the program dtlaunch runs for every host.
-        raise DtlaunchError(f"{path.parent} is not yours alone (owner or mode); remove it or "
-                            "make it 0700")
-    with contextlib.suppress(OSError):
-        info = path.stat()
-        if (info.st_uid == os.geteuid() and not info.st_mode & 0o022
-                and path.read_text(encoding="utf-8") == text):
-            return
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o700)
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        handle.write(text)
-    os.chmod(tmp, 0o700)
-    os.replace(tmp, path)
+    """The launcher's support program (Hydra's ssh agent), written privately
+    (dtlaunch.core.private_files)."""
+    try:
+        write_private_program(str(path), text)
+    except NotPrivate as exc:
+        raise DtlaunchError(f"{path.parent} is not yours alone: {exc}; remove it or make it "
+                            "0700") from None
+    except OSError as exc:
+        raise DtlaunchError(f"cannot write {path}: {exc.strerror or exc}") from None

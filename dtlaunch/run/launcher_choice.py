@@ -48,6 +48,16 @@ def launcher_family(environ: Mapping[str, str] | None = None,
     return hydra_family(env, impl.name), mpiexec if os.access(mpiexec, os.X_OK) else program, impl
 
 
+def family_to_check(environ: Mapping[str, str] | None = None) -> MpiFamily:
+    """The family whose rules a command line is checked against on a machine that may not run
+    the job (`dtlaunch submit`): the local launcher's, else Open MPI's."""
+    try:
+        family, _, _ = launcher_family(environ)
+    except DtlaunchError:  # the local launcher cannot tell what it is
+        return OPEN_MPI
+    return family
+
+
 def job_launcher(environ: Mapping[str, str] | None = None) -> str:
     """The launcher doctor asks every host about, as the job will start it: Hydra's mpiexec
     beside a Hydra mpirun, else the PATH's mpirun; absolute, links kept. Intel MPI's mpirun is

@@ -20,7 +20,7 @@ from dtlaunch.core.errors import EXIT_TIMEOUT
 from dtlaunch.core.failure import Failure
 from dtlaunch.core.interrupts import Interrupted, signals_raise
 from dtlaunch.doctor.doctor import COMMAND_TIMEOUT
-from dtlaunch.plan.hosts import Host
+from dtlaunch.job.hosts import Host
 from dtlaunch.probe import reach_for
 from dtlaunch.run.restart_report import build_report_json, build_report_lines
 from dtlaunch.run.restarts import (
@@ -132,8 +132,8 @@ def launch_with_restarts(request: LaunchRequest, policy: RestartPolicy, on_event
         failing: dict[str, str] = {}
         for host, check in checked.report.failures():
             if host in names and host not in failing:
-                # Through srun the "ssh" check is the launch path: say srun, not ssh.
-                label = "srun" if check.name == "ssh" and reach is not None else check.name
+                # The reach check is named by how hosts were reached: ssh or srun.
+                label = checked.report.reach if check.name == "reach" else check.name
                 failing[host] = f"{label}: {check.detail}"
         return failing
 

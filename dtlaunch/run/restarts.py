@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from dtlaunch.core.errors import EXIT_TIMEOUT, DtlaunchError, UsageError
 from dtlaunch.core.failure import Failure, signal_name
-from dtlaunch.plan.hosts import Host, total_slots
+from dtlaunch.job.hosts import Host, total_slots
 
 if TYPE_CHECKING:
     from dtlaunch.run.execute import LaunchResult

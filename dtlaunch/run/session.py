@@ -22,15 +22,17 @@ from typing import TYPE_CHECKING
 from dtlaunch.check.gpus import choose_slots, slots_pending, unchecked_slots_text, visible_devices
 from dtlaunch.core.errors import EXIT_FAILURE, UsageError
 from dtlaunch.core.interrupts import signals_raise
+from dtlaunch.job.env import kept_home_note
 from dtlaunch.mpi import MpiFamily, MpiImpl
-from dtlaunch.plan.env import kept_home_note
 from dtlaunch.plan.plan import RunPlan, RunRequest, plan_run
 from dtlaunch.probe import reach_for
 from dtlaunch.run.launcher_choice import launcher_family, local_mpi
 
 if TYPE_CHECKING:
+    from dtlaunch.check.network import NetworkChoice
     from dtlaunch.check.report import DoctorReport
-    from dtlaunch.plan.hosts import Host
+    from dtlaunch.gloo.start import GlooJob
+    from dtlaunch.job.hosts import Host
     from dtlaunch.probe.prober import Reach
     from dtlaunch.run.execute import LaunchResult
 
@@ -239,8 +241,6 @@ def launch(request: LaunchRequest, on_event: OnEvent, *, executor: Executor | No
     gloo = None
     extra: dict[str, bytes] = {}
     if run_request.controller == "gloo":
-        from dtlaunch.gloo.start import gloo_job_for
-
         gloo = gloo_job_for(run_request, plan, network)
         command, command_env, extra = gloo.argv, gloo.env, {"stdin_data": gloo.stdin}
     try:
@@ -304,3 +304,20 @@ def outcome_lines(result: LaunchResult, timeout: float | None) -> Sequence[str]:
     if result.failure is not None and result.exit_code != 0:
         lines.append(f"job failed: {result.failure.describe()}")
     return lines
+
+
+def gloo_job_for(request: RunRequest, plan: RunPlan, network: NetworkChoice | None) -> GlooJob:
+    """A --gloo run's job (its rendezvous store started): the planned variables for every
+    rank, each rank's Gloo contract, and each host's interface on the chosen network."""
+    from dtlaunch.agents import PIPE_BUF, wrap_program
+    from dtlaunch.gloo.ranks import host_ifaces
+    from dtlaunch.gloo.start import prepare_gloo_job
+    from dtlaunch.plan.plan import build_program, shim_python
+
+    program = wrap_program(build_program(request), shim_python(request), PIPE_BUF)
+    common = {v.name: v.value for v in plan.env.variables}
+    hosts = list(dict.fromkeys(plan.rank_hosts))
+    ifaces = host_ifaces(network.names, network.gloo_iface, hosts) if network is not None else {}
+    cidrs = request.iface.cidrs if request.iface is not None else ()
+    return prepare_gloo_job(plan.rank_hosts, common, program, shim_python(request), request.ssh,
+                            {}, plan.launcher_env, host_iface=ifaces, iface_cidrs=cidrs)

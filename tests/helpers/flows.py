@@ -14,8 +14,8 @@ import pytest
 from dtlaunch.check.facts import HostFacts, Iface, PythonFacts
 from dtlaunch.check.report import HOST, CheckResult, HostOutcome
 from dtlaunch.core.tracker import Tracker
+from dtlaunch.job.hosts import Host
 from dtlaunch.mpi import MpiImpl
-from dtlaunch.plan.hosts import Host
 from dtlaunch.plan.plan import RunRequest
 from dtlaunch.probe.command import ProbeArgs
 from dtlaunch.probe.prober import Reach

@@ -8,9 +8,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from testbed import TestBed
-
 from helpers.procs import HANG, alive, cmdline, survivors, wait_for
+from helpers.testbed import TestBed
 
 
 def records(out: Path) -> dict[int, dict]:

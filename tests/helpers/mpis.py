@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from dtlaunch.job.env import EnvPlan, EnvVar
+from dtlaunch.job.hosts import Host
 from dtlaunch.mpi import Interfaces, JobSpec
-from dtlaunch.plan.env import EnvPlan, EnvVar
-from dtlaunch.plan.hosts import Host
 
 INTEL = ("Intel(R) MPI Library for Linux* OS, Version 2021.10 Build 20230619 (id: c2e19c2f3e)\n"
          "Copyright 2003-2023, Intel Corporation.\n")

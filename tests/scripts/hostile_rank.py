@@ -1,4 +1,4 @@
-"""A rank that misbehaves on request. Used by tests/test_hostile_testbed.py.
+"""A rank that misbehaves on request. Used by tests/testbed/test_hostile_testbed.py.
 
 hostile_rank.py MODE OUT [ARGS...]: records OUT/rank.<rank>.json (host, pid, argv), then
 daemon      double-forks a daemon that keeps the rank's stdout and ignores SIGTERM, and exits

@@ -18,7 +18,7 @@ import time
 
 from dtlaunch.cluster.allocation import detect
 from dtlaunch.cluster.slurm import build_srun_probe_argv, parse_srun_labeled, parse_srun_task_errors
-from dtlaunch.plan.env import slurm_launch_env
+from dtlaunch.job.env import slurm_launch_env
 
 mode = sys.argv[1]
 alloc = detect(os.environ)

@@ -1,0 +1,95 @@
+"""env-check judges Open MPI, torch and Horovod with the doctor's own checks."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import dtlaunch_argv
+from helpers.envcheck import HOST, PY, rows
+from helpers.procs import sleeping
+
+from dtlaunch.check.host_checks import check_horovod
+from dtlaunch.check.mpi_checks import check_mpi
+from dtlaunch.check.report import FAIL, PASS
+from dtlaunch.console.render import env_to_dict
+from dtlaunch.doctor.envcheck import env_report, evaluate_env, gather_env
+from dtlaunch.mpi import MpiImpl
+
+
+@pytest.fixture(scope="module")
+def facts() -> dict[str, Any]:
+    gathered, _ = gather_env()
+    gathered["openmpi"].update({"mpirun": "/usr/bin/mpirun", "version": "4.1.4"})
+    gathered["horovod"].update({"version": "0.28.1", "frameworks": ["PyTorch"],
+                                "controllers": ["MPI", "Gloo"], "tensor_ops": ["MPI", "Gloo"]})
+    gathered["torch"].update({"version": "2.13.0", "cuda": None, "nccl": None})
+    return gathered
+
+
+
+
+def test_healthy_machine_lists_the_facts(facts: dict[str, Any]) -> None:
+    items = evaluate_env(facts, HOST)
+    assert rows(items, "horovod") == [
+        ("version", PASS, "0.28.1"), ("frameworks", PASS, "PyTorch"),
+        ("controllers", PASS, "MPI, Gloo"), ("tensor operations", PASS, "MPI, Gloo")]
+    assert rows(items, "mpi")[:2] == [("mpirun", PASS, "/usr/bin/mpirun"),
+                                           ("version", PASS, "4.1.4")]
+    report = env_to_dict(env_report(facts, items))
+    assert {"section": "torch", "name": "version", "value": "2.13.0", "status": "pass",
+            "hint": ""} in report["items"]
+
+
+def test_failures_carry_the_doctors_verdict_and_fix(facts: dict[str, Any]) -> None:
+    mpich = dataclasses.replace(HOST, mpi=MpiImpl("unknown", ""))
+    no_mpi = dataclasses.replace(HOST, python=dataclasses.replace(PY, controllers=("Gloo",)))
+    for host, section, expected in ((mpich, "mpi", check_mpi(mpich, None)),
+                                    (no_mpi, "horovod", check_horovod(no_mpi.python, None))):
+        items = evaluate_env(facts, host)
+        failed = [i.check for i in items if i.section == section and i.check.status == FAIL]
+        assert len(failed) == 1
+        assert (failed[0].detail, failed[0].hint) == (expected.detail, expected.hint)
+        assert env_report(facts, items).ok is False
+
+
+def run_env_check(env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(dtlaunch_argv("env-check", "--json"), capture_output=True, text=True,
+                          env=env, timeout=timeout)
+
+
+def test_env_check_with_nothing_on_path_reports_instead_of_crashing() -> None:
+    result = run_env_check({**os.environ, "PATH": "/nonexistent"})
+    assert "Traceback" not in result.stderr
+    assert result.returncode == 1, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["openmpi"]["mpirun"] is None and doc["ok"] is False
+
+
+@pytest.mark.slow
+def test_env_check_with_a_hanging_ip_returns(tmp_path: Path) -> None:
+    fake = tmp_path / "ip"
+    fake.write_text("#!/bin/sh\nexec sleep 3000\n")
+    fake.chmod(0o755)
+    result = run_env_check({**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"})  # bounded
+    assert result.returncode in (0, 1), result.stderr
+    assert json.loads(result.stdout)["interfaces"] == []
+    assert not sleeping("3000")
+
+
+def test_env_check_ends_a_hung_tool_with_everything_it_started(tmp_path: Path) -> None:
+    """A wrapper script whose child hangs (`ssh -V` here; ompi_info goes the same way): the
+    child must not outlive env-check (ending only the script would leave it running)."""
+    fake = tmp_path / "ssh"
+    fake.write_text("#!/bin/sh\nsleep 3002\necho 'OpenSSH_never'\n")
+    fake.chmod(0o755)
+    result = run_env_check({**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"})
+    assert result.returncode in (0, 1), result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["ssh"]["client"] == str(fake) and "timed out" in doc["ssh"]["version"]
+    assert not sleeping("3002")
