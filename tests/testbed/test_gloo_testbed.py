@@ -201,7 +201,7 @@ def test_the_rendezvous_refuses_strangers_and_the_job_is_unharmed(
 
 def test_a_changed_host_key_is_refused_and_a_lost_host_ends_the_job(
         make_bed: Callable[..., TestBed], tmp_path: Path) -> None:
-    bed = make_bed(2)
+    bed = make_bed(2, names_resolve=True)
     bed.restart_with_new_host_key("h2")
     refused = run_gloo(bed, "h1:1,h2:1", PROBE, "--out", str(tmp_path), "--sleep", "600")
     assert refused.returncode != 0
