@@ -9,6 +9,7 @@ import os
 import re
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -20,7 +21,9 @@ from helpers.jobs import assert_no_strays, records, start_job
 from helpers.procs import HANG, cmdline, wait_for
 from helpers.testbed import TestBed, build_testbed
 
+from dtlaunch.agents import gloo_host
 from dtlaunch.core.errors import EXIT_TIMEOUT
+from dtlaunch.gloo.rendezvous import Store
 
 pytestmark = pytest.mark.testbed
 PROBE = str(SCRIPTS / "rank_probe.py")
@@ -249,3 +252,36 @@ def test_doctor_for_gloo_skips_the_mpi_checks(gbed: TestBed) -> None:
         assert checks["mpirun"]["status"] == checks["mpi"]["status"] == "skip", host
         assert checks["mpirun"]["detail"] == "not needed (--gloo)"
         assert "Gloo" in checks["horovod"]["detail"]
+
+
+SECRET = b"k" * 32
+
+
+def test_the_forwarder_serves_only_its_own_user() -> None:
+    """Another user's process on a rank host gets 403 from the ranks' forwarder (root, to
+    connect as nobody)."""
+    require_testbed()
+    with Store(["127.0.0.1"], SECRET) as store:
+        forwarder = gloo_host.Forwarder("127.0.0.1", store.port, SECRET)
+        forwarder.start()
+        try:
+            own_user_only(forwarder)
+        finally:
+            forwarder.close()
+
+
+def own_user_only(forwarder: gloo_host.Forwarder) -> None:
+    code = (f"import socket,sys;c=socket.create_connection(('127.0.0.1',{forwarder.port}),"
+            "timeout=10);c.sendall(b'GET /global/0 HTTP/1.1\\r\\nContent-Length: 0\\r\\n\\r\\n');"
+            "sys.stdout.write(c.recv(100).decode().split()[1])")
+    python = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+    done = subprocess.run([python, "-I", "-S", "-c", code], capture_output=True,
+                          text=True, timeout=30, user=65534)
+    assert done.stdout == "403", done.stderr
+    assert plain_get(forwarder.port) == 404  # its own user: served
+
+
+def plain_get(port: int) -> int:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+        conn.sendall(b"GET /global/0 HTTP/1.1\r\nContent-Length: 0\r\n\r\n")
+        return gloo_host.read_response(conn)[0]
