@@ -185,3 +185,19 @@ def test_the_store_listens_only_where_it_is_told_and_says_why_it_cannot() -> Non
 
     with pytest.raises(DtlaunchError, match=r"cannot listen on 192\.0\.2\.77"):
         Store(["192.0.2.77"], SECRET).start()  # not an address of this machine
+
+
+def test_inside_a_slurm_allocation_gloo_says_it_needs_ssh() -> None:
+    from dtlaunch.core.errors import UsageError
+    from dtlaunch.gloo.family import GLOO
+    from dtlaunch.job.hosts import Host
+    from dtlaunch.plan.plan import RunRequest, plan_run
+
+    request = RunRequest(hosts=(Host("n1", 1), Host("n2", 1)), python="python", script="t.py",
+                         launcher="slurm", controller="gloo")
+    with pytest.raises(UsageError, match="pass --launcher ssh"):
+        plan_run(request, {}, family=GLOO)
+    plan = plan_run(RunRequest(hosts=(Host("n1", 2), Host("n2", 2)), python="python",
+                               script="t.py", num_proc=3, launcher="ssh", controller="gloo"),
+                    {}, family=GLOO)
+    assert plan.rank_hosts == ("n1", "n1", "n2")  # exactly -np, hosts filled in order
