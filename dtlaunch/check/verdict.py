@@ -71,7 +71,6 @@ def check_host(facts: HostFacts, role: Role, expect: Expectations, launcher: Hos
 def versions_of(facts: HostFacts) -> tuple[tuple[str, str], ...]:
     py = facts.python
     pairs = [
-        ("mpi", facts.mpi.version if facts.mpi and facts.mpi.is_open_mpi else ""),
         ("mpi", f"{facts.mpi.name} {facts.mpi.version}".strip() if facts.mpi else ""),
         ("python", py.version),
         ("torch", py.torch_imported or py.torch_version or ""),

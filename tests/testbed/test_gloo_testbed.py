@@ -107,6 +107,19 @@ def test_a_failed_rank_ends_the_job_and_is_named_with_its_host(gbed: TestBed, tm
     assert_no_strays(gbed)
 
 
+def test_sigint_ends_every_rank_on_every_host(gbed: TestBed, tmp_path: Path) -> None:
+    proc = start_job(gloo_argv(gbed, "h1:1,h2:1,h3:1", PROBE, "--out", str(tmp_path), "--sleep",
+                               "600"), tmp_path, 3)
+    try:
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=HANG)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signal.SIGINT, err
+    assert "stopped by SIGINT" in err
+    assert_no_strays(gbed, pids=tuple(r["pid"] for r in records(tmp_path).values()))
+
+
 def test_sigkill_of_dtlaunch_leaves_nothing_on_any_host(gbed: TestBed, tmp_path: Path) -> None:
     proc = start_job(gloo_argv(gbed, "h1:2,h2:1", PROBE, "--out", str(tmp_path), "--sleep",
                                "600"), tmp_path, 3)
