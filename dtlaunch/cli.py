@@ -323,40 +323,15 @@ def doctor(hosts: str | None, hostfile: str | None, iface: str | None, python: s
            module: str | None, pairwise: bool, as_json: bool, gloo: bool,
            script: str | None) -> None:
     """Check every host (and this one) before a job: SSH, Open MPI, Python, Horovod, network."""
-    from dtlaunch.doctor.doctor import (
-        COMMAND_TIMEOUT,
-        DoctorRequest,
-        build_expectations,
-        run_doctor,
-    )
-    from dtlaunch.job.hosts import read_hosts
-    from dtlaunch.mpi import parse_iface
-    from dtlaunch.plan.plan import check_module_name
-    from dtlaunch.reach.ssh_options import ssh_options_from
-    from dtlaunch.run.launcher_choice import job_launcher
-    from dtlaunch.run.session import doctor_placement
+    from dtlaunch.console.doctor_args import DoctorArgs, read_doctor
+    from dtlaunch.doctor.doctor import run_doctor
 
-    host_names, reach, source = doctor_placement(read_hosts(hosts, hostfile), launcher)
-    if source and not as_json:
-        _note(source)
-    if script is not None and module is not None:
-        raise UsageError("doctor: give either SCRIPT or -m MODULE, not both")
-    if module is not None:
-        check_module_name(module)
-    ssh = ssh_options_from(ssh_port, ssh_identity_file, ssh_config, connect_timeout,
-                       accept_new_host_keys)
-    request = DoctorRequest(
-        hosts=host_names,
-        expect=build_expectations(python or sys.executable, script, module,
-                                  parse_iface(iface) if iface is not None else None, pairwise,
-                                  gloo=gloo),
-        ssh=ssh,
-        cwd=os.getcwd(),
-        command_timeout=timeout if timeout is not None else COMMAND_TIMEOUT,
-        choose_network=iface is None and len(host_names) > 1,  # as run's pre-flight
-        mpi_launcher="" if gloo else job_launcher(),
-        job_path=os.environ.get("PATH", ""),  # what run exports to the ranks
-    )
+    setup = read_doctor(DoctorArgs(
+        hosts, hostfile, iface, python, ssh_port, ssh_identity_file, ssh_config, connect_timeout,
+        accept_new_host_keys, launcher, timeout, module, pairwise, script, gloo))
+    if setup.source and not as_json:
+        _note(setup.source)
+    request, reach = setup.request, setup.reach
     from dtlaunch.console.render import Spinner, preload
 
     with signals_raise(), Spinner(len(request.hosts) + 1,

@@ -112,9 +112,38 @@ _INTEL_RE = re.compile(r"Version\s+(\S+)")
 _HYDRA_RE = re.compile(r"Version:\s+(\S+)")
 
 
-# The one classification of an MPI by its name: the family that starts it (none: unsupported).
 OPEN_MPI_FAMILY, HYDRA_FAMILY = "Open MPI", "Hydra"
-MPI_FAMILIES = {"Open MPI": OPEN_MPI_FAMILY, "MPICH": HYDRA_FAMILY, "Intel MPI": HYDRA_FAMILY}
+
+
+@dataclass(frozen=True)
+class MpiKind:
+    """What dtlaunch knows of one MPI implementation beyond its launcher."""
+
+    name: str  # as parse_mpirun_version names it
+    family: str  # the family whose launcher starts its jobs
+    slug: str  # its short name in the names of the Horovod wheels dtlaunch builds
+    libmpi_major: str  # the N of the libmpi.so.N its libraries carry (the ABI Horovod links)
+    # libmpi.so.N.M: (least M, the release's major version), highest first, where M tells it.
+    libmpi_releases: tuple[tuple[int, int], ...] = ()
+    # The variable its compiler wrappers read their installation prefix from, set when
+    # Horovod is built against it; "" when they need none.
+    prefix_variable: str = ""
+
+
+# The one classification of an MPI by its name (none: unsupported). A new MPI is a line here
+# and, for a new way to start jobs, a family folder.
+MPI_KINDS = {kind.name: kind for kind in (
+    # libtool's age: 0-10 for 3.x, 20-30 for 4.x, 40 for 5.x.
+    MpiKind("Open MPI", OPEN_MPI_FAMILY, "ompi", "40", ((40, 5), (20, 4), (0, 3))),
+    MpiKind("MPICH", HYDRA_FAMILY, "mpich", "12"),
+    MpiKind("Intel MPI", HYDRA_FAMILY, "impi", "12", prefix_variable="I_MPI_ROOT"),
+)}
+MPI_FAMILIES = {name: kind.family for name, kind in MPI_KINDS.items()}
+
+
+def kinds_with_libmpi(major: str) -> tuple[MpiKind, ...]:
+    """The MPIs whose libmpi is libmpi.so.`major`: one ABI, possibly several MPIs."""
+    return tuple(kind for kind in MPI_KINDS.values() if kind.libmpi_major == major)
 
 
 @dataclass(frozen=True)
@@ -129,6 +158,11 @@ class MpiImpl:
             return Version(self.version).release
         except InvalidVersion:
             return ()
+
+    @property
+    def kind(self) -> MpiKind | None:
+        """What dtlaunch knows of this MPI; None for one it does not support."""
+        return MPI_KINDS.get(self.name)
 
     @property
     def family(self) -> str | None:

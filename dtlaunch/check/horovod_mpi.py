@@ -12,35 +12,48 @@ from __future__ import annotations
 
 import posixpath
 import re
+from dataclasses import dataclass
 
 from dtlaunch.check.facts import PythonFacts
 from dtlaunch.check.report import FAIL, PASS, CheckResult
-from dtlaunch.mpi import MpiImpl
+from dtlaunch.mpi import MpiImpl, kinds_with_libmpi
 
-OPEN_MPI, MPICH_FAMILY = "Open MPI", "MPICH family"
 _SONAME = re.compile(r"libmpi\.so\.(\d+)(?:\.(\d+))?(?:\.\d+)*")
 
 
-def library_mpi(path: str) -> tuple[str, int | None] | None:
-    """(family, Open MPI's major version or None) from a libmpi file's name; None: unknown."""
+@dataclass(frozen=True)
+class LoadedMpi:
+    """The MPI a libmpi file belongs to, as far as its name tells."""
+
+    names: tuple[str, ...]  # the MPIs with that ABI ("MPICH", "Intel MPI")
+    release: int | None = None  # the major version, where the name tells it
+
+    def describe(self) -> str:
+        if len(self.names) == 1:
+            return f"{self.names[0]} {self.release}" if self.release else self.names[0]
+        return " or ".join([", ".join(self.names[:-1]), self.names[-1]])
+
+
+def library_mpi(path: str) -> LoadedMpi | None:
+    """The MPI of a libmpi file, from its name (mpi.MPI_KINDS); None: unknown."""
     match = _SONAME.fullmatch(posixpath.basename(path))
     if match is None:
         return None
-    if match.group(1) == "40":
-        age = int(match.group(2)) if match.group(2) else None
-        return OPEN_MPI, None if age is None else 5 if age >= 40 else 4 if age >= 20 else 3
-    if match.group(1) == "12":
-        return MPICH_FAMILY, None
-    return None
+    kinds = kinds_with_libmpi(match.group(1))
+    if not kinds:
+        return None
+    release = None
+    if len(kinds) == 1 and match.group(2):
+        minor = int(match.group(2))
+        release = next((major for least, major in kinds[0].libmpi_releases if minor >= least), None)
+    return LoadedMpi(tuple(k.name for k in kinds), release)
 
 
-def _matches(lib: tuple[str, int | None], mpi: MpiImpl) -> bool:
-    family, major = lib
-    if mpi.is_open_mpi:
-        return family == OPEN_MPI and (major is None or not mpi.release or major == mpi.release[0])
-    if mpi.is_hydra:
-        return family == MPICH_FAMILY
-    return True  # an MPI this module cannot judge
+def _matches(lib: LoadedMpi, mpi: MpiImpl) -> bool:
+    if mpi.kind is None:
+        return True  # an MPI this module cannot judge
+    return mpi.name in lib.names and (lib.release is None or not mpi.release
+                                      or lib.release == mpi.release[0])
 
 
 def check_horovod_mpi(result: CheckResult, py: PythonFacts, mpi: MpiImpl | None,
@@ -52,9 +65,7 @@ def check_horovod_mpi(result: CheckResult, py: PythonFacts, mpi: MpiImpl | None,
     lib = library_mpi(py.horovod_mpi_lib)
     if lib is None or _matches(lib, mpi):
         return result
-    family, major = lib
-    loaded = f"Open MPI {major}" if family == OPEN_MPI and major else (
-        "Open MPI" if family == OPEN_MPI else "an MPICH-family MPI (MPICH, Intel MPI)")
+    loaded = lib.describe()
     runs = f"{mpi.name} {mpi.version}".strip()
     return CheckResult(
         "horovod", FAIL,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from dtlaunch.check.host_checks import Expectations
@@ -26,6 +26,12 @@ Progress = Callable[[int, int, str], None]
 
 
 COMMAND_TIMEOUT = 150.0  # seconds a host's checks may run: a cold probe imports torch once
+
+
+def network_to_choose(iface: object | None, hosts: Sequence[str]) -> bool:
+    """Without --iface, doctor and run's pre-flight choose the network the hosts share, once
+    there is more than one host."""
+    return iface is None and len(hosts) > 1
 
 
 @dataclass(frozen=True)

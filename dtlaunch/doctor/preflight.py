@@ -142,6 +142,7 @@ def run_preflight(request: RunRequest, plan: RunPlan, job_started: bool = False,
         build_expectations,
         doctor_and_network,
         local_launcher,
+        network_to_choose,
     )
 
     hosts = tuple(h.name for h in plan.hosts)
@@ -189,7 +190,7 @@ def run_preflight(request: RunRequest, plan: RunPlan, job_started: bool = False,
         ssh=request.ssh,
         cwd=cwd,
         command_timeout=command_timeout if command_timeout is not None else COMMAND_TIMEOUT,
-        choose_network=request.iface is None and len(hosts) > 1,
+        choose_network=network_to_choose(request.iface, hosts),
         mpi_launcher="" if gloo else launcher,
         job_path=job_path,
     )

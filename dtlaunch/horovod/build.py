@@ -40,7 +40,6 @@ VERSION_TIMEOUT = 30
 IMPORT_TIMEOUT = 120
 LAUNCHERS = ("mpirun", "mpiexec")
 MARKER = ".dtlaunch-horovod"  # in sys.prefix: the key of the build installed there
-_SLUGS = {"Open MPI": "ompi", "MPICH": "mpich", "Intel MPI": "impi"}
 
 
 @dataclass(frozen=True)
@@ -70,7 +69,7 @@ class BuildKey:
 
     def tag(self) -> str:
         cuda = f"-cuda{self.cuda}" if self.cuda else "-cpu"
-        slug = _SLUGS.get(self.mpi.impl.name, "mpi")
+        slug = self.mpi.impl.kind.slug if self.mpi.impl.kind else "mpi"
         return (f"horovod{self.horovod}-torch{self.torch}-py{self.python}-"
                 f"{slug}{self.mpi.impl.version}-{self.mpi.lib_hash()}{cuda}")
 
@@ -168,10 +167,12 @@ def build_env(key: BuildKey, environ: dict[str, str]) -> dict[str, str]:
         wrapper = os.path.join(key.mpi.bin_dir, var.lower())
         if os.access(wrapper, os.X_OK):
             env[var] = wrapper
-    if key.mpi.impl.name == "Intel MPI":
-        # Intel's wrappers read their prefix from I_MPI_ROOT (PyPI's impi-devel leaves the
-        # installer's placeholder in them), and the one set for another Intel MPI must not win.
-        env["I_MPI_ROOT"] = key.mpi.prefix
+    kind = key.mpi.impl.kind
+    if kind is not None and kind.prefix_variable:
+        # Such wrappers read their prefix from a variable (Intel's I_MPI_ROOT: PyPI's
+        # impi-devel leaves the installer's placeholder in them), and the one set for another
+        # installation must not win.
+        env[kind.prefix_variable] = key.mpi.prefix
     if key.cuda:
         env["HOROVOD_GPU_OPERATIONS"] = "NCCL"
     return env

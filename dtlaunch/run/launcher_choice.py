@@ -7,12 +7,12 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from dtlaunch import agents
 from dtlaunch.core.errors import DtlaunchError, UsageError
 from dtlaunch.hydra.family import Hydra
-from dtlaunch.mpi import MpiFamily, MpiImpl
+from dtlaunch.mpi import HYDRA_FAMILY, OPEN_MPI_FAMILY, MpiFamily, MpiImpl
 from dtlaunch.openmpi.family import OPEN_MPI
 
 
@@ -42,10 +42,10 @@ def launcher_family(environ: Mapping[str, str] | None = None,
     if program is None:
         return OPEN_MPI, None, None
     impl = local_mpi(OPEN_MPI, program, refuse=False)
-    if not impl.is_hydra:
-        return OPEN_MPI, program, impl
-    mpiexec = os.path.join(os.path.dirname(program), "mpiexec")
-    return hydra_family(env, impl.name), mpiexec if os.access(mpiexec, os.X_OK) else program, impl
+    # An MPI no family starts gets Open MPI's, which refuses it with its install hint.
+    family = FAMILIES[impl.family or OPEN_MPI_FAMILY](env, impl.name)
+    own = os.path.join(os.path.dirname(program), family.launcher)  # Hydra's mpiexec
+    return family, own if os.access(own, os.X_OK) else program, impl
 
 
 def family_to_check(environ: Mapping[str, str] | None = None) -> MpiFamily:
@@ -78,6 +78,13 @@ def hydra_family(environ: Mapping[str, str], name: str = "MPICH") -> Hydra:
     if not wrapper.endswith(".py") or any(c.isspace() for c in sys.executable):
         return Hydra(name=name)  # a shebang cannot carry whitespace: plain ssh
     return Hydra(os.path.join(base, "dtlaunch", "bin"), sys.executable, wrapper, name)
+
+
+# The one registry of families: a classified MPI's family (mpi.MPI_KINDS) -> its object.
+FAMILIES: dict[str, Callable[[Mapping[str, str], str], MpiFamily]] = {
+    OPEN_MPI_FAMILY: lambda environ, name: OPEN_MPI,
+    HYDRA_FAMILY: hydra_family,
+}
 
 
 def rsh_agent_command() -> str | None:

@@ -71,7 +71,7 @@ def test_all_hosts_healthy(dbed: tb.TestBed) -> None:
     assert [h["host"] for h in doc["hosts"]] == ["localhost", "h1", "h2", "h3"]
     version = local_ompi_version()
     for host in doc["hosts"]:
-        assert host["versions"]["mpi"] == version
+        assert host["versions"]["mpi"] == f"Open MPI {version}"
         assert host["status"] == "pass"
     assert {check(doc, h, "hostname")["detail"] for h in ("h1", "h2", "h3")} == {"h1", "h2", "h3"}
     assert "MPI" in check(doc, "h1", "horovod")["detail"]

@@ -155,7 +155,7 @@ def test_doctor_checks_exactly_the_allocated_nodes_through_srun(slurm_cluster: S
     for host, entry in nodes.items():
         assert entry["hostname"] == host
         checks = {c["name"]: c for c in entry["checks"]}
-        assert checks["ssh"]["detail"] == "srun"  # reached through srun, not SSH
+        assert checks["reach"]["detail"] == "srun"  # reached through srun, not SSH
         assert checks["script"]["status"] == "fail", checks
         assert checks["script"]["hint"]
     slurm_cluster.wait_idle(60)

@@ -5,19 +5,21 @@ from __future__ import annotations
 import pytest
 
 from dtlaunch.check.facts import PythonFacts
-from dtlaunch.check.horovod_mpi import MPICH_FAMILY, OPEN_MPI, check_horovod_mpi, library_mpi
+from dtlaunch.check.horovod_mpi import LoadedMpi, check_horovod_mpi, library_mpi
 from dtlaunch.check.report import FAIL, PASS, CheckResult
 from dtlaunch.mpi import MpiImpl
 
+OPEN_MPI, MPICH_ABI = ("Open MPI",), ("MPICH", "Intel MPI")
+
 
 @pytest.mark.parametrize(("path", "expected"), [
-    ("/usr/lib/x86_64-linux-gnu/libmpi.so.40.30.4", (OPEN_MPI, 4)),  # Debian's 4.1
-    ("/opt/ompi-4.0.7/lib/libmpi.so.40.20.7", (OPEN_MPI, 4)),
-    ("/opt/ompi-5/lib/libmpi.so.40.40.1", (OPEN_MPI, 5)),
-    ("/opt/ompi-3/lib/libmpi.so.40.10.4", (OPEN_MPI, 3)),
-    ("/venv/lib/libmpi.so.40", (OPEN_MPI, None)),  # PyPI's Open MPI 5: no version suffix
-    ("/venv/lib/libmpi.so.12", (MPICH_FAMILY, None)),  # MPICH, Intel MPI
-    ("/usr/lib/x86_64-linux-gnu/libmpi.so.12.3.1", (MPICH_FAMILY, None)),
+    ("/usr/lib/x86_64-linux-gnu/libmpi.so.40.30.4", LoadedMpi(OPEN_MPI, 4)),  # Debian's 4.1
+    ("/opt/ompi-4.0.7/lib/libmpi.so.40.20.7", LoadedMpi(OPEN_MPI, 4)),
+    ("/opt/ompi-5/lib/libmpi.so.40.40.1", LoadedMpi(OPEN_MPI, 5)),
+    ("/opt/ompi-3/lib/libmpi.so.40.10.4", LoadedMpi(OPEN_MPI, 3)),
+    ("/venv/lib/libmpi.so.40", LoadedMpi(OPEN_MPI)),  # PyPI's Open MPI 5: no version suffix
+    ("/venv/lib/libmpi.so.12", LoadedMpi(MPICH_ABI)),  # MPICH, Intel MPI
+    ("/usr/lib/x86_64-linux-gnu/libmpi.so.12.3.1", LoadedMpi(MPICH_ABI)),
     ("/usr/lib/libmpi.so.20", None),  # Open MPI 2: not judged
     ("/usr/lib/libmpi_cxx.so.40", None),
     ("", None),
@@ -57,7 +59,7 @@ def test_a_matching_or_unknown_pair_passes(lib: str | None, mpi: MpiImpl | None)
     ("/usr/lib/libmpi.so.40.30.4", OMPI5, "Open MPI 4"),  # ORTE's libmpi under prterun
     ("/venv/lib/libmpi.so.40.40.1", OMPI4, "Open MPI 5"),
     ("/venv/lib/libmpi.so.40", INTEL, "Open MPI"),
-    ("/venv/lib/libmpi.so.12", OMPI4, "an MPICH-family MPI (MPICH, Intel MPI)"),
+    ("/venv/lib/libmpi.so.12", OMPI4, "MPICH or Intel MPI"),
 ])
 def test_another_mpis_library_fails_with_the_rebuild(lib: str, mpi: MpiImpl, loaded: str) -> None:
     got = judged(lib, mpi)

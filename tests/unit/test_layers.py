@@ -20,8 +20,9 @@ DOCS = PACKAGE.parent / "docs"
 # Each room of the package (a subpackage, or one of the three files that face their layer) and
 # its floor. examples/ is the bundled training script: it imports nothing from dtlaunch.
 LAYERS: dict[str, int] = {
-    "__main__": 10, "cli": 9,
-    "run": 8, "console": 8,
+    "__main__": 11, "cli": 10,
+    "console": 9,
+    "run": 8,
     "doctor": 7,
     "probe": 6,
     "check": 5, "cluster": 5,

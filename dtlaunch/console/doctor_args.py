@@ -1,0 +1,77 @@
+"""`dtlaunch doctor`'s parsed options to a DoctorRequest and the way its hosts are reached.
+
+The CLI (the only module with click) hands over plain values; the only I/O here is reading a
+`--hostfile`, asking the environment for a Slurm allocation and the local launcher's path.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+
+from dtlaunch.core.errors import UsageError
+from dtlaunch.doctor.doctor import (
+    COMMAND_TIMEOUT,
+    DoctorRequest,
+    build_expectations,
+    network_to_choose,
+)
+from dtlaunch.job.hosts import read_hosts
+from dtlaunch.mpi import parse_iface
+from dtlaunch.plan.plan import check_module_name
+from dtlaunch.probe.prober import Reach
+from dtlaunch.reach.ssh_options import ssh_options_from
+from dtlaunch.run.launcher_choice import job_launcher
+from dtlaunch.run.session import doctor_placement
+
+
+@dataclass(frozen=True)
+class DoctorArgs:
+    """What `dtlaunch doctor` was asked, as the CLI read it."""
+
+    hosts: str | None
+    hostfile: str | None
+    iface: str | None
+    python: str | None
+    ssh_port: int | None
+    ssh_identity_file: str | None
+    ssh_config: str | None
+    connect_timeout: int
+    accept_new_host_keys: bool
+    launcher: str
+    timeout: float | None
+    module: str | None
+    pairwise: bool
+    script: str | None
+    gloo: bool = False  # --gloo: a Gloo job's checks (no MPI)
+
+
+@dataclass(frozen=True)
+class DoctorSetup:
+    request: DoctorRequest
+    reach: Reach | None  # None: over SSH
+    source: str  # where the hosts came from ("" when given with -H or --hostfile)
+
+
+def read_doctor(args: DoctorArgs) -> DoctorSetup:
+    host_names, reach, source = doctor_placement(read_hosts(args.hosts, args.hostfile),
+                                                 args.launcher)
+    if args.script is not None and args.module is not None:
+        raise UsageError("doctor: give either SCRIPT or -m MODULE, not both")
+    if args.module is not None:
+        check_module_name(args.module)
+    iface = parse_iface(args.iface) if args.iface is not None else None
+    request = DoctorRequest(
+        hosts=host_names,
+        expect=build_expectations(args.python or sys.executable, args.script, args.module,
+                                  iface, args.pairwise, gloo=args.gloo),
+        ssh=ssh_options_from(args.ssh_port, args.ssh_identity_file, args.ssh_config,
+                             args.connect_timeout, args.accept_new_host_keys),
+        cwd=os.getcwd(),
+        command_timeout=args.timeout if args.timeout is not None else COMMAND_TIMEOUT,
+        choose_network=network_to_choose(iface, host_names),
+        mpi_launcher="" if args.gloo else job_launcher(),
+        job_path=os.environ.get("PATH", ""),  # what run exports to the ranks
+    )
+    return DoctorSetup(request, reach, source)
