@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from conftest import SCRIPTS, dtlaunch_argv, require_testbed
 from helpers.jobs import assert_no_strays, records, start_job
-from helpers.procs import HANG, cmdline, wait_for
+from helpers.procs import HANG, cmdline, descendants, wait_for
 from helpers.testbed import TestBed, build_testbed
 
 from dtlaunch.agents import gloo_host
@@ -80,9 +80,10 @@ def test_environment_and_secrets_never_on_a_command_line_and_sigterm_ends_all(
                                str(tmp_path), "--sleep", "600"), tmp_path, 3, env=env)
     try:
         assert all(r["env"]["DTL_TEST_TOKEN"] == token for r in records(tmp_path).values())
-        # Every process on the hosts and here: no variable's value, no Horovod contract.
+        # Every process on the hosts, and the job's here (dtlaunch and all it started): no
+        # variable's value, no Horovod contract.
         pids = [p for h in gbed.hosts for p in gbed.pids_in(h)]
-        pids += [int(p) for p in os.listdir("/proc") if p.isdigit()]
+        pids += [proc.pid, *descendants(proc.pid)]
         for pid in pids:
             line = cmdline(pid)
             assert token.encode() not in line, line
