@@ -4,15 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from dtlaunch.check.facts import HostFacts, PythonFacts
-from dtlaunch.mpi import MpiImpl
+from helpers.facts import host_facts, python_facts
 
-PY = PythonFacts(found=True, executable="/venv/bin/python", version="3.11.7",
-                 torch_version="2.13.0", horovod_version="0.28.1", torch_imported="2.13.0",
-                 horovod_imported="0.28.1", frameworks=("PyTorch",), controllers=("MPI", "Gloo"),
-                 tensor_ops=("MPI", "Gloo"))
-HOST = HostFacts(hostname="me", path="/usr/bin", mpirun="/usr/bin/mpirun", orted="/usr/bin/orted",
-                 mpi=MpiImpl("Open MPI", "4.1.4"), python=PY)
+PY = python_facts(module_found=None)  # env-check looks for no script or module
+HOST = host_facts("me", python=PY, ifaces=None, script_exists=None)
 
 
 def rows(items: Any, section: str) -> list[tuple[str, str, str]]:

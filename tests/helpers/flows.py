@@ -11,31 +11,26 @@ from typing import Any
 
 import pytest
 
-from dtlaunch.check.facts import HostFacts, Iface, PythonFacts
+from dtlaunch.check.facts import HostFacts, Iface
 from dtlaunch.check.report import HOST, CheckResult, HostOutcome
 from dtlaunch.core.tracker import Tracker
 from dtlaunch.job.hosts import Host
-from dtlaunch.mpi import MpiImpl
 from dtlaunch.plan.plan import RunRequest
 from dtlaunch.probe.command import ProbeArgs
 from dtlaunch.probe.prober import Reach
 from dtlaunch.reach.ssh_options import SshOptions
 from dtlaunch.run.execute import LaunchResult
+from helpers.facts import host_facts, python_facts
 
-PY = PythonFacts(found=True, executable=sys.executable, version="3.11.7",
-                 torch_version="2.13.0", horovod_version="0.28.1", torch_imported="2.13.0",
-                 horovod_imported="0.28.1", frameworks=("PyTorch",), controllers=("MPI", "Gloo"),
-                 tensor_ops=("MPI", "Gloo"), module_found=True)
+PY = python_facts(executable=sys.executable)
 
 
 SCRIPT = str(Path(__file__).resolve())
 
 
 def facts(name: str) -> HostFacts:
-    return HostFacts(hostname=name, path="/usr/bin", mpirun="/usr/bin/mpirun",
-                     orted="/usr/bin/orted", mpi=MpiImpl("Open MPI", "4.1.4"),
-                     ifaces=(Iface("eth0", True, ("10.1.2.3/24",)),), python=PY,
-                     script_exists=True, program_path="/work/train")
+    return host_facts(name, ifaces=(Iface("eth0", True, ("10.1.2.3/24",)),), python=PY,
+                      program_path="/job/train")
 
 
 class FakeProber:

@@ -2,26 +2,19 @@
 
 from __future__ import annotations
 
+from helpers.facts import IFACES, host_facts, python_facts
+
 from dtlaunch.check.facts import HostFacts, Iface, PythonFacts, parse_ip_output, parse_probe_output
 from dtlaunch.check.host_checks import Expectations, check_hostnames, check_iface
 from dtlaunch.check.report import FAIL, HOST, LAUNCHER, PASS, SKIP, WARN, HostOutcome, unreachable
 from dtlaunch.check.verdict import evaluate
 from dtlaunch.mpi import Interfaces, MpiImpl
 
-PY = PythonFacts(found=True, executable="/venv/bin/python", version="3.11.7",
-                 torch_version="2.13.0", horovod_version="0.28.1", torch_imported="2.13.0",
-                 horovod_imported="0.28.1", frameworks=("PyTorch",), controllers=("MPI", "Gloo"),
-                 tensor_ops=("MPI", "Gloo"), module_found=True)
-IFACES = (Iface("lo", True, ("127.0.0.1/8",)), Iface("eth0", True, ("10.1.2.11/24",)),
-          Iface("eth1", False, ()))
+PY = python_facts()
 
 
 def facts(**kw: object) -> HostFacts:
-    base: dict[str, object] = dict(hostname="h1", path="/usr/bin", mpirun="/usr/bin/mpirun",
-                                   orted="/usr/bin/orted", mpi=MpiImpl("Open MPI", "4.1.4"),
-                                   ifaces=IFACES, python=PY, script_exists=True)
-    base.update(kw)
-    return HostFacts(**base)  # type: ignore[arg-type]
+    return host_facts(**kw)  # type: ignore[arg-type]
 
 
 EXPECT = Expectations(python="/venv/bin/python", script="/job/train.py")
