@@ -3,6 +3,8 @@
 - rank_shim.py: every rank starts as it; it runs the user's program and sends its output as records
 - rsh.py: the MPI launcher's ssh agent; says which host's link was lost
 - lifeline.py: ends the job when dtlaunch dies, even by SIGKILL
+- gloo_start.py: a Gloo job's launcher beside dtlaunch (one agent per host, their output joined)
+- gloo_host.py: a Gloo job's agent on each host: starts its ranks, signs their rendezvous requests
 - probe.sh, remote_probe.py, import_probe.py: the probe doctor and the pre-flight run on each host
 - tied.sh, proxy_tied.sh: a remote command, or a ProxyCommand, tied to the life of its connection
 
@@ -24,12 +26,27 @@ from typing import TYPE_CHECKING, Any
 # The words dtlaunch shares with its agents, defined once in the agent that speaks them. Loaded
 # on first use, not here: `python -m dtlaunch.agents.rsh` must find its module not yet imported.
 _WORDS = {
+    "gloo_host": ("AUTH_HEADER", "NONCE_HEADER", "MAX_BODY", "BadRequest", "read_request",
+                  "response_bytes", "request_mac", "response_mac", "gloo_boot_command",
+                  "gloo_packed_text"),
     "lifeline": ("guarded_argv", "session_members"),
     "rank_shim": ("ESC", "EXIT", "HEADER_MAX", "HOST", "MAGIC", "NOSTART", "PIPE_BUF", "STDERR",
                   "STDOUT", "encode_argv", "unescape", "wrap_program"),
     "rsh": ("HOST_KEY_PREFIX", "LOST_PREFIX", "SSH_ARGS_ENV"),
 }
 if TYPE_CHECKING:
+    from .gloo_host import (
+        AUTH_HEADER,
+        MAX_BODY,
+        NONCE_HEADER,
+        BadRequest,
+        gloo_boot_command,
+        gloo_packed_text,
+        read_request,
+        request_mac,
+        response_bytes,
+        response_mac,
+    )
     from .lifeline import guarded_argv, session_members
     from .rank_shim import (
         ESC,
@@ -55,9 +72,38 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["ESC", "EXIT", "HEADER_MAX", "HOST", "HOST_KEY_PREFIX", "LOCAL_SHELL", "LOST_PREFIX",
-           "MAGIC", "NOSTART", "PIPE_BUF", "SSH_ARGS_ENV", "STDERR", "STDOUT", "encode_argv",
-           "guarded_argv", "path", "session_members", "text", "unescape", "wrap_program"]
+__all__ = [
+    "AUTH_HEADER",
+    "ESC",
+    "EXIT",
+    "HEADER_MAX",
+    "HOST",
+    "HOST_KEY_PREFIX",
+    "LOCAL_SHELL",
+    "LOST_PREFIX",
+    "MAGIC",
+    "MAX_BODY",
+    "NONCE_HEADER",
+    "NOSTART",
+    "PIPE_BUF",
+    "SSH_ARGS_ENV",
+    "STDERR",
+    "STDOUT",
+    "BadRequest",
+    "encode_argv",
+    "gloo_boot_command",
+    "gloo_packed_text",
+    "guarded_argv",
+    "path",
+    "read_request",
+    "request_mac",
+    "response_bytes",
+    "response_mac",
+    "session_members",
+    "text",
+    "unescape",
+    "wrap_program",
+]
 
 # The shell that runs a shell agent on this machine.
 LOCAL_SHELL = "/bin/sh" if os.path.exists("/bin/sh") else (shutil.which("sh") or "sh")

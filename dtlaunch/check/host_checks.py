@@ -38,6 +38,9 @@ class Expectations:
     # The executable the command starts (`bash`, `numactl`, `./train`) when it is not the
     # interpreter: a bare name is looked up on the PATH the job exports.
     program: str | None = None
+    # --gloo: Horovod's Gloo controller, no MPI: the MPI checks are skipped and Horovod must
+    # have been built with Gloo.
+    gloo: bool = False
 
 
 def _path_hint(what: str) -> str:
@@ -124,7 +127,8 @@ def check_torch(py: PythonFacts, launcher: PythonFacts | None) -> CheckResult:
     return CheckResult("torch", PASS, f"{mine}{cuda}")
 
 
-def check_horovod(py: PythonFacts, launcher: PythonFacts | None) -> CheckResult:
+def check_horovod(py: PythonFacts, launcher: PythonFacts | None,
+                  controller: str = "MPI") -> CheckResult:
     if not py.found or py.error:
         return CheckResult("horovod", SKIP, "no python")
     if py.horovod_version is None and py.horovod_imported is None:
@@ -141,8 +145,9 @@ def check_horovod(py: PythonFacts, launcher: PythonFacts | None) -> CheckResult:
     if theirs and mine != theirs:
         return CheckResult("horovod", FAIL, f"horovod {mine} here, {theirs} on the launcher",
                            f"install horovod {theirs} on this host")
-    if py.torch_imported and not py.torch_error and "MPI" not in py.controllers:
-        return CheckResult("horovod", FAIL, f"horovod {mine} was built without MPI ({build})",
+    if py.torch_imported and not py.torch_error and controller not in py.controllers:
+        return CheckResult("horovod", FAIL,
+                           f"horovod {mine} was built without {controller} ({build})",
                            INSTALL_HOROVOD_HINT)
     return CheckResult("horovod", PASS, f"{mine} ({build})")
 

@@ -40,19 +40,27 @@ def check_host(facts: HostFacts, role: Role, expect: Expectations, launcher: Hos
                peers: Sequence[str] = (), path: str = "") -> tuple[CheckResult, ...]:
     launcher_mpi = launcher.mpi if launcher is not None else None
     launcher_py = launcher.python if launcher is not None else None
-    if expect.check_python:
+    if expect.check_python and expect.gloo:
         python: tuple[CheckResult, ...] = (check_python(facts.python, expect, launcher_py),
                                            check_torch(facts.python, launcher_py),
-                                           check_horovod_mpi(
-                                               check_horovod(facts.python, launcher_py),
-                                               facts.python, facts.mpi, str(facts.mpirun or "")))
+                                           check_horovod(facts.python, launcher_py, "Gloo"))
+    elif expect.check_python:
+        python = (check_python(facts.python, expect, launcher_py),
+                  check_torch(facts.python, launcher_py),
+                  check_horovod_mpi(check_horovod(facts.python, launcher_py),
+                                    facts.python, facts.mpi, str(facts.mpirun or "")))
     else:  # an executable that names no interpreter: nothing Python to check
         python = tuple(CheckResult(name, SKIP, "not a Python command")
                        for name in ("python", "torch", "horovod"))
+    if expect.gloo:  # no MPI in the job
+        mpi: tuple[CheckResult, ...] = (CheckResult("mpirun", SKIP, "not needed (--gloo)"),
+                                        CheckResult("mpi", SKIP, "not needed (--gloo)"))
+    else:
+        mpi = (check_mpirun(facts, role, needs_orted=not uses_hydra(launcher_mpi)),
+               check_mpi(facts, launcher_mpi))
     return (
         CheckResult("reach", PASS, "local" if role == LAUNCHER else (path or "ok")),
-        check_mpirun(facts, role, needs_orted=not uses_hydra(launcher_mpi)),
-        check_mpi(facts, launcher_mpi),
+        *mpi,
         *python,
         check_script(facts, expect),
         check_iface(facts, expect.iface),

@@ -44,6 +44,7 @@ class DoctorArgs:
     module: str | None
     pairwise: bool
     script: str | None
+    gloo: bool = False  # --gloo: a Gloo job's checks (no MPI)
 
 
 @dataclass(frozen=True)
@@ -64,13 +65,13 @@ def read_doctor(args: DoctorArgs) -> DoctorSetup:
     request = DoctorRequest(
         hosts=host_names,
         expect=build_expectations(args.python or sys.executable, args.script, args.module,
-                                  iface, args.pairwise),
+                                  iface, args.pairwise, gloo=args.gloo),
         ssh=ssh_options_from(args.ssh_port, args.ssh_identity_file, args.ssh_config,
                              args.connect_timeout, args.accept_new_host_keys),
         cwd=os.getcwd(),
         command_timeout=args.timeout if args.timeout is not None else COMMAND_TIMEOUT,
         choose_network=network_to_choose(iface, host_names),
-        mpi_launcher=job_launcher(),
+        mpi_launcher="" if args.gloo else job_launcher(),
         job_path=os.environ.get("PATH", ""),  # what run exports to the ranks
     )
     return DoctorSetup(request, reach, source)

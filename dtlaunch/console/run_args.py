@@ -103,6 +103,7 @@ def build_run_request(run: RunArgs, hvd: HorovodArgs, words: tuple[str, ...],
         extra_env=hvd.env,
         binding=hvd.binding_args,
         typed_env=tuple(i.partition("=")[0] for i in run.env_items if "=" in i),
+        controller=hvd.controller,
     )
 
 

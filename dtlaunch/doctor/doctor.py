@@ -150,7 +150,7 @@ def doctor_and_network(request: DoctorRequest, progress: Progress | None = None,
 
 
 def build_expectations(python: str, script: str | None, module: str | None,
-                       iface: object, pairwise: bool) -> Expectations:
+                       iface: object, pairwise: bool, gloo: bool = False) -> Expectations:
     from dtlaunch.mpi import Interfaces
 
     return Expectations(
@@ -159,4 +159,5 @@ def build_expectations(python: str, script: str | None, module: str | None,
         module=module,
         iface=iface if isinstance(iface, Interfaces) else None,
         pairwise=pairwise,
+        gloo=gloo,
     )

@@ -181,8 +181,9 @@ def run_preflight(request: RunRequest, plan: RunPlan, job_started: bool = False,
     if job_started:
         drop_cache(key)
     python, script, module = checked_program(request)
+    gloo = request.controller == "gloo"
     expect = build_expectations(python or request.python, script, module, request.iface,
-                                pairwise=request.tree_spawn)
+                                pairwise=request.tree_spawn, gloo=gloo)
     doctor_request = DoctorRequest(
         hosts=hosts,
         expect=replace(expect, check_python=python is not None,
@@ -191,7 +192,7 @@ def run_preflight(request: RunRequest, plan: RunPlan, job_started: bool = False,
         cwd=cwd,
         command_timeout=command_timeout if command_timeout is not None else COMMAND_TIMEOUT,
         choose_network=network_to_choose(request.iface, hosts),
-        mpi_launcher=launcher,
+        mpi_launcher="" if gloo else launcher,
         job_path=job_path,
     )
     report, network = doctor_and_network(doctor_request, progress, reach=ways)

@@ -70,6 +70,7 @@ def cache_key(request: RunRequest, hosts: tuple[str, ...], cwd: str, launcher: s
         "iface": [list(request.iface.names), list(request.iface.cidrs)] if request.iface else None,
         "ssh": [ssh.port, ssh.identity_file, ssh.config_file, ssh.host_key_policy],
         "tree_spawn": request.tree_spawn,
+        "controller": request.controller,  # a Gloo job's checks have no MPI in them
         "cwd": cwd,
         "launcher": launcher,  # another MPI first on PATH is another job
         "path": job_path,  # where the hosts find a bare interpreter name

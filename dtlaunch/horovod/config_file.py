@@ -5,7 +5,8 @@ key `controller`. Every file horovodrun 0.28.1 accepts is accepted, with the kno
 sets; what horovodrun passes over in silence gets one warning line here, with the file, line
 and column: a key it does not know (with the nearest known one; ignored, as horovodrun ignores
 it), a key Horovod renamed (taken under its new name, which the line names), a key given twice
-(the last counts, as in YAML loaders), `controller: gloo` (see horovod_options). What horovodrun
+(the last counts, as in YAML loaders). `controller: gloo` runs the job with Gloo (see docs/gloo.md)
+unless `--mpi` is given. What horovodrun
 crashes on, or takes and then hands to Horovod as nonsense, is a one-line UsageError: malformed
 YAML, a section that is not a mapping, values of the wrong type or out of range. A null value
 means "not set", as in horovodrun; an empty section (`{}`, `[]`, `''`) sets nothing. Parsing is
@@ -164,7 +165,7 @@ def _walk(loader: Any, root: Any, source: str) -> HorovodConfig:
             if not value:
                 continue  # horovodrun: no controller given
             if not isinstance(value, str) or value.lower() not in ("mpi", "gloo"):
-                raise UsageError(f"{where}: controller: expected mpi, got {value!r}")
+                raise UsageError(f"{where}: controller: expected mpi or gloo, got {value!r}")
             controller, controller_where = value.lower(), where
         elif name in SECTIONS:
             values.update(_section(loader, name, node, source, warnings))

@@ -114,7 +114,10 @@ HOROVOD_OPTIONS: tuple[HorovodOption, ...] = (
                   help="mpirun binding/mapping options instead of '-bind-to none -map-by slot'."),
     HorovodOption(("-prefix-timestamp", "--prefix-output-with-timestamp"), LAUNCH, BOOL,
                   "prefix_timestamp", help="Start each output line with the time."),
-    HorovodOption(("--mpi",), NOOP, BOOL, help="Accepted: dtlaunch always uses the MPI controller.",
+    HorovodOption(("--gloo",), LAUNCH, BOOL, "gloo",
+                  help="Horovod's Gloo controller: no MPI; dtlaunch starts every rank over ssh "
+                       "and runs the rendezvous (see docs/gloo.md)."),
+    HorovodOption(("--mpi",), NOOP, BOOL, help="Horovod's MPI controller (the default).",
                   hidden=True),
     # Horovod's knobs: variables for the ranks.
     _v("--fusion-threshold-mb", "fusion_threshold_mb", INT, "MB",
@@ -163,9 +166,6 @@ HOROVOD_OPTIONS: tuple[HorovodOption, ...] = (
     _f("--log-hide-timestamp", "log_with_timestamp", False),  # deprecated horovodrun spelling
     _f("--no-log-hide-timestamp", "log_with_timestamp", True),  # deprecated horovodrun spelling
     # Not done by dtlaunch: refused with the reason.
-    _refused("--gloo", BOOL, "dtlaunch runs Horovod's MPI controller through Open MPI only; drop "
-             "--gloo (the job then needs Horovod built with MPI: see `dtlaunch env-check`), or "
-             "use horovodrun for Gloo"),
     _refused("--jsrun", BOOL, "dtlaunch starts ranks with mpirun over SSH, not with LSF's jsrun; "
              "drop --jsrun and give the hosts with -H or --hostfile"),
     _refused("--min-np --min-num-proc", INT, _ELASTIC),
@@ -208,6 +208,7 @@ class HorovodArgs:
     prefix_timestamp: bool = False
     given: tuple[str, ...] = field(default=())  # the horovodrun options used, for messages
     warnings: tuple[str, ...] = ()  # one line each (the config file's keys horovodrun ignores)
+    controller: str = "mpi"  # "gloo": --gloo, or `controller: gloo` in the file without --mpi
 
 
 def _given(values: Mapping[str, Sequence[Any]], option: HorovodOption) -> tuple[Any, ...]:
@@ -263,13 +264,13 @@ def parse_horovod_args(values: Mapping[str, Sequence[Any]], config: HorovodConfi
             launch[option.dest] = True if option.value == BOOL else given[0]
     merged: dict[str, Any] = {}
     warnings: list[str] = []
+    if mpi_controller and launch.get("gloo"):
+        raise UsageError("--mpi and --gloo contradict each other; give one")
+    controller = "gloo" if launch.get("gloo") else "mpi"
     if config is not None:
         warnings += config.warnings
         if config.controller == "gloo" and not mpi_controller:
-            # horovodrun's own test files say gloo; the knobs mean the same under MPI.
-            warnings.append(f"{config.controller_where}: controller: gloo: dtlaunch runs "
-                            "Horovod's MPI controller, so the job uses MPI (write "
-                            "'controller: mpi' to drop this line)")
+            controller = "gloo"  # a flag beats the file, as in horovodrun
         merged.update((d, v) for d, v in config.values if d not in from_flags)
     merged.update(from_flags)
     timeout = launch.get("start_timeout")
@@ -289,6 +290,7 @@ def parse_horovod_args(values: Mapping[str, Sequence[Any]], config: HorovodConfi
         prefix_timestamp=bool(launch.get("prefix_timestamp")),
         given=tuple(used),
         warnings=tuple(warnings),
+        controller=controller,
     )
 
 

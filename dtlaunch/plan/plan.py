@@ -44,6 +44,9 @@ class RunRequest:
     # Names whose -x NAME=VALUE was typed on dtlaunch's command line (a secret's value there
     # deserves a warning: it stays in dtlaunch's process entry while the job runs).
     typed_env: tuple[str, ...] = ()
+    # Horovod's controller: "mpi" (an MPI launcher starts the ranks) or "gloo" (dtlaunch
+    # starts them itself, see dtlaunch.gloo).
+    controller: str = "mpi"
 
 
 @dataclass(frozen=True)

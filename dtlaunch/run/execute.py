@@ -60,6 +60,15 @@ def _kill_tree(proc: subprocess.Popen[bytes]) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
+def _feed(proc: subprocess.Popen[bytes], data: bytes) -> None:
+    """Write the launcher's input and close it (in a thread: a pipe holds 64 KiB)."""
+    assert proc.stdin is not None
+    with contextlib.suppress(OSError, ValueError):
+        proc.stdin.write(data)
+    with contextlib.suppress(OSError, ValueError):
+        proc.stdin.close()
+
+
 def execute(
     argv: Sequence[str],
     env: Mapping[str, str],
@@ -78,6 +87,7 @@ def execute(
     shown_ranks: frozenset[int] | None = None,
     ranks_to_stderr: bool = False,
     on_progress: Callable[[Progress], None] | None = None,
+    stdin_data: bytes | None = None,
 ) -> LaunchResult:
     """Run mpirun to the end. ``stop_when`` is polled while it runs: a returned reason stops
     the job (used by the pre-flight's host-key check that runs alongside the start).
@@ -110,7 +120,7 @@ def execute(
         proc = subprocess.Popen(
             command,
             env=dict(env),
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL if stdin_data is None else subprocess.PIPE,
             stdout=spools[0].fd,
             stderr=spools[1].fd,
             start_new_session=True,
@@ -123,6 +133,8 @@ def execute(
         raise
     finally:
         os.close(lifeline_read)
+    if stdin_data is not None:
+        threading.Thread(target=_feed, args=(proc, stdin_data), daemon=True).start()
     # Set when mpirun has ended: then the pumps read what is left and stop.
     finished = threading.Event()
     pumps = [threading.Thread(target=spool.pump, args=(partial(out.feed, from_stderr=i == 1),

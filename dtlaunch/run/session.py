@@ -30,7 +30,9 @@ from dtlaunch.run.launcher_choice import launcher_family, local_mpi
 from dtlaunch.run.progress import HOSTS_CHECKED, Progress
 
 if TYPE_CHECKING:
+    from dtlaunch.check.network import NetworkChoice
     from dtlaunch.check.report import DoctorReport
+    from dtlaunch.gloo.start import GlooJob
     from dtlaunch.job.hosts import Host
     from dtlaunch.plan.rank_filter import RankFilter
     from dtlaunch.probe.prober import Reach
@@ -126,7 +128,13 @@ def prepare(request: RunRequest, on_event: OnEvent, *, dry_run: bool = False,
     if placement.allocation is not None:  # outside one, the hosts are what was typed
         on_event(Event(EventLevel.NOTE if dry_run else EventLevel.DETAIL, placement.source))
     impl: MpiImpl | None = None
-    if family is None:
+    program: str | None
+    if request.controller == "gloo":
+        from dtlaunch.gloo.family import GLOO
+
+        # No MPI: dtlaunch starts the ranks itself; there is no launcher to ask.
+        family, program, impl = GLOO, GLOO.launcher, MpiImpl("none", "")
+    elif family is None:
         family, program, impl = launcher_family(env)
     else:
         program = shutil.which(family.launcher)
@@ -202,6 +210,7 @@ def launch(request: LaunchRequest, on_event: OnEvent, *, executor: Executor | No
     if reach is None:
         reach = reach_for(run_request.launcher)
     keys = None
+    network = None
     if request.check:
         with signals_raise():
             checked = run_preflight(run_request, plan, reach=reach, use_cache=request.use_cache,
@@ -216,7 +225,7 @@ def launch(request: LaunchRequest, on_event: OnEvent, *, executor: Executor | No
             return RunOutcome(plan, checked.report, None, EXIT_FAILURE,
                               failure_message(checked.report, job_started=False))
         keys = checked.keys
-        choice = checked.network
+        choice = network = checked.network
         run = run_request
         if choice is not None and choice.iface is not None and run_request.iface is None:
             iface = plan.family.job_iface(choice.iface, choice.gloo_iface)
@@ -248,10 +257,16 @@ def launch(request: LaunchRequest, on_event: OnEvent, *, executor: Executor | No
     timeout, total = request.timeout, None
     if request.deadline is not None:
         timeout, total = max(request.deadline - time.time(), 0.001), request.timeout
+    command, command_env = (prepared.mpirun or plan.family.launcher, *argv[1:]), plan.launcher_env
+    gloo = None
+    extra: dict[str, bytes] = {}
+    if run_request.controller == "gloo":
+        gloo = gloo_job_for(run_request, plan, network)
+        command, command_env, extra = gloo.argv, gloo.env, {"stdin_data": gloo.stdin}
     try:
         result = executor(
-            (prepared.mpirun or plan.family.launcher, *argv[1:]),
-            plan.launcher_env,
+            command,
+            command_env,
             plan.rank_hosts,
             timeout=timeout,
             timeout_total=total,
@@ -266,10 +281,13 @@ def launch(request: LaunchRequest, on_event: OnEvent, *, executor: Executor | No
             shown_ranks=shown,
             ranks_to_stderr=request.ranks_to_stderr,
             on_progress=lambda progress: on_event(progress_event(progress)),
+            **extra,
         )
     finally:
         if nodes is not None:
             nodes.close()
+        if gloo is not None:
+            gloo.store.close()  # the rendezvous lives exactly as long as the job
     result = blame(result, nodes)
     if run_request.launcher == "slurm":
         from dtlaunch.run.slurm_watch import blame_allocation
@@ -301,3 +319,20 @@ def job_report(result: LaunchResult, timeout: float | None) -> JobReport:
     return build_report(result.exit_code, result.failure, result.ranks,
                         interrupted_by=result.interrupted_by, timed_out=result.timed_out,
                         timeout=timeout)
+
+
+def gloo_job_for(request: RunRequest, plan: RunPlan, network: NetworkChoice | None) -> GlooJob:
+    """A --gloo run's job (its rendezvous store started): the planned variables for every
+    rank, each rank's Gloo contract, and each host's interface on the chosen network."""
+    from dtlaunch.agents import PIPE_BUF, wrap_program
+    from dtlaunch.gloo.ranks import host_ifaces
+    from dtlaunch.gloo.start import prepare_gloo_job
+    from dtlaunch.plan.plan import build_program, shim_python
+
+    program = wrap_program(build_program(request), shim_python(request), PIPE_BUF)
+    common = {v.name: v.value for v in plan.env.variables}
+    hosts = list(dict.fromkeys(plan.rank_hosts))
+    ifaces = host_ifaces(network.names, network.gloo_iface, hosts) if network is not None else {}
+    cidrs = request.iface.cidrs if request.iface is not None else ()
+    return prepare_gloo_job(plan.rank_hosts, common, program, shim_python(request), request.ssh,
+                            {}, plan.launcher_env, host_iface=ifaces, iface_cidrs=cidrs)

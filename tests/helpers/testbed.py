@@ -101,6 +101,7 @@ class TestBed:
     client_key: Path
     known_hosts: Path
     ssh_config: Path
+    names_resolve: bool = False  # each host resolves every bed host's name (its own too)
     _closed: bool = field(default=False, repr=False)
     __test__ = False  # not a pytest test class
 
@@ -201,10 +202,20 @@ class TestBed:
         h = self.host(host) if isinstance(host, str) else host
         config = self._write_sshd_config(h)
         # ip netns exec -> unshare a UTS namespace -> set the hostname -> exec sshd (same pid).
+        # names_resolve: /etc/hosts as the host sees it (`ip netns exec` gives it a mount
+        # namespace of its own) also names every bed host, as a cluster's nodes resolve theirs.
+        script = 'hostname "$1" && exec "$2" -D -f "$3" -E "$4"'
+        hosts_file = h.dir / "hosts"
+        if self.names_resolve:
+            base = ""
+            with contextlib.suppress(OSError):
+                base = Path("/etc/hosts").read_text()
+            hosts_file.write_text(base + "".join(f"{b.address} {b.name}\n" for b in self.hosts))
+            script = 'mount --bind "$5" /etc/hosts && ' + script
         h.sshd = subprocess.Popen(
             ["ip", "netns", "exec", h.netns, "unshare", "--uts", "--", "/bin/sh", "-c",
-             'hostname "$1" && exec "$2" -D -f "$3" -E "$4"', "sh", h.name, SSHD,
-             str(config), str(h.dir / "sshd.log")],
+             script, "sh", h.name, SSHD, str(config), str(h.dir / "sshd.log"),
+             str(hosts_file)],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True,
         )
@@ -304,7 +315,7 @@ def _add_docker0(netns: str) -> None:
 
 
 def build_testbed(n: int, sshd_extra: Mapping[str, Sequence[str]] | None = None,
-                  docker0: bool = False) -> TestBed:
+                  docker0: bool = False, names_resolve: bool = False) -> TestBed:
     """Build n hosts named h1..hn. The caller must close() it (or use `testbed()`).
 
     docker0: give every host a bridge `docker0` with the same 172.17.0.1/16, as Docker does
@@ -324,7 +335,7 @@ def build_testbed(n: int, sshd_extra: Mapping[str, Sequence[str]] | None = None,
     bed = TestBed(
         hosts=hosts, subnet=str(subnet), gateway=gateway, bridge=bridge, workdir=workdir,
         client_key=workdir / "id_ed25519", known_hosts=workdir / "known_hosts",
-        ssh_config=workdir / "ssh_config",
+        ssh_config=workdir / "ssh_config", names_resolve=names_resolve,
     )
     atexit.register(bed.close)
     try:

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 out, mode = Path(sys.argv[1]), sys.argv[2]
-rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
+rank = int(os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ.get("HOROVOD_RANK", "0"))
 count = int(os.environ.get("DTLAUNCH_RESTART_COUNT", "-1"))
 (out / f"attempt{count}.rank{rank}").write_text(f"{socket.gethostname()} {os.getpid()}\n")
 if mode == "fail-once" and count == 0 and rank == 1:

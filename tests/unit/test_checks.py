@@ -204,3 +204,16 @@ def test_other_version_at_the_launchers_path_fails():
     other = {**OMPI5, "mpi": MpiImpl("Open MPI", "5.0.3")}
     rep = report(facts(**other), launcher=facts(hostname="launch", **OMPI5))
     assert status(rep, "h1", "mpi") == FAIL
+
+
+def test_a_gloo_job_needs_no_mpi_but_horovod_with_gloo():
+    gloo = Expectations(python="/venv/bin/python", script="/job/train.py", gloo=True)
+    no_mpi = facts(mpirun=None, orted=None, mpi=None,
+                   python=PythonFacts(**{**PY.__dict__, "controllers": ("Gloo",)}))
+    rep = report(no_mpi, gloo, launcher=facts(hostname="launch", mpirun=None, orted=None, mpi=None))
+    assert rep.ok
+    assert status(rep, "h1", "mpirun") == status(rep, "h1", "mpi") == SKIP
+    assert status(rep, "h1", "horovod") == PASS
+    without = facts(python=PythonFacts(**{**PY.__dict__, "controllers": ("MPI",)}))
+    check = report(without, gloo).hosts[1].check("horovod")
+    assert check is not None and check.status == FAIL and "without Gloo" in check.detail

@@ -204,7 +204,8 @@ BAD_RUN = [
     # horovodrun's options and spellings
     (["--iface", "eth0", "--network-interface", "eth1"], "name the same thing"),
     (["--output-dir", "d", "--output-filename", "e"], "name the same thing"),
-    (["--gloo"], "MPI controller through Open MPI only"),
+    (["--gloo", "--mpi"], "--mpi and --gloo contradict each other"),
+    (["--gloo", "--mpi-args", "-v"], "--mpi-args: no MPI launcher runs under --gloo"),
     (["--min-num-proc", "2"], "elastic mode"),
     (["--fusion-threshold-mb", "x"], "'x' is not a valid integer"),
     (["--fusion-threshold-mb", "1", "--fusion-threshold-mb", "2"], "given more than once"),

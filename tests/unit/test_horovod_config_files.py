@@ -87,26 +87,32 @@ def test_horovods_own_config_files(hvd_runner: None, tmp_path: Path, path: Path)
     assert {k: v for k, v in env.items() if k not in mapped} == \
         {k: v for k, v in theirs.items() if k not in mapped}
     old = [(s, k) for (s, k) in RENAMES if k in text]
-    assert len(warnings) == len(old) + 1  # each renamed key, and `controller: gloo`
+    assert len(warnings) == len(old)  # each renamed key (`controller: gloo` is taken: --gloo)
     for section, key in old:
         (line,) = [w for w in warnings if f"{section}.{key} " in w]
         assert f"renamed {section}.{RENAMES[section, key][0]}" in line
     assert all(w.startswith(f"{path}:") and "\n" not in w for w in warnings)
-    assert any("controller: gloo" in w for w in warnings)
 
 
 @pytest.mark.horovod
 def test_horovods_file_on_dtlaunchs_command_line(hvd_runner: None) -> None:
     path = HOROVOD_FILES[-1]  # the one Horovod 0.28.1's tests read
-    result = subprocess.run(dtlaunch_argv("run", "--dry-run", "-H", "h1", "--config-file",
-                                          str(path), "python", "train.py"),
+    # --mpi beats the file's `controller: gloo`, as in horovodrun: the mpirun line shows values.
+    result = subprocess.run(dtlaunch_argv("run", "--dry-run", "--mpi", "-H", "h1",
+                                          "--config-file", str(path), "python", "train.py"),
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     lines = [line for line in result.stderr.splitlines() if line.startswith("dtlaunch: warning: ")]
-    assert len(lines) == 2, result.stderr
+    assert len(lines) == 1, result.stderr
     assert any("logging.hide_timestamp was renamed logging.with_timestamp" in w for w in lines)
     assert "HOROVOD_LOG_HIDE_TIME=1" in result.stdout  # hide_timestamp: true, taken
     assert "HOROVOD_THREAD_AFFINITY=1" in result.stdout
+    # Without --mpi the file's controller counts: a Gloo job, its variables shown by name.
+    gloo = subprocess.run(dtlaunch_argv("run", "--dry-run", "-H", "h1", "--config-file",
+                                        str(path), "python", "train.py"),
+                          capture_output=True, text=True, timeout=60)
+    assert gloo.returncode == 0, gloo.stderr
+    assert "dtlaunch-gloo -np 1 -H h1" in gloo.stdout and "-x HOROVOD_LOG_HIDE_TIME" in gloo.stdout
 
 
 @pytest.mark.parametrize(("text", "warning", "env"), [
@@ -133,8 +139,6 @@ def test_horovods_file_on_dtlaunchs_command_line(hvd_runner: None) -> None:
     ("params:\n  cycle_time_ms: 1\n  cycle_time_ms: 2\n",
      "h.yaml:3:3: 'cycle_time_ms' is given twice in params (first on line 2); the last counts, "
      "as in horovodrun", {"HOROVOD_CYCLE_TIME": "2"}),
-    ("controller: gloo\n", "h.yaml:1:13: controller: gloo: dtlaunch runs Horovod's MPI "
-     "controller, so the job uses MPI", {}),
 ])
 def test_what_horovodrun_ignores_is_one_warning_line(text: str, warning: str,
                                                      env: dict[str, str]) -> None:

@@ -255,7 +255,7 @@ def test_out_of_range_is_refused_like_horovodrun(hvd_runner: None, argv: list[st
 # --- bad input: one line, UsageError (exit 2) ---------------------------------------------------
 
 @pytest.mark.parametrize(("argv", "message"), [
-    (["--gloo"], "--gloo dtlaunch runs Horovod's MPI controller through Open MPI only"),
+    (["--gloo", "--mpi"], "--mpi and --gloo contradict each other"),
     (["--jsrun"], "not with LSF's jsrun"),
     (["--min-np", "2"], "--min-np/--min-num-proc is part of Horovod's elastic mode"),
     (["--max-num-proc", "4"], "elastic mode"),
@@ -318,7 +318,7 @@ def test_launch_options_and_aliases() -> None:
     ("timeline:\n  filename: 42\n", r"timeline.filename: expected a string"),
     ("params: 5\n", r":1:9: params: expected keys and values"),
     ("- params\n", r":1:1: expected horovodrun's sections"),
-    ("controller: jsrun\n", r"controller: expected mpi, got 'jsrun'"),
+    ("controller: jsrun\n", r"controller: expected mpi or gloo, got 'jsrun'"),
     ("a: 1\n---\nb: 2\n", r"malformed YAML: expected a single document in the stream, but found another document"),
     ("params:\n  ? [a]\n  : 1\n", r"expected a key name in params"),
     ("params:\n  cycle_time_ms: !!python/name:os.system\n", r":2:18: malformed YAML: could not determine a constructor"),
@@ -343,6 +343,17 @@ def test_gloo_in_the_file_gives_way_to_the_mpi_flag(tmp_path: Path) -> None:
     path = write(tmp_path, "controller: gloo\nparams:\n  cache_capacity: 7\n")
     assert dtlaunch_env(["--mpi", "--config-file", path]) == {"HOROVOD_CACHE_CAPACITY": "7"}
     assert dtlaunch_args(["--mpi", "--config-file", path]).warnings == ()
+    assert dtlaunch_args(["--mpi", "--config-file", path]).controller == "mpi"
+
+
+def test_gloo_from_the_flag_or_the_file(tmp_path: Path) -> None:
+    path = write(tmp_path, "controller: gloo\n")
+    assert dtlaunch_args(["--config-file", path]).controller == "gloo"
+    assert dtlaunch_args(["--config-file", path]).warnings == ()
+    assert dtlaunch_args(["--gloo"]).controller == "gloo"
+    assert dtlaunch_args([]).controller == "mpi"
+    with pytest.raises(UsageError, match="expected mpi or gloo"):
+        dtlaunch_args(["--config-file", write(tmp_path, "controller: nccl\n")])
 
 
 def test_empty_sections_and_files_set_nothing() -> None:

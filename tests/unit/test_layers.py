@@ -26,7 +26,7 @@ LAYERS: dict[str, int] = {
     "doctor": 7,
     "probe": 6,
     "check": 5, "cluster": 5,
-    "plan": 4, "openmpi": 4, "hydra": 4, "horovod": 4,
+    "plan": 4, "openmpi": 4, "hydra": 4, "gloo": 4, "horovod": 4,
     "mpi": 3, "ssh": 3,
     "job": 2, "reach": 2,
     "core": 1,
@@ -37,7 +37,8 @@ UI_ROOMS = {"cli", "__main__", "console"}  # the only users of click and rich
 # later), the rank shim under the ranks' (3.7, see its docstring), rsh and lifeline under
 # dtlaunch's own interpreter beside mpirun (requires-python).
 OLDEST_PYTHON = {"remote_probe.py": (3, 6), "import_probe.py": (3, 6), "rank_shim.py": (3, 7),
-                 "rsh.py": (3, 9), "lifeline.py": (3, 9)}
+                 "rsh.py": (3, 9), "lifeline.py": (3, 9), "gloo_host.py": (3, 7),
+                 "gloo_start.py": (3, 9)}
 
 
 def modules() -> dict[str, Path]:

@@ -1,0 +1,102 @@
+"""Gloo launch: the tiny Horovod job (init + one allreduce) on N test-bed hosts with Horovod's
+Gloo controller, `dtlaunch run --gloo --no-check` against `horovodrun --gloo`, and dtlaunch's
+MPI path for reference, all from inside host h1 (its network, hostname and /etc/hosts, where
+every bed host's name resolves, as Horovod's Gloo process sets need).
+
+    python bench/gloo_launch.py [--reps 5] [--hosts 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from common import (
+    PYTHON,
+    SCRIPTS,
+    Sample,
+    Series,
+    dtlaunch_argv,
+    fmt_s,
+    horovodrun_path,
+    loadavg,
+    md_table,
+    ratio,
+    round_robin,
+    save_raw,
+    ssh_wrapper,
+    timed,
+    worktree_env,
+    write_result,
+)
+
+JOB = str(SCRIPTS / "tiny_job.py")
+
+
+def measure(n: int, reps: int) -> dict[str, Any]:
+    from helpers.testbed import build_testbed
+
+    bed = build_testbed(n, names_resolve=True)
+    try:
+        with ssh_wrapper(bed.ssh_config) as wrap:
+            cfg = str(bed.ssh_config)
+            hosts = ",".join(f"{h}:1" for h in bed.names)
+            addrs = ",".join(f"{h.address}:1" for h in bed.hosts)
+            env = worktree_env()
+            hvd_env = dict(env, PATH=f"{wrap}:{env['PATH']}")
+            assert bed.hosts[0].sshd is not None
+            inside = ["nsenter", "-t", str(bed.hosts[0].sshd.pid), "-n", "-u", "-m", "--"]
+            dt = ["run", "--no-check", "-H", hosts, "--iface", "eth0", "--ssh-config", cfg]
+
+            def run(argv: list[str], e: dict[str, str]) -> Sample:
+                return timed(inside + argv, env=e, cwd="/tmp", watch_rss=True)
+
+            tools = {
+                "dtlaunch --gloo --no-check": lambda: run(dtlaunch_argv(*dt[:1], "--gloo",
+                                                                        *dt[1:], PYTHON, JOB), env),
+                "dtlaunch (MPI) --no-check": lambda: run(dtlaunch_argv(*dt, PYTHON, JOB), env),
+            }
+            hvdrun = horovodrun_path()
+            if hvdrun:
+                tools["horovodrun --gloo"] = lambda: run(
+                    [hvdrun, "--gloo", "-np", str(n), "-H", addrs, "--network-interface", "eth0",
+                     "--disable-cache", PYTHON, JOB], hvd_env)
+            before = loadavg()
+            series = round_robin(tools, reps, warmup=1, label=f"gloo launch {n} hosts")
+            return {"hosts": n, "series": series, "load": f"{before} → {loadavg()}"}
+    finally:
+        bed.close()
+
+
+def report(results: list[dict[str, Any]]) -> str:
+    parts = ["## Gloo launch: tiny Horovod job (init + one allreduce), Gloo controller", ""]
+    for res in results:
+        series: dict[str, Series] = res["series"]
+        base = series.get("horovodrun --gloo")
+        rows = [[name, fmt_s(s), f"{ratio(s.median, base.median):.2f}" if base else "–",
+                 f"{s.cpu_median:.2f}", f"{s.peak_rss_mib:.0f}" if s.peak_rss_mib else "–"]
+                for name, s in series.items()]
+        parts += [f"**{res['hosts']} hosts** (load average {res['load']})", "",
+                  md_table(["launcher", "wall s, median (min–max)", "× horovodrun --gloo",
+                            "CPU s on h1", "launcher peak RSS MiB"], rows), ""]
+    parts += ["Method: each repetition runs every launcher once, the order rotating; one "
+              "warm-up round is dropped. horovodrun gets the hosts' addresses and an `ssh` that "
+              "adds the bed's ssh config (see launch_overhead.py). \"CPU s on h1\" counts the "
+              "launcher and what it started as its own children; ranks that an sshd started "
+              "(all of dtlaunch --gloo's) are not in it.", ""]
+    return "\n".join(parts)
+
+
+def main(argv: list[str] | None = None) -> str:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--hosts", default="2")
+    parser.add_argument("--out", default="gloo_launch.md")
+    args = parser.parse_args(argv)
+    results = [measure(int(n), args.reps) for n in args.hosts.split(",")]
+    save_raw(args.out.removesuffix(".md"), results)
+    return write_result(args.out, report(results))
+
+
+if __name__ == "__main__":
+    main()

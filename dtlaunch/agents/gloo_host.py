@@ -1,0 +1,543 @@
+"""The Gloo job's agent on one host: starts that host's ranks and is their only way to the
+job's rendezvous store.
+
+How it arrives: dtlaunch runs `python -I -S -c <BOOT>` on the host (over ssh, or here for a
+local host) and sends everything on standard input, nothing on a command line: first this
+file (one line of base64 of its compressed text, which BOOT executes), then one line of JSON
+(the job: each local rank's variables, the rank shim's argv, the store's address and the job's
+secret). Standard input then stays open for the job's life: its end (dtlaunch stopped the job,
+died, or lost the link) ends every rank here; SIGTERM, SIGINT or SIGHUP do the same.
+
+The ranks' rendezvous: Horovod's Gloo context talks plain HTTP (GET, PUT, DELETE on
+/SCOPE/KEY) and sends no credentials. So each rank is pointed at a forwarder here on
+127.0.0.1, which serves only this user's processes (the connecting socket's owner is read from
+/proc/net/tcp), bounds every request, signs it with the job's secret (HMAC-SHA256 over the
+method, path, a fresh nonce and the body's digest) and passes it to dtlaunch's store, whose
+signed answer it checks before the rank sees it. The secret never leaves this process's memory
+(it is not in any rank's environment).
+
+Each rank runs under the rank shim, whose records (each at most PIPE_BUF bytes, one atomic
+write) go straight to this process's stdout, the ssh channel. This agent's own lines go to
+stderr, prefixed `dtlaunch-gloo:`.
+
+Standard library only, no dtlaunch imports, Python >= 3.7 (the ranks' interpreter).
+"""
+
+from __future__ import annotations  # no annotation is evaluated at run time
+
+import binascii
+import contextlib
+import hashlib
+import hmac
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+TYPE_CHECKING = False  # the checkers' name for it: the typing module is never imported here
+if TYPE_CHECKING:
+    from typing import Any, BinaryIO, Dict, List, NoReturn, Optional, Sequence, Tuple
+
+PROTOCOL = b"dtlaunch-gloo-1"
+NONCE_HEADER = "X-Dtlaunch-Nonce"
+AUTH_HEADER = "X-Dtlaunch-Auth"
+MAX_HEAD = 16 * 1024  # request line and headers
+MAX_BODY = 1 << 20  # a rendezvous value (Gloo's are a few hundred bytes)
+IO_TIMEOUT = 30.0  # seconds any one read or write may wait
+STORE_TIMEOUT = 30.0
+MAX_CLIENTS = 256  # connections served at once; more are closed at once
+RANK_GRACE = 3.0  # after the ranks are told to stop, before SIGKILL of what is left
+PREFIX = "dtlaunch-gloo: "
+
+
+# --- both sides: the signatures -------------------------------------------------------------
+
+
+def request_mac(secret: bytes, method: bytes, path: bytes, nonce: bytes, body: bytes) -> str:
+    """The request's signature: bytes in, hex out."""
+    text = b"\n".join((PROTOCOL, b"request", method, path, nonce,
+                       hashlib.sha256(body).hexdigest().encode("ascii")))
+    return hmac.new(secret, text, hashlib.sha256).hexdigest()
+
+
+def response_mac(secret: bytes, nonce: bytes, status: int, body: bytes) -> str:
+    text = b"\n".join((PROTOCOL, b"response", nonce, str(status).encode("ascii"),
+                       hashlib.sha256(body).hexdigest().encode("ascii")))
+    return hmac.new(secret, text, hashlib.sha256).hexdigest()
+
+
+class BadRequest(Exception):
+    def __init__(self, status: int, why: str) -> None:
+        Exception.__init__(self, why)
+        self.status = status
+
+
+def read_request(conn: socket.socket, buf: bytes, max_body: int = MAX_BODY,
+                 ) -> Optional[Tuple[bytes, bytes, Dict[str, str], bytes, bytes]]:
+    """One HTTP/1.x request from `conn` (bytes already read first in `buf`): (method, path,
+    headers with lower-case names, body, what was read beyond it). None: the peer closed
+    between requests. Raises BadRequest for anything malformed or too large."""
+    while b"\r\n\r\n" not in buf:
+        if len(buf) > MAX_HEAD:
+            raise BadRequest(431, "request head too large")
+        data = conn.recv(65536)
+        if not data:
+            if buf:
+                raise BadRequest(400, "request cut short")
+            return None
+        buf += data
+    head, _, rest = buf.partition(b"\r\n\r\n")
+    if len(head) > MAX_HEAD:
+        raise BadRequest(431, "request head too large")
+    lines = head.split(b"\r\n")
+    parts = lines[0].split(b" ")
+    if len(parts) != 3 or not parts[2].startswith(b"HTTP/1."):
+        raise BadRequest(400, "not an HTTP/1 request line")
+    headers = {}
+    for line in lines[1:]:
+        name, sep, value = line.partition(b":")
+        if not sep:
+            raise BadRequest(400, "malformed header")
+        headers[name.strip().lower().decode("latin-1")] = value.strip().decode("latin-1")
+    if "transfer-encoding" in headers:
+        raise BadRequest(501, "chunked bodies are not taken")
+    length_text = headers.get("content-length", "0")
+    if not length_text.isdigit():
+        raise BadRequest(400, "bad Content-Length")
+    length = int(length_text)
+    if length > max_body:
+        raise BadRequest(413, "body too large")
+    while len(rest) < length:
+        data = conn.recv(min(65536, length - len(rest)))
+        if not data:
+            raise BadRequest(400, "body cut short")
+        rest += data
+    return parts[0], parts[1], headers, rest[:length], rest[length:]
+
+
+REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden",
+           404: "Not Found", 405: "Method Not Allowed", 408: "Request Timeout",
+           413: "Payload Too Large", 431: "Request Header Fields Too Large",
+           501: "Not Implemented", 502: "Bad Gateway", 503: "Service Unavailable"}
+
+
+def response_bytes(status: int, body: bytes = b"", headers: Sequence[Tuple[str, str]] = (),
+                   close: bool = False) -> bytes:
+    lines = ["HTTP/1.1 %d %s" % (status, REASONS.get(status, "Error")),
+             "Content-Length: %d" % len(body)]
+    lines += ["%s: %s" % pair for pair in headers]
+    if close:
+        lines.append("Connection: close")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+
+
+def read_response(conn: socket.socket, max_body: int = MAX_BODY,
+                  ) -> Tuple[int, Dict[str, str], bytes]:
+    """(status, headers, body) of the store's answer."""
+    buf = b""
+    while b"\r\n\r\n" not in buf:
+        if len(buf) > MAX_HEAD:
+            raise BadRequest(502, "store answer head too large")
+        data = conn.recv(65536)
+        if not data:
+            raise BadRequest(502, "store closed the connection")
+        buf += data
+    head, _, body = buf.partition(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    parts = lines[0].split(b" ", 2)
+    if len(parts) < 2 or not parts[1].isdigit():
+        raise BadRequest(502, "store answer unreadable")
+    headers = {}
+    for line in lines[1:]:
+        name, _, value = line.partition(b":")
+        headers[name.strip().lower().decode("latin-1")] = value.strip().decode("latin-1")
+    length_text = headers.get("content-length", "0")
+    if not length_text.isdigit() or int(length_text) > max_body:
+        raise BadRequest(502, "store answer too large")
+    length = int(length_text)
+    while len(body) < length:
+        data = conn.recv(min(65536, length - len(body)))
+        if not data:
+            raise BadRequest(502, "store answer cut short")
+        body += data
+    return int(parts[1]), headers, body[:length]
+
+
+# --- the forwarder ---------------------------------------------------------------------------
+
+
+def _hex_port(port: int) -> str:
+    return "%04X" % port
+
+
+def socket_owner(peer_port: int, own_port: int) -> Optional[int]:
+    """The uid that owns the loopback socket connected from `peer_port` to `own_port`, from
+    /proc/net/tcp; None when it cannot be told (not Linux)."""
+    want_local = "0100007F:" + _hex_port(peer_port)
+    want_remote = "0100007F:" + _hex_port(own_port)
+    try:
+        with open("/proc/net/tcp") as handle:
+            for line in handle:
+                fields = line.split()
+                if len(fields) > 7 and fields[1] == want_local and fields[2] == want_remote:
+                    return int(fields[7])
+    except (OSError, ValueError):
+        return None
+    return -1  # a /proc/net/tcp without the socket: refuse
+
+
+class Forwarder:
+    """127.0.0.1:PORT for the ranks here; each request signed and passed to the store."""
+
+    def __init__(self, store_host: str, store_port: int, secret: bytes) -> None:
+        self.store = (store_host, store_port)
+        self.secret = secret
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(128)
+        self.port = self.sock.getsockname()[1]
+        self.slots = threading.BoundedSemaphore(MAX_CLIENTS)
+        self.closed = False
+
+    def start(self) -> None:
+        thread = threading.Thread(target=self._accept)
+        thread.daemon = True
+        thread.start()
+
+    def close(self) -> None:
+        self.closed = True
+        with contextlib.suppress(OSError):
+            self.sock.close()
+
+    def _accept(self) -> None:
+        while not self.closed:
+            try:
+                conn, peer = self.sock.accept()
+            except OSError:
+                return
+            if not self.slots.acquire(False):
+                conn.close()
+                continue
+            thread = threading.Thread(target=self._serve, args=(conn, peer))
+            thread.daemon = True
+            thread.start()
+
+    def _serve(self, conn: socket.socket, peer: Tuple[str, int]) -> None:
+        try:
+            conn.settimeout(IO_TIMEOUT)
+            owner = socket_owner(peer[1], self.port)
+            if owner is not None and owner != os.getuid():
+                conn.sendall(response_bytes(403, close=True))
+                return
+            buf = b""
+            while True:
+                try:
+                    got = read_request(conn, buf)
+                except BadRequest as exc:
+                    conn.sendall(response_bytes(exc.status, close=True))
+                    return
+                if got is None:
+                    return
+                method, path, headers, body, buf = got
+                status, answer = self._forward(method, path, body)
+                close = headers.get("connection", "").lower() == "close"
+                conn.sendall(response_bytes(status, answer, close=close))
+                if close:
+                    return
+        except (OSError, ValueError):
+            return
+        finally:
+            conn.close()
+            self.slots.release()
+
+    def _forward(self, method: bytes, path: bytes, body: bytes) -> Tuple[int, bytes]:
+        nonce = binascii.hexlify(os.urandom(16))
+        mac = request_mac(self.secret, method, path, nonce, body)
+        head = [method + b" " + path + b" HTTP/1.1", b"Host: dtlaunch",
+                b"Content-Length: %d" % len(body),
+                NONCE_HEADER.encode() + b": " + nonce,
+                AUTH_HEADER.encode() + b": " + mac.encode("ascii"),
+                b"Connection: close"]
+        try:
+            with socket.create_connection(self.store, timeout=STORE_TIMEOUT) as conn:
+                conn.sendall(b"\r\n".join(head) + b"\r\n\r\n" + body)
+                status, headers, answer = read_response(conn)
+        except BadRequest as exc:
+            return exc.status, b""
+        except OSError:
+            return 503, b""
+        expected = response_mac(self.secret, nonce, status, answer)
+        if not hmac.compare_digest(headers.get(AUTH_HEADER.lower(), ""), expected):
+            sys.stderr.write(PREFIX + "an answer not signed by the job's store was dropped\n")
+            return 502, b""
+        return status, answer
+
+
+# --- the network ------------------------------------------------------------------------------
+
+
+def ipv4_ifaces() -> List[Tuple[str, str]]:
+    """(name, address) of each interface with an IPv4 address (Linux's SIOCGIFADDR)."""
+    import fcntl
+    import struct
+
+    found = []
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        for _, name in socket.if_nameindex():
+            try:
+                packed = fcntl.ioctl(probe.fileno(), 0x8915,  # SIOCGIFADDR
+                                     struct.pack("256s", name.encode()[:15]))
+            except OSError:
+                continue
+            found.append((name, socket.inet_ntoa(packed[20:24])))
+    return found
+
+
+def _in_cidr(address: str, cidr: str) -> bool:
+    net, _, bits = cidr.partition("/")
+    try:
+        mask = (0xFFFFFFFF << (32 - int(bits))) & 0xFFFFFFFF if bits else 0xFFFFFFFF
+        a = struct_unpack(socket.inet_aton(address))
+        n = struct_unpack(socket.inet_aton(net))
+    except (OSError, ValueError):
+        return False
+    return a & mask == n & mask
+
+
+def struct_unpack(packed: bytes) -> int:
+    import struct
+
+    return int(struct.unpack("!I", packed)[0])
+
+
+def gloo_iface(cidrs: Sequence[str], store: Tuple[str, int]) -> Optional[str]:
+    """HOROVOD_GLOO_IFACE when dtlaunch could not name it: the interface on one of the job's
+    subnets (--iface CIDR), else the one this host reaches dtlaunch through."""
+    try:
+        ifaces = ipv4_ifaces()
+    except (OSError, ImportError):
+        return None
+    for cidr in cidrs:
+        for name, address in ifaces:
+            if _in_cidr(address, cidr):
+                return name
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect(store)
+            source = probe.getsockname()[0]
+    except OSError:
+        return None
+    for name, address in ifaces:
+        if address == source and not address.startswith("127."):
+            return name
+    return None
+
+
+def own_name_problem(timeout: float = 10.0) -> Optional[str]:
+    """Why this host's own name does not resolve here, or None. Horovod's Gloo process sets
+    look it up, and a rank crashes (SIGSEGV, Horovod 0.28.1) when it does not resolve."""
+    name = socket.gethostname()
+    found: List[Optional[str]] = []
+
+    def look() -> None:
+        try:
+            socket.getaddrinfo(name, None)
+            found.append(None)
+        except (OSError, UnicodeError) as exc:
+            found.append(str(exc))
+
+    thread = threading.Thread(target=look)
+    thread.daemon = True
+    thread.start()
+    thread.join(timeout)
+    if not found:
+        return "its own name %r did not resolve within %g s" % (name, timeout)
+    if found[0] is not None:
+        return "its own name %r does not resolve (%s)" % (name, found[0])
+    return None
+
+
+# --- the ranks ---------------------------------------------------------------------------------
+
+
+def session_members() -> List[int]:
+    """Every process in this agent's session (sshd gives the command one), this one excluded."""
+    sid = os.getsid(0)
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open("/proc/%s/stat" % entry, "rb") as handle:
+                fields = handle.read().rsplit(b")", 1)[-1].split()
+        except OSError:
+            continue
+        if len(fields) > 3 and int(fields[3]) == sid and fields[0] != b"Z":
+            found.append(int(entry))
+    return found
+
+
+def _signal(pid: int, signum: int) -> None:
+    with contextlib.suppress(OSError):
+        os.kill(pid, signum)
+
+
+class Agent:
+    def __init__(self, job: Dict[str, Any]) -> None:
+        self.job = job
+        self.stop = threading.Event()
+        self.procs: List[subprocess.Popen[bytes]] = []
+
+    def start_ranks(self, port: int) -> Optional[int]:
+        cwd = self.job.get("cwd")
+        if not cwd or not os.path.isdir(cwd):
+            cwd = None  # as MPI launchers do: the launcher's directory when the host has it
+        base = dict(os.environ)
+        base.update(self.job["env"])
+        if "HOROVOD_GLOO_IFACE" not in base:
+            iface = gloo_iface(self.job.get("iface_cidrs") or [],
+                               (self.job["store"]["host"], int(self.job["store"]["port"])))
+            if iface is not None:
+                base["HOROVOD_GLOO_IFACE"] = iface
+        for rank in self.job["ranks"]:
+            env = dict(base)
+            env.update(rank["env"])
+            env["HOROVOD_GLOO_RENDEZVOUS_ADDR"] = "127.0.0.1"
+            env["HOROVOD_GLOO_RENDEZVOUS_PORT"] = str(port)
+            try:
+                proc = subprocess.Popen(self.job["shim"], env=env, cwd=cwd,
+                                        stdin=subprocess.DEVNULL)
+            except OSError as exc:
+                sys.stderr.write(PREFIX + "cannot start rank %s: %s\n"
+                                 % (rank["env"].get("HOROVOD_RANK"), exc.strerror or exc))
+                return 127
+            self.procs.append(proc)
+        return None
+
+    def end_ranks(self) -> None:
+        """SIGTERM to every rank's shim (which stops its program), then SIGKILL to whatever is
+        left in this session."""
+        for proc in self.procs:
+            if proc.poll() is None:
+                _signal(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + RANK_GRACE
+        while time.monotonic() < deadline and any(p.poll() is None for p in self.procs):
+            time.sleep(0.05)
+        # Over ssh, sshd gave the command a session of its own: what a rank left there (a
+        # double-forked daemon) goes too. Here, beside dtlaunch, the session is the job's.
+        for _ in range(20 if self.job.get("sweep") else 0):
+            left = [pid for pid in session_members() if pid != os.getppid()]
+            if not left:
+                break
+            for pid in left:
+                _signal(pid, signal.SIGKILL)
+            time.sleep(0.05)
+        for proc in self.procs:
+            if proc.poll() is None:
+                _signal(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+    def wait(self) -> int:
+        """Until every rank has ended (the first failure's code) or the job is stopped."""
+        code = 0
+        running = list(self.procs)
+        while running and not self.stop.is_set():
+            for proc in list(running):
+                status = proc.poll()
+                if status is not None:
+                    running.remove(proc)
+                    if status != 0 and code == 0:
+                        code = status if status > 0 else 128 - status
+            self.stop.wait(0.05)
+        if running:
+            self.end_ranks()
+            return code or 143
+        return code
+
+
+def _watch_stdin(stop: threading.Event) -> None:
+    """The job lives while dtlaunch's end of standard input is open (read from the descriptor:
+    what the boot line's reader holds beyond the job is nothing)."""
+    try:
+        while os.read(0, 4096):
+            pass
+    except OSError:
+        pass
+    stop.set()
+
+
+def main(stream: BinaryIO) -> int:
+    try:
+        job = json.loads(stream.readline().decode("utf-8"))
+        secret = binascii.unhexlify(job["store"]["secret"])
+        store_host, store_port = job["store"]["host"], int(job["store"]["port"])
+    except (ValueError, KeyError, TypeError):
+        sys.stderr.write(PREFIX + "expected the job on standard input\n")
+        return 2
+    agent = Agent(job)
+    problem = own_name_problem()
+    if problem is not None:
+        sys.stderr.write(PREFIX + "host %s: %s; Horovod's Gloo controller needs every host to "
+                         "resolve its own name: add it to /etc/hosts there (or DNS)\n"
+                         % (job.get("host", "?"), problem))
+        return 1
+
+    def on_signal(_signum: int, _frame: object) -> None:
+        agent.stop.set()
+
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, on_signal)
+    watcher = threading.Thread(target=_watch_stdin, args=(agent.stop,))
+    watcher.daemon = True
+    watcher.start()
+    forwarder = Forwarder(store_host, store_port, secret)
+    forwarder.start()
+    try:
+        code = agent.start_ranks(forwarder.port)
+        if code is not None:
+            agent.end_ranks()
+            return code
+        return agent.wait()
+    finally:
+        forwarder.close()
+        sys.stderr.flush()
+
+
+def gloo_boot_command(python: str) -> List[str]:
+    """The argv that runs this agent from its text sent on standard input."""
+    boot = ("import sys,zlib,binascii;s=sys.stdin.buffer;"
+            "exec(compile(zlib.decompress(binascii.a2b_base64(s.readline())),'gloo_host','exec'),"
+            "{'__name__':'dtlaunch_gloo_host','STREAM':s})")
+    return [python, "-I", "-S", "-c", boot]
+
+
+def gloo_packed_text() -> bytes:
+    """This file as the first line BOOT reads."""
+    with open(__file__, "rb") as handle:
+        return binascii.b2a_base64(zlib_compress(handle.read())).rstrip(b"\n") + b"\n"
+
+
+def zlib_compress(data: bytes) -> bytes:
+    import zlib
+
+    return zlib.compress(data, 9)
+
+
+def run(stream: BinaryIO) -> NoReturn:
+    """main, then out at once: threads blocked in reads must not hold up the exit."""
+    code = 1
+    try:
+        code = main(stream)
+    finally:
+        for handle in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError):
+                handle.flush()
+        os._exit(code)
+
+
+if __name__ == "dtlaunch_gloo_host":
+    run(globals()["STREAM"])  # given by the boot line

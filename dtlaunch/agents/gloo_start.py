@@ -1,0 +1,169 @@
+"""Starts a Gloo job's host agents, one per host, and joins their output: the Gloo job's
+launcher, as mpirun is an MPI job's (dtlaunch runs it under the lifeline, in a session of its
+own).
+
+Everything comes on standard input as one JSON document, nothing on the command line: for each
+host the argv that reaches it (dtlaunch's ssh wrapper rsh.py, or the agent itself for this
+machine) and the bytes that host's agent reads on its standard input (its code and its job,
+secrets included). Each agent's standard input then stays open: closing it ends that host's
+ranks. So:
+
+- the first agent that ends with a failure, or SIGTERM/SIGINT/SIGHUP here, closes every
+  agent's input; an agent still running RANK_STOP seconds later gets SIGTERM (rsh passes it to
+  its ssh, whose end closes the remote input just the same);
+- this process exits when every agent has: 0, or the first failure's status.
+
+Each agent's stdout (the ranks' records, each one line of at most PIPE_BUF bytes) and stderr
+(its own and ssh's lines) are read line by line and written here whole, so lines of different
+hosts never mix.
+
+Standard library only, no dtlaunch imports: it starts with -I -S, once per job.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+RANK_STOP = 4.0  # seconds the agents get to stop their ranks before they are signalled
+LINE_LIMIT = 64 * 1024  # a line longer than this is passed on in pieces
+STOPPING = "dtlaunch-gloo: "
+
+
+class Host:
+    def __init__(self, name: str, argv: list[str], payload: bytes) -> None:
+        self.name = name
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE)
+        self.payload = payload
+        self.input_lock = threading.Lock()
+        self.input_closed = False
+        self.partial = {1: b"", 2: b""}
+
+    def feed_input(self) -> None:
+        """The agent's code and job; its input then stays open (in a thread: a long job
+        description must not wait for another host's ssh)."""
+        try:
+            assert self.proc.stdin is not None
+            self.proc.stdin.write(self.payload)
+            self.proc.stdin.flush()
+        except (OSError, ValueError):
+            pass
+
+    def close_input(self) -> None:
+        with self.input_lock:
+            if self.input_closed:
+                return
+            self.input_closed = True
+        try:
+            assert self.proc.stdin is not None
+            self.proc.stdin.close()
+        except (OSError, ValueError):
+            pass
+
+
+def write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[os.write(fd, view):]
+        except BrokenPipeError:
+            return
+        except InterruptedError:
+            continue
+
+
+def main() -> int:
+    try:
+        job = json.loads(sys.stdin.buffer.read().decode("utf-8"))
+        specs = [(h["name"], list(h["argv"]), h["input"].encode("utf-8")) for h in job["hosts"]]
+    except (ValueError, KeyError, TypeError):
+        sys.stderr.write("dtlaunch-gloo: expected the job on standard input\n")
+        return 2
+    stop = threading.Event()
+    received: list[int] = []
+
+    def on_signal(signum: int, _frame: object) -> None:
+        received.append(signum)
+        stop.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, on_signal)
+    hosts: list[Host] = []
+    code = 0
+    for name, argv, payload in specs:
+        try:
+            hosts.append(Host(name, argv, payload))
+        except OSError as exc:
+            sys.stderr.write(f"dtlaunch-gloo: cannot start the agent for host {name}: "
+                             f"{argv[0]}: {exc.strerror}\n")
+            code = 127
+            stop.set()
+            break
+    for host in hosts:
+        threading.Thread(target=host.feed_input, daemon=True).start()
+    selector = selectors.DefaultSelector()
+    for host in hosts:
+        for fd_out, stream in ((1, host.proc.stdout), (2, host.proc.stderr)):
+            assert stream is not None
+            os.set_blocking(stream.fileno(), False)
+            selector.register(stream.fileno(), selectors.EVENT_READ, (host, fd_out))
+    open_streams = 2 * len(hosts)
+    stop_at: float | None = None
+    signalled = False
+    ended: set[int] = set()
+    while open_streams or any(h.proc.poll() is None for h in hosts):
+        for key, _ in selector.select(timeout=0.1):
+            host, fd_out = key.data
+            try:
+                data = os.read(key.fd, 65536)
+            except BlockingIOError:
+                continue
+            if not data:
+                selector.unregister(key.fd)
+                open_streams -= 1
+                if host.partial[fd_out]:
+                    write_all(fd_out, host.partial[fd_out] + b"\n")
+                    host.partial[fd_out] = b""
+                continue
+            buf = host.partial[fd_out] + data
+            cut = buf.rfind(b"\n") + 1
+            if cut == 0 and len(buf) > LINE_LIMIT:
+                cut = len(buf)
+            if cut:
+                write_all(fd_out, buf[:cut])
+            host.partial[fd_out] = buf[cut:]
+        for host in hosts:
+            status = host.proc.poll()
+            if status is None or id(host) in ended:
+                continue
+            ended.add(id(host))
+            if status != 0 and code == 0:
+                code = status if status > 0 else 128 - status
+                if not stop.is_set():
+                    # Not stopped by us: its ranks failed, or the agent could not run there.
+                    write_all(2, f"{STOPPING}the agent on host {host.name} ended with status "
+                                 f"{code}\n".encode())
+                    stop.set()
+        if stop.is_set() and stop_at is None:
+            stop_at = time.monotonic() + RANK_STOP
+            for host in hosts:
+                host.close_input()
+        if stop_at is not None and not signalled and time.monotonic() >= stop_at:
+            signalled = True
+            for host in hosts:
+                if host.proc.poll() is None:
+                    host.proc.send_signal(signal.SIGTERM)
+    if received and code == 0:
+        code = 128 + received[0]
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

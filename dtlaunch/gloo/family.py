@@ -1,0 +1,107 @@
+"""Gloo as a way of starting a job (the MpiFamily seam), with no MPI at all: dtlaunch's own
+fan-out (dtlaunch.agents.gloo_start) starts one agent per host over ssh, which starts the
+host's ranks. Pure; the job itself is prepared in dtlaunch.gloo.start.
+
+The shown command (`dtlaunch-gloo -np N -H HOSTS PROGRAM...`) names what runs; nothing of it
+is a real command line: the job reaches the fan-out on its standard input.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from dtlaunch.agents import PIPE_BUF, SSH_ARGS_ENV
+from dtlaunch.core.errors import UsageError
+from dtlaunch.job.hosts import format_hosts
+from dtlaunch.mpi import Interfaces, JobSpec, MpiImpl
+
+if TYPE_CHECKING:
+    from dtlaunch.core.failure import Failure
+    from dtlaunch.core.records import RecordDemux
+
+LAUNCHER = "dtlaunch-gloo"
+
+
+class Gloo:
+    name = "Gloo"
+    launcher = LAUNCHER
+    install_hint = "the Gloo controller needs Horovod built with Gloo on every host"
+    # The host agents' output joins whole lines only, and each record is one atomic write.
+    record_limit = PIPE_BUF
+    # dtlaunch ends the job on a failed rank's exit record (Gloo's survivors would wait for
+    # it until their own timeout: horovodrun #3060).
+    ends_job_on_rank_failure = False
+
+    def parse_version(self, text: str) -> MpiImpl:
+        return MpiImpl("unknown", "")
+
+    def unsupported(self, impl: MpiImpl, program: str) -> str | None:
+        return None
+
+    def build_argv(self, spec: JobSpec, launcher: str) -> tuple[str, ...]:
+        for given, option in ((spec.mpi_args, "--mpi-args"), (spec.binding, "--binding-args"),
+                              (spec.tree_spawn, "--tree-spawn")):
+            if given:
+                raise UsageError(f"{option}: no MPI launcher runs under --gloo; drop it")
+        if spec.slurm:
+            raise UsageError("--gloo: inside a Slurm allocation dtlaunch does not yet start "
+                             "Gloo ranks through srun; pass --launcher ssh (with -H) to reach "
+                             "the nodes over ssh")
+        # The variables by name only: their values go to the hosts on ssh's standard input.
+        names = [w for var in spec.env.variables for w in ("-x", var.name)]
+        return (LAUNCHER, "-np", str(spec.num_proc), "-H", format_hosts(spec.hosts), *names,
+                *spec.program)
+
+    def new_demux(self, stream: str, release: tuple[int, ...] = ()) -> RecordDemux:
+        from dtlaunch.core.records import RecordDemux
+
+        return RecordDemux(stream, PIPE_BUF)
+
+    def parse_failure(self, lines: Sequence[str], rank_hosts: Sequence[str]) -> Failure | None:
+        # The ranks' exit records and rsh's lost-link lines say what failed; an agent that
+        # could not run says so in its own line, which the caller shows.
+        import re
+
+        from dtlaunch.core.failure import Failure
+
+        for line in lines:  # the agent's own reason first: it names what to fix
+            if line.startswith("dtlaunch-gloo: host "):
+                return Failure(host=line.split()[2].rstrip(":"),
+                               reason=line[len("dtlaunch-gloo: "):].strip())
+        for line in lines:
+            found = re.match(r"dtlaunch-gloo: the agent on host (\S+) ended with status (\d+)",
+                             line)
+            if found:
+                return Failure(host=found.group(1), reason=(
+                    f"dtlaunch's Gloo agent on host {found.group(1)} ended with status "
+                    f"{found.group(2)} (see its lines above)"))
+            if line.startswith("dtlaunch-gloo: "):
+                return Failure(reason=line[len("dtlaunch-gloo: "):].strip())
+        return None
+
+    def launcher_env(self, spec: JobSpec) -> dict[str, str]:
+        """rsh.py's ssh options (dtlaunch's own: checked host keys, never a prompt)."""
+        return {SSH_ARGS_ENV: json.dumps(spec.ssh.ssh_args())}
+
+    def launcher_defaults(self, spec: JobSpec) -> dict[str, str]:
+        return {}
+
+    def refuse_insecure(self, extra_args: Sequence[str], environ: Mapping[str, str]) -> None:
+        return None  # dtlaunch runs every ssh itself; extra launcher arguments are refused
+
+    def ssh_left_to_dtlaunch(self, extra_args: Sequence[str], environ: Mapping[str, str]) -> bool:
+        return True  # no launcher of someone else's runs ssh
+
+    def support_files(self, spec: JobSpec) -> tuple[tuple[str, str], ...]:
+        return ()
+
+    def ssh_setting_files(self, launcher: str) -> list[str]:
+        return []
+
+    def job_iface(self, chosen: Interfaces, common_name: str | None) -> Interfaces | None:
+        return chosen
+
+
+GLOO = Gloo()

@@ -1,0 +1,229 @@
+"""The Gloo job's rendezvous store: a key-value store by scope (GET, PUT, DELETE on
+/SCOPE/KEY) that lives as long as the job and serves only the job's host agents.
+
+- It listens on the job's own addresses only (never 0.0.0.0), chosen by the caller.
+- Every request carries a fresh nonce and an HMAC-SHA256 signature made with the job's secret
+  (dtlaunch.agents.gloo_host signs for the ranks, which speak plain HTTP to it on their host);
+  an unsigned, wrongly signed or replayed request gets 401 and changes nothing. Each answer is
+  signed back, so nobody on the network can feed a rank a forged address either.
+- Values are bytes kept as bytes: nothing is ever decoded, let alone unpickled.
+- Bounded: the request head, the body (MAX_BODY), the keys per scope, the connections served
+  at once; every read and write has a timeout.
+
+DELETE keeps horovodrun's meaning for the scopes the job's layout defines (`global`,
+`local_HOST`, `cross_N`): once every member of a scope has deleted its key, the scope is
+cleared (so a later rendezvous starts clean); elsewhere it deletes the key.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hmac
+import os
+import socket
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from dtlaunch import agents
+from dtlaunch.core.errors import DtlaunchError
+
+MAX_BODY = agents.MAX_BODY
+MAX_KEYS = 100_000  # per scope; a job has a few per rank
+MAX_NONCES = 1_000_000  # remembered against replays; beyond it the store refuses new requests
+IO_TIMEOUT = 10.0
+MAX_CLIENTS = 512
+_NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-:")
+MAX_NAME = 255
+
+
+def split_path(path: bytes) -> tuple[str, str] | None:
+    """`/SCOPE/KEY` with both plain names (letters, digits, `_.-:`, not starting with a dot);
+    None otherwise."""
+    try:
+        text = path.decode("ascii")
+    except UnicodeDecodeError:
+        return None
+    parts = text.split("/")
+    if len(parts) != 3 or parts[0]:
+        return None
+    scope, key = parts[1], parts[2]
+    for name in (scope, key):
+        if (not name or len(name) > MAX_NAME or not _NAME_CHARS.issuperset(name)
+                or name.startswith(".")):
+            return None
+    return scope, key
+
+
+@dataclass
+class Refusal:
+    peer: str
+    why: str
+
+
+@dataclass
+class Store:
+    """The job's store; `start()` binds it, `close()` ends it (and every connection)."""
+
+    addresses: Sequence[str]
+    secret: bytes
+    scope_sizes: Mapping[str, int] = field(default_factory=dict)
+    port: int = 0
+    refusals: list[Refusal] = field(default_factory=list)
+    served: int = 0
+    _data: dict[str, dict[str, bytes]] = field(default_factory=dict)
+    _finished: dict[str, set[str]] = field(default_factory=dict)
+    _nonces: set[bytes] = field(default_factory=set)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _socks: list[socket.socket] = field(default_factory=list)
+    _slots: threading.BoundedSemaphore = field(
+        default_factory=lambda: threading.BoundedSemaphore(MAX_CLIENTS))
+    _closed: bool = False
+
+    def start(self) -> None:
+        """Bind every address on one port (the first one's, picked by the kernel; picked
+        again when another address has it taken)."""
+        for attempt in range(5):
+            try:
+                self._bind_all(self.port)
+                break
+            except OSError as exc:
+                for sock in self._socks:
+                    sock.close()
+                self._socks.clear()
+                if self.port or exc.errno != errno.EADDRINUSE or attempt == 4:
+                    raise DtlaunchError(f"--gloo: the rendezvous store cannot listen on "
+                                        f"{', '.join(self.addresses)}: "
+                                        f"{exc.strerror or exc}") from None
+        for sock in self._socks:
+            threading.Thread(target=self._accept, args=(sock,), daemon=True,
+                             name="dtlaunch-gloo-store").start()
+
+    def _bind_all(self, port: int) -> None:
+        for address in self.addresses:
+            family = socket.AF_INET6 if ":" in address else socket.AF_INET
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            try:
+                sock.bind((address, port))
+            except OSError:
+                sock.close()
+                raise
+            sock.listen(256)
+            port = sock.getsockname()[1]
+            self._socks.append(sock)
+        self.port = port
+
+    def close(self) -> None:
+        self._closed = True
+        for sock in self._socks:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+
+    def __enter__(self) -> Store:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- serving ---------------------------------------------------------------------------
+
+    def _accept(self, sock: socket.socket) -> None:
+        while not self._closed:
+            try:
+                conn, peer = sock.accept()
+            except OSError:
+                return
+            if not self._slots.acquire(blocking=False):
+                conn.close()
+                continue
+            threading.Thread(target=self._serve, args=(conn, str(peer[0])), daemon=True).start()
+
+    def _refuse(self, peer: str, why: str) -> None:
+        with self._lock:
+            if len(self.refusals) < 1000:
+                self.refusals.append(Refusal(peer, why))
+
+    def _serve(self, conn: socket.socket, peer: str) -> None:
+        try:
+            conn.settimeout(IO_TIMEOUT)
+            try:
+                got = agents.read_request(conn, b"", max_body=MAX_BODY)
+            except agents.BadRequest as exc:
+                self._refuse(peer, str(exc))
+                conn.sendall(agents.response_bytes(exc.status, close=True))
+                return
+            if got is None:
+                return
+            method, path, headers, body, _ = got
+            nonce = headers.get(agents.NONCE_HEADER.lower(), "").encode("latin-1")
+            mac = headers.get(agents.AUTH_HEADER.lower(), "")
+            if not self._authentic(method, path, nonce, body, mac):
+                self._refuse(peer, "unsigned, wrongly signed or replayed request")
+                conn.sendall(agents.response_bytes(401, close=True))
+                return
+            status, answer = self.handle(method, path, body)
+            signed = agents.response_mac(self.secret, nonce, status, answer)
+            conn.sendall(agents.response_bytes(
+                status, answer, headers=((agents.AUTH_HEADER, signed),), close=True))
+        except OSError:
+            return
+        finally:
+            conn.close()
+            self._slots.release()
+
+    def _authentic(self, method: bytes, path: bytes, nonce: bytes, body: bytes,
+                   mac: str) -> bool:
+        if not 16 <= len(nonce) <= 64 or not mac:
+            return False
+        expected = agents.request_mac(self.secret, method, path, nonce, body)
+        if not hmac.compare_digest(expected, mac):
+            return False
+        with self._lock:
+            if nonce in self._nonces or len(self._nonces) >= MAX_NONCES:
+                return False
+            self._nonces.add(nonce)
+        return True
+
+    def handle(self, method: bytes, path: bytes, body: bytes) -> tuple[int, bytes]:
+        """An authenticated request: (status, value)."""
+        where = split_path(path)
+        if where is None:
+            return 400, b""
+        scope, key = where
+        with self._lock:
+            self.served += 1
+            values = self._data.get(scope, {})
+            if method == b"GET":
+                value = values.get(key)
+                return (404, b"") if value is None else (200, value)
+            if method == b"PUT":
+                if key not in values and len(values) >= MAX_KEYS:
+                    return 413, b""
+                self._data.setdefault(scope, {})[key] = body
+                return 200, b""
+            if method == b"DELETE":
+                self._delete(scope, key)
+                return 200, b""
+        return 405, b""
+
+    def _delete(self, scope: str, key: str) -> None:
+        size = self.scope_sizes.get(scope)
+        if size is None:
+            values = self._data.get(scope)
+            if values is not None:
+                values.pop(key, None)
+                if not values:
+                    del self._data[scope]
+            return
+        done = self._finished.setdefault(scope, set())
+        done.add(key)
+        if len(done) >= size:
+            self._data.pop(scope, None)
+            self._finished.pop(scope, None)
+
+
+def new_secret() -> bytes:
+    return os.urandom(32)

@@ -1,0 +1,126 @@
+"""What starts a Gloo job: the rendezvous store, bound to the job's addresses, and the job for
+dtlaunch.agents.gloo_start (each host's argv and the bytes its agent reads), which goes to it
+on standard input, never on a command line.
+
+Each host reaches the store at the address this machine uses towards that host (the source
+address of its route), found without sending anything; a host named as this machine
+(localhost) is run here, without ssh, and reaches the store on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import binascii
+import json
+import os
+import shlex
+import socket
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from dtlaunch import agents
+from dtlaunch.core.errors import DtlaunchError
+from dtlaunch.gloo.ranks import place_ranks, scope_sizes
+from dtlaunch.gloo.rendezvous import Store, new_secret
+from dtlaunch.reach.ssh_options import SshOptions
+
+LOOPBACK = frozenset({"localhost", "127.0.0.1", "::1", "localhost.localdomain"})
+
+
+@dataclass(frozen=True)
+class GlooJob:
+    """The fan-out's argv, its environment, and what it reads on standard input."""
+
+    argv: tuple[str, ...]
+    env: dict[str, str]
+    stdin: bytes
+    store: Store
+
+
+def is_local(host: str) -> bool:
+    return host in LOOPBACK
+
+
+def source_address(host: str, ssh: SshOptions) -> str:
+    """The address this machine sends from towards `host` (after ssh config's HostName)."""
+    from dtlaunch.reach.ssh_config import load_ssh_config, resolve_target
+
+    target = resolve_target(host, ssh, load_ssh_config(ssh.config_file))
+    try:
+        infos = socket.getaddrinfo(target.hostname, 9, type=socket.SOCK_DGRAM)
+    except (OSError, UnicodeError) as exc:
+        raise DtlaunchError(f"--gloo: cannot resolve host {host} ({target.hostname}) to find "
+                            f"the address its ranks reach dtlaunch's rendezvous at: {exc}") from None
+    for family, kind, proto, _, addr in sorted(infos, key=lambda i: i[0] != socket.AF_INET):
+        with socket.socket(family, kind, proto) as probe:
+            try:
+                probe.connect(addr)  # UDP: picks the route, sends nothing
+            except OSError:
+                continue
+            return str(probe.getsockname()[0])
+    raise DtlaunchError(f"--gloo: no route to host {host} ({target.hostname}) for the "
+                        "rendezvous")
+
+
+def remote_words(argv: Sequence[str]) -> list[str]:
+    """ssh hands its command to the remote shell as one line: every word quoted."""
+    return [shlex.quote(word) for word in argv]
+
+
+def prepare_gloo_job(
+    rank_hosts: Sequence[str],
+    common_env: Mapping[str, str],
+    shim_argv: Sequence[str],
+    python: str,
+    ssh: SshOptions,
+    ssh_args_env: Mapping[str, str],
+    launcher_env: Mapping[str, str],
+    host_iface: Mapping[str, str] | None = None,
+    iface_cidrs: Sequence[str] = (),
+    addresses: Mapping[str, str] | None = None,
+) -> GlooJob:
+    """Start the store and describe the job for the fan-out. `addresses` (tests): the store
+    address per host instead of the route's."""
+    ranks = place_ranks(rank_hosts)
+    hosts = list(dict.fromkeys(rank_hosts))
+    where = dict(addresses or {})
+    for host in hosts:
+        if host not in where:
+            where[host] = "127.0.0.1" if is_local(host) else source_address(host, ssh)
+    secret = new_secret()
+    store = Store(sorted(set(where.values())), secret, scope_sizes(ranks))
+    store.start()
+    try:
+        entries = []
+        for host in hosts:
+            env = dict(common_env)
+            if host_iface and host in host_iface:
+                env["HOROVOD_GLOO_IFACE"] = host_iface[host]
+            job = {
+                "host": host,
+                "store": {"host": where[host], "port": store.port,
+                          "secret": binascii.hexlify(secret).decode("ascii")},
+                "env": env,
+                "ranks": [{"env": r.env(len(ranks))} for r in ranks if r.host == host],
+                "shim": list(shim_argv),
+                "cwd": os.getcwd(),
+                "sweep": not is_local(host),
+                "iface_cidrs": list(iface_cidrs),
+            }
+            payload = agents.gloo_packed_text() + json.dumps(job).encode("utf-8") + b"\n"
+            boot = agents.gloo_boot_command(python)
+            if is_local(host):
+                argv = boot
+            else:
+                argv = [sys.executable, "-I", "-S", agents.path("rsh.py"), host,
+                        *remote_words(boot)]
+            entries.append({"name": host, "argv": argv, "input": payload.decode("utf-8")})
+        fanout = (sys.executable, "-I", "-S", agents.path("gloo_start.py"))
+        env = dict(launcher_env)
+        env.update(ssh_args_env)
+        stdin = json.dumps({"hosts": entries}).encode("utf-8")
+        return GlooJob(fanout, env, stdin, store)
+    except BaseException:
+        store.close()
+        raise
+
