@@ -65,6 +65,12 @@ def _event_printer(verbose: bool, line: Any = None) -> Callable[[Any], None]:
             if line is not None and event.progress is not None:
                 line.update(event.progress)
             return
+        if event.level is EventLevel.REPORT:
+            if line is not None:
+                line.pause()
+            if event.report is not None:
+                _print_job_report(event.report)
+            return
         shown = event.level in (EventLevel.WARNING, EventLevel.NOTE) or verbose
         if line is not None and shown:
             line.pause()  # a message: the live line steps aside, the next count redraws it
@@ -180,7 +186,7 @@ def run(ctx: click.Context, /, hosts: str | None, hostfile: str | None, iface: s
 
 def show_job_end(outcome: RunOutcome, as_json: bool) -> None:
     """The job's report on stderr (root cause first) and, with --json, as data on stdout."""
-    from dtlaunch.console.render import job_report_lines, job_report_to_dict
+    from dtlaunch.console.render import job_report_to_dict
 
     if as_json:
         import json
@@ -194,11 +200,17 @@ def show_job_end(outcome: RunOutcome, as_json: bool) -> None:
             render_report(outcome.preflight, sys.stderr)
         raise DtlaunchError(outcome.error)
     if outcome.report is not None:
-        for text in job_report_lines(outcome.report):
-            if text.startswith("    "):
-                click.echo(text, err=True)  # a rank's own line, as it printed it
-            else:
-                _note(text)
+        _print_job_report(outcome.report)
+
+
+def _print_job_report(report: Any) -> None:
+    from dtlaunch.console.render import job_report_lines
+
+    for text in job_report_lines(report):
+        if text.startswith("    "):
+            click.echo(text, err=True)  # a rank's own line, as it printed it
+        else:
+            _note(text)
 
 
 def read_horovod_flags(params: Mapping[str, Any]) -> HorovodArgs:

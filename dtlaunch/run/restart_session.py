@@ -100,6 +100,9 @@ def launch_with_restarts(request: LaunchRequest, policy: RestartPolicy, on_event
             for line in (outcome.error or "pre-flight checks failed").splitlines():
                 on_event(Event(EventLevel.NOTE, line))
             return AttemptOutcome(outcome.exit_code, Failure(reason=outcome.error or "pre-flight"))
+        if outcome.report is not None and outcome.exit_code != 0:
+            # Each failed attempt's root cause, as a single run reports it.
+            on_event(Event(EventLevel.REPORT, f"attempt {count + 1} ended", report=outcome.report))
         return outcome_from_launch(outcome.result)
 
     def recheck(hosts: tuple[Host, ...]) -> Mapping[str, str]:

@@ -44,6 +44,7 @@ class EventLevel(Enum):
     WARNING = "warning"  # always shown, as a warning
     DETAIL = "detail"  # shown with --verbose
     PROGRESS = "progress"  # a job starting: a live line on a terminal, else nothing
+    REPORT = "report"  # how an attempt of a --max-restarts job ended (root cause first)
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,7 @@ class Event:
     level: EventLevel
     text: str
     progress: Progress | None = None  # with PROGRESS
+    report: JobReport | None = None  # with REPORT
 
 
 def progress_event(progress: Progress) -> Event:

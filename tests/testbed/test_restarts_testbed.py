@@ -48,6 +48,9 @@ def test_a_rank_failing_once_is_restarted_with_restart_count_1(bed: TestBed, tmp
     assert ranks_of(tmp_path, 1) == {0: "h1", 1: "h2", 2: "h3"}  # every rank saw count 1
     runs = attempts(tmp_path)
     assert [a["exit_code"] for a in runs] == [3, 0] and runs[1]["hosts"] == ["h1", "h2", "h3"]
+    # The failed attempt is reported as a single run is: the rank, its host, its exit code.
+    assert "dtlaunch: job failed: rank 1 on host h2 exited with code 3" in result.stderr, \
+        result.stderr[-3000:]
     assert_no_strays(bed)
 
 
