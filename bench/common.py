@@ -319,7 +319,7 @@ def latency_config(bed: object, delay: float, path: Path) -> Path:
 
 
 @contextlib.contextmanager
-def bed_of(n: int) -> Iterator[object]:
+def bed_of(n: int, **options: object) -> Iterator[object]:
     """A test bed of n hosts, torn down on any exit, Ctrl-C and SIGTERM included."""
     from testbed import build_testbed
 
@@ -331,7 +331,7 @@ def bed_of(n: int) -> Iterator[object]:
     signal.signal(signal.SIGTERM, on_term)
     log(f"building a test bed of {n} hosts ...")
     started = time.monotonic()
-    bed = build_testbed(n)
+    bed = build_testbed(n, **options)  # type: ignore[arg-type]
     log(f"  built in {time.monotonic() - started:.1f} s (subnet {bed.subnet})")
     try:
         yield bed
