@@ -211,3 +211,15 @@ def test_other_version_at_the_launchers_path_fails():
     other = {**OMPI5, "mpi": MpiImpl("Open MPI", "5.0.3")}
     rep = report(facts(**other), launcher=facts(hostname="launch", **OMPI5))
     assert status(rep, "h1", "open-mpi") == FAIL
+
+
+def test_pairwise_logins_start_after_each_host():
+    # Every host logs in to its peers a few at a time; in one shared order, all would log in
+    # to the first few hosts at once, past sshd's MaxStartups.
+    from dtlaunch.doctor.doctor import rotated_peers
+
+    hosts = ["h1", "h2", "h3", "h4"]
+    assert rotated_peers(hosts, "h3") == ("h4", "h1", "h2")
+    assert rotated_peers(hosts, "h1") == ("h2", "h3", "h4")
+    assert len({rotated_peers(hosts, h)[0] for h in hosts}) == len(hosts)
+    assert rotated_peers(hosts, "elsewhere") == tuple(hosts)
