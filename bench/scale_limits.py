@@ -79,6 +79,23 @@ def pairwise(n: int, reps: int, base: str | None) -> dict[str, Any]:
     return out
 
 
+def startups(counts: list[int]) -> dict[int, Any]:
+    """N logins to ONE host at once (what every host of an N+1-host pairwise check got before
+    its logins were batched), that host's sshd at the default MaxStartups: failures counted."""
+    out: dict[int, Any] = {}
+    with bed_of(1, max_startups="10:30:100") as bed:
+        cfg = str(bed.ssh_config)  # type: ignore[attr-defined]
+        for n in counts:
+            script = ('cfg=$1; n=$2; i=0; while [ "$i" -lt "$n" ]; do '
+                      '( ssh -F "$cfg" h1 true >/dev/null 2>&1 || echo fail ) & i=$((i + 1)); '
+                      'done; wait')
+            sample = timed(["sh", "-c", script, "logins", cfg, str(n)], check=False, timeout=600)
+            failed = sample.stdout.count("fail")
+            out[n] = {"failed": failed, "seconds": sample.seconds}
+            log(f"  {n} logins at once to one host (MaxStartups 10:30:100): {failed} failed")
+    return out
+
+
 class Watch:
     """Every 0.1 s: the processes on the machine, and the descriptors each process below
     `root` holds (the largest count per program name)."""
@@ -171,6 +188,12 @@ def report(res: dict[str, Any], command: str) -> str:
                   "logins)", "",
                   md_table(["dtlaunch", "run", "wall s", "hosts with failed logins",
                             "what they said"], rows), ""]
+    if res.get("startups"):
+        rows = [[n, r["failed"], f"{r['seconds']:.1f}"] for n, r in res["startups"].items()]
+        parts += ["**1b. MaxStartups, directly**: N logins at once to one host whose sshd keeps "
+                  "the default `MaxStartups 10:30:100` (an unbatched pairwise check on N + 1 "
+                  "hosts gives every host N at once)", "",
+                  md_table(["logins at once", "refused", "wall s"], rows), ""]
     if res.get("fds"):
         rows = []
         for label, r in res["fds"].items():
@@ -188,7 +211,10 @@ def report(res: dict[str, Any], command: str) -> str:
 
 def main(argv: list[str] | None = None) -> str:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--pairwise-hosts", type=int, default=16)
+    parser.add_argument("--pairwise-hosts", type=int, default=0,
+                        help="hosts for the pairwise doctor (N x (N-1) logins: 16 took 160 s here)")
+    parser.add_argument("--startups", default="10,32,63",
+                        help="numbers of logins at once to one host")
     parser.add_argument("--pairwise-reps", type=int, default=2)
     parser.add_argument("--hosts", type=int, default=64)
     parser.add_argument("--baseline", metavar="REV")
@@ -199,6 +225,8 @@ def main(argv: list[str] | None = None) -> str:
     if args.pairwise_hosts:
         with baseline_tree(args.baseline) as base:
             res["pairwise"] = pairwise(args.pairwise_hosts, args.pairwise_reps, base)
+    if args.startups:
+        res["startups"] = startups([int(n) for n in args.startups.split(",") if n])
     if args.hosts:
         res["fds"] = descriptors(args.hosts)
     res["load"] = f"{start} → {loadavg()}"
