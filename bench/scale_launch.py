@@ -98,8 +98,9 @@ def measure(counts: list[int], reps: int, mpis: list[str], cold: bool) -> dict[s
             launcher = "mpiexec" if name == "mpich" else "mpirun"
             version = subprocess.run([launcher, "--version"], env=env, capture_output=True,
                                      text=True).stdout.strip().splitlines()
-            out["versions"][name] = next((ln.strip() for ln in version if "Version" in ln
-                                          or "Open MPI" in ln), "?")
+            found = next((ln.strip() for ln in version if "Version" in ln or "Open MPI" in ln), "?")
+            # Hydra prints "Version:   5.0.2"; Open MPI "mpirun (Open MPI) 4.1.4".
+            out["versions"][name] = " ".join(found.replace("Version:", "MPICH").split())
         # One bed: h1 is the login host, the job runs on h2..h(N+1).
         with bed_of(max(counts) + 1) as bed, ssh_wrapper(bed.ssh_config) as wrap, \
                 cpu_group([h.sshd.pid for h in bed.hosts]) as hosts_group:  # type: ignore[attr-defined]
@@ -232,7 +233,7 @@ def report(res: dict[str, Any], reps: int, command: str, png: str | None) -> str
              "MPIs: " + "; ".join(f"{MPI_TITLE[k]}: {v}" for k, v in res["versions"].items()),
              "", f"Medians of {reps} repetitions (min–max) after a dropped warm-up round; "
              f"ratios to that MPI's hand-written line (the warm-up round: every launcher on the "
-             "smallest size, only the warm pre-flights on the others). Goal: dtlaunch ≤ {GOAL:.2f} × at every "
+             f"smallest size, only the warm pre-flights on the others). Goal: dtlaunch ≤ {GOAL:.2f} × at every "
              "size, and its CPU growing no faster than linearly with the hosts.", ""]
     for n in sorted(res["sizes"]):
         size = res["sizes"][n]
