@@ -250,7 +250,9 @@ def main(argv: list[str] | None = None) -> str:
     save_raw(args.out.removesuffix(".md"), res)
     RESULTS.mkdir(exist_ok=True)
     png = bool(args.png) and plot(res, RESULTS / args.png)
-    command = "python bench/doctor_fanout.py " + " ".join(
+    import shlex
+
+    command = "python bench/doctor_fanout.py " + shlex.join(
         argv if argv is not None else __import__("sys").argv[1:])
     text = report(res, args.reps, png, command.strip()).replace("(doctor_fanout.png)", f"({args.png})")
     (RESULTS / args.out).write_text(text)

@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> str:
     if args.hosts:
         res["fds"] = descriptors(args.hosts)
     res["load"] = f"{start} → {loadavg()}"
-    command = "python bench/scale_limits.py " + " ".join(
+    command = "python bench/scale_limits.py " + __import__("shlex").join(
         argv if argv is not None else __import__("sys").argv[1:])
     text = report(res, command.strip())
     RESULTS.mkdir(exist_ok=True)

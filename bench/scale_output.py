@@ -241,7 +241,7 @@ def main(argv: list[str] | None = None) -> str:
     save_raw(args.out.removesuffix(".md"), res)
     RESULTS.mkdir(exist_ok=True)
     png = args.png if args.png and plot(res, RESULTS / args.png) else None
-    command = "python bench/scale_output.py " + " ".join(
+    command = "python bench/scale_output.py " + __import__("shlex").join(
         argv if argv is not None else __import__("sys").argv[1:])
     text = report(res, args.reps, command.strip(), png)
     (RESULTS / args.out).write_text(text)
