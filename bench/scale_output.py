@@ -100,10 +100,9 @@ def measure(counts: list[int], reps: int, lines: int) -> dict[str, Any]:
                 before = hosts_group[1]() if hosts_group else 0.0
                 sample = timed(["sh", "-c", 'exec "$@" > "$0"', str(sink),
                                 *bed.nsenter_argv("h1", argv)],  # type: ignore[attr-defined]
-                               env=env, group_cpu=True, timeout=900)
+                               env=env, group_cpu=True, watch_rss=True, timeout=900)
                 sample.hosts_cpu = (hosts_group[1]() - before) if hosts_group else float("nan")
                 sample.stdout = check(sink, hosts, lines, dtlaunch)
-                sample.peak_rss_kib = _hwm(sample.stderr)
                 verdicts.setdefault(name, []).append(sample.stdout)
                 sink.unlink()
                 return sample
@@ -117,8 +116,8 @@ def measure(counts: list[int], reps: int, lines: int) -> dict[str, Any]:
                                "--ssh-config", cfg, JOB, str(lines))
             tools: dict[str, Callable[[], Sample]] = {
                 "mpirun --tag-output (by hand)": lambda a=mpirun: inside(
-                    "mpirun --tag-output (by hand)", _rss(a), False),
-                "dtlaunch run --no-check": lambda a=dt: inside("dtlaunch run --no-check", _rss(a), True),
+                    "mpirun --tag-output (by hand)", a, False),
+                "dtlaunch run --no-check": lambda a=dt: inside("dtlaunch run --no-check", a, True),
             }
             before = loadavg()
             series = round_robin(tools, reps, warmup=1, label=f"output {n} hosts")
@@ -127,24 +126,6 @@ def measure(counts: list[int], reps: int, lines: int) -> dict[str, Any]:
                                "mb": SLOTS * n * lines * LINE / 1e6}
     out["load"] = f"{start_load} → {loadavg()}"
     return out
-
-
-# The launcher's peak RSS, read by the shell that ran it (GNU time is not everywhere): the
-# launcher runs as a child of a small Python that reports its ru_maxrss on stderr.
-RSS_PROBE = ("import resource, subprocess, sys\n"
-             "code = subprocess.call(sys.argv[1:])\n"
-             "sys.stderr.write('\\nbench-peak-rss-kib %d\\n' % "
-             "resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)\n"
-             "sys.exit(code)\n")
-
-
-def _rss(argv: list[str]) -> list[str]:
-    return [PYTHON, "-c", RSS_PROBE, *argv]
-
-
-def _hwm(stderr: str) -> int:
-    found = re.findall(r"bench-peak-rss-kib (\d+)", stderr)
-    return int(found[-1]) if found else 0
 
 
 def plot(res: dict[str, Any], path: Path) -> bool:
@@ -221,9 +202,9 @@ def report(res: dict[str, Any], reps: int, command: str, png: str | None) -> str
         "middle; that is counted, not fixed. \"Launcher CPU\" "
         "is user + system time of a cgroup holding the launcher and all it started on h1 "
         "(ssh clients, dtlaunch's ssh agents); \"hosts' CPU\" the same for every host's sshd "
-        "and what it started (MPI daemons, rank shims, ranks). Peak RSS is the largest ru_maxrss among the "
-        "launcher and the processes it waited for on h1 (for dtlaunch its own Python process, "
-        "which reads and tags every line; for the hand-written line mpirun). dtlaunch runs with `--no-check`, so the figure is its "
+        "and what it started (MPI daemons, rank shims, ranks). Peak RSS is the launcher process's own VmHWM "
+        "(for dtlaunch its Python process, which reads and tags every line, not the mpirun it "
+        "starts; for the hand-written line mpirun). dtlaunch runs with `--no-check`, so the figure is its "
         "output path, not its pre-flight.", ""]
     return "\n".join(parts)
 
