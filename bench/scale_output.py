@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import shutil
 import tempfile
 import time
 from collections import Counter
@@ -85,6 +86,14 @@ def measure(counts: list[int], reps: int, lines: int) -> dict[str, Any]:
     out: dict[str, Any] = {"sizes": {}, "lines": lines}
     start_load = loadavg()
     tmp = Path(tempfile.mkdtemp(prefix="dtlaunch-bench-output-"))
+    try:
+        return _measure(counts, reps, lines, out, start_load, tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _measure(counts: list[int], reps: int, lines: int, out: dict[str, Any], start_load: str,
+             tmp: Path) -> dict[str, Any]:
     with bed_of(max(counts) + 1) as bed, \
             cpu_group([h.sshd.pid for h in bed.hosts]) as hosts_group:  # type: ignore[attr-defined]
         cfg = str(bed.ssh_config)  # type: ignore[attr-defined]
