@@ -49,6 +49,7 @@ class Sample:
     cpu: float = 0.0  # user + system seconds of the process and the children it waited for
     stdout: str = ""
     stderr: str = ""
+    hosts_cpu: float = 0.0  # where measured: the test bed's hosts' CPU seconds meanwhile
 
 
 def _watch_hwm(pid: int, stop: threading.Event, box: list[int]) -> None:
@@ -66,9 +67,56 @@ def _watch_hwm(pid: int, stop: threading.Event, box: list[int]) -> None:
         stop.wait(0.01)
 
 
+CPUACCT = Path("/sys/fs/cgroup/cpuacct")  # cgroup v1's CPU accounting, where mounted
+
+
+@contextlib.contextmanager
+def cpu_group(pids: Sequence[int] = ()) -> Iterator[tuple[list[str], Callable[[], float]] | None]:
+    """A fresh CPU-accounting cgroup: (argv prefix that moves a command into it, reader of its
+    user + system seconds so far), or None where cgroup v1's cpuacct is not writable. `pids`
+    join it at once (with every child they start from then on: a test bed's sshd listeners).
+
+    Unlike RUSAGE_CHILDREN it counts every process, whether or not its parent waited for it
+    (mpirun does not always reap its ssh agents before it exits). Whatever is still in the
+    group at the end is killed, then the group removed."""
+    folder = CPUACCT / f"dtlaunch-bench-{os.getpid()}-{time.monotonic_ns()}"
+    try:
+        folder.mkdir()
+    except OSError:
+        yield None
+        return
+    try:
+        for pid in pids:
+            (folder / "cgroup.procs").write_text(f"{pid}\n")
+        prefix = ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(folder)]
+        yield prefix, lambda: int((folder / "cpuacct.usage").read_text()) / 1e9
+    finally:
+        for _ in range(50):
+            left = [int(p) for p in (folder / "cgroup.procs").read_text().split()]
+            if not left:
+                break
+            for pid in left:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.02)
+        with contextlib.suppress(OSError):
+            folder.rmdir()
+
+
 def timed(argv: Sequence[str], env: Mapping[str, str] | None = None, timeout: float = 300,
-          cwd: str | None = None, watch_rss: bool = False, check: bool = True) -> Sample:
-    """Run argv to completion; wall time from just before fork to just after exit."""
+          cwd: str | None = None, watch_rss: bool = False, check: bool = True,
+          group_cpu: bool = False) -> Sample:
+    """Run argv to completion; wall time from just before fork to just after exit.
+
+    group_cpu: the CPU figure is the cgroup's (every process argv started, reaped or not),
+    when cgroups allow; otherwise RUSAGE_CHILDREN's."""
+    if group_cpu:
+        with cpu_group() as group:
+            if group is not None:
+                prefix, read = group
+                sample = timed([*prefix, *argv], env, timeout, cwd, watch_rss, check)
+                sample.cpu = read()
+                return sample
     stop = threading.Event()
     box = [0]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -119,6 +167,10 @@ class Series:
     @property
     def cpu_median(self) -> float:
         return statistics.median(s.cpu for s in self.samples) if self.samples else float("nan")
+
+    @property
+    def hosts_cpu_median(self) -> float:
+        return statistics.median(s.hosts_cpu for s in self.samples) if self.samples else float("nan")
 
     @property
     def spread(self) -> tuple[float, float]:
@@ -319,7 +371,7 @@ def latency_config(bed: object, delay: float, path: Path) -> Path:
 
 
 @contextlib.contextmanager
-def bed_of(n: int) -> Iterator[object]:
+def bed_of(n: int, **options: object) -> Iterator[object]:
     """A test bed of n hosts, torn down on any exit, Ctrl-C and SIGTERM included."""
     from helpers.testbed import build_testbed
 
@@ -331,7 +383,7 @@ def bed_of(n: int) -> Iterator[object]:
     signal.signal(signal.SIGTERM, on_term)
     log(f"building a test bed of {n} hosts ...")
     started = time.monotonic()
-    bed = build_testbed(n)
+    bed = build_testbed(n, **options)  # type: ignore[arg-type]
     log(f"  built in {time.monotonic() - started:.1f} s (subnet {bed.subnet})")
     try:
         yield bed
@@ -362,6 +414,7 @@ def save_raw(name: str, data: object) -> None:
     def plain(obj: object) -> object:
         if isinstance(obj, Series):
             return {"times": obj.times, "cpu": [s.cpu for s in obj.samples],
+                    "hosts_cpu": [s.hosts_cpu for s in obj.samples],
                     "peak_rss_kib": [s.peak_rss_kib for s in obj.samples]}
         if isinstance(obj, dict):
             return {str(k): plain(v) for k, v in obj.items()}

@@ -69,11 +69,14 @@ fi
 echo @@peers
 if [ -n "$6" ]; then
   set -f
-  pids=
+  # A few logins at a time (each host's list starts after itself): all at once, 64 hosts
+  # would each see 63 logins in progress, past sshd's MaxStartups (default 10), which drops them.
+  pids=; running=0
   for peer in $6; do
     ( msg=$(ssh $7 "$peer" true 2>&1 </dev/null); rc=$?
       echo "$peer $rc $(printf '%s' "$msg" | tail -n 1)" ) &
-    pids="$pids $!"
+    pids="$pids $!"; running=$((running + 1))
+    if [ "$running" -ge 8 ]; then wait $pids; pids=; running=0; fi
   done
   wait $pids  # not nvidia-smi, which may never end
 fi

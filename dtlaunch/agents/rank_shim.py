@@ -10,7 +10,9 @@ How it reaches the hosts: inline, `python -I -S -c <this file, compressed> <enco
 (see `wrap_program`), so dtlaunch need not be installed where the ranks run. This module
 therefore uses the standard library only (no dtlaunch imports) and stays valid Python 3.7.
 Every rank pays its start-up before the program's own, so it imports only what it needs (no
-`typing`, `json`, `base64` or `re` at run time): about 30 ms of CPU per rank, not 65.
+`typing`, `json`, `base64`, `re`, `subprocess`, `contextlib` or `signal`'s enum wrapper at run
+time; the program is started with fork and exec): about 20 ms of CPU per rank, not 65. On one
+machine holding 128 ranks (a test bed) that is seconds.
 
 Records, one per line (protocol version 2; the payload is escaped, not encoded):
 
@@ -32,15 +34,18 @@ does not tag needs each record to be one atomic write: at most PIPE_BUF bytes, t
 
 from __future__ import annotations  # no annotation is evaluated at run time
 
+# ruff: noqa: SIM105  (try/except/pass here: contextlib would cost every rank its import)
 import binascii
-import contextlib
 import os
 import select
-import signal
-import subprocess
 import sys
 import time
 import zlib
+
+try:  # the C module itself: `signal` adds enums, which cost every rank ~5 ms to import
+    import _signal as signal
+except ImportError:  # not CPython
+    import signal  # type: ignore[no-redef]
 
 TYPE_CHECKING = False  # the checkers' name for it: the typing module is never imported here
 if TYPE_CHECKING:
@@ -158,9 +163,111 @@ def _child_setup() -> None:
     _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
+def _spawn(program: List[str], keep: Tuple[int, ...]) -> Tuple[int, Tuple[int, int]]:
+    """Start the program (what subprocess.Popen would do, without importing it): stdin from
+    /dev/null, stdout and stderr into pipes, `keep` inherited, every other descriptor closed.
+    Returns its pid and the pipes' read ends; raises OSError when it cannot be started."""
+    out_r, out_w = os.pipe()  # os.pipe's descriptors close on exec
+    err_r, err_w = os.pipe()
+    fail_r, fail_w = os.pipe()  # closes on a successful exec; carries errno otherwise
+    null = os.open(os.devnull, os.O_RDONLY)
+    pid = os.fork()
+    if pid == 0:
+        code = 0
+        try:
+            _child_setup()
+            # What the shim ignores (SIGPIPE) the program must not inherit, as Popen's
+            # restore_signals does.
+            for name in ("SIGPIPE", "SIGXFZ", "SIGXFSZ"):
+                if hasattr(signal, name):
+                    signal.signal(getattr(signal, name), signal.SIG_DFL)
+            os.dup2(null, 0)
+            os.dup2(out_w, 1)
+            os.dup2(err_w, 2)
+            for fd in keep:
+                os.set_inheritable(fd, True)
+            # What the MPI daemon left inheritable stays with the shim, not the program.
+            for fd in _open_fds():
+                if fd > 2 and fd not in keep and fd != fail_w:
+                    try:
+                        os.close(fd)
+                    except OSError:
+                        pass
+            os.execvp(program[0], program)
+        except OSError as exc:
+            code = exc.errno or 0
+        finally:
+            try:
+                os.write(fail_w, str(code).encode("ascii"))
+            finally:
+                os._exit(127)
+    for fd in (out_w, err_w, fail_w, null):
+        os.close(fd)
+    failed = b""
+    while True:
+        piece = os.read(fail_r, 32)
+        if not piece:
+            break
+        failed += piece
+    os.close(fail_r)
+    if failed:
+        os.waitpid(pid, 0)
+        os.close(out_r)
+        os.close(err_r)
+        code = int(failed) if failed.isdigit() else 0
+        raise OSError(code, os.strerror(code))
+    return pid, (out_r, err_r)
+
+
+def _open_fds() -> List[int]:
+    """This process's open descriptors (from /proc: a loop up to the limit could be a million
+    calls), or every number below a small limit where /proc is missing."""
+    try:
+        return [int(name) for name in os.listdir("/proc/self/fd")]
+    except OSError:
+        return list(range(3, 1024))
+
+
 def _descendants(root: int) -> List[int]:
     """Every live process below `root`, read from /proc (orphans are reparented to the shim,
     which is their subreaper, so the tree holds everything the program left)."""
+    if os.path.exists("/proc/%d/task/%d/children" % (root, root)):
+        return _walk_children(root)
+    return _scan_proc(root)
+
+
+def _walk_children(root: int) -> List[int]:
+    """The tree below `root` from each thread's `children` file: it reads the few processes of
+    the tree, where a scan reads every process on the machine (hundreds on a node with many
+    ranks, each rank's shim reading them all more than once)."""
+    found: List[int] = []
+    todo = [root]
+    while todo:
+        pid = todo.pop()
+        try:
+            tids = os.listdir("/proc/%d/task" % pid)
+        except OSError:
+            continue  # gone meanwhile
+        for tid in tids:
+            try:
+                with open("/proc/%d/task/%s/children" % (pid, tid), "rb") as handle:
+                    kids = [int(k) for k in handle.read().split()]
+            except (OSError, ValueError):
+                continue
+            for kid in kids:
+                try:
+                    with open("/proc/%d/stat" % kid, "rb") as handle:
+                        state = handle.read().rsplit(b")", 1)[1].split()[0]
+                except (OSError, IndexError):
+                    continue
+                if state != b"Z":
+                    found.append(kid)
+                    todo.append(kid)
+    return found
+
+
+def _scan_proc(root: int) -> List[int]:
+    """`_descendants` where the kernel has no `children` files: every process's parent."""
     children: Dict[int, List[int]] = {}
     try:
         names = os.listdir("/proc")
@@ -187,8 +294,10 @@ def _descendants(root: int) -> List[int]:
 
 def _kill(pids: List[int], signum: int) -> None:
     for pid in pids:
-        with contextlib.suppress(OSError):
+        try:
             os.kill(pid, signum)
+        except OSError:
+            pass
 
 
 def _pmi_fds() -> Tuple[int, ...]:
@@ -209,7 +318,8 @@ class Shim:
         self.signals: List[int] = []
         self.status: Optional[int] = None  # the program's wait status
         self.ended_at = 0.0  # when the program ended (time.time()), for the exit record
-        self.proc: Optional["subprocess.Popen[bytes]"] = None
+        self.pid: Optional[int] = None  # the program's
+        self.pipes: Tuple[int, ...] = ()  # its stdout's and stderr's read ends
         self.out_broken = False
 
     def send(self, kind: str, payload: bytes) -> None:
@@ -233,9 +343,7 @@ class Shim:
     def start(self) -> Optional[int]:
         """Start the program; returns an exit code when it cannot be started."""
         try:
-            self.proc = subprocess.Popen(self.program, stdin=subprocess.DEVNULL,
-                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                         preexec_fn=_child_setup, pass_fds=_pmi_fds())
+            self.pid, self.pipes = _spawn(self.program, _pmi_fds())
         except OSError as exc:
             why = exc.strerror or str(exc)
             self.send(STDERR, ("dtlaunch: cannot run %s: %s\n" % (self.program[0], why))
@@ -252,26 +360,27 @@ class Shim:
                 return
             if pid == 0:
                 return
-            if self.proc is not None and pid == self.proc.pid:
+            if pid == self.pid:
                 self.status = status
                 self.ended_at = time.time()
-                self.proc.returncode = 0  # reaped here; keeps Popen from waiting again
 
     def _signal_program(self, signum: int) -> None:
-        assert self.proc is not None
+        assert self.pid is not None
         if self.status is None:
-            with contextlib.suppress(OSError):
-                os.killpg(self.proc.pid, signum)
+            try:
+                os.killpg(self.pid, signum)
+            except OSError:
+                pass
         _kill(_descendants(os.getpid()), signal.SIGTERM if signum == signal.SIGINT else signum)
 
     def run(self) -> int:
         """Forward output until the program has ended and nothing it started is left."""
-        assert self.proc is not None and self.proc.stdout and self.proc.stderr
+        assert self.pid is not None and len(self.pipes) == 2
         wake_r, wake_w = os.pipe()
         for fd in (wake_r, wake_w):
             os.set_blocking(fd, False)
         signal.set_wakeup_fd(wake_w)
-        streams = {self.proc.stdout.fileno(): STDOUT, self.proc.stderr.fileno(): STDERR}
+        streams = {self.pipes[0]: STDOUT, self.pipes[1]: STDERR}
         kill_at: Optional[float] = None  # when what is left gets SIGKILL
         drain_until: Optional[float] = None
         handled = 0
@@ -319,8 +428,10 @@ class Shim:
         got = False
         for fd in ready:
             if fd == wake:
-                with contextlib.suppress(OSError):
+                try:
                     os.read(fd, 512)
+                except OSError:
+                    pass
                 continue
             data = os.read(fd, READ_SIZE)
             if not data:
@@ -350,8 +461,10 @@ def _die_like(status: int) -> NoReturn:
             resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # the program's core, not ours
         except (ImportError, ValueError, OSError):
             pass
-        with contextlib.suppress(OSError, ValueError):  # SIGKILL has no handler to reset
+        try:
             signal.signal(signum, signal.SIG_DFL)
+        except (OSError, ValueError):  # SIGKILL has no handler to reset
+            pass
         signal.pthread_sigmask(signal.SIG_UNBLOCK, [signum])
         os.kill(os.getpid(), signum)
         os._exit(128 + signum)  # a signal whose default is not to die

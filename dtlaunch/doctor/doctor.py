@@ -57,9 +57,20 @@ def local_launcher(name: str = "mpirun") -> str:
     return os.path.abspath(found) if found else ""
 
 
+def rotated_peers(hosts: list[str], host: str) -> tuple[str, ...]:
+    """The other hosts, starting after `host`: every host logs in to its peers a few at a
+    time (the probe's batches), and were the lists all in one order, every host would log in
+    to the same few hosts at once, past sshd's MaxStartups (default 10 logins in progress)."""
+    others = [h for h in hosts if h != host]
+    if host not in hosts:
+        return tuple(others)
+    at = hosts.index(host)
+    return tuple(h for h in hosts[at + 1:] + hosts[:at] if h != host)
+
+
 def probe_args(request: DoctorRequest, host: str | None) -> ProbeArgs:
     remote_hosts = [h for h in request.hosts if h not in local_names()]
-    peers = tuple(h for h in remote_hosts if h != host) if request.expect.pairwise and host else ()
+    peers = rotated_peers(remote_hosts, host) if request.expect.pairwise and host else ()
     return ProbeArgs(
         python=request.expect.python,
         script=request.expect.script,

@@ -20,12 +20,17 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 REQUIRED_TOOLS = ("ip", "nsenter", "unshare", "ssh", "ssh-keygen", "mpirun")
+# Hosts set up (or torn down) at once; the work is mostly waiting on `ip` and ssh-keygen.
+BUILD_WORKERS = 8
+# Host i gets the subnet's address 10 + i: a /24 holds this many.
+MAX_HOSTS = 244
 
 
 def missing_requirements() -> str | None:
@@ -102,6 +107,9 @@ class TestBed:
     known_hosts: Path
     ssh_config: Path
     names_resolve: bool = False  # each host resolves every bed host's name (its own too)
+    # sshd's limit on connections not yet logged in (its default is 10:30:100): the bed's is
+    # high so that tests never meet it; a benchmark may ask for the default.
+    max_startups: str = "200"
     _closed: bool = field(default=False, repr=False)
     __test__ = False  # not a pytest test class
 
@@ -190,7 +198,7 @@ class TestBed:
             "KbdInteractiveAuthentication no",
             "UsePAM no",
             "StrictModes no",
-            "MaxStartups 200",
+            f"MaxStartups {self.max_startups}",
             "MaxSessions 200",
             "LogLevel ERROR",
             *h.sshd_extra,
@@ -198,7 +206,7 @@ class TestBed:
         config.write_text("\n".join(lines) + "\n")
         return config
 
-    def start_sshd(self, host: BedHost | str) -> None:
+    def start_sshd(self, host: BedHost | str, wait: bool = True) -> None:
         h = self.host(host) if isinstance(host, str) else host
         config = self._write_sshd_config(h)
         # ip netns exec -> unshare a UTS namespace -> set the hostname -> exec sshd (same pid).
@@ -219,7 +227,8 @@ class TestBed:
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True,
         )
-        self._wait_listening(h)
+        if wait:
+            self._wait_listening(h)
 
     def _wait_listening(self, h: BedHost, timeout: float = 15) -> None:
         deadline = time.monotonic() + timeout
@@ -285,7 +294,8 @@ class TestBed:
         if self._closed:
             return
         self._closed = True
-        for h in self.hosts:
+
+        def end(h: BedHost) -> None:
             # Every process in the namespace: sshd, sessions, anything a failed test left.
             for pid in self.pids_in(h):
                 with contextlib.suppress(ProcessLookupError):
@@ -294,8 +304,23 @@ class TestBed:
                 with contextlib.suppress(Exception):
                     h.sshd.wait(5)
             _run("ip", "netns", "del", h.netns, check=False)
+
+        _each(self.hosts, end)
         _run("ip", "link", "del", self.bridge, check=False)
         shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def _each(hosts: Sequence[BedHost], work: Callable[[BedHost], None]) -> None:
+    """work(host) for every host, a few at a time (a bed of 128 hosts builds in seconds, not a
+    minute); every host is done even when one fails, then the first error is raised."""
+    if len(hosts) <= 1:
+        for h in hosts:
+            work(h)
+        return
+    with ThreadPoolExecutor(max_workers=min(BUILD_WORKERS, len(hosts))) as pool:
+        futures = [pool.submit(work, h) for h in hosts]
+    for future in futures:
+        future.result()
 
 
 # What every Docker host carries: a bridge with the same address (Docker's default) and, while a
@@ -315,11 +340,14 @@ def _add_docker0(netns: str) -> None:
 
 
 def build_testbed(n: int, sshd_extra: Mapping[str, Sequence[str]] | None = None,
-                  docker0: bool = False, names_resolve: bool = False) -> TestBed:
+                  docker0: bool = False, names_resolve: bool = False,
+                  max_startups: str = "200") -> TestBed:
     """Build n hosts named h1..hn. The caller must close() it (or use `testbed()`).
 
     docker0: give every host a bridge `docker0` with the same 172.17.0.1/16, as Docker does
     (inside each host's namespace; removed with it)."""
+    if not 1 <= n <= MAX_HOSTS:
+        raise ValueError(f"a test bed has 1 to {MAX_HOSTS} hosts (one /24), not {n}")
     tag = secrets.token_hex(3)
     subnet = _pick_subnet()
     addrs = list(subnet.hosts())
@@ -336,6 +364,7 @@ def build_testbed(n: int, sshd_extra: Mapping[str, Sequence[str]] | None = None,
         hosts=hosts, subnet=str(subnet), gateway=gateway, bridge=bridge, workdir=workdir,
         client_key=workdir / "id_ed25519", known_hosts=workdir / "known_hosts",
         ssh_config=workdir / "ssh_config", names_resolve=names_resolve,
+        max_startups=max_startups,
     )
     atexit.register(bed.close)
     try:
@@ -346,23 +375,26 @@ def build_testbed(n: int, sshd_extra: Mapping[str, Sequence[str]] | None = None,
         _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"dtlaunch-bed-{tag}",
              "-f", str(bed.client_key))
         client_pub = bed.client_key.with_suffix(".pub").read_text()
-        known: list[str] = []
-        for i, h in enumerate(hosts, start=1):
+
+        def make(h: BedHost) -> None:
+            i = hosts.index(h) + 1
             h.dir.mkdir()
             veth = f"dtv{tag}{i}"
             _run("ip", "netns", "add", h.netns)
             _run("ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0",
                  "netns", h.netns)
             _run("ip", "link", "set", veth, "master", bridge, "up")
-            for argv in (["ip", "addr", "add", f"{h.address}/{subnet.prefixlen}", "dev", "eth0"],
-                         ["ip", "link", "set", "eth0", "up"],
-                         ["ip", "link", "set", "lo", "up"]):
-                _run("ip", "netns", "exec", h.netns, *argv)
+            # `ip -n` enters the namespace itself: one process per step, not two.
+            _run("ip", "-n", h.netns, "addr", "add", f"{h.address}/{subnet.prefixlen}", "dev", "eth0")
+            _run("ip", "-n", h.netns, "link", "set", "eth0", "up")
+            _run("ip", "-n", h.netns, "link", "set", "lo", "up")
             if docker0:
                 _add_docker0(h.netns)
             _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(h.host_key))
             h.authorized_keys.write_text(client_pub)
-            known.append(f"{h.name},{h.address} {h.host_key.with_suffix('.pub').read_text()}")
+
+        _each(hosts, make)
+        known = [f"{h.name},{h.address} {h.host_key.with_suffix('.pub').read_text()}" for h in hosts]
         bed.known_hosts.write_text("".join(known))
         config = [
             *(f"Host {h.name}\n  HostName {h.address}\n" for h in hosts),
@@ -378,8 +410,10 @@ def build_testbed(n: int, sshd_extra: Mapping[str, Sequence[str]] | None = None,
             "  LogLevel ERROR\n",
         ]
         bed.ssh_config.write_text("".join(config))
+        # Every sshd starts at once, then each is waited for.
         for h in hosts:
-            bed.start_sshd(h)
+            bed.start_sshd(h, wait=False)
+        _each(hosts, bed._wait_listening)
     except BaseException:
         bed.close()
         raise

@@ -29,3 +29,32 @@ def test_the_steady_rate_leaves_out_the_warm_up_and_weighs_time_not_rates() -> N
     # Equal intervals of work: at 100 and 300 words/s they take 3:1 of the time -> 150 overall.
     assert steady_rate([10.0, 100.0, 300.0]) == pytest.approx(150.0)
     assert steady_rate([42.0]) == pytest.approx(42.0)  # nothing after the warm-up: keep it
+
+
+def _lines(rank: int, count: int, tag: str) -> list[bytes]:
+    out = []
+    for i in range(count):
+        head = b"rank %d line %d " % (rank, i)
+        out.append(tag.encode() + head + b"x" * (63 - len(head)) + b"\n")
+    return out
+
+
+def test_the_output_check_wants_every_line_whole_under_its_own_tag(tmp_path: Path) -> None:
+    from scale_output import check
+
+    hosts = ["h2", "h3"]  # ranks 0, 1 on h2 and 2, 3 on h3
+    good = [ln for r in range(4) for ln in _lines(r, 5, f"[{r}@{hosts[r // 2]}] ")]
+    path = tmp_path / "out"
+    path.write_bytes(b"".join([b"dtlaunch: a launcher line\n", *good]))
+    assert check(path, hosts, 5, dtlaunch=True) == "ok"
+    wrong_host = [ln.replace(b"[3@h3]", b"[3@h2]") for ln in good]
+    path.write_bytes(b"".join(wrong_host))
+    assert "5 mistagged" in check(path, hosts, 5, dtlaunch=True)
+    cut = [*good[:3], good[3][:20] + b"\n", b"[0@h2] " + good[3][20:], *good[4:]]
+    path.write_bytes(b"".join(cut))
+    assert check(path, hosts, 5, dtlaunch=True).startswith("1 lines cut by a tag, 0 mistagged, 1 of 4")
+    mpi = [ln for r in range(4) for ln in _lines(r, 5, f"[1,{r}]<stdout>:")]
+    path.write_bytes(b"".join(mpi))
+    assert check(path, hosts, 5, dtlaunch=False) == "ok"
+    path.write_bytes(b"".join(mpi[:-1]))  # a line missing
+    assert "1 of 4 ranks short" in check(path, hosts, 5, dtlaunch=False)

@@ -217,3 +217,15 @@ def test_a_gloo_job_needs_no_mpi_but_horovod_with_gloo():
     without = facts(python=PythonFacts(**{**PY.__dict__, "controllers": ("MPI",)}))
     check = report(without, gloo).hosts[1].check("horovod")
     assert check is not None and check.status == FAIL and "without Gloo" in check.detail
+
+
+def test_pairwise_logins_start_after_each_host():
+    # Every host logs in to its peers a few at a time; in one shared order, all would log in
+    # to the first few hosts at once, past sshd's MaxStartups.
+    from dtlaunch.doctor.doctor import rotated_peers
+
+    hosts = ["h1", "h2", "h3", "h4"]
+    assert rotated_peers(hosts, "h3") == ("h4", "h1", "h2")
+    assert rotated_peers(hosts, "h1") == ("h2", "h3", "h4")
+    assert len({rotated_peers(hosts, h)[0] for h in hosts}) == len(hosts)
+    assert rotated_peers(hosts, "elsewhere") == tuple(hosts)

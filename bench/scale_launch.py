@@ -1,0 +1,301 @@
+"""Launch at scale: a tiny MPI job (C: MPI_Init + one allreduce, `scripts/tiny_mpi.c`) on 8, 32
+and 64 test-bed hosts x 2 slots, started from a separate login host (h1, not in the job) by a
+hand-written `mpirun`/`mpiexec` line, `dtlaunch run` (warm and cold pre-flight, `--tree-spawn`)
+and `horovodrun`, for Open MPI (the system's) and MPICH (its venv), side by side in one run.
+
+The job is not Python: 128 ranks importing torch on 2 cores would time the imports, not the
+launcher. The login host runs no rank, so the launcher's CPU (a cgroup holding the launcher and
+everything it starts there: ssh clients, dtlaunch's ssh agents) is the launcher's alone.
+
+    python bench/scale_launch.py [--reps 3] [--hosts 8,32,64] [--mpis openmpi4,mpich]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from common import (
+    PYTHON,
+    RESULTS,
+    SCRIPTS,
+    Sample,
+    Series,
+    bed_of,
+    cpu_group,
+    fmt_s,
+    horovodrun_path,
+    loadavg,
+    log,
+    machine_info,
+    md_table,
+    ratio,
+    round_robin,
+    save_raw,
+    ssh_wrapper,
+    timed,
+    worktree_env,
+)
+
+SOURCE = SCRIPTS / "tiny_mpi.c"
+VENVS = Path(os.environ.get("DTLAUNCH_MPI_VENVS") or Path.home() / ".cache" / "dtlaunch" / "mpi-venvs")
+GOAL = 1.05  # dtlaunch / the hand-written line
+SLOTS = 2
+CACHE_REFRESH_S = 200.0  # the pre-flight cache lives 300 s
+HAND = {"openmpi4": "mpirun (by hand)", "mpich": "mpiexec (by hand)"}
+MPI_TITLE = {"openmpi4": "Open MPI 4", "mpich": "MPICH"}
+
+
+def mpi_env(name: str) -> tuple[str, dict[str, str], str] | None:
+    """(python, environment, mpicc) for one MPI, or None when its venv is missing."""
+    env = worktree_env()
+    if name == "openmpi4":
+        return PYTHON, env, "mpicc"
+    folder = VENVS / name / "bin"
+    if not (folder / "python").exists():
+        return None
+    env["PATH"] = f"{folder}{os.pathsep}{env['PATH']}"
+    return str(folder / "python"), env, str(folder / "mpicc")
+
+
+def hand_argv(name: str, hosts: list[str], job: str, cfg: str, ssh_dir: Path) -> list[str]:
+    """What a user types for that MPI (its defaults otherwise: Open MPI 4 spawns its daemons as
+    a tree), with the bed's ssh config."""
+    spec = ",".join(f"{h}:{SLOTS}" for h in hosts)
+    n = str(SLOTS * len(hosts))
+    if name == "mpich":
+        return ["mpiexec", "-n", n, "-hosts", spec, "-launcher", "ssh",
+                "-launcher-exec", str(ssh_dir / "ssh"), "-iface", "eth0",
+                "-genvlist", "PATH,OMP_NUM_THREADS", job]
+    return ["mpirun", "--allow-run-as-root", "-np", n, "-H", spec, "--bind-to", "none",
+            "--map-by", "slot", "--mca", "pml", "ob1", "--mca", "btl", "self,vader,tcp",
+            "--mca", "btl_tcp_if_include", "eth0", "--mca", "oob_tcp_if_include", "eth0",
+            "--mca", "plm_rsh_args", f"-F {cfg}", "-x", "PATH", "-x", "OMP_NUM_THREADS", job]
+
+
+def measure(counts: list[int], reps: int, mpis: list[str], cold: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {"sizes": {}, "load": "", "versions": {}}
+    start_load = loadavg()
+    tmp = Path(tempfile.mkdtemp(prefix="dtlaunch-bench-scale-"))
+    try:
+        setups: dict[str, tuple[str, dict[str, str], str]] = {}
+        for name in mpis:
+            setup = mpi_env(name)
+            if setup is None:
+                log(f"{name}: no venv at {VENVS / name}, left out")
+                continue
+            python, env, mpicc = setup
+            job = tmp / f"tiny_{name}"
+            subprocess.run([mpicc, "-O2", "-o", str(job), str(SOURCE)], env=env, check=True)
+            setups[name] = (python, env, str(job))
+            launcher = "mpiexec" if name == "mpich" else "mpirun"
+            version = subprocess.run([launcher, "--version"], env=env, capture_output=True,
+                                     text=True).stdout.strip().splitlines()
+            found = next((ln.strip() for ln in version if "Version" in ln or "Open MPI" in ln), "?")
+            # Hydra prints "Version:   5.0.2"; Open MPI "mpirun (Open MPI) 4.1.4".
+            out["versions"][name] = " ".join(found.replace("Version:", "MPICH").split())
+        # One bed: h1 is the login host, the job runs on h2..h(N+1).
+        with bed_of(max(counts) + 1) as bed, ssh_wrapper(bed.ssh_config) as wrap, \
+                cpu_group([h.sshd.pid for h in bed.hosts]) as hosts_group:  # type: ignore[attr-defined]
+            cfg = str(bed.ssh_config)  # type: ignore[attr-defined]
+            for n in counts:
+                hosts = bed.names[1:n + 1]  # type: ignore[attr-defined]
+                addrs = [h.address for h in bed.hosts[1:n + 1]]  # type: ignore[attr-defined]
+                spec = ",".join(f"{h}:{SLOTS}" for h in hosts)
+                tools: dict[str, Callable[[], Sample]] = {}
+                caches: list[Path] = []
+                for name, (python, env, job) in setups.items():
+                    tools.update(_tools(name, bed, python, env, job, hosts, addrs, spec, cfg, wrap,
+                                        tmp, caches, cold, hosts_group[1] if hosts_group else None))
+                before = loadavg()
+                # Warm-up: every launcher on the smallest size (page cache, Python's bytecode);
+                # on the larger ones only the warm pre-flights, which fill their caches.
+                first = n == min(counts)
+                series = round_robin(tools, reps, warmup=1, label=f"launch {n} hosts",
+                                     warmup_only=None if first else [t for t in tools if "warm" in t])
+                out["sizes"][n] = {"series": series, "load": f"{before} → {loadavg()}"}
+                for cache in caches:
+                    shutil.rmtree(cache, ignore_errors=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    out["load"] = f"{start_load} → {loadavg()}"
+    return out
+
+
+def _tools(name: str, bed: Any, python: str, env: dict[str, str], job: str, hosts: list[str],
+           addrs: list[str], spec: str, cfg: str, wrap: Path, tmp: Path, caches: list[Path],
+           cold: bool, hosts_cpu: Callable[[], float] | None) -> dict[str, Callable[[], Sample]]:
+    title = MPI_TITLE[name]
+    n = SLOTS * len(hosts)
+
+    def inside(argv: list[str], e: dict[str, str]) -> Sample:
+        before = hosts_cpu() if hosts_cpu else 0.0
+        sample = timed(bed.nsenter_argv("h1", argv), env=e, watch_rss=True, group_cpu=True,
+                       timeout=600)
+        sample.hosts_cpu = (hosts_cpu() - before) if hosts_cpu else float("nan")
+        if "allreduce over" not in sample.stdout:
+            raise RuntimeError(f"{argv[:3]}: no allreduce line in {sample.stdout[-500:]!r}, "
+                               f"stderr {sample.stderr[-1500:]!r}")
+        return sample
+
+    def warm_run(dt: list[str], e: dict[str, str]) -> Callable[[], Sample]:
+        folder = Path(e["XDG_CACHE_HOME"]) / "dtlaunch"
+
+        def run() -> Sample:
+            # The cache lives 5 minutes; refresh it (untimed) before it can expire mid-sample.
+            stamps = [f.stat().st_mtime for f in folder.glob("preflight-*.json")]
+            if stamps and time.time() - max(stamps) > CACHE_REFRESH_S:
+                for f in folder.glob("preflight-*.json"):
+                    f.unlink()
+                inside(dt, e)
+            sample = inside(dt, e)
+            if stamps and "(cached)" not in sample.stderr:
+                log(f"  warning: {dt[3:6]} missed its warm pre-flight cache")
+            return sample
+        return run
+
+    cache = Path(tempfile.mkdtemp(prefix="dtlaunch-bench-cache-", dir=tmp))
+    caches.append(cache)
+    warm_env = dict(env, XDG_CACHE_HOME=str(cache))
+    dt = [python, "-m", "dtlaunch", "run", "-v", "-H", spec, "--iface", "eth0", "--ssh-config", cfg]
+    tools: dict[str, Callable[[], Sample]] = {
+        f"{title}: {HAND[name]}": lambda: inside(hand_argv(name, hosts, job, cfg, wrap), env),
+        f"{title}: dtlaunch (warm pre-flight)": warm_run([*dt, job], warm_env),
+    }
+    if cold and name == "openmpi4":  # one MPI is enough: the checks are the same
+        tools[f"{title}: dtlaunch (cold pre-flight)"] = lambda: inside(
+            [*dt, job], dict(env, DTLAUNCH_PREFLIGHT_CACHE="0"))
+    if name == "openmpi4":
+        # Its pre-flight would check every pair of hosts (N x (N-1) logins); see the report.
+        tools[f"{title}: dtlaunch --tree-spawn --no-check"] = lambda: inside(
+            [*dt, "--tree-spawn", "--no-check", job], env)
+    # horovodrun 0.28.1 finds MPICH by the word "MPICH" in `mpirun --version`, which MPICH 5's
+    # Hydra no longer prints: it refuses to start ("does not find an installed MPI").
+    hvd = horovodrun_path() if name == "openmpi4" else None
+    if hvd:
+        # horovodrun finds the local host with DNS; the bed's names live only in its ssh config.
+        hvd_env = dict(env, PATH=f"{wrap}{os.pathsep}{env['PATH']}")
+        tools[f"{title}: horovodrun"] = lambda: inside(
+            [hvd, "-np", str(n), "-H", ",".join(f"{a}:{SLOTS}" for a in addrs),
+             "--network-interface", "eth0", "--disable-cache", job], hvd_env)
+    return tools
+
+
+def plot(res: dict[str, Any], path: Path) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log("matplotlib is not installed: no PNG")
+        return False
+    counts = sorted(res["sizes"])
+    names = list(res["sizes"][counts[0]]["series"])
+    titles = [t for t in MPI_TITLE.values() if any(n.startswith(t + ":") for n in names)]
+    fig, axes = plt.subplots(2, len(titles), figsize=(6 * len(titles), 7.5), squeeze=False)
+    for col, title in enumerate(titles):
+        for name in (n for n in names if n.startswith(title + ":")):
+            label = name.split(": ", 1)[1]
+            for row, value in ((0, "median"), (1, "cpu_median")):
+                axes[row][col].plot(counts, [getattr(res["sizes"][c]["series"][name], value)
+                                             for c in counts], "-o", label=label)
+        axes[0][col].set_title(f"{title}: tiny MPI job, {SLOTS} ranks per host")
+        axes[0][col].set_ylabel("wall time, s (median)")
+        axes[1][col].set_ylabel("launcher CPU on the login host, s (median)")
+        for row in (0, 1):
+            ax = axes[row][col]
+            ax.set_xlabel("hosts")
+            ax.set_xticks(counts)
+            ax.set_ylim(bottom=0)
+            ax.grid(True, alpha=0.3)
+            ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True
+
+
+def report(res: dict[str, Any], reps: int, command: str, png: str | None) -> str:
+    info = machine_info()
+    parts = ["## Launch at scale: a tiny MPI job on 8 to 64 hosts × 2 slots", "",
+             f"Command (as root, from the repository root): `{command}`  ",
+             f"Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; machine: "
+             f"{info['cores (nproc)']} cores ({info['CPU']}), {info['memory']}, shared with "
+             f"other work; load average {res['load']} (1, 5, 15 min, start → end).  ",
+             "MPIs: " + "; ".join(f"{MPI_TITLE[k]}: {v}" for k, v in res["versions"].items()),
+             "", f"Medians of {reps} repetitions (min–max) after a dropped warm-up round; "
+             f"ratios to that MPI's hand-written line (the warm-up round: every launcher on the "
+             f"smallest size, only the warm pre-flights on the others). Goal: dtlaunch ≤ {GOAL:.2f} × at every "
+             "size, and its CPU growing no faster than linearly with the hosts.", ""]
+    for n in sorted(res["sizes"]):
+        size = res["sizes"][n]
+        series: dict[str, Series] = size["series"]
+        rows = []
+        for name, s in series.items():
+            title = name.split(":", 1)[0]
+            base = next(v for k, v in series.items() if k.startswith(title + ":") and "by hand" in k)
+            r = ratio(s.median, base.median)
+            goal = ("met" if r <= GOAL else "MISSED") if "dtlaunch" in name and "cold" not in name else ""
+            rows.append([name, fmt_s(s), f"{r:.2f}", f"{s.median - base.median:+.2f}",
+                         f"{s.cpu_median:.2f}", f"{s.cpu_median / n:.3f}",
+                         f"{s.hosts_cpu_median:.1f}", f"{s.peak_rss_mib:.0f}", goal])
+        parts += [f"**{n} hosts, {SLOTS * n} ranks** (load average {size['load']})", "",
+                  md_table(["launcher", "wall s, median (min–max)", "× by hand", "overhead s",
+                            "launcher CPU s", "CPU s per host", "hosts' CPU s",
+                            "launcher peak RSS MiB",
+                            f"goal ≤ {GOAL:.2f}"], rows), ""]
+    if png:
+        parts += [f"![launch time and launcher CPU against hosts]({png})", ""]
+    parts += [
+        "Method: one test bed of 65 hosts (network namespaces on a bridge, one sshd each, all "
+        "on this machine's 2 cores); every launcher runs inside h1, which runs no rank, with "
+        "`eth0`; the job runs on h2 to h(N+1). Each repetition runs every launcher once, the "
+        "order rotating. \"Launcher CPU\" is user + system time of a cgroup holding the "
+        "launcher and everything it started on h1 (ssh clients, dtlaunch's ssh agents, Hydra's "
+        "local proxy launcher), counted whether or not the processes were reaped; the hosts' "
+        "sshd, login shells, daemons and ranks are not in it. RSS is the launcher process's "
+        "own VmHWM. \"Hosts' CPU\" is the same for a cgroup holding every host's sshd, and so everything started over ssh (sessions, login shells, MPI daemons, the rank shims, the ranks): the work the launch puts on the hosts, which here share the launcher's 2 cores. The warm pre-flight is a cache hit (refreshed, untimed, when older than "
+        "200 s), which still checks every host's key over SSH; the cold one "
+        "(`DTLAUNCH_PREFLIGHT_CACHE=0`) runs every check on every host. `--tree-spawn` runs "
+        "with `--no-check`: its pre-flight also checks every pair of hosts, N × (N−1) logins "
+        "(see \"At scale\" in docs/run.md). The hand-written Open MPI line keeps Open MPI 4's "
+        "default tree spawn; dtlaunch turns it off unless `--tree-spawn`. horovodrun 0.28.1 "
+        "(`--disable-cache`, so its SSH check runs every time) gets the hosts' addresses and an "
+        "`ssh` wrapper that adds the bed's config. horovodrun is not run with MPICH: 0.28.1 "
+        "recognises MPICH by the word \"MPICH\" in `mpirun --version`, which MPICH 5's Hydra "
+        "no longer prints, and stops with \"horovod does not find an installed MPI\".", ""]
+    return "\n".join(parts)
+
+
+def main(argv: list[str] | None = None) -> str:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--hosts", default="8,32,64")
+    parser.add_argument("--mpis", default="openmpi4,mpich")
+    parser.add_argument("--no-cold", action="store_true", help="leave out the cold pre-flight")
+    parser.add_argument("--out", default="scale_launch.md")
+    parser.add_argument("--png", default="scale_launch.png")
+    args = parser.parse_args(argv)
+    counts = [int(n) for n in args.hosts.split(",") if n]
+    res = measure(counts, args.reps, args.mpis.split(","), not args.no_cold)
+    save_raw(args.out.removesuffix(".md"), res)
+    RESULTS.mkdir(exist_ok=True)
+    png = args.png if args.png and plot(res, RESULTS / args.png) else None
+    command = "python bench/scale_launch.py " + __import__("shlex").join(argv if argv is not None else
+                                                          __import__("sys").argv[1:])
+    text = report(res, args.reps, command.strip(), png)
+    (RESULTS / args.out).write_text(text)
+    log(text)
+    return text
+
+
+if __name__ == "__main__":
+    main()
