@@ -133,7 +133,7 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmClu
     why = missing_slurm()
     if why:
         _unavailable(why)
-    testbed = build_testbed(3)
+    testbed = build_testbed(3, names_resolve=True)  # Gloo ranks resolve their own name
     try:
         cluster = start_slurm_cluster(testbed, shared=[tmp_path_factory.getbasetemp()])
         try:

@@ -397,6 +397,8 @@ class Agent:
         if not cwd or not os.path.isdir(cwd):
             cwd = None  # as MPI launchers do: the launcher's directory when the host has it
         base = dict(os.environ)
+        for name in self.job.get("unset") or ():
+            base.pop(name, None)  # srun's one-task identity, which no rank has
         base.update(self.job["env"])
         if "HOROVOD_GLOO_IFACE" not in base:
             iface = gloo_iface(self.job.get("iface_cidrs") or [],

@@ -136,3 +136,32 @@ def parse_sbatch_output(text: str) -> str:
     if match:
         return match.group(1)
     raise DtlaunchError(f"sbatch did not report a job id: {text.strip()[:200]!r}")
+
+
+_NODE_ADDR = re.compile(r"(?:^|\s)NodeName=(\S+).*?(?:^|\s)NodeAddr=(\S+)")
+
+
+def parse_node_addresses(text: str) -> dict[str, str]:
+    """`scontrol show node -o NAMES`: each node's NodeAddr, the address Slurm reaches it at."""
+    found = {}
+    for line in text.splitlines():
+        match = _NODE_ADDR.search(line)
+        if match:
+            found[match.group(1)] = match.group(2)
+    return found
+
+
+def node_addresses(nodes: Sequence[str], timeout: float = 20.0) -> dict[str, str]:
+    """Where Slurm reaches each node (its NodeAddr): a node's name need not resolve on the
+    launcher, as Slurm's own nodes list their addresses. {} when scontrol cannot tell."""
+    import subprocess
+
+    from dtlaunch.core.bounded import run_bounded
+
+    if not nodes:
+        return {}
+    try:
+        status, out = run_bounded(["scontrol", "show", "node", "-o", ",".join(nodes)], timeout)
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    return parse_node_addresses(out) if status == 0 else {}

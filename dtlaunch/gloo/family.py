@@ -45,10 +45,6 @@ class Gloo:
                               (spec.tree_spawn, "--tree-spawn")):
             if given:
                 raise UsageError(f"{option}: no MPI launcher runs under --gloo; drop it")
-        if spec.slurm:
-            raise UsageError("--gloo: inside a Slurm allocation dtlaunch does not yet start "
-                             "Gloo ranks through srun; pass --launcher ssh (with -H) to reach "
-                             "the nodes over ssh")
         # The variables by name only: their values go to the hosts on ssh's standard input.
         names = [w for var in spec.env.variables for w in ("-x", var.name)]
         return (LAUNCHER, "-np", str(spec.num_proc), "-H", format_hosts(spec.hosts), *names,

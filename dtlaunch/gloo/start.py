@@ -41,13 +41,14 @@ def is_local(host: str) -> bool:
     return host in LOOPBACK
 
 
-def source_address(host: str, ssh: SshOptions) -> str:
-    """The address this machine sends from towards `host` (after ssh config's HostName)."""
+def source_address(host: str, ssh: SshOptions, known: str | None = None) -> str:
+    """The address this machine sends from towards `host` (after ssh config's HostName, or at
+    `known`, its address as the scheduler lists it)."""
     from dtlaunch.reach.ssh_config import load_ssh_config, resolve_target
 
     target = resolve_target(host, ssh, load_ssh_config(ssh.config_file))
     try:
-        infos = socket.getaddrinfo(target.hostname, 9, type=socket.SOCK_DGRAM)
+        infos = socket.getaddrinfo(known or target.hostname, 9, type=socket.SOCK_DGRAM)
     except (OSError, UnicodeError) as exc:
         raise DtlaunchError(f"--gloo: cannot resolve host {host} ({target.hostname}) to find "
                             f"the address its ranks reach dtlaunch's rendezvous at: {exc}") from None
@@ -67,6 +68,26 @@ def remote_words(argv: Sequence[str]) -> list[str]:
     return [shlex.quote(word) for word in argv]
 
 
+# What an agent started by srun keeps of dtlaunch's environment (with Slurm's own SLURM_*):
+# srun passes all of it by default, and the agent hands its environment to the ranks, which
+# must get only the allow-list's variables (sent on standard input) and a login's basics.
+SRUN_EXPORT = ("HOME", "USER", "LOGNAME", "PATH", "LANG", "TERM")
+# The task identity srun gives the agent's one-task step: every rank would inherit "task 0 of
+# 1", which scripts that read Slurm's variables (SLURM_PROCID for the rank) would believe.
+SRUN_TASK_VARIABLES = ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_NTASKS",
+                       "SLURM_NPROCS", "SLURM_GTIDS", "SLURM_TASK_PID", "SLURM_STEP_NUM_TASKS",
+                       "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE",
+                       "SLURM_STEP_NUM_NODES", "SLURM_STEP_NODELIST", "SLURM_NTASKS_PER_NODE")
+
+
+def srun_argv(host: str, boot: Sequence[str]) -> list[str]:
+    """A one-task step on `host` running the agent's bootstrap; its standard input is the
+    agent's, as ssh's would be. srun passes argv as it is: no remote shell, no quoting."""
+    return ["srun", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={host}",
+            "--kill-on-bad-exit=1", "--quiet", "--input=all",
+            "--export=" + ",".join(SRUN_EXPORT), *boot]
+
+
 def prepare_gloo_job(
     rank_hosts: Sequence[str],
     common_env: Mapping[str, str],
@@ -78,15 +99,20 @@ def prepare_gloo_job(
     host_iface: Mapping[str, str] | None = None,
     iface_cidrs: Sequence[str] = (),
     addresses: Mapping[str, str] | None = None,
+    via_srun: bool = False,
+    node_addresses: Mapping[str, str] | None = None,
 ) -> GlooJob:
     """Start the store and describe the job for the fan-out. `addresses` (tests): the store
-    address per host instead of the route's."""
+    address per host instead of the route's. `via_srun`: inside a Slurm allocation, each
+    host's agent is started as a one-task step on its node instead of over ssh;
+    `node_addresses`: where the scheduler reaches each node, for names that do not resolve."""
     ranks = place_ranks(rank_hosts)
     hosts = list(dict.fromkeys(rank_hosts))
     where = dict(addresses or {})
     for host in hosts:
         if host not in where:
-            where[host] = "127.0.0.1" if is_local(host) else source_address(host, ssh)
+            where[host] = "127.0.0.1" if is_local(host) else source_address(
+                host, ssh, (node_addresses or {}).get(host))
     secret = new_secret()
     store = Store(sorted(set(where.values())), secret, scope_sizes(ranks))
     store.start()
@@ -106,11 +132,14 @@ def prepare_gloo_job(
                 "cwd": os.getcwd(),
                 "sweep": not is_local(host),
                 "iface_cidrs": list(iface_cidrs),
+                "unset": list(SRUN_TASK_VARIABLES) if via_srun else [],
             }
             payload = agents.gloo_packed_text() + json.dumps(job).encode("utf-8") + b"\n"
             boot = agents.gloo_boot_command(python)
             if is_local(host):
                 argv = boot
+            elif via_srun:
+                argv = srun_argv(host, boot)
             else:
                 argv = [sys.executable, "-I", "-S", agents.path("rsh.py"), host,
                         *remote_words(boot)]

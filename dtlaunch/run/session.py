@@ -327,6 +327,7 @@ def gloo_job_for(request: RunRequest, plan: RunPlan, network: NetworkChoice | No
     """A --gloo run's job (its rendezvous store started): the planned variables for every
     rank, each rank's Gloo contract, and each host's interface on the chosen network."""
     from dtlaunch.agents import PIPE_BUF, wrap_program
+    from dtlaunch.cluster.slurm import node_addresses
     from dtlaunch.gloo.ranks import host_ifaces
     from dtlaunch.gloo.start import prepare_gloo_job
     from dtlaunch.plan.plan import build_program, shim_python
@@ -337,4 +338,7 @@ def gloo_job_for(request: RunRequest, plan: RunPlan, network: NetworkChoice | No
     ifaces = host_ifaces(network.names, network.gloo_iface, hosts) if network is not None else {}
     cidrs = request.iface.cidrs if request.iface is not None else ()
     return prepare_gloo_job(plan.rank_hosts, common, program, shim_python(request), request.ssh,
-                            {}, plan.launcher_env, host_iface=ifaces, iface_cidrs=cidrs)
+                            {}, plan.launcher_env, host_iface=ifaces, iface_cidrs=cidrs,
+                            via_srun=request.launcher == "slurm",
+                            node_addresses=node_addresses(hosts) if request.launcher == "slurm"
+                            else None)

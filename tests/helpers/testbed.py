@@ -14,6 +14,7 @@ import ipaddress
 import os
 import random
 import secrets
+import shlex
 import shutil
 import signal
 import socket
@@ -149,8 +150,13 @@ class TestBed:
             # bound back from beneath that descriptor (a bind mount's source must be in the
             # caller's own mount namespace): one descriptor serves any number of them.
             kept = under_tmp(keep)
+            hosts_file = h.dir / "hosts"
+            # names_resolve: the daemon's mount namespace sees the bed's names too.
+            names = ([f"mount --bind {shlex.quote(str(hosts_file))} /etc/hosts"]
+                     if self.names_resolve and hosts_file.exists() else [])
             script = "\n".join([
                 "n=$1; shift",
+                *names,
                 "exec 3</tmp",
                 "mount -t tmpfs -o mode=1777 dtlaunch-tmp /tmp",
                 'while [ "$n" -gt 0 ]; do',

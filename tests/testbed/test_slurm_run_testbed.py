@@ -66,6 +66,31 @@ def test_run_places_ranks_on_the_allocated_nodes_and_allreduces(
     slurm_cluster.wait_idle(60)
 
 
+def test_gloo_ranks_start_through_srun_on_the_allocated_nodes(
+    slurm_cluster: SlurmCluster, tmp_path: Path, horovod: None
+) -> None:
+    """--gloo inside an allocation: each node's agent is a one-task srun step (no ssh), the
+    ranks get the Gloo contract and none of srun's one-task identity or the launcher's
+    secrets, and Horovod's allreduce over Gloo gives the right sum."""
+    proc = slurm_cluster.run(*salloc(2, "dtl-gloo"), *dtlaunch_argv(
+        "run", "--gloo", "-x", "PUBLIC_SETTING", "--iface", slurm_cluster.bed.subnet, "-np",
+        "4", PROBE, "--out", str(tmp_path), "--horovod"), timeout=300,
+        env={**os.environ, "API_TOKEN": "s3cret-token", "PUBLIC_SETTING": "on"})
+    assert proc.returncode == 0, proc.stderr
+    found = records(tmp_path)
+    assert sorted(found) == [0, 1, 2, 3]
+    assert {r["allreduce_sum"] for r in found.values()} == {10.0}
+    hosts = {str(r["host"]) for r in found.values()}
+    assert socket.gethostname() not in hosts and hosts <= set(slurm_cluster.nodes)
+    for r in found.values():
+        env = r["env"]
+        assert isinstance(env, dict)
+        assert env["HOROVOD_CONTROLLER"] == "gloo" and "SLURM_STEP_ID" in env  # srun, not ssh
+        assert "SLURM_PROCID" not in env and "OMPI_COMM_WORLD_RANK" not in env
+        assert env.get("PUBLIC_SETTING") == "on" and "API_TOKEN" not in env
+    slurm_cluster.wait_idle(60)
+
+
 def test_rank_failure_names_rank_and_node(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
     """-H picks allocated nodes; --output-dir keeps each rank's lines on the launcher."""
     logs = tmp_path / "logs"

@@ -187,16 +187,25 @@ def test_the_store_listens_only_where_it_is_told_and_says_why_it_cannot() -> Non
         Store(["192.0.2.77"], SECRET).start()  # not an address of this machine
 
 
-def test_inside_a_slurm_allocation_gloo_says_it_needs_ssh() -> None:
-    from dtlaunch.core.errors import UsageError
+def test_inside_a_slurm_allocation_each_agent_is_a_one_task_step_that_keeps_no_secret() -> None:
     from dtlaunch.gloo.family import GLOO
+    from dtlaunch.gloo.start import srun_argv
     from dtlaunch.job.hosts import Host
     from dtlaunch.plan.plan import RunRequest, plan_run
 
     request = RunRequest(hosts=(Host("n1", 1), Host("n2", 1)), python="python", script="t.py",
                          launcher="slurm", controller="gloo")
-    with pytest.raises(UsageError, match="pass --launcher ssh"):
-        plan_run(request, {}, family=GLOO)
+    slurm_env = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-2]"}
+    planned = plan_run(request, slurm_env, family=GLOO)
+    assert planned.launcher_env["SLURM_JOB_ID"] == "7"  # srun runs inside the allocation
+    argv = srun_argv("n2", ["/venv/bin/python", "-I", "-S", "-c", "boot"])
+    assert argv[:6] == ["srun", "--overlap", "--nodes=1", "--ntasks=1", "--nodelist=n2",
+                        "--kill-on-bad-exit=1"]
+    assert argv[-5:] == ["/venv/bin/python", "-I", "-S", "-c", "boot"]  # no shell, no quoting
+    export = next(a for a in argv if a.startswith("--export="))
+    # Only a login's basics: the ranks get the allow-list's variables from standard input.
+    assert export.split("=", 1)[1].split(",") == ["HOME", "USER", "LOGNAME", "PATH", "LANG",
+                                                   "TERM"]
     plan = plan_run(RunRequest(hosts=(Host("n1", 2), Host("n2", 2)), python="python",
                                script="t.py", num_proc=3, launcher="ssh", controller="gloo"),
                     {}, family=GLOO)
