@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
@@ -229,6 +230,18 @@ def steady_rate(rates: Sequence[float], drop: int = 1) -> float:
 
 def ratio(a: float, b: float) -> float:
     return a / b if b else float("nan")
+
+
+def pyplot() -> Any | None:
+    """matplotlib's pyplot drawing to files (Agg), or None when matplotlib is not installed."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    return plt
 
 
 def loadavg() -> str:

@@ -29,6 +29,7 @@ from common import (
     loadavg,
     log,
     md_table,
+    pyplot,
     ratio,
     round_robin,
     save_raw,
@@ -114,12 +115,8 @@ def measure(max_hosts: int, counts: list[int], latency_counts: list[int],
 
 
 def plot(res: dict[str, Any], path: Path) -> bool:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         log("matplotlib is not installed: no PNG")
         return False
     fig, ax = plt.subplots(figsize=(7, 4.5))

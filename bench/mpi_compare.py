@@ -45,6 +45,7 @@ from common import (
     loadavg,
     log,
     md_table,
+    pyplot,
     ratio,
     round_robin,
     sandwiched_ratios,
@@ -351,12 +352,8 @@ def shown(eff: tuple[float, float, float] | None) -> str:
 
 
 def plot(launch_res: dict[str, Any] | None, ptb_res: dict[str, Any] | None) -> str:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return "matplotlib not installed: no plot"
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
     names = [n for n in MPIS if launch_res and "series" in launch_res.get(n, {})]

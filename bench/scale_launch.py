@@ -36,6 +36,7 @@ from common import (
     log,
     machine_info,
     md_table,
+    pyplot,
     ratio,
     round_robin,
     save_raw,
@@ -189,12 +190,8 @@ def _tools(name: str, bed: Any, python: str, env: dict[str, str], job: str, host
 
 
 def plot(res: dict[str, Any], path: Path) -> bool:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         log("matplotlib is not installed: no PNG")
         return False
     counts = sorted(res["sizes"])

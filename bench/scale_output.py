@@ -33,6 +33,7 @@ from common import (
     log,
     machine_info,
     md_table,
+    pyplot,
     ratio,
     round_robin,
     save_raw,
@@ -138,12 +139,8 @@ def _measure(counts: list[int], reps: int, lines: int, out: dict[str, Any], star
 
 
 def plot(res: dict[str, Any], path: Path) -> bool:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         log("matplotlib is not installed: no PNG")
         return False
     counts = sorted(res["sizes"])
