@@ -67,8 +67,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.testbed)
         if folder == "unit" and item.get_closest_marker("testbed") is not None:
             misplaced.append(item.nodeid)
-        if used & TESTBED_FIXTURES and item.get_closest_marker("testbed") is None:
-            item.add_marker(pytest.mark.testbed)
         if "horovod" in used and item.get_closest_marker("horovod") is None:
             item.add_marker(pytest.mark.horovod)
     if misplaced:  # tests/unit/ runs without root, namespaces, sshd, Slurm or the MPI venvs

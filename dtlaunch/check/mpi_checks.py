@@ -48,8 +48,8 @@ def _alone(facts: HostFacts, impl: MpiImpl) -> CheckResult:
     if kind is None:
         return CheckResult(NAME, FAIL, f"{facts.mpirun} is {impl.name}, not an MPI dtlaunch "
                            "starts (Open MPI, MPICH, Intel MPI)", INSTALL_OMPI_HINT)
-    if impl.release and impl.release < kind.min_release:
-        least = ".".join(map(str, kind.min_release))
+    least = impl.needs_newer()
+    if least is not None:
         return CheckResult(NAME, FAIL, f"{facts.mpirun} is {_named(impl)}; dtlaunch needs "
                            f">= {least}", kind.install_hint)
     return CheckResult(NAME, PASS, _named(impl))

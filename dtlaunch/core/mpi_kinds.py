@@ -83,6 +83,14 @@ class MpiImpl:
         """What dtlaunch knows of this MPI; None for one it does not support."""
         return MPI_KINDS.get(self.name)
 
+    def needs_newer(self) -> str | None:
+        """The oldest release dtlaunch supports ("3.0") when this one is older; else None
+        (also when the version or the MPI is unknown)."""
+        least = self.kind.min_release if self.kind else ()
+        if self.release and self.release < least:
+            return ".".join(map(str, least))
+        return None
+
     @property
     def family(self) -> str | None:
         """OPEN_MPI_FAMILY, HYDRA_FAMILY, or None for an MPI no family starts."""

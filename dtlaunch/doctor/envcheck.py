@@ -276,10 +276,6 @@ class EnvReport:
         return all(i.check.status != FAIL for i in self.items)
 
 
-def env_report(facts: Mapping[str, Any], items: tuple[EnvItem, ...]) -> EnvReport:
-    return EnvReport(facts, items)
-
-
 def check_env(environ: Mapping[str, str] | None = None) -> EnvReport:
     """This machine gathered and judged: env-check's one library call."""
     facts, host = gather_env(environ)

@@ -170,10 +170,9 @@ class Hydra:
     def unsupported(self, impl: MpiImpl, program: str) -> str | None:
         if impl.name not in HYDRA_IMPLS:
             return f"{program} is {impl.name}, not MPICH or Intel MPI"
-        least = impl.kind.min_release if impl.kind else ()
-        if impl.release and impl.release < least:
-            return (f"{program} is {impl.name} {impl.version}; dtlaunch needs >= "
-                    + ".".join(map(str, least)))
+        least = impl.needs_newer()
+        if least is not None:
+            return f"{program} is {impl.name} {impl.version}; dtlaunch needs >= {least}"
         return None
 
     def _agent(self, spec: JobSpec) -> SupportFile | None:

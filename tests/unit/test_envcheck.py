@@ -18,7 +18,7 @@ from dtlaunch.check.host_checks import check_horovod
 from dtlaunch.check.mpi_checks import check_mpi
 from dtlaunch.check.report import FAIL, PASS
 from dtlaunch.console.render import env_to_dict
-from dtlaunch.doctor.envcheck import env_report, evaluate_env, gather_env
+from dtlaunch.doctor.envcheck import EnvReport, evaluate_env, gather_env
 from dtlaunch.mpi import MpiImpl
 
 
@@ -41,7 +41,7 @@ def test_healthy_machine_lists_the_facts(facts: dict[str, Any]) -> None:
         ("controllers", PASS, "MPI, Gloo"), ("tensor operations", PASS, "MPI, Gloo")]
     assert rows(items, "mpi")[:2] == [("mpirun", PASS, "/usr/bin/mpirun"),
                                            ("version", PASS, "4.1.4")]
-    report = env_to_dict(env_report(facts, items))
+    report = env_to_dict(EnvReport(facts, items))
     assert {"section": "torch", "name": "version", "value": "2.13.0", "status": "pass",
             "hint": ""} in report["items"]
 
@@ -55,7 +55,7 @@ def test_failures_carry_the_doctors_verdict_and_fix(facts: dict[str, Any]) -> No
         failed = [i.check for i in items if i.section == section and i.check.status == FAIL]
         assert len(failed) == 1
         assert (failed[0].detail, failed[0].hint) == (expected.detail, expected.hint)
-        assert env_report(facts, items).ok is False
+        assert EnvReport(facts, items).ok is False
 
 
 def run_env_check(env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
