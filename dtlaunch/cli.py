@@ -112,7 +112,9 @@ def _event_printer(verbose: bool, line: Any = None) -> Callable[[Any], None]:
 @click.option("-v", "--verbose", is_flag=True, help="Print the command before running it.")
 @single_option("--max-restarts", type=int, metavar="N",
                help="Start a failed job again up to N times, without the hosts that failed.")
-@single_option("--min-np", type=int, metavar="N", help="With --max-restarts: fewest processes to go on with.")
+@single_option("--min-np", type=int, metavar="N",
+               help="With --max-restarts: fewest processes to go on with; otherwise elastic "
+                    "mode's fewest (docs/elastic.md).")
 @single_option("--restart-delay", type=SECONDS, metavar="SECONDS",
                help="With --max-restarts: wait this long before each restart.")
 @horovod_click_options(RUN_OWN_FLAGS)
@@ -276,8 +278,16 @@ def read_run(ctx: click.Context, params: Mapping[str, Any], hvd: HorovodArgs) ->
     request = replace(request, launcher=p["launcher"])
     output_dir = resolve_output_dir(p["output_dir"], hvd)
     max_restarts, min_np, delay = p["max_restarts"], p["min_np"], p["restart_delay"]
-    if max_restarts is None and (min_np is not None or delay is not None):
-        raise UsageError("--min-np and --restart-delay go with --max-restarts N")
+    elastic = dict(hvd.elastic)
+    if min_np is not None and "min_np" in elastic:
+        raise UsageError("--min-np and --min-num-proc are the same option; give one")
+    if max_restarts is None and min_np is not None:
+        elastic["min_np"] = min_np  # without restarts, --min-np is horovodrun's elastic one
+        min_np = None
+    if elastic:
+        request = elastic_request(request, elastic, max_restarts)
+    if max_restarts is None and delay is not None:
+        raise UsageError("--restart-delay goes with --max-restarts N")
     policy = None
     if max_restarts is not None:
         policy = check_policy(RestartPolicy(max_restarts, min_np if min_np is not None else 1,
@@ -286,6 +296,22 @@ def read_run(ctx: click.Context, params: Mapping[str, Any], hvd: HorovodArgs) ->
         raise UsageError("--json goes without --max-restarts (the attempts' report is "
                          "--output-dir's attempts.json)")
     return RunSetup(request, hvd, output_dir, policy, ranks)
+
+
+def elastic_request(request: RunRequest, given: dict[str, Any], max_restarts: int | None,
+                    ) -> RunRequest:
+    """An elastic job (Horovod's elastic mode): always on Gloo; restarts are its own."""
+    from dtlaunch.job.elastic import elastic_spec
+
+    if max_restarts is not None:
+        raise UsageError("--max-restarts restarts a fixed-size job; an elastic job (--min-np, "
+                         "--max-np, --host-discovery-script) resets itself: give one of them")
+    cooldown = given.get("blacklist_cooldown_range")
+    spec = elastic_spec(given.get("min_np"), given.get("max_np"), request.num_proc,
+                        given.get("host_discovery_script"), given.get("slots_per_host"),
+                        given.get("elastic_timeout"), given.get("reset_limit"),
+                        tuple(cooldown) if cooldown else None, bool(request.hosts))
+    return replace(request, elastic=spec, controller="gloo")
 
 
 class _TypedArgs(click.Command):

@@ -29,10 +29,13 @@ import binascii
 import contextlib
 import hashlib
 import hmac
+import io
 import json
 import os
+import pickle
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -193,9 +196,14 @@ def socket_owner(peer_port: int, own_port: int) -> Optional[int]:
 class Forwarder:
     """127.0.0.1:PORT for the ranks here; each request signed and passed to the store."""
 
-    def __init__(self, store_host: str, store_port: int, secret: bytes) -> None:
+    def __init__(self, store_host: str, store_port: int, secret: bytes,
+                 round_timeout: float = STORE_TIMEOUT) -> None:
         self.store = (store_host, store_port)
         self.secret = secret
+        # An elastic rank's GET /rank_and_size/ waits for every worker of its round.
+        self.round_timeout = round_timeout
+        # Elastic ranks' notification services: local rank -> (port, key), never sent on.
+        self.workers: Dict[int, Tuple[int, bytes]] = {}
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.bind(("127.0.0.1", 0))
         self.sock.listen(128)
@@ -243,7 +251,7 @@ class Forwarder:
                 if got is None:
                     return
                 method, path, headers, body, buf = got
-                status, answer = self._forward(method, path, body)
+                status, answer = self._from_rank(method, path, body)
                 close = headers.get("connection", "").lower() == "close"
                 conn.sendall(response_bytes(status, answer, close=close))
                 if close:
@@ -254,7 +262,22 @@ class Forwarder:
             conn.close()
             self.slots.release()
 
-    def _forward(self, method: bytes, path: bytes, body: bytes) -> Tuple[int, bytes]:
+    def _from_rank(self, method: bytes, path: bytes, body: bytes) -> Tuple[int, bytes]:
+        if path.startswith(b"/" + CONTROL_PREFIX):
+            return 403, b""  # dtlaunch's own scopes: the agent's, not a rank's
+        if method == b"PUT" and path.startswith(b"/worker_addresses/"):
+            # Where this rank's Horovod listens for "hosts updated": kept here, for this
+            # agent to tell it on the driver's word; nothing about it crosses the network.
+            found = worker_address(path, body)
+            if found is None:
+                return 400, b""
+            self.workers[found[0]] = found[1]
+            return 200, b""
+        timeout = self.round_timeout if path.startswith(b"/rank_and_size/") else STORE_TIMEOUT
+        return self._forward(method, path, body, timeout)
+
+    def _forward(self, method: bytes, path: bytes, body: bytes,
+                 timeout: float = STORE_TIMEOUT) -> Tuple[int, bytes]:
         nonce = binascii.hexlify(os.urandom(16))
         mac = request_mac(self.secret, method, path, nonce, body)
         head = [method + b" " + path + b" HTTP/1.1", b"Host: dtlaunch",
@@ -263,7 +286,7 @@ class Forwarder:
                 AUTH_HEADER.encode() + b": " + mac.encode("ascii"),
                 b"Connection: close"]
         try:
-            with socket.create_connection(self.store, timeout=STORE_TIMEOUT) as conn:
+            with socket.create_connection(self.store, timeout=timeout) as conn:
                 conn.sendall(b"\r\n".join(head) + b"\r\n\r\n" + body)
                 status, headers, answer = read_response(conn)
         except BadRequest as exc:
@@ -392,10 +415,13 @@ class Agent:
         self.stop = threading.Event()
         self.procs: List[subprocess.Popen[bytes]] = []
 
-    def start_ranks(self, port: int) -> Optional[int]:
+    def cwd(self) -> Optional[str]:
         cwd = self.job.get("cwd")
         if not cwd or not os.path.isdir(cwd):
-            cwd = None  # as MPI launchers do: the launcher's directory when the host has it
+            return None  # as MPI launchers do: the launcher's directory when the host has it
+        return str(cwd)
+
+    def base_env(self) -> Dict[str, str]:
         base = dict(os.environ)
         for name in self.job.get("unset") or ():
             base.pop(name, None)  # srun's one-task identity, which no rank has
@@ -405,6 +431,11 @@ class Agent:
                                (self.job["store"]["host"], int(self.job["store"]["port"])))
             if iface is not None:
                 base["HOROVOD_GLOO_IFACE"] = iface
+        return base
+
+    def start_ranks(self, port: int) -> Optional[int]:
+        cwd = self.cwd()
+        base = self.base_env()
         for rank in self.job["ranks"]:
             env = dict(base)
             env.update(rank["env"])
@@ -461,6 +492,170 @@ class Agent:
         return code
 
 
+# --- elastic: the driver's plan for this host -------------------------------------------------
+
+CONTROL_PREFIX = b"_dtlaunch_"
+POLL_TIMEOUT = 20.0  # the store answers a plan poll within 5 s
+
+
+class _NoGlobals(pickle.Unpickler):
+    """Plain containers only: a pickle that names any class or function is refused."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise pickle.UnpicklingError("refused: %s.%s" % (module, name))
+
+
+def worker_address(path: bytes, body: bytes) -> Optional[Tuple[int, Tuple[int, bytes]]]:
+    """(local rank, (port, key)) from a rank's PUT /worker_addresses/HOST:LOCAL_RANK, whose
+    body is Horovod's base64 pickle of ({iface: [(address, port)]}, key): read with no class
+    allowed, from this user's own rank on this host."""
+    _, _, key = path.rpartition(b"/")
+    _, _, local = key.rpartition(b":")
+    try:
+        addresses, secret = _NoGlobals(io.BytesIO(binascii.a2b_base64(body))).load()
+        ports = [int(pair[1]) for pairs in addresses.values() for pair in pairs]
+        if not local.isdigit() or not ports or not isinstance(secret, bytes):
+            return None
+        return int(local), (ports[0], secret)
+    except Exception:  # anything malformed: refused
+        return None
+
+
+def hosts_updated_pickle(timestamp: int, result: int) -> bytes:
+    """Horovod's HostsUpdatedRequest(timestamp, result), written opcode by opcode (protocol 2)
+    so that this agent needs no Horovod: the class by name, then its two attributes."""
+
+    def text(value: str) -> bytes:
+        data = value.encode("utf-8")
+        return b"X" + struct.pack("<I", len(data)) + data
+
+    def number(value: int) -> bytes:
+        data = value.to_bytes((value.bit_length() + 8) // 8, "little", signed=True)
+        return b"\x8a" + bytes([len(data)]) + data
+
+    return (b"\x80\x02chorovod.runner.elastic.worker\nHostsUpdatedRequest\n)\x81}("
+            + text("timestamp") + number(timestamp) + text("res") + number(result)
+            + b"ub.")
+
+
+def tell_hosts_updated(port: int, key: bytes, timestamp: int, result: int) -> None:
+    """One request to a rank's notification service on this host (Horovod's wire: HMAC-SHA256
+    of the message, its length, the message); its answer is read and dropped, not unpickled."""
+    message = hosts_updated_pickle(timestamp, result)
+    digest = hmac.new(key, message, hashlib.sha256).digest()
+    with socket.create_connection(("127.0.0.1", port), timeout=IO_TIMEOUT) as conn:
+        conn.sendall(digest + struct.pack("i", len(message)) + message)
+        conn.shutdown(socket.SHUT_WR)
+        while conn.recv(65536):
+            pass
+
+
+class ElasticAgent(Agent):
+    """Runs the local ranks the driver's plan names, drains those it no longer names, reports
+    each worker's end, and hands rank 0's notification to its Horovod."""
+
+    def __init__(self, job: Dict[str, Any], forwarder: Forwarder) -> None:
+        Agent.__init__(self, job)
+        self.forwarder = forwarder
+        self.host = job["host"]
+        self.running: Dict[int, Tuple[int, subprocess.Popen[bytes]]] = {}
+        self.drained: List[subprocess.Popen[bytes]] = []
+        self.told = 0
+        self.pending: Optional[Tuple[int, int, int]] = None
+
+    def run(self) -> int:
+        gen = -1
+        quiet_until = 0.0
+        while not self.stop.is_set():
+            self.reap()
+            self.deliver()
+            path = ("/%splan/%s:%d" % (CONTROL_PREFIX.decode(), self.host, gen)).encode()
+            status, body = self.forwarder._forward(b"GET", path, b"", POLL_TIMEOUT)
+            if status == 200:
+                try:
+                    plan = json.loads(body.decode("utf-8"))
+                    gen = int(plan["gen"])
+                except (ValueError, KeyError, TypeError):
+                    continue
+                self.apply(plan)
+            elif status != 404 and time.monotonic() >= quiet_until:
+                quiet_until = time.monotonic() + 30
+                sys.stderr.write(PREFIX + "host %s: the job's store answered %d\n"
+                                 % (self.host, status))
+                self.stop.wait(1.0)
+        self.procs = [proc for _, proc in self.running.values()] + self.drained
+        self.end_ranks()
+        return 0
+
+    def apply(self, plan: Dict[str, Any]) -> None:
+        wanted = {int(lr): rank for lr, rank in plan.get("ranks", {}).items()}
+        for lr, (wid, _proc) in list(self.running.items()):
+            if lr not in wanted or int(wanted[lr]["id"]) != wid:
+                self.drain(lr)
+        for lr, rank in sorted(wanted.items()):
+            if lr not in self.running:
+                self.start_rank(lr, int(rank["id"]), rank["env"])
+        if plan.get("notify"):
+            timestamp, result, lr = (int(v) for v in plan["notify"])
+            if timestamp > self.told:
+                self.pending = (timestamp, result, lr)
+
+    def start_rank(self, lr: int, wid: int, rank_env: Dict[str, str]) -> None:
+        env = self.base_env()
+        env.update(rank_env)
+        env["HOROVOD_GLOO_RENDEZVOUS_ADDR"] = "127.0.0.1"
+        env["HOROVOD_GLOO_RENDEZVOUS_PORT"] = str(self.forwarder.port)
+        self.forwarder.workers.pop(lr, None)
+        try:
+            proc = subprocess.Popen(self.job["shim"], env=env, cwd=self.cwd(),
+                                    stdin=subprocess.DEVNULL)
+        except OSError as exc:
+            sys.stderr.write(PREFIX + "cannot start worker %d: %s\n" % (wid, exc.strerror or exc))
+            self.report(lr, wid, 127)
+            return
+        self.running[lr] = (wid, proc)
+
+    def drain(self, lr: int) -> None:
+        """A worker the job no longer has a place for: stopped, not reported as failed."""
+        _, proc = self.running.pop(lr)
+        self.forwarder.workers.pop(lr, None)
+        if proc.poll() is None:
+            _signal(proc.pid, signal.SIGTERM)
+            self.drained.append(proc)
+
+    def reap(self) -> None:
+        for lr, (wid, proc) in list(self.running.items()):
+            status = proc.poll()
+            if status is not None:
+                del self.running[lr]
+                self.report(lr, wid, status if status >= 0 else 128 - status)
+        for proc in list(self.drained):
+            if proc.poll() is not None:
+                self.drained.remove(proc)
+
+    def report(self, lr: int, wid: int, code: int) -> None:
+        path = ("/%sexit/%s:%d:%d" % (CONTROL_PREFIX.decode(), self.host, lr, wid)).encode()
+        for _ in range(5):
+            status, _ = self.forwarder._forward(b"PUT", path, str(code).encode())
+            if status == 200:
+                return
+            self.stop.wait(1.0)
+
+    def deliver(self) -> None:
+        if self.pending is None:
+            return
+        timestamp, result, lr = self.pending
+        where = self.forwarder.workers.get(lr)
+        if where is None:
+            return  # its Horovod has not registered yet: tried again at the next poll
+        try:
+            tell_hosts_updated(where[0], where[1], timestamp, result)
+        except OSError as exc:
+            sys.stderr.write(PREFIX + "could not tell rank 0 on %s of the new hosts: %s\n"
+                             % (self.host, exc))
+        self.told, self.pending = timestamp, None
+
+
 def _watch_stdin(stop: threading.Event) -> None:
     """The job lives while dtlaunch's end of standard input is open (read from the descriptor:
     what the boot line's reader holds beyond the job is nothing)."""
@@ -496,9 +691,14 @@ def main(stream: BinaryIO) -> int:
     watcher = threading.Thread(target=_watch_stdin, args=(agent.stop,))
     watcher.daemon = True
     watcher.start()
-    forwarder = Forwarder(store_host, store_port, secret)
+    forwarder = Forwarder(store_host, store_port, secret,
+                          float(job.get("round_timeout") or STORE_TIMEOUT))
     forwarder.start()
     try:
+        if job.get("elastic"):
+            elastic = ElasticAgent(job, forwarder)
+            elastic.stop = agent.stop
+            return elastic.run()
         code = agent.start_ranks(forwarder.port)
         if code is not None:
             agent.end_ranks()

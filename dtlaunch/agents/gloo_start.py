@@ -79,15 +79,41 @@ def write_all(fd: int, data: bytes) -> None:
             continue
 
 
+def host_spec(entry: dict) -> tuple[str, list[str], bytes]:  # type: ignore[type-arg]
+    return entry["name"], list(entry["argv"]), entry["input"].encode("utf-8")
+
+
+def read_additions(added: list[tuple[str, list[str], bytes]], lock: threading.Lock,
+                   stop: threading.Event) -> None:
+    """An elastic job's later hosts, one JSON line each; the end of input ends the job."""
+    for line in sys.stdin.buffer:
+        try:
+            spec = host_spec(json.loads(line.decode("utf-8")))
+        except (ValueError, KeyError, TypeError):
+            continue
+        with lock:
+            added.append(spec)
+    stop.set()
+
+
 def main() -> int:
     try:
-        job = json.loads(sys.stdin.buffer.read().decode("utf-8"))
-        specs = [(h["name"], list(h["argv"]), h["input"].encode("utf-8")) for h in job["hosts"]]
+        job = json.loads(sys.stdin.buffer.readline().decode("utf-8"))
+        specs = [host_spec(h) for h in job["hosts"]]
     except (ValueError, KeyError, TypeError):
         sys.stderr.write("dtlaunch-gloo: expected the job on standard input\n")
         return 2
+    # Elastic: hosts come and go. A host's agent ending is the driver's business (it sees the
+    # agent fall silent), not a reason to stop the others; the job ends when dtlaunch closes
+    # this process's input.
+    elastic = bool(job.get("elastic"))
     stop = threading.Event()
     received: list[int] = []
+    added: list[tuple[str, list[str], bytes]] = []
+    added_lock = threading.Lock()
+    if elastic:
+        threading.Thread(target=read_additions, args=(added, added_lock, stop),
+                         daemon=True).start()
 
     def on_signal(signum: int, _frame: object) -> None:
         received.append(signum)
@@ -106,19 +132,37 @@ def main() -> int:
             code = 127
             stop.set()
             break
-    for host in hosts:
-        threading.Thread(target=host.feed_input, daemon=True).start()
     selector = selectors.DefaultSelector()
-    for host in hosts:
+
+    def follow(host: Host) -> None:
+        threading.Thread(target=host.feed_input, daemon=True).start()
         for fd_out, stream in ((1, host.proc.stdout), (2, host.proc.stderr)):
             assert stream is not None
             os.set_blocking(stream.fileno(), False)
             selector.register(stream.fileno(), selectors.EVENT_READ, (host, fd_out))
+
+    for host in hosts:
+        follow(host)
     open_streams = 2 * len(hosts)
     stop_at: float | None = None
     signalled = False
     ended: set[int] = set()
-    while open_streams or any(h.proc.poll() is None for h in hosts):
+    while (open_streams or any(h.proc.poll() is None for h in hosts)
+           or (elastic and not stop.is_set())):
+        with added_lock:
+            new, added[:] = list(added), []
+        for name, argv, payload in new if not stop.is_set() else ():
+            try:
+                host = Host(name, argv, payload)
+            except OSError as exc:
+                write_all(2, f"dtlaunch-gloo: cannot start the agent for host {name}: "
+                             f"{argv[0]}: {exc.strerror}\n".encode())
+                continue
+            hosts.append(host)
+            follow(host)
+            open_streams += 2
+        if not open_streams:
+            time.sleep(0.1)  # an elastic job between hosts: nothing to select on
         for key, _ in selector.select(timeout=0.1):
             host, fd_out = key.data
             try:
@@ -144,6 +188,11 @@ def main() -> int:
             if status is None or id(host) in ended:
                 continue
             ended.add(id(host))
+            if elastic:
+                if status != 0 and not stop.is_set():
+                    write_all(2, f"{STOPPING}the agent on host {host.name} ended with status "
+                                 f"{status}\n".encode())
+                continue
             if status != 0 and code == 0:
                 code = status if status > 0 else 128 - status
                 if not stop.is_set():

@@ -60,7 +60,9 @@ READ_SIZE = 1 << 16  # one read of the program's output
 ESC = b"\x10"
 _ESCAPES = ((ESC, ESC + b"0"), (b"\n", ESC + b"1"), (b"[", ESC + b"2"))
 HOST, STDOUT, STDERR, EXIT, NOSTART = "h", "o", "e", "x", "n"
-RANK_VARIABLES = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID", "HOROVOD_RANK")
+# DTLAUNCH_WORKER: an elastic job's worker number, which outlives its changing rank.
+RANK_VARIABLES = ("DTLAUNCH_WORKER", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID",
+                  "HOROVOD_RANK")
 GRACE = 0.8  # seconds a signalled rank gets before SIGKILL (Open MPI's own SIGKILL comes at 1 s)
 LEFTOVER_GRACE = 1.0  # seconds a process left behind by an exited rank gets before SIGKILL
 DRAIN = 0.3  # seconds to read what is left in the pipes once nothing holds them

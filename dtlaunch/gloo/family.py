@@ -101,3 +101,13 @@ class Gloo:
 
 
 GLOO = Gloo()
+
+
+class ElasticGloo(Gloo):
+    """An elastic job: a failed rank is its driver's to handle (a reset on the survivors), not
+    a reason for the launcher to end the job."""
+
+    ends_job_on_rank_failure = True
+
+
+ELASTIC_GLOO = ElasticGloo()

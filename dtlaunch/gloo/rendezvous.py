@@ -23,7 +23,7 @@ import hmac
 import os
 import socket
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from dtlaunch import agents
@@ -69,6 +69,10 @@ class Store:
     addresses: Sequence[str]
     secret: bytes
     scope_sizes: Mapping[str, int] = field(default_factory=dict)
+    # Scopes served by someone else (an elastic job's driver): (method, key, body) -> answer.
+    # They may block (a barrier, a long poll); the store's lock is not held meanwhile.
+    hooks: Mapping[str, Callable[[bytes, str, bytes], tuple[int, bytes]]] = field(
+        default_factory=dict)
     port: int = 0
     refusals: list[Refusal] = field(default_factory=list)
     served: int = 0
@@ -101,7 +105,10 @@ class Store:
                              name="dtlaunch-gloo-store").start()
 
     def _bind_all(self, port: int) -> None:
-        for address in self.addresses:
+        self._bind_all_of(self.addresses, port)
+
+    def _bind_all_of(self, addresses: Sequence[str], port: int) -> None:
+        for address in addresses:
             family = socket.AF_INET6 if ":" in address else socket.AF_INET
             sock = socket.socket(family, socket.SOCK_STREAM)
             try:
@@ -113,6 +120,22 @@ class Store:
             port = sock.getsockname()[1]
             self._socks.append(sock)
         self.port = port
+
+    def listen_also(self, address: str) -> None:
+        """Serve `address` too, on the same port (an elastic job's host on another route)."""
+        if address in self.addresses:
+            return
+        self.addresses = [*self.addresses, address]
+        before = len(self._socks)
+        try:
+            self._bind_all_of([address], self.port)
+        except OSError as exc:
+            self.addresses = self.addresses[:-1]
+            raise DtlaunchError(f"the rendezvous store cannot listen on {address} port "
+                                f"{self.port}: {exc.strerror or exc}") from None
+        for sock in self._socks[before:]:
+            threading.Thread(target=self._accept, args=(sock,), daemon=True,
+                             name="dtlaunch-gloo-store").start()
 
     def close(self) -> None:
         self._closed = True
@@ -193,6 +216,11 @@ class Store:
         if where is None:
             return 400, b""
         scope, key = where
+        hook = self.hooks.get(scope)
+        if hook is not None:
+            with self._lock:
+                self.served += 1
+            return hook(method, key, body)
         with self._lock:
             self.served += 1
             values = self._data.get(scope, {})
@@ -208,6 +236,14 @@ class Store:
                 self._delete(scope, key)
                 return 200, b""
         return 405, b""
+
+    def reset_round(self, sizes: Mapping[str, int]) -> None:
+        """A new rendezvous round (an elastic job's reset): Horovod's scopes start empty, with
+        the new round's sizes; what the hooks serve is theirs to keep."""
+        with self._lock:
+            self._data.clear()
+            self._finished.clear()
+            self.scope_sizes = dict(sizes)
 
     def _delete(self, scope: str, key: str) -> None:
         size = self.scope_sizes.get(scope)

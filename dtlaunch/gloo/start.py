@@ -88,6 +88,45 @@ def srun_argv(host: str, boot: Sequence[str]) -> list[str]:
             "--export=" + ",".join(SRUN_EXPORT), *boot]
 
 
+def agent_job(host: str, store_host: str, port: int, secret: bytes, env: Mapping[str, str],
+              shim_argv: Sequence[str], iface_cidrs: Sequence[str], via_srun: bool,
+              ) -> dict[str, object]:
+    """What one host's agent reads after its code: where the store is, the job's secret, the
+    variables every rank there gets, the rank shim's argv (its ranks are added by the caller)."""
+    return {
+        "host": host,
+        "store": {"host": store_host, "port": port,
+                  "secret": binascii.hexlify(secret).decode("ascii")},
+        "env": dict(env),
+        "ranks": [],
+        "shim": list(shim_argv),
+        "cwd": os.getcwd(),
+        "sweep": not is_local(host),
+        "iface_cidrs": list(iface_cidrs),
+        "unset": list(SRUN_TASK_VARIABLES) if via_srun else [],
+    }
+
+
+def host_entry(host: str, job: Mapping[str, object], python: str, via_srun: bool,
+               ) -> dict[str, str | list[str]]:
+    """The fan-out's line for one host: how to reach it and the bytes its agent reads."""
+    payload = agents.gloo_packed_text() + json.dumps(job).encode("utf-8") + b"\n"
+    boot = agents.gloo_boot_command(python)
+    if is_local(host):
+        argv = boot
+    elif via_srun:
+        argv = srun_argv(host, boot)
+    else:
+        argv = [sys.executable, "-I", "-S", agents.path("rsh.py"), host, *remote_words(boot)]
+    return {"name": host, "argv": argv, "input": payload.decode("utf-8")}
+
+
+def store_address(host: str, ssh: SshOptions, known: str | None = None) -> str:
+    """Where `host`'s agent reaches the store: 127.0.0.1 for this machine, else the route's
+    source address."""
+    return "127.0.0.1" if is_local(host) else source_address(host, ssh, known)
+
+
 def prepare_gloo_job(
     rank_hosts: Sequence[str],
     common_env: Mapping[str, str],
@@ -111,8 +150,7 @@ def prepare_gloo_job(
     where = dict(addresses or {})
     for host in hosts:
         if host not in where:
-            where[host] = "127.0.0.1" if is_local(host) else source_address(
-                host, ssh, (node_addresses or {}).get(host))
+            where[host] = store_address(host, ssh, (node_addresses or {}).get(host))
     secret = new_secret()
     store = Store(sorted(set(where.values())), secret, scope_sizes(ranks))
     store.start()
@@ -122,28 +160,10 @@ def prepare_gloo_job(
             env = dict(common_env)
             if host_iface and host in host_iface:
                 env["HOROVOD_GLOO_IFACE"] = host_iface[host]
-            job = {
-                "host": host,
-                "store": {"host": where[host], "port": store.port,
-                          "secret": binascii.hexlify(secret).decode("ascii")},
-                "env": env,
-                "ranks": [{"env": r.env(len(ranks))} for r in ranks if r.host == host],
-                "shim": list(shim_argv),
-                "cwd": os.getcwd(),
-                "sweep": not is_local(host),
-                "iface_cidrs": list(iface_cidrs),
-                "unset": list(SRUN_TASK_VARIABLES) if via_srun else [],
-            }
-            payload = agents.gloo_packed_text() + json.dumps(job).encode("utf-8") + b"\n"
-            boot = agents.gloo_boot_command(python)
-            if is_local(host):
-                argv = boot
-            elif via_srun:
-                argv = srun_argv(host, boot)
-            else:
-                argv = [sys.executable, "-I", "-S", agents.path("rsh.py"), host,
-                        *remote_words(boot)]
-            entries.append({"name": host, "argv": argv, "input": payload.decode("utf-8")})
+            job = agent_job(host, where[host], store.port, secret, env, shim_argv, iface_cidrs,
+                            via_srun)
+            job["ranks"] = [{"env": r.env(len(ranks))} for r in ranks if r.host == host]
+            entries.append(host_entry(host, job, python, via_srun))
         fanout = (sys.executable, "-I", "-S", agents.path("gloo_start.py"))
         env = dict(launcher_env)
         env.update(ssh_args_env)

@@ -77,10 +77,6 @@ def _f(flags: str, dest: str, const: bool, help_: str = "", **kw: Any) -> Horovo
                          hidden=kw.pop("hidden", not help_), **kw)
 
 
-_ELASTIC = ("is part of Horovod's elastic mode, which dtlaunch does not run (it launches a fixed "
-            "set of ranks with mpirun); drop it for a fixed-size job, or use horovodrun for "
-            "elastic training")
-
 
 def _refused(flags: str, value: str, why: str, nargs: int = 1) -> HorovodOption:
     return HorovodOption(tuple(flags.split()), REFUSED, value, nargs=nargs, refusal=why, hidden=True)
@@ -168,14 +164,23 @@ HOROVOD_OPTIONS: tuple[HorovodOption, ...] = (
     # Not done by dtlaunch: refused with the reason.
     _refused("--jsrun", BOOL, "dtlaunch starts ranks with mpirun over SSH, not with LSF's jsrun; "
              "drop --jsrun and give the hosts with -H or --hostfile"),
-    _refused("--min-np --min-num-proc", INT, _ELASTIC),
-    _refused("--max-np --max-num-proc", INT, _ELASTIC),
-    _refused("--elastic-timeout", INT, _ELASTIC),
-    _refused("--reset-limit", INT, _ELASTIC),
-    _refused("--blacklist-cooldown-range", INT, _ELASTIC, nargs=2),
-    _refused("--host-discovery-script", STR, _ELASTIC),
-    _refused("--slots-per-host", INT, "is part of Horovod's elastic mode (slots of discovered "
-             "hosts); give slots with -H host:N or in the --hostfile"),
+    # Elastic mode (docs/elastic.md): dtlaunch's own --min-np is horovodrun's too.
+    HorovodOption(("--min-num-proc",), LAUNCH, INT, "min_np", metavar="N", hidden=True),
+    HorovodOption(("--max-np", "--max-num-proc"), LAUNCH, INT, "max_np", metavar="N",
+                  help="Elastic: most processes to run (default: every slot)."),
+    HorovodOption(("--host-discovery-script",), LAUNCH, STR, "host_discovery_script",
+                  metavar="SCRIPT", help="Elastic: a program that prints the hosts available "
+                                         "now, HOST:SLOTS a line (see docs/elastic.md)."),
+    HorovodOption(("--slots-per-host",), LAUNCH, INT, "slots_per_host", metavar="N",
+                  help="Elastic: slots of a host the script prints without :SLOTS."),
+    HorovodOption(("--elastic-timeout",), LAUNCH, INT, "elastic_timeout", metavar="SECONDS",
+                  help="Elastic: how long to wait for --min-np slots (default 600)."),
+    HorovodOption(("--reset-limit",), LAUNCH, INT, "reset_limit", metavar="N",
+                  help="Elastic: most resets (host changes, failures) before the job stops."),
+    HorovodOption(("--blacklist-cooldown-range",), LAUNCH, INT, "blacklist_cooldown_range",
+                  nargs=2, metavar="LOW HIGH",
+                  help="Elastic: a failed host may come back after a cooldown in this range "
+                       "(seconds; default: never)."),
 )
 
 
@@ -209,6 +214,13 @@ class HorovodArgs:
     given: tuple[str, ...] = field(default=())  # the horovodrun options used, for messages
     warnings: tuple[str, ...] = ()  # one line each (the config file's keys horovodrun ignores)
     controller: str = "mpi"  # "gloo": --gloo, or `controller: gloo` in the file without --mpi
+    # Elastic mode's options as given (dest -> value): min_np, max_np, host_discovery_script,
+    # slots_per_host, elastic_timeout, reset_limit, blacklist_cooldown_range.
+    elastic: tuple[tuple[str, Any], ...] = ()
+
+
+ELASTIC_DESTS = ("min_np", "max_np", "host_discovery_script", "slots_per_host",
+                 "elastic_timeout", "reset_limit", "blacklist_cooldown_range")
 
 
 def _given(values: Mapping[str, Sequence[Any]], option: HorovodOption) -> tuple[Any, ...]:
@@ -291,6 +303,7 @@ def parse_horovod_args(values: Mapping[str, Sequence[Any]], config: HorovodConfi
         given=tuple(used),
         warnings=tuple(warnings),
         controller=controller,
+        elastic=tuple((d, launch[d]) for d in ELASTIC_DESTS if d in launch),
     )
 
 

@@ -9,6 +9,7 @@ from dtlaunch.agents import wrap_program
 from dtlaunch.core.errors import UsageError
 from dtlaunch.job.command import Program
 from dtlaunch.job.command import check_module_name as check_module_name  # re-exported for the CLI
+from dtlaunch.job.elastic import ElasticSpec
 from dtlaunch.job.env import EnvPlan, build_launcher_env, plan_environment, slurm_launch_env
 from dtlaunch.job.hosts import Host, assign_ranks, total_slots
 from dtlaunch.mpi import Interfaces, JobSpec, MpiFamily, format_command
@@ -47,6 +48,8 @@ class RunRequest:
     # Horovod's controller: "mpi" (an MPI launcher starts the ranks) or "gloo" (dtlaunch
     # starts them itself, see dtlaunch.gloo).
     controller: str = "mpi"
+    # Horovod's elastic mode (always with controller "gloo"): None for a fixed-size job.
+    elastic: ElasticSpec | None = None
 
 
 @dataclass(frozen=True)

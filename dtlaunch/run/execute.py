@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
+from typing import IO
 
 from dtlaunch.agents import guarded_argv, session_members
 from dtlaunch.core.errors import EXIT_TIMEOUT, DtlaunchError, exit_for_signal
@@ -60,9 +61,13 @@ def _kill_tree(proc: subprocess.Popen[bytes]) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
-def _feed(proc: subprocess.Popen[bytes], data: bytes) -> None:
-    """Write the launcher's input and close it (in a thread: a pipe holds 64 KiB)."""
+def _feed(proc: subprocess.Popen[bytes], data: bytes | Callable[[IO[bytes]], None]) -> None:
+    """Write the launcher's input and close it (in a thread: a pipe holds 64 KiB); or let
+    `data` write it for as long as the job needs (an elastic job's later hosts)."""
     assert proc.stdin is not None
+    if callable(data):
+        data(proc.stdin)
+        return
     with contextlib.suppress(OSError, ValueError):
         proc.stdin.write(data)
     with contextlib.suppress(OSError, ValueError):
@@ -87,7 +92,7 @@ def execute(
     shown_ranks: frozenset[int] | None = None,
     ranks_to_stderr: bool = False,
     on_progress: Callable[[Progress], None] | None = None,
-    stdin_data: bytes | None = None,
+    stdin_data: bytes | Callable[[IO[bytes]], None] | None = None,
 ) -> LaunchResult:
     """Run mpirun to the end. ``stop_when`` is polled while it runs: a returned reason stops
     the job (used by the pre-flight's host-key check that runs alongside the start).

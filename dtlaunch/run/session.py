@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from dtlaunch.check.gpus import choose_slots, slots_pending, unchecked_slots_text, visible_devices
 from dtlaunch.core.errors import EXIT_FAILURE, UsageError
@@ -32,6 +32,7 @@ from dtlaunch.run.progress import HOSTS_CHECKED, Progress
 if TYPE_CHECKING:
     from dtlaunch.check.network import NetworkChoice
     from dtlaunch.check.report import DoctorReport
+    from dtlaunch.elastic.job import ElasticJob
     from dtlaunch.gloo.start import GlooJob
     from dtlaunch.job.hosts import Host
     from dtlaunch.plan.rank_filter import RankFilter
@@ -206,6 +207,13 @@ def launch(request: LaunchRequest, on_event: OnEvent, *, executor: Executor | No
     hosts (default: SSH)."""
     from dtlaunch.doctor.preflight import failure_message, run_preflight
 
+    discover = None
+    if request.run.elastic is not None:
+        from dtlaunch.run.elastic_run import discovery_for, first_hosts
+
+        discover = discovery_for(request.run)
+        request = replace(request, run=first_hosts(
+            request.run, discover, lambda text: on_event(Event(EventLevel.NOTE, text))))
     prepared = prepare(request.run, on_event, defer_slots=request.check)
     plan = prepared.plan
     run_request = prepared.request or request.run
@@ -260,9 +268,16 @@ def launch(request: LaunchRequest, on_event: OnEvent, *, executor: Executor | No
     if request.deadline is not None:
         timeout, total = max(request.deadline - time.time(), 0.001), request.timeout
     command, command_env = (prepared.mpirun or plan.family.launcher, *argv[1:]), plan.launcher_env
-    gloo = None
-    extra: dict[str, bytes] = {}
-    if run_request.controller == "gloo":
+    gloo: GlooJob | ElasticJob | None = None
+    extra: dict[str, Any] = {}
+    family = plan.family
+    if run_request.elastic is not None and discover is not None:
+        from dtlaunch.gloo.family import ELASTIC_GLOO
+
+        gloo = elastic_job_for(run_request, plan, network, discover, on_event, request, reach)
+        command, command_env, extra = gloo.argv, gloo.env, {"stdin_data": gloo.feed}
+        family = ELASTIC_GLOO
+    elif run_request.controller == "gloo":
         gloo = gloo_job_for(run_request, plan, network)
         command, command_env, extra = gloo.argv, gloo.env, {"stdin_data": gloo.stdin}
     try:
@@ -276,7 +291,7 @@ def launch(request: LaunchRequest, on_event: OnEvent, *, executor: Executor | No
             output_dir=Path(request.output_dir) if request.output_dir else None,
             announce=lambda text: on_event(Event(EventLevel.NOTE, text)),
             stop_when=nodes.stop_reason if nodes is not None else None,
-            family=plan.family,
+            family=family,
             support_files=plan.support_files,
             new_demux=functools.partial(plan.family.new_demux, release=prepared.mpi_version),
             prefix_timestamp=request.prefix_timestamp,
@@ -290,6 +305,15 @@ def launch(request: LaunchRequest, on_event: OnEvent, *, executor: Executor | No
             nodes.close()
         if gloo is not None:
             gloo.store.close()  # the rendezvous lives exactly as long as the job
+    if run_request.elastic is not None and gloo is not None:
+        from dtlaunch.elastic.driver import Outcome
+        from dtlaunch.elastic.job import ElasticJob
+        from dtlaunch.run.elastic_run import elastic_result
+
+        assert isinstance(gloo, ElasticJob)
+
+        gloo.driver.stop(Outcome(result.exit_code or 1, "the job was stopped"))
+        result = elastic_result(result, gloo.driver.outcome)
     result = blame(result, nodes)
     if run_request.launcher == "slurm":
         from dtlaunch.run.slurm_watch import blame_allocation
@@ -321,6 +345,54 @@ def job_report(result: LaunchResult, timeout: float | None) -> JobReport:
     return build_report(result.exit_code, result.failure, result.ranks,
                         interrupted_by=result.interrupted_by, timed_out=result.timed_out,
                         timeout=timeout)
+
+
+def elastic_job_for(request: RunRequest, plan: RunPlan, network: NetworkChoice | None,
+                    discover: Callable[[], dict[str, int]], on_event: OnEvent,
+                    launch_request: LaunchRequest, reach: Reach | None) -> ElasticJob:
+    """An elastic run's job: its driver on the hosts the pre-flight passed, each later host
+    checked by the same pre-flight before it joins."""
+    from dtlaunch.agents import PIPE_BUF, wrap_program
+    from dtlaunch.cluster.slurm import node_addresses
+    from dtlaunch.doctor.preflight import failure_message, run_preflight
+    from dtlaunch.elastic.job import prepare_elastic_job
+    from dtlaunch.gloo.ranks import host_ifaces
+    from dtlaunch.job.hosts import Host
+    from dtlaunch.plan.plan import build_program, shim_python
+
+    assert request.elastic is not None
+    program = wrap_program(build_program(request), shim_python(request), PIPE_BUF)
+    common = {v.name: v.value for v in plan.env.variables}
+    names = network.names if network is not None else ()
+    common_iface = network.gloo_iface if network is not None else None
+    cidrs = request.iface.cidrs if request.iface is not None else ()
+    via_srun = request.launcher == "slurm"
+
+    def host_iface(host: str) -> str | None:
+        return host_ifaces(names, common_iface, [host]).get(host)
+
+    def node_address(host: str) -> str | None:
+        return node_addresses([host]).get(host) if via_srun else None
+
+    def admit(host: str) -> str | None:
+        if not launch_request.check:
+            return None
+        one = replace(request, hosts=(Host(host, 1),), num_proc=1, elastic=None)
+        checked = run_preflight(one, plan_run(one, dict(os.environ), family=plan.family,
+                                              as_root=os.geteuid() == 0,
+                                              cpu_count=os.cpu_count() or 1),
+                                reach=reach, use_cache=launch_request.use_cache,
+                                command_timeout=launch_request.start_timeout)
+        return None if checked.ok else failure_message(checked.report, job_started=False)
+
+    levels = {"note": EventLevel.NOTE, "warning": EventLevel.WARNING,
+              "detail": EventLevel.DETAIL}
+    initial = {h.name: h.slots for h in request.hosts}
+    return prepare_elastic_job(
+        request.elastic, initial, discover, common, program, shim_python(request), request.ssh,
+        plan.launcher_env, host_iface=host_iface, iface_cidrs=cidrs, via_srun=via_srun,
+        node_address=node_address, admit=admit,
+        say=lambda level, text: on_event(Event(levels.get(level, EventLevel.NOTE), text)))
 
 
 def gloo_job_for(request: RunRequest, plan: RunPlan, network: NetworkChoice | None) -> GlooJob:

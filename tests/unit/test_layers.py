@@ -25,7 +25,7 @@ LAYERS: dict[str, int] = {
     "run": 8,
     "doctor": 7,
     "probe": 6,
-    "check": 5, "cluster": 5,
+    "check": 5, "cluster": 5, "elastic": 5,
     "plan": 4, "openmpi": 4, "hydra": 4, "gloo": 4, "horovod": 4,
     "mpi": 3, "ssh": 3,
     "job": 2, "reach": 2,

@@ -1,0 +1,396 @@
+"""The elastic job's driver: rounds of ranks over the hosts discovery lists, as Horovod's own
+elastic driver runs them, served through the job's signed rendezvous store.
+
+How a job moves (Horovod's contract with its workers, `hvd.elastic.run`):
+
+- A round is an assignment of ranks to (host, local rank) slots. Its workers start with their
+  place in the environment; later rounds tell it them through the store: on a reset a worker
+  asks `GET /rank_and_size/HOST:LOCAL_RANK`, which counts it as ready and is answered once
+  every worker of the round has either asked or ended (a barrier). Then the next round's
+  assignment answers them; a slot no longer assigned is never answered: its host's agent stops
+  that worker (quietly: it was drained, not failed).
+- When the barrier completes: a success ends the job; failures blacklist their hosts; the reset
+  limit is checked; then the next round waits (up to `--elastic-timeout`) for `--min-np` slots
+  and assigns at most `--max-np`. Falling short ends the job with one line, never a hang.
+- Discovery runs every second. A change that would change the assignment is told to rank 0's
+  worker (Horovod's HostsUpdatedRequest, handed over by its host's agent on that host), so
+  every rank stops at its next `state.commit()` and resets into a round with the new hosts. A
+  new host is checked first (`admit`, the pre-flight) and left out, named, if it fails.
+- Each host's agent long-polls `GET /_dtlaunch_plan/HOST:GEN` for the local ranks it should
+  run (starting new ones, stopping drained ones) and reports each worker's end with
+  `PUT /_dtlaunch_exit/HOST:LOCAL_RANK:WORKER`. An agent silent for LOST_AFTER seconds has lost
+  its host: its workers count as failed.
+
+Threads: the store's (one per request), discovery, the watch on agents, and one that waits for
+the next round's slots; one lock and one condition guard everything.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from dtlaunch.elastic.discovery import DiscoveryError
+from dtlaunch.elastic.hosts import NO_UPDATE, REMOVED, HostManager, assign
+from dtlaunch.gloo.ranks import GlooRank, place_ranks, scope_sizes
+from dtlaunch.job.elastic import ElasticSpec
+
+READY, SUCCESS, FAILURE = "ready", "success", "failure"
+PLAN_SCOPE, EXIT_SCOPE, RANK_SCOPE = "_dtlaunch_plan", "_dtlaunch_exit", "rank_and_size"
+DISCOVER_EVERY = 1.0
+POLL_WAIT = 5.0  # an agent's long poll is answered after this long without a change
+LOST_AFTER = 15.0  # an agent not heard from this long has lost its host
+DRAIN_HOLD = 60.0  # a drained worker's rank_and_size is held this long before "-1"
+REMOVED_ANSWER = b"-1,-1,-1,-1,-1,-1"
+
+Say = Callable[[str, str], None]  # (level: "note" | "warning" | "detail", text)
+
+
+@dataclass(frozen=True)
+class Worker:
+    id: int
+    slot: GlooRank
+    size: int
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return self.slot.host, self.slot.local_rank
+
+
+@dataclass
+class Outcome:
+    code: int
+    message: str | None = None  # why the job ended, when it was not every worker's success
+    worker: Worker | None = None  # the failed worker it names
+
+
+@dataclass
+class ElasticDriver:
+    spec: ElasticSpec
+    discover: Callable[[], dict[str, int]]
+    start_host: Callable[[str], None]  # start the agent on a host (once; again if lost)
+    reset_store: Callable[[Mapping[str, int]], None]  # a new round's rendezvous scopes
+    admit: Callable[[str], str | None] = lambda host: None  # a new host's pre-flight: why not
+    say: Say = lambda level, text: None
+    clock: Callable[[], float] = time.monotonic
+    hosts: HostManager = field(default_factory=HostManager)
+    admitted: set[str] = field(default_factory=set)
+    round: int = 0
+    resets: int = 0
+    members: dict[tuple[str, int], Worker] = field(default_factory=dict)
+    recorded: dict[tuple[str, int], str] = field(default_factory=dict)
+    failed_first: list[tuple[Worker, int]] = field(default_factory=list)
+    gen: int = 0
+    notify: dict[str, tuple[int, int, int]] = field(default_factory=dict)  # host -> (ts, res, lr)
+    agents: dict[str, float] = field(default_factory=dict)  # host -> last heard from
+    outcome: Outcome | None = None
+    next_id: int = 0
+    last_ts: int = 0
+    _cond: threading.Condition = field(default_factory=threading.Condition)
+    _advancing: bool = False
+
+    # --- starting and ending ---------------------------------------------------------------
+
+    def start(self, initial: Mapping[str, int] | None = None) -> None:
+        """The first round on `initial` (already discovered and checked), or on the first
+        discovery; then the threads."""
+        self.hosts.clock = self.clock
+        self.hosts.cooldown = self.spec.cooldown
+        found = dict(initial) if initial is not None else self.discover()
+        self.admitted.update(found if initial is not None else ())
+        self._take_discovery(found, first=True)
+        with self._cond:
+            self._begin_round_locked(self.spec.start_np, first=True)
+        for target in (self._discovery_loop, self._watch_agents):
+            threading.Thread(target=target, daemon=True, name="dtlaunch-elastic").start()
+
+    def wait(self, timeout: float | None = None) -> Outcome | None:
+        deadline = None if timeout is None else self.clock() + timeout
+        with self._cond:
+            while self.outcome is None:
+                left = None if deadline is None else deadline - self.clock()
+                if left is not None and left <= 0:
+                    return None
+                self._cond.wait(0.5 if left is None else min(left, 0.5))
+            return self.outcome
+
+    def stop(self, outcome: Outcome) -> None:
+        with self._cond:
+            self._finish_locked(outcome)
+
+    def _finish_locked(self, outcome: Outcome) -> None:
+        if self.outcome is None:
+            self.outcome = outcome
+            self.gen += 1
+            self._cond.notify_all()
+
+    @property
+    def finished(self) -> bool:
+        return self.outcome is not None
+
+    # --- rounds -----------------------------------------------------------------------------
+
+    def _begin_round_locked(self, need: int, first: bool = False) -> None:
+        """Assign the next round if enough slots are there now, else wait for them (in a
+        thread, up to --elastic-timeout)."""
+        if self.hosts.available_slots() >= need:
+            self._assign_locked()
+            return
+        self._advancing = True
+        threading.Thread(target=self._wait_for_slots, args=(need,), daemon=True).start()
+
+    def _wait_for_slots(self, need: int) -> None:
+        deadline = self.clock() + self.spec.timeout
+        self.say("note", f"elastic: waiting up to {self.spec.timeout:g} s for {need} slot(s); "
+                         f"{self.hosts.available_slots()} available")
+        with self._cond:
+            while not self.finished and self.hosts.available_slots() < need:
+                left = deadline - self.clock()
+                if left <= 0:
+                    have = self.hosts.available()
+                    listed = ", ".join(f"{h}:{n}" for h, n in have.items()) or "none"
+                    self._finish_locked(Outcome(1, (
+                        f"elastic: only {sum(have.values())} slot(s) available ({listed}) after "
+                        f"waiting {self.spec.timeout:g} s for {need} (--min-np "
+                        f"{self.spec.min_np}, --elastic-timeout {self.spec.timeout:g})")))
+                    break
+                self._cond.wait(min(left, 1.0))
+            self._advancing = False
+            if not self.finished:
+                self._assign_locked()
+
+    def _assign_locked(self) -> None:
+        rank_hosts = assign(self.hosts.available(), self.spec.max_np)
+        previous = {w.slot.host for w in self.members.values()}
+        if previous and not previous & set(rank_hosts):
+            self._finish_locked(Outcome(1, "elastic: no host of the last round is left to "
+                                           "hand the training state to the new ones"))
+            return
+        slots = place_ranks(rank_hosts)
+        size = len(slots)
+        before = self.members
+        members: dict[tuple[str, int], Worker] = {}
+        for slot in slots:
+            old = before.get((slot.host, slot.local_rank))
+            if old is not None:
+                members[old.key] = Worker(old.id, slot, size)
+            else:
+                members[(slot.host, slot.local_rank)] = Worker(self.next_id, slot, size)
+                self.next_id += 1
+        self.round += 1
+        self.members = members
+        self.recorded = {}
+        self.notify = {}
+        self.reset_store(scope_sizes(slots))
+        self.gen += 1
+        hosts = list(dict.fromkeys(rank_hosts))
+        self.say("note", f"elastic: round {self.round}: {size} rank(s) on "
+                         f"{', '.join(f'{h}:{rank_hosts.count(h)}' for h in hosts)}")
+        for host in hosts:
+            if host not in self.agents:
+                self.agents[host] = self.clock() + LOST_AFTER  # time to start and first poll
+                self.start_host(host)
+        self._cond.notify_all()
+
+    def _record_locked(self, key: tuple[str, int], state: str, code: int = 0) -> None:
+        worker = self.members.get(key)
+        if worker is None or self.finished:
+            return
+        if self.recorded.get(key) in (SUCCESS, FAILURE):
+            return
+        self.recorded[key] = state
+        if state == FAILURE:
+            self.failed_first.append((worker, code))
+        if len(self.recorded) >= len(self.members) and not self._advancing:
+            self._advance_locked()
+
+    def _advance_locked(self) -> None:
+        """Every worker of the round has asked for its next place or ended."""
+        states = self.recorded
+        failures = [self.members[k] for k, s in states.items() if s == FAILURE]
+        if any(s == SUCCESS for s in states.values()):
+            if failures:
+                worker, code = self._first_failure(failures)
+                self._finish_locked(Outcome(code or 1, None, worker))
+            else:
+                self._finish_locked(Outcome(0))
+            return
+        if len(failures) == len(states):
+            worker, code = self._first_failure(failures)
+            self._finish_locked(Outcome(code or 1, "elastic: every worker of the round failed",
+                                        worker))
+            return
+        for worker in failures:
+            if not self.hosts.is_blacklisted(worker.slot.host):
+                self.say("warning", f"elastic: host {worker.slot.host} blacklisted: worker "
+                                    f"{worker.id} (rank {worker.slot.rank}) failed")
+            self.hosts.blacklist(worker.slot.host)
+        if all(self.hosts.is_blacklisted(h) for h, _ in states):
+            worker, code = self._first_failure(failures)
+            self._finish_locked(Outcome(code or 1, "elastic: every host of the round is "
+                                                   "blacklisted", worker))
+            return
+        if self.spec.reset_limit is not None and self.resets >= self.spec.reset_limit:
+            self._finish_locked(Outcome(1, f"elastic: the job reset {self.resets} time(s), "
+                                           f"the --reset-limit; stopping"))
+            return
+        self.resets += 1
+        self._begin_round_locked(self.spec.min_np)
+
+    def _first_failure(self, failures: list[Worker]) -> tuple[Worker, int]:
+        for worker, code in self.failed_first:
+            if worker in failures:
+                return worker, code
+        return failures[0], 1
+
+    # --- what the store serves --------------------------------------------------------------
+
+    def hooks(self) -> dict[str, Callable[[bytes, str, bytes], tuple[int, bytes]]]:
+        return {RANK_SCOPE: self._rank_and_size, PLAN_SCOPE: self._plan,
+                EXIT_SCOPE: self._exit}
+
+    def _rank_and_size(self, method: bytes, key: str, body: bytes) -> tuple[int, bytes]:
+        if method != b"GET":
+            return 405, b""
+        where = _host_slot(key)
+        if where is None:
+            return 400, b""
+        with self._cond:
+            asked_in = self.round
+            self._record_locked(where, READY)
+            while not self.finished and self.round == asked_in:
+                self._cond.wait(1.0)
+            worker = self.members.get(where)
+            if worker is None or self.finished:
+                # Drained (or the job is over): its agent stops it; the answer only comes if
+                # that never happens.
+                end = self.clock() + DRAIN_HOLD
+                while self.clock() < end:
+                    self._cond.wait(1.0)
+                return 200, REMOVED_ANSWER
+            s = worker.slot
+            text = f"{s.rank},{worker.size},{s.local_rank},{s.local_size},{s.cross_rank}," \
+                   f"{s.cross_size}"
+            return 200, text.encode("ascii")
+
+    def _plan(self, method: bytes, key: str, body: bytes) -> tuple[int, bytes]:
+        """An agent's long poll: its plan once it differs from generation GEN."""
+        host, _, gen_text = key.rpartition(":")
+        if method != b"GET" or not host or not gen_text.lstrip("-").isdigit():
+            return 400, b""
+        seen = int(gen_text)
+        with self._cond:
+            self.agents[host] = self.clock()
+            end = self.clock() + POLL_WAIT
+            while self.gen == seen and self.clock() < end:
+                self._cond.wait(end - self.clock())
+            self.agents[host] = self.clock()
+            if self.gen == seen:
+                return 404, b""
+            return 200, json.dumps(self.plan_for(host)).encode("utf-8")
+
+    def plan_for(self, host: str) -> dict[str, object]:
+        ranks = {} if self.finished else {
+            str(w.slot.local_rank): {"id": w.id, "env": worker_env(w)}
+            for w in self.members.values() if w.slot.host == host}
+        plan: dict[str, object] = {"gen": self.gen, "ranks": ranks, "end": self.finished}
+        if host in self.notify:
+            plan["notify"] = list(self.notify[host])
+        return plan
+
+    def _exit(self, method: bytes, key: str, body: bytes) -> tuple[int, bytes]:
+        parts = key.split(":")
+        if method != b"PUT" or len(parts) != 3 or not all(p.isdigit() for p in parts[1:]):
+            return 400, b""
+        host, local_rank, wid = parts[0], int(parts[1]), int(parts[2])
+        text = body.decode("ascii", "replace").strip()
+        code = int(text) if text.lstrip("-").isdigit() else 1
+        with self._cond:
+            worker = self.members.get((host, local_rank))
+            if worker is None or worker.id != wid or self.hosts.is_blacklisted(host):
+                return 200, b""  # drained, or an earlier round's: not this round's business
+            self._record_locked(worker.key, SUCCESS if code == 0 else FAILURE, code)
+        return 200, b""
+
+    # --- discovery and the agents -----------------------------------------------------------
+
+    def _discovery_loop(self) -> None:
+        while not self.finished:
+            time.sleep(DISCOVER_EVERY)
+            try:
+                found = self.discover()
+            except DiscoveryError as exc:
+                self.say("warning", f"elastic: host discovery failed, keeping the last hosts: "
+                                    f"{exc}")
+                continue
+            self._take_discovery(found)
+
+    def _take_discovery(self, found: Mapping[str, int], first: bool = False) -> None:
+        for host in found:
+            if host in self.admitted or host in self.hosts.refused:
+                continue
+            why = self.admit(host)
+            if why is None:
+                self.admitted.add(host)
+            else:
+                self.hosts.refused[host] = why
+                self.say("warning", f"elastic: host {host} left out: {why}")
+        with self._cond:
+            for host in list(self.admitted):
+                if host not in found:
+                    self.admitted.discard(host)  # checked again if it comes back
+            update = self.hosts.update(found)
+            if update == NO_UPDATE or first or self.finished:
+                self._cond.notify_all()
+                return
+            self._tell_coordinator_locked(update)
+            self._cond.notify_all()
+
+    def _tell_coordinator_locked(self, update: int) -> None:
+        enough = self.hosts.available_slots() >= self.spec.min_np
+        upcoming = assign(self.hosts.available(), self.spec.max_np) if enough else []
+        current = [w.slot.host for w in sorted(self.members.values(), key=lambda w: w.slot.rank)]
+        if upcoming == current:
+            return
+        coordinator = next((w for w in self.members.values() if w.slot.rank == 0), None)
+        if coordinator is None:
+            return
+        self.last_ts = max(self.last_ts + 1, int(time.time()))
+        self.notify[coordinator.slot.host] = (self.last_ts, update, coordinator.slot.local_rank)
+        self.gen += 1
+        what = "removed" if update == REMOVED else "added" if update == 2 else "changed"
+        self.say("note", f"elastic: hosts {what}; the ranks reset at their next commit")
+
+    def _watch_agents(self) -> None:
+        while not self.finished:
+            time.sleep(1.0)
+            with self._cond:
+                now = self.clock()
+                for host, heard in list(self.agents.items()):
+                    if now - heard <= LOST_AFTER:
+                        continue
+                    del self.agents[host]
+                    lost = [k for k in self.members if k[0] == host]
+                    if lost:
+                        self.say("warning", f"elastic: host {host} lost: its agent has not "
+                                            f"been heard from for {LOST_AFTER:g} s")
+                    for key in lost:
+                        self._record_locked(key, FAILURE, 1)
+
+
+def _host_slot(key: str) -> tuple[str, int] | None:
+    host, _, local = key.rpartition(":")
+    if not host or not local.isdigit():
+        return None
+    return host, int(local)
+
+
+def worker_env(worker: Worker) -> dict[str, str]:
+    """A new worker's place and Horovod's elastic switch; the output tag is its number."""
+    env = worker.slot.env(worker.size)
+    env["HOROVOD_ELASTIC"] = "1"
+    env["DTLAUNCH_WORKER"] = str(worker.id)
+    return env
