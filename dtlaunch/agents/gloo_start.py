@@ -22,6 +22,7 @@ Standard library only, no dtlaunch imports: it starts with -I -S, once per job.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import selectors
@@ -215,4 +216,9 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    status = main()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    # Out at once: an elastic job's input reader may still hold standard input's lock.
+    os._exit(status)

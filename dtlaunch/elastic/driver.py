@@ -370,15 +370,24 @@ class ElasticDriver:
             with self._cond:
                 now = self.clock()
                 for host, heard in list(self.agents.items()):
-                    if now - heard <= LOST_AFTER:
-                        continue
-                    del self.agents[host]
-                    lost = [k for k in self.members if k[0] == host]
-                    if lost:
-                        self.say("warning", f"elastic: host {host} lost: its agent has not "
-                                            f"been heard from for {LOST_AFTER:g} s")
-                    for key in lost:
-                        self._record_locked(key, FAILURE, 1)
+                    if now - heard > LOST_AFTER:
+                        self._lose_locked(host, f"its agent has not been heard from for "
+                                                f"{LOST_AFTER:g} s")
+
+    def host_lost(self, host: str) -> None:
+        """The link to a host's agent is gone (its ssh ended)."""
+        with self._cond:
+            self._lose_locked(host, "the SSH connection to it was lost")
+
+    def _lose_locked(self, host: str, why: str) -> None:
+        if host not in self.agents or self.finished:
+            return
+        del self.agents[host]
+        lost = [k for k in self.members if k[0] == host]
+        if lost:
+            self.say("warning", f"elastic: host {host} lost: {why}")
+        for key in lost:
+            self._record_locked(key, FAILURE, 1)
 
 
 def _host_slot(key: str) -> tuple[str, int] | None:

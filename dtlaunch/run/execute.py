@@ -93,6 +93,7 @@ def execute(
     ranks_to_stderr: bool = False,
     on_progress: Callable[[Progress], None] | None = None,
     stdin_data: bytes | Callable[[IO[bytes]], None] | None = None,
+    on_lost_host: Callable[[str], None] | None = None,
 ) -> LaunchResult:
     """Run mpirun to the end. ``stop_when`` is polled while it runs: a returned reason stops
     the job (used by the pre-flight's host-key check that runs alongside the start).
@@ -100,7 +101,8 @@ def execute(
     ``family`` reads the launcher's failures; ``support_files`` are written first (the
     family's ssh agent). ``shown_ranks``: the ranks whose output the console shows (None: all);
     ``ranks_to_stderr``: the ranks' stdout goes to stderr (stdout is a report's);
-    ``on_progress``: told as the ranks start."""
+    ``on_progress``: told as the ranks start; ``on_lost_host``: told of each host whose link
+    was lost, instead of stopping the job (an elastic job's driver)."""
     if output_dir is not None:
         try:
             output_dir.mkdir(parents=True, exist_ok=True)
@@ -186,6 +188,10 @@ def execute(
                 key_refused = out.host_key_refused
                 announce(f"ssh refused the host key of host {key_refused}: stopping the job")
                 _signal(proc, signal.SIGTERM)
+            if out.lost_host is not None and on_lost_host is not None:
+                # An elastic job goes on without the host: its driver is told at once.
+                on_lost_host(out.lost_host)
+                out.lost_host = None
             if out.lost_host is not None and lost_host is None:
                 lost_host = out.lost_host
                 announce(f"lost the SSH connection to host {lost_host}: stopping the job")

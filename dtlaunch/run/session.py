@@ -275,7 +275,8 @@ def launch(request: LaunchRequest, on_event: OnEvent, *, executor: Executor | No
         from dtlaunch.gloo.family import ELASTIC_GLOO
 
         gloo = elastic_job_for(run_request, plan, network, discover, on_event, request, reach)
-        command, command_env, extra = gloo.argv, gloo.env, {"stdin_data": gloo.feed}
+        command, command_env, extra = gloo.argv, gloo.env, {
+            "stdin_data": gloo.feed, "on_lost_host": gloo.driver.host_lost}
         family = ELASTIC_GLOO
     elif run_request.controller == "gloo":
         gloo = gloo_job_for(run_request, plan, network)

@@ -135,7 +135,7 @@ def test_a_lost_host_is_detected_and_the_survivors_resume(ebed: TestBed, tmp_pat
         for pid in ebed.pids_in("h2"):  # the whole host goes: sshd, agent, rank
             subprocess.run(["kill", "-9", str(pid)], check=False)
         lost_at = time.monotonic()
-        out, err = proc.communicate(timeout=JOB_LIMIT)
+        _out, err = proc.communicate(timeout=JOB_LIMIT)
     finally:
         if proc.poll() is None:
             proc.kill()
