@@ -8,11 +8,13 @@ the load average is sampled before and after each figure and printed with it.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import functools
 import os
 import platform
 import resource
+import shlex
 import shutil
 import signal
 import statistics
@@ -233,13 +235,15 @@ def ratio(a: float, b: float) -> float:
 
 
 def pyplot() -> Any | None:
-    """matplotlib's pyplot drawing to files (Agg), or None when matplotlib is not installed."""
+    """matplotlib's pyplot drawing to files (Agg), or None (said once on stderr) when
+    matplotlib is not installed."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
+        log("matplotlib is not installed: no PNG")
         return None
     return plt
 
@@ -409,6 +413,44 @@ def public(text: str) -> str:
     """`text` without this machine's paths: the checkout becomes relative, the interpreter
     running the benchmark `python` (results are read elsewhere, paths mean nothing there)."""
     return text.replace(PYTHON, "python").replace(str(ROOT) + "/", "").replace(str(ROOT), ".")
+
+
+def bench_parser(doc: str | None, *, reps: int, out: str | None = None, hosts: str | None = None,
+                 png: str | None = None, baseline: str | None = None) -> argparse.ArgumentParser:
+    """The options a figure's script shares with the others: --reps, and where it takes them
+    --hosts (comma-separated counts), --baseline REV (`baseline` is its help), --out and --png
+    (file names in results/); the script adds its own."""
+    parser = argparse.ArgumentParser(description=doc)
+    parser.add_argument("--reps", type=int, default=reps)
+    if hosts is not None:
+        parser.add_argument("--hosts", default=hosts)
+    if baseline is not None:
+        parser.add_argument("--baseline", metavar="REV", help=baseline or None)
+    if out is not None:
+        parser.add_argument("--out", default=out)
+    if png is not None:
+        parser.add_argument("--png", default=png)
+    return parser
+
+
+def host_counts(text: str) -> list[int]:
+    """`--hosts 8,32,64` as numbers."""
+    return [int(n) for n in text.split(",") if n]
+
+
+def command_line(script: str, argv: Sequence[str] | None) -> str:
+    """How a figure was made, for its results file: `python bench/SCRIPT ARGS`."""
+    return f"python bench/{script} {shlex.join(sys.argv[1:] if argv is None else argv)}".strip()
+
+
+def run_header(command: str, machine_tail: str) -> list[str]:
+    """A results file's first lines: the command, the date and the machine, then
+    `machine_tail` (say, the load average)."""
+    info = machine_info()
+    return [f"Command (as root, from the repository root): `{command}`  ",
+            f"Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; machine: "
+            f"{info['cores (nproc)']} cores ({info['CPU']}), {info['memory']}, shared with "
+            f"other work{machine_tail}"]
 
 
 def write_result(name: str, text: str) -> str:

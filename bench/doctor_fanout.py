@@ -8,7 +8,6 @@ sleeps before connecting). Writes a markdown table and a PNG (wall time vs hosts
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -23,8 +22,11 @@ from common import (
     baseline_env,
     baseline_tree,
     bed_of,
+    bench_parser,
+    command_line,
     dtlaunch_argv,
     fmt_s,
+    host_counts,
     latency_config,
     loadavg,
     log,
@@ -32,10 +34,12 @@ from common import (
     pyplot,
     ratio,
     round_robin,
+    run_header,
     save_raw,
     ssh_wrapper,
     timed,
     worktree_env,
+    write_result,
 )
 
 GOAL = 0.5  # doctor / horovodrun's check, 32 hosts
@@ -117,7 +121,6 @@ def measure(max_hosts: int, counts: list[int], latency_counts: list[int],
 def plot(res: dict[str, Any], path: Path) -> bool:
     plt = pyplot()
     if plt is None:
-        log("matplotlib is not installed: no PNG")
         return False
     fig, ax = plt.subplots(figsize=(7, 4.5))
     colors = dict(zip(TOOLS, ("tab:blue", "tab:red", "tab:gray")))
@@ -147,15 +150,7 @@ def plot(res: dict[str, Any], path: Path) -> bool:
 def report(res: dict[str, Any], reps: int, png: bool, command: str = "") -> str:
     parts = ["## 2. Doctor fan-out", ""]
     if command:
-        import time
-
-        from common import machine_info
-
-        info = machine_info()
-        parts += [f"Command (as root, from the repository root): `{command}`  ",
-                  f"Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; machine: "
-                  f"{info['cores (nproc)']} cores ({info['CPU']}), {info['memory']}, shared "
-                  "with other work.", ""]
+        parts += [*run_header(command, "."), ""]
     parts += [f"Medians of {reps} repetitions (min–max), load average {res['load']}. "
               f"Goals: doctor on the most hosts ≤ {GOAL} × horovodrun's SSH check, and ≤ "
               f"{GOAL_FLOOR:.2f} × the parallel-ssh floor at 64 hosts and more.", ""]
@@ -231,29 +226,20 @@ def report(res: dict[str, Any], reps: int, png: bool, command: str = "") -> str:
 
 
 def main(argv: list[str] | None = None) -> str:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--hosts", default="1,8,32")
+    parser = bench_parser(__doc__, reps=5, hosts="1,8,32", out="doctor_fanout.md",
+                          png="doctor_fanout.png",
+                          baseline="also run dtlaunch doctor as of git revision REV (before/after)")
     parser.add_argument("--latency-hosts", default="8,32")
-    parser.add_argument("--baseline", metavar="REV",
-                        help="also run dtlaunch doctor as of git revision REV (before/after)")
-    parser.add_argument("--out", default="doctor_fanout.md")
-    parser.add_argument("--png", default="doctor_fanout.png")
     args = parser.parse_args(argv)
-    counts = [int(n) for n in args.hosts.split(",") if n]
-    lat = [int(n) for n in args.latency_hosts.split(",") if n]
+    counts = host_counts(args.hosts)
+    lat = host_counts(args.latency_hosts)
     with baseline_tree(args.baseline) as base:
         res = measure(max(counts + lat), counts, lat, args.reps, base, args.baseline or "")
     save_raw(args.out.removesuffix(".md"), res)
     RESULTS.mkdir(exist_ok=True)
     png = bool(args.png) and plot(res, RESULTS / args.png)
-    import shlex
-
-    command = "python bench/doctor_fanout.py " + shlex.join(
-        argv if argv is not None else __import__("sys").argv[1:])
-    text = report(res, args.reps, png, command.strip()).replace("(doctor_fanout.png)", f"({args.png})")
-    (RESULTS / args.out).write_text(text)
-    log(text)
+    text = report(res, args.reps, png, command_line("doctor_fanout.py", argv))
+    text = write_result(args.out, text.replace("(doctor_fanout.png)", f"({args.png})"))
     res_summary = {n: {t: s.median for t, s in v.items()} for n, v in res["plain"].items()}
     log(f"summary: {res_summary}")
     return text

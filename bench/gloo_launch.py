@@ -8,7 +8,6 @@ every bed host's name resolves, as Horovod's Gloo process sets need).
 
 from __future__ import annotations
 
-import argparse
 from typing import Any
 
 from common import (
@@ -16,9 +15,11 @@ from common import (
     SCRIPTS,
     Sample,
     Series,
+    bench_parser,
     dtlaunch_argv,
     fmt_s,
     horovodrun_path,
+    host_counts,
     loadavg,
     md_table,
     ratio,
@@ -88,12 +89,8 @@ def report(results: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> str:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--hosts", default="2")
-    parser.add_argument("--out", default="gloo_launch.md")
-    args = parser.parse_args(argv)
-    results = [measure(int(n), args.reps) for n in args.hosts.split(",")]
+    args = bench_parser(__doc__, reps=5, hosts="2", out="gloo_launch.md").parse_args(argv)
+    results = [measure(n, args.reps) for n in host_counts(args.hosts)]
     save_raw(args.out.removesuffix(".md"), results)
     return write_result(args.out, report(results))
 

@@ -7,7 +7,6 @@ and by the real horovodrun, all from inside host h1's namespace with --iface eth
 
 from __future__ import annotations
 
-import argparse
 import shutil
 import statistics
 import tempfile
@@ -23,9 +22,11 @@ from common import (
     baseline_env,
     baseline_tree,
     bed_of,
+    bench_parser,
     dtlaunch_argv,
     fmt_s,
     horovodrun_path,
+    host_counts,
     loadavg,
     md_table,
     ratio,
@@ -162,20 +163,16 @@ def report(results: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> str:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--reps", type=int, default=5)
+    parser = bench_parser(__doc__, reps=5, hosts="2,8", out="launch_overhead.md",
+                          baseline="also run dtlaunch as of git revision REV (before/after)")
     parser.add_argument("--reps-small", type=int, help="repetitions on 2 hosts (default: --reps)")
-    parser.add_argument("--hosts", default="2,8")
-    parser.add_argument("--baseline", metavar="REV",
-                        help="also run dtlaunch as of git revision REV (before/after)")
-    parser.add_argument("--out", default="launch_overhead.md")
     parser.add_argument("--only", help="comma-separated substrings: run only the launchers whose "
                         "names contain one (mpirun always runs)")
     args = parser.parse_args(argv)
     with baseline_tree(args.baseline) as base:
-        results = [measure(int(n), (args.reps_small or args.reps) if int(n) <= 2 else args.reps, base,
+        results = [measure(n, (args.reps_small or args.reps) if n <= 2 else args.reps, base,
                            args.baseline or "", args.only.split(",") if args.only else None)
-                   for n in args.hosts.split(",")]
+                   for n in host_counts(args.hosts)]
     text = report(results)
     save_raw(args.out.removesuffix(".md"), results)
     return write_result(args.out, text)

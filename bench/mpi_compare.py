@@ -354,7 +354,7 @@ def shown(eff: tuple[float, float, float] | None) -> str:
 def plot(launch_res: dict[str, Any] | None, ptb_res: dict[str, Any] | None) -> str:
     plt = pyplot()
     if plt is None:
-        return "matplotlib not installed: no plot"
+        return "no plot"
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
     names = [n for n in MPIS if launch_res and "series" in launch_res.get(n, {})]
     width = 0.27

@@ -8,7 +8,6 @@ the bytes as fast as they come (so a lost byte shows up).
 
 from __future__ import annotations
 
-import argparse
 import os
 import shlex
 import subprocess
@@ -22,6 +21,7 @@ from common import (
     Series,
     _watch_hwm,
     bed_of,
+    bench_parser,
     dtlaunch_argv,
     fmt_s,
     loadavg,
@@ -131,10 +131,8 @@ def report(results: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> str:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--reps", type=int, default=3)
+    parser = bench_parser(__doc__, reps=3, out="output_throughput.md")
     parser.add_argument("--mb", type=float, default=100.0)
-    parser.add_argument("--out", default="output_throughput.md")
     args = parser.parse_args(argv)
     results = measure(args.reps, args.mb)
     text = report(results)

@@ -12,7 +12,6 @@ everything it starts there: ssh clients, dtlaunch's ssh agents) is the launcher'
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import subprocess
@@ -29,20 +28,24 @@ from common import (
     Sample,
     Series,
     bed_of,
+    bench_parser,
+    command_line,
     cpu_group,
     fmt_s,
     horovodrun_path,
+    host_counts,
     loadavg,
     log,
-    machine_info,
     md_table,
     pyplot,
     ratio,
     round_robin,
+    run_header,
     save_raw,
     ssh_wrapper,
     timed,
     worktree_env,
+    write_result,
 )
 
 SOURCE = SCRIPTS / "tiny_mpi.c"
@@ -192,7 +195,6 @@ def _tools(name: str, bed: Any, python: str, env: dict[str, str], job: str, host
 def plot(res: dict[str, Any], path: Path) -> bool:
     plt = pyplot()
     if plt is None:
-        log("matplotlib is not installed: no PNG")
         return False
     counts = sorted(res["sizes"])
     names = list(res["sizes"][counts[0]]["series"])
@@ -221,12 +223,8 @@ def plot(res: dict[str, Any], path: Path) -> bool:
 
 
 def report(res: dict[str, Any], reps: int, command: str, png: str | None) -> str:
-    info = machine_info()
     parts = ["## Launch at scale: a tiny MPI job on 8 to 64 hosts × 2 slots", "",
-             f"Command (as root, from the repository root): `{command}`  ",
-             f"Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; machine: "
-             f"{info['cores (nproc)']} cores ({info['CPU']}), {info['memory']}, shared with "
-             f"other work; load average {res['load']} (1, 5, 15 min, start → end).  ",
+             *run_header(command, f"; load average {res['load']} (1, 5, 15 min, start → end).  "),
              "MPIs: " + "; ".join(f"{MPI_TITLE[k]}: {v}" for k, v in res["versions"].items()),
              "", f"Medians of {reps} repetitions (min–max) after a dropped warm-up round; "
              f"ratios to that MPI's hand-written line (the warm-up round: every launcher on the "
@@ -273,25 +271,16 @@ def report(res: dict[str, Any], reps: int, command: str, png: str | None) -> str
 
 
 def main(argv: list[str] | None = None) -> str:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--hosts", default="8,32,64")
+    parser = bench_parser(__doc__, reps=3, hosts="8,32,64", out="scale_launch.md",
+                          png="scale_launch.png")
     parser.add_argument("--mpis", default="openmpi4,mpich")
     parser.add_argument("--no-cold", action="store_true", help="leave out the cold pre-flight")
-    parser.add_argument("--out", default="scale_launch.md")
-    parser.add_argument("--png", default="scale_launch.png")
     args = parser.parse_args(argv)
-    counts = [int(n) for n in args.hosts.split(",") if n]
-    res = measure(counts, args.reps, args.mpis.split(","), not args.no_cold)
+    res = measure(host_counts(args.hosts), args.reps, args.mpis.split(","), not args.no_cold)
     save_raw(args.out.removesuffix(".md"), res)
     RESULTS.mkdir(exist_ok=True)
     png = args.png if args.png and plot(res, RESULTS / args.png) else None
-    command = "python bench/scale_launch.py " + __import__("shlex").join(argv if argv is not None else
-                                                          __import__("sys").argv[1:])
-    text = report(res, args.reps, command.strip(), png)
-    (RESULTS / args.out).write_text(text)
-    log(text)
-    return text
+    return write_result(args.out, report(res, args.reps, command_line("scale_launch.py", argv), png))
 
 
 if __name__ == "__main__":

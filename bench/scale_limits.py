@@ -20,24 +20,24 @@ import json
 import os
 import resource
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
 from common import (
     PYTHON,
-    RESULTS,
     SCRIPTS,
     baseline_env,
     baseline_tree,
     bed_of,
+    command_line,
     dtlaunch_argv,
     loadavg,
     log,
-    machine_info,
     md_table,
+    run_header,
     timed,
     worktree_env,
+    write_result,
 )
 
 FD_LIMIT = 1024
@@ -168,14 +168,10 @@ def descriptors(n: int) -> dict[str, Any]:
 
 
 def report(res: dict[str, Any], command: str) -> str:
-    info = machine_info()
     pid_max = Path("/proc/sys/kernel/pid_max").read_text().strip()
     nproc = resource.getrlimit(resource.RLIMIT_NPROC)[0]
     parts = ["## What breaks first as hosts grow", "",
-             f"Command (as root, from the repository root): `{command}`  ",
-             f"Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; machine: "
-             f"{info['cores (nproc)']} cores ({info['CPU']}), {info['memory']}, shared with "
-             f"other work; load average {res['load']} (start → end).", ""]
+             *run_header(command, f"; load average {res['load']} (start → end)."), ""]
     if res.get("pairwise"):
         n = res["pairwise_hosts"]
         rows = []
@@ -230,13 +226,7 @@ def main(argv: list[str] | None = None) -> str:
     if args.hosts:
         res["fds"] = descriptors(args.hosts)
     res["load"] = f"{start} → {loadavg()}"
-    command = "python bench/scale_limits.py " + __import__("shlex").join(
-        argv if argv is not None else __import__("sys").argv[1:])
-    text = report(res, command.strip())
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / args.out).write_text(text)
-    log(text)
-    return text
+    return write_result(args.out, report(res, command_line("scale_limits.py", argv)))
 
 
 if __name__ == "__main__":

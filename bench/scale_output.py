@@ -9,11 +9,9 @@ of the rank that wrote it (and, for dtlaunch, that rank's host).
 
 from __future__ import annotations
 
-import argparse
 import re
 import shutil
 import tempfile
-import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -26,19 +24,22 @@ from common import (
     Sample,
     Series,
     bed_of,
+    bench_parser,
+    command_line,
     cpu_group,
     dtlaunch_argv,
     fmt_s,
+    host_counts,
     loadavg,
-    log,
-    machine_info,
     md_table,
     pyplot,
     ratio,
     round_robin,
+    run_header,
     save_raw,
     timed,
     worktree_env,
+    write_result,
 )
 
 JOB = str(SCRIPTS / "print_lines.py")
@@ -141,7 +142,6 @@ def _measure(counts: list[int], reps: int, lines: int, out: dict[str, Any], star
 def plot(res: dict[str, Any], path: Path) -> bool:
     plt = pyplot()
     if plt is None:
-        log("matplotlib is not installed: no PNG")
         return False
     counts = sorted(res["sizes"])
     names = list(res["sizes"][counts[0]]["series"])
@@ -165,12 +165,8 @@ def plot(res: dict[str, Any], path: Path) -> bool:
 
 
 def report(res: dict[str, Any], reps: int, command: str, png: str | None) -> str:
-    info = machine_info()
     parts = ["## Output at scale: every rank prints 10,000 lines", "",
-             f"Command (as root, from the repository root): `{command}`  ",
-             f"Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; machine: "
-             f"{info['cores (nproc)']} cores ({info['CPU']}), {info['memory']}, shared with "
-             f"other work; load average {res['load']} (start → end).", "",
+             *run_header(command, f"; load average {res['load']} (start → end)."), "",
              f"Medians of {reps} repetitions (min–max) after one dropped warm-up round. Goal: "
              f"every line arrives under the right tag, dtlaunch's peak RSS ≤ {GOAL_RSS_MIB} MiB; "
              "its CPU per MB stated.", ""]
@@ -216,24 +212,15 @@ def report(res: dict[str, Any], reps: int, command: str, png: str | None) -> str
 
 
 def main(argv: list[str] | None = None) -> str:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--reps", type=int, default=2)
-    parser.add_argument("--hosts", default="8,32,64")
+    parser = bench_parser(__doc__, reps=2, hosts="8,32,64", out="scale_output.md",
+                          png="scale_output.png")
     parser.add_argument("--lines", type=int, default=10000)
-    parser.add_argument("--out", default="scale_output.md")
-    parser.add_argument("--png", default="scale_output.png")
     args = parser.parse_args(argv)
-    counts = [int(n) for n in args.hosts.split(",") if n]
-    res = measure(counts, args.reps, args.lines)
+    res = measure(host_counts(args.hosts), args.reps, args.lines)
     save_raw(args.out.removesuffix(".md"), res)
     RESULTS.mkdir(exist_ok=True)
     png = args.png if args.png and plot(res, RESULTS / args.png) else None
-    command = "python bench/scale_output.py " + __import__("shlex").join(
-        argv if argv is not None else __import__("sys").argv[1:])
-    text = report(res, args.reps, command.strip(), png)
-    (RESULTS / args.out).write_text(text)
-    log(text)
-    return text
+    return write_result(args.out, report(res, args.reps, command_line("scale_output.py", argv), png))
 
 
 if __name__ == "__main__":

@@ -7,13 +7,13 @@ torch, horovod) each dtlaunch command imports.
 
 from __future__ import annotations
 
-import argparse
 from typing import Any
 
 from common import (
     PYTHON,
     SCRIPTS,
     Series,
+    bench_parser,
     dtlaunch_argv,
     fmt_s,
     horovodrun_path,
@@ -87,9 +87,7 @@ def report(res: dict[str, Any], reps: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> str:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--reps", type=int, default=10)
-    args = parser.parse_args(argv)
+    args = bench_parser(__doc__, reps=10).parse_args(argv)
     res = measure(args.reps)
     text = report(res, args.reps)
     save_raw("startup", res)

@@ -238,9 +238,9 @@ class RunSetup:
 def read_run(ctx: click.Context, params: Mapping[str, Any], hvd: HorovodArgs) -> RunSetup:
     """`run`'s parsed parameters (and its horovodrun options, read) to a request; every bad
     value is a UsageError here."""
+    from dtlaunch.console.hostfile import read_hosts
     from dtlaunch.console.run_args import RunArgs, build_run_request, resolve_output_dir
     from dtlaunch.job.command import suggest_option
-    from dtlaunch.job.hosts import read_hosts
     from dtlaunch.plan.rank_filter import parse_rank_filter
     from dtlaunch.reach.ssh_options import ssh_options_from
     from dtlaunch.run import launcher_choice

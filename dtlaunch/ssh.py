@@ -23,7 +23,6 @@ from dtlaunch.reach.known_hosts import (
     preferred_host_key_types,
 )
 from dtlaunch.reach.proxy import ProxySocket, open_socket
-from dtlaunch.reach.ssh_config import SshTarget, import_paramiko
 from dtlaunch.reach.ssh_errors import (
     AUTH,
     CHANGED_HOST_KEY,
@@ -36,6 +35,7 @@ from dtlaunch.reach.ssh_errors import (
     classify_os_error,
     fail,
 )
+from dtlaunch.reach.target import SshTarget, import_paramiko
 
 # Curve25519 first: its key exchange is the cheapest paramiko offers (C-backed).
 KEX_PREFERENCE = ("curve25519-sha256@libssh.org", "curve25519-sha256")

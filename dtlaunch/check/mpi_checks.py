@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dtlaunch.check.facts import HostFacts
 from dtlaunch.check.report import FAIL, PASS, SKIP, CheckResult
-from dtlaunch.mpi import INSTALL_OMPI_HINT, MIN_OMPI, MpiImpl
+from dtlaunch.core.mpi_kinds import INSTALL_OMPI_HINT, MIN_OMPI, MpiImpl
 
 NAME = "mpi"  # the report's column for the MPI implementation
 

@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from dtlaunch.cluster.allocation import detect
+from dtlaunch.cluster.placement import plan_allocation
+from dtlaunch.console.hostfile import read_hosts
 from dtlaunch.core.errors import UsageError
 from dtlaunch.doctor.doctor import (
     COMMAND_TIMEOUT,
@@ -17,13 +21,13 @@ from dtlaunch.doctor.doctor import (
     build_expectations,
     network_to_choose,
 )
-from dtlaunch.job.hosts import read_hosts
+from dtlaunch.job.hosts import Host
 from dtlaunch.mpi import parse_iface
-from dtlaunch.plan.plan import check_module_name
+from dtlaunch.plan.plan import RunRequest, check_module_name
+from dtlaunch.probe import reach_for
 from dtlaunch.probe.prober import Reach
-from dtlaunch.reach.ssh_options import ssh_options_from
+from dtlaunch.reach.ssh_options import SshOptions, ssh_options_from
 from dtlaunch.run.launcher_choice import job_launcher
-from dtlaunch.run.session import doctor_placement
 
 
 @dataclass(frozen=True)
@@ -50,13 +54,28 @@ class DoctorArgs:
 @dataclass(frozen=True)
 class DoctorSetup:
     request: DoctorRequest
-    reach: Reach | None  # None: over SSH
+    reach: Reach  # over SSH, or through srun inside a Slurm job
     source: str  # where the hosts came from ("" when given with -H or --hostfile)
 
 
+def doctor_placement(hosts: Sequence[Host], launcher: str, ssh: SshOptions,
+                     environ: Mapping[str, str] | None = None,
+                     ) -> tuple[tuple[str, ...], Reach, str]:
+    """Which hosts doctor checks and how: inside a Slurm job with no -H, exactly the allocated
+    nodes through srun. Returns the host names, the Reach and where they came from."""
+    placement = plan_allocation(RunRequest(hosts=tuple(hosts), python=sys.executable,
+                                           launcher=launcher),
+                                detect(dict(os.environ) if environ is None else environ), launcher)
+    names = tuple(h.name for h in placement.request.hosts)
+    source = placement.source if placement.allocation is not None else ""
+    return names, reach_for(placement.request.launcher, ssh), source
+
+
 def read_doctor(args: DoctorArgs) -> DoctorSetup:
+    ssh = ssh_options_from(args.ssh_port, args.ssh_identity_file, args.ssh_config,
+                           args.connect_timeout, args.accept_new_host_keys)
     host_names, reach, source = doctor_placement(read_hosts(args.hosts, args.hostfile),
-                                                 args.launcher)
+                                                 args.launcher, ssh)
     if args.script is not None and args.module is not None:
         raise UsageError("doctor: give either SCRIPT or -m MODULE, not both")
     if args.module is not None:
@@ -66,8 +85,7 @@ def read_doctor(args: DoctorArgs) -> DoctorSetup:
         hosts=host_names,
         expect=build_expectations(args.python or sys.executable, args.script, args.module,
                                   iface, args.pairwise, gloo=args.gloo),
-        ssh=ssh_options_from(args.ssh_port, args.ssh_identity_file, args.ssh_config,
-                             args.connect_timeout, args.accept_new_host_keys),
+        ssh=ssh,
         cwd=os.getcwd(),
         command_timeout=args.timeout if args.timeout is not None else COMMAND_TIMEOUT,
         choose_network=network_to_choose(iface, host_names),

@@ -19,7 +19,6 @@ from dtlaunch.check.verdict import evaluate
 from dtlaunch.core.tracker import Tracker
 from dtlaunch.probe.command import ProbeArgs
 from dtlaunch.probe.prober import Reach, fan_out, local_names
-from dtlaunch.probe.ssh_prober import ssh_reach
 from dtlaunch.reach.ssh_options import SshOptions
 
 Progress = Callable[[int, int, str], None]
@@ -105,31 +104,31 @@ def _no_answer(host: str, role: Role, exc: BaseException | None, seconds: float)
 
 
 def run_doctor(request: DoctorRequest, progress: Progress | None = None,
-               while_waiting: Callable[[], None] | None = None,
-               reach: Reach | None = None) -> DoctorReport:
+               while_waiting: Callable[[], None] | None = None, *,
+               reach: Reach) -> DoctorReport:
     """The doctor's report (see doctor_and_network)."""
-    return doctor_and_network(request, progress, while_waiting, reach)[0]
+    return doctor_and_network(request, progress, while_waiting, reach=reach)[0]
 
 
 def doctor_and_network(request: DoctorRequest, progress: Progress | None = None,
-                       while_waiting: Callable[[], None] | None = None,
-                       reach: Reach | None = None) -> tuple[DoctorReport, NetworkChoice | None]:
+                       while_waiting: Callable[[], None] | None = None, *,
+                       reach: Reach) -> tuple[DoctorReport, NetworkChoice | None]:
     """Probe this machine and every host in parallel, within one overall deadline.
     `while_waiting` runs once on this thread after every probe has started (e.g. importing
-    the renderer while the hosts answer); `reach`: how hosts are reached (default: SSH)."""
+    the renderer while the hosts answer); `reach`: how hosts are reached, decided by the caller
+    (dtlaunch.probe.reach_for)."""
     start = time.monotonic()
     here = local_names()
     local_in_list = [h for h in request.hosts if h in here]
     remote = [h for h in request.hosts if h not in here]
     launcher_name = local_in_list[0] if local_in_list else "localhost"
     rank_launcher = bool(local_in_list) or not request.hosts
-    ways = reach or ssh_reach(request.ssh)
-    prober = ways.prober()
+    prober = reach.prober()
     here_probe = Tracker()
 
     def work(host: str | None) -> HostOutcome:
         if host is None:
-            return _probe_launcher(request, launcher_name, rank_launcher, ways, here_probe)
+            return _probe_launcher(request, launcher_name, rank_launcher, reach, here_probe)
         return prober.probe(host, probe_args(request, host), request.command_timeout)
 
     # A connection may take the connect timeout twice (TCP and SSH handshake, then login).

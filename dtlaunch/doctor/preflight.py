@@ -33,7 +33,6 @@ from dtlaunch.doctor.preflight_cache import (
     write_cache,
 )
 from dtlaunch.probe.prober import Prober, Reach, fan_out, local_names
-from dtlaunch.probe.ssh_prober import ssh_reach
 
 if TYPE_CHECKING:
     from dtlaunch.check.network import NetworkChoice
@@ -121,8 +120,8 @@ def failure_message(report: DoctorReport | None, job_started: bool) -> str:
             + f"; {outcome} (fix the problems above, or pass --no-check)")
 
 
-def run_preflight(request: RunRequest, plan: RunPlan, job_started: bool = False,
-                  reach: Reach | None = None, use_cache: bool = True,
+def run_preflight(request: RunRequest, plan: RunPlan, job_started: bool = False, *,
+                  reach: Reach, use_cache: bool = True,
                   command_timeout: float | None = None,
                   progress: Callable[[int, int, str], None] | None = None) -> PreflightOutcome:
     """Check what the job needs on every host.
@@ -130,11 +129,10 @@ def run_preflight(request: RunRequest, plan: RunPlan, job_started: bool = False,
     On a cache hit the host keys still get checked: if the job fails, when that is safe (the
     returned `keys`), else here, before the launch. ``job_started``: that check found a bad
     key after the launch; the cache is dropped and the full checks run to report it. ``reach``:
-    how hosts are reached (default: SSH with the request's options). ``use_cache`` False
+    how hosts are reached (dtlaunch.probe.reach_for, decided once by the caller). ``use_cache`` False
     (`--disable-cache`): always the full checks; ``command_timeout`` (`--start-timeout`):
     seconds each host's checks may run; ``progress(done, total, host)``: told as hosts answer.
     """
-    ways = reach or ssh_reach(request.ssh)
     from dtlaunch.check.gpus import slots_pending
     from dtlaunch.check.network import choice_from_json, choice_to_json
     from dtlaunch.doctor.doctor import (
@@ -171,10 +169,10 @@ def run_preflight(request: RunRequest, plan: RunPlan, job_started: bool = False,
     if entry is not None:
         gpus = gpus_from_json(entry.get("gpus"))
         if may_overlap(request, plan.family, plan.launcher_env, launcher):
-            return PreflightOutcome(keys=DeferredKeyCheck(hosts, ways.prober), network=network,
+            return PreflightOutcome(keys=DeferredKeyCheck(hosts, reach.prober), network=network,
                                     message=("pre-flight: passed recently (cached); ssh "
                                              "checks the host keys as the job starts"), gpus=gpus)
-        if not host_key_failures(hosts, ways.prober()):
+        if not host_key_failures(hosts, reach.prober()):
             return PreflightOutcome(network=network, message=(
                 "pre-flight: passed recently (cached); host keys verified"), gpus=gpus)
         drop_cache(key)
@@ -195,7 +193,7 @@ def run_preflight(request: RunRequest, plan: RunPlan, job_started: bool = False,
         mpi_launcher="" if gloo else launcher,
         job_path=job_path,
     )
-    report, network = doctor_and_network(doctor_request, progress, reach=ways)
+    report, network = doctor_and_network(doctor_request, progress, reach=reach)
     warnings += report.warning_lines(said=problem)
     if not report.ok:
         return PreflightOutcome(report, warnings=tuple(warnings))

@@ -1,4 +1,5 @@
-"""Parse host lists (`-H h1:2,h2`) and hostfiles into Host values. Pure code."""
+"""Parse host lists (`-H h1:2,h2`) and hostfiles' text into Host values. Pure code (a
+hostfile is read in dtlaunch.console.hostfile)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from dtlaunch.core.errors import UsageError
-from dtlaunch.core.textfile import read_small_text
 
 # Slots per host beyond this are certainly a typo (no machine has a million cores).
 MAX_SLOTS = 4096
@@ -119,27 +119,6 @@ def parse_hostfile_text(text: str, path: str = "hostfile") -> tuple[Host, ...]:
     if not hosts:
         raise UsageError(f"{path}: no hosts in hostfile; {HOSTFILE_FORMAT}")
     return merge_duplicates(hosts, path)
-
-
-# Hostfiles larger than this are not hostfiles (a wrong path to a dataset, say).
-MAX_HOSTFILE_BYTES = 1 << 20
-
-
-def read_hostfile(path: str) -> tuple[Host, ...]:
-    """Read and parse a hostfile; every failure is a one-line UsageError."""
-    return parse_hostfile_text(read_small_text(path, "--hostfile", MAX_HOSTFILE_BYTES, "a hostfile"),
-                               path)
-
-
-def read_hosts(hosts: str | None, hostfile: str | None) -> tuple[Host, ...]:
-    """`--hosts` or `--hostfile` (not both); neither: no hosts (this machine)."""
-    if hosts is not None and hostfile is not None:
-        raise UsageError("give either --hosts or --hostfile, not both")
-    if hostfile is not None:
-        return read_hostfile(hostfile)
-    if hosts is not None:
-        return parse_hosts(hosts)
-    return ()
 
 
 def total_slots(hosts: Sequence[Host]) -> int:

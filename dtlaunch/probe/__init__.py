@@ -13,16 +13,13 @@ if TYPE_CHECKING:
     from dtlaunch.reach.ssh_options import SshOptions
 
 
-def reach_for(launcher: str, ssh: SshOptions | None = None) -> Reach | None:
+def reach_for(launcher: str, ssh: SshOptions) -> Reach:
     """How the checks reach the hosts for `launcher`: through srun inside a Slurm allocation
-    (its nodes may not be reachable over SSH at all), else over SSH with `ssh` (None: with the
-    SSH options the checks are given)."""
+    (its nodes may not be reachable over SSH at all), else over SSH with `ssh`."""
     if launcher == "slurm":
         from dtlaunch.probe.srun_prober import srun_reach
 
         return srun_reach()
-    if ssh is None:
-        return None
     from dtlaunch.probe.ssh_prober import ssh_reach
 
     return ssh_reach(ssh)

@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dtlaunch.check.report import HOST, HostOutcome, unreachable
 from dtlaunch.core.tracker import Tracker
 from dtlaunch.probe.command import END_MARK, ProbeArgs, build_remote_command, probe_local
 from dtlaunch.probe.prober import Reach
 from dtlaunch.reach.ssh_errors import SshFailure
-from dtlaunch.reach.ssh_options import SshOptions
+
+if TYPE_CHECKING:
+    from dtlaunch.reach.ssh_options import SshOptions
 
 
 class SshProber:

@@ -6,7 +6,7 @@ import os
 import socket
 from typing import Any
 
-from dtlaunch.reach.ssh_config import SshTarget, import_paramiko
+from dtlaunch.reach.target import SshTarget, import_paramiko
 
 
 def agent_keys(path: str, timeout: float) -> list[Any]:

@@ -8,7 +8,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from dtlaunch.reach.ssh_config import DEFAULT_KNOWN_HOSTS, SshTarget, import_paramiko
+from dtlaunch.reach.target import DEFAULT_KNOWN_HOSTS, SshTarget, import_paramiko
 
 _known_hosts_lock = threading.Lock()
 

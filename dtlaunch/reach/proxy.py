@@ -23,8 +23,8 @@ from collections.abc import Sequence
 from dtlaunch.agents import LOCAL_SHELL
 from dtlaunch.agents import text as script_text
 from dtlaunch.core.tracker import Tracker
-from dtlaunch.reach.ssh_config import SshTarget
 from dtlaunch.reach.ssh_errors import PROXY, classify_os_error, fail
+from dtlaunch.reach.target import SshTarget
 
 
 class ProxySocket:

@@ -6,74 +6,26 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import sys
-import threading
-from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dtlaunch.core.errors import DtlaunchError
-from dtlaunch.reach.ssh_options import SshOptions
+from dtlaunch.reach.target import (
+    DEFAULT_KNOWN_HOSTS,
+    GLOBAL_KNOWN_HOSTS,
+    SshTarget,
+    import_paramiko,
+)
+
+if TYPE_CHECKING:
+    from dtlaunch.reach.ssh_options import SshOptions
 
 DEFAULT_IDENTITIES = ("id_ed25519", "id_ecdsa", "id_rsa")
-DEFAULT_KNOWN_HOSTS = ("~/.ssh/known_hosts", "~/.ssh/known_hosts2")
-GLOBAL_KNOWN_HOSTS = ("/etc/ssh/ssh_known_hosts", "/etc/ssh/ssh_known_hosts2")
 
-_import_lock = threading.Lock()
 _MATCH_EXEC = re.compile(r"\s*match\b.*\bexec\b", re.IGNORECASE)
-
-
-@dataclass(frozen=True)
-class SshTarget:
-    """Where and how to connect to one host, after ssh config and command-line options."""
-
-    alias: str  # the name as given to dtlaunch (and to mpirun)
-    hostname: str
-    port: int
-    user: str
-    identity_files: tuple[str, ...] = ()
-    identities_only: bool = False
-    proxy_command: str | None = None
-    proxy_jump: str | None = None
-    known_hosts_files: tuple[str, ...] = DEFAULT_KNOWN_HOSTS
-    global_known_hosts_files: tuple[str, ...] = GLOBAL_KNOWN_HOSTS
-    host_key_alias: str | None = None
-    accept_new: bool = False
-    config_file: str | None = None
-    connect_timeout: float = 10.0
-
-    @property
-    def known_hosts_name(self) -> str:
-        """The name a known_hosts line carries: `host` on port 22, `[host]:port` otherwise."""
-        name = self.host_key_alias or self.hostname
-        return name if self.port == 22 else f"[{name}]:{self.port}"
-
-    @property
-    def destination(self) -> str:
-        return f"{self.user}@{self.alias}"
-
-    def ssh_flags(self) -> tuple[str, ...]:
-        """`-p PORT` for the fixes we print, when the port is not the default."""
-        return ("-p", str(self.port)) if self.port != 22 else ()
 
 
 def _yes(value: Any) -> bool:
     return str(value).strip().lower() in ("yes", "true", "1")
-
-
-def import_paramiko() -> Any:
-    """paramiko costs ~0.1 s to import: only where a connection is made. It is imported
-    without `invoke`, which its config module imports (~60 ms, a third of paramiko's import)
-    only to run `Match exec` lines; `load_ssh_config` supplies it when a config has one."""
-    with _import_lock:  # held even when imported, so no thread sees a half-imported module
-        blocked = "paramiko" not in sys.modules and "invoke" not in sys.modules
-        if blocked:
-            sys.modules["invoke"] = None  # type: ignore[assignment]  # `import invoke` fails fast
-        try:
-            import paramiko
-        finally:
-            if blocked and sys.modules.get("invoke", False) is None:
-                del sys.modules["invoke"]
-    return paramiko
 
 
 def _needs_match_exec(path: str) -> bool:

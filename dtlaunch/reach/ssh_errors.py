@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from dtlaunch.core.errors import DtlaunchError
 
 if TYPE_CHECKING:
-    from dtlaunch.reach.ssh_config import SshTarget
+    from dtlaunch.reach.target import SshTarget
 
 # Failure kinds, each with its own fix.
 UNRESOLVED = "unresolved"

@@ -114,7 +114,7 @@ def launch_with_restarts(request: LaunchRequest, policy: RestartPolicy, on_event
         run = prepared.request or request.run
         # Inside a Slurm job the re-check goes through srun like the first pre-flight: the
         # allocated nodes may not be reachable over SSH at all.
-        reach = reach_for(run.launcher)
+        reach = reach_for(run.launcher, run.ssh)
         limit = request.start_timeout
         left = time_left()
         if left is not None:  # the re-check too ends by the job's deadline

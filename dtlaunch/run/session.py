@@ -10,9 +10,8 @@ from __future__ import annotations
 import functools
 import os
 import shutil
-import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from enum import Enum
 from pathlib import Path
@@ -34,7 +33,6 @@ if TYPE_CHECKING:
     from dtlaunch.check.report import DoctorReport
     from dtlaunch.elastic.job import ElasticJob
     from dtlaunch.gloo.start import GlooJob
-    from dtlaunch.job.hosts import Host
     from dtlaunch.plan.rank_filter import RankFilter
     from dtlaunch.probe.prober import Reach
     from dtlaunch.run.execute import LaunchResult
@@ -183,28 +181,12 @@ def local_gpus(counts: Mapping[str, int], environ: Mapping[str, str] | None = No
     return {h: visible_devices(visible, n) if h in here else n for h, n in counts.items()}
 
 
-def doctor_placement(hosts: Sequence[Host], launcher: str = "auto",
-                     environ: Mapping[str, str] | None = None,
-                     ) -> tuple[tuple[str, ...], Reach | None, str]:
-    """Which hosts doctor checks and how: inside a Slurm job with no -H, exactly the allocated
-    nodes through srun. Returns the host names, the Reach (None: SSH) and where they came from."""
-    from dtlaunch.cluster.allocation import detect
-    from dtlaunch.cluster.placement import plan_allocation
-
-    placement = plan_allocation(RunRequest(hosts=tuple(hosts), python=sys.executable,
-                                           launcher=launcher),
-                                detect(dict(os.environ) if environ is None else environ), launcher)
-    names = tuple(h.name for h in placement.request.hosts)
-    source = placement.source if placement.allocation is not None else ""
-    return names, reach_for(placement.request.launcher), source
-
-
 def launch(request: LaunchRequest, on_event: OnEvent, *, executor: Executor | None = None,
            reach: Reach | None = None) -> RunOutcome:
     """Pre-flight, execute, and when a job started on a cached pre-flight fails because a
     host key went bad, check again.
     `executor` runs the job (default: launch.execute); `reach`: how the checks reach the
-    hosts (default: SSH)."""
+    hosts (default: dtlaunch.probe.reach_for, by the request's launcher)."""
     from dtlaunch.doctor.preflight import failure_message, run_preflight
 
     discover = None
@@ -218,7 +200,7 @@ def launch(request: LaunchRequest, on_event: OnEvent, *, executor: Executor | No
     plan = prepared.plan
     run_request = prepared.request or request.run
     if reach is None:
-        reach = reach_for(run_request.launcher)
+        reach = reach_for(run_request.launcher, run_request.ssh)
     keys = None
     network = None
     if request.check:

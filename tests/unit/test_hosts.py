@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from dtlaunch.console.hostfile import read_hostfile
 from dtlaunch.core.errors import UsageError
 from dtlaunch.job.hosts import (
     Host,
@@ -14,7 +15,6 @@ from dtlaunch.job.hosts import (
     format_hosts,
     parse_hostfile_text,
     parse_hosts,
-    read_hostfile,
 )
 
 

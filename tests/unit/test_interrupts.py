@@ -14,8 +14,8 @@ from conftest import dtlaunch_argv
 from helpers.procs import gone, read_pid
 
 from dtlaunch.core.tracker import Tracker
-from dtlaunch.reach.ssh_config import SshTarget
 from dtlaunch.reach.ssh_errors import SshFailure
+from dtlaunch.reach.target import SshTarget
 from dtlaunch.ssh import connect
 
 

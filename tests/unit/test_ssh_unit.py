@@ -13,9 +13,9 @@ from helpers.procs import HANG
 from dtlaunch import ssh
 from dtlaunch.reach import known_hosts, ssh_config, ssh_errors
 from dtlaunch.reach import proxy as ssh_proxy
-from dtlaunch.reach.ssh_config import SshTarget
 from dtlaunch.reach.ssh_errors import SshFailure
 from dtlaunch.reach.ssh_options import SshOptions
+from dtlaunch.reach.target import SshTarget
 
 
 def target(port: int, host: str = "127.0.0.1", timeout: float = 1.0, **kw: object) -> SshTarget:
