@@ -165,7 +165,8 @@ HOROVOD_OPTIONS: tuple[HorovodOption, ...] = (
     _refused("--jsrun", BOOL, "dtlaunch starts ranks with mpirun over SSH, not with LSF's jsrun; "
              "drop --jsrun and give the hosts with -H or --hostfile"),
     # Elastic mode (docs/elastic.md): dtlaunch's own --min-np is horovodrun's too.
-    HorovodOption(("--min-num-proc",), LAUNCH, INT, "min_np", metavar="N", hidden=True),
+    HorovodOption(("--min-np", "--min-num-proc"), LAUNCH, INT, "min_np", metavar="N",
+                  hidden=True),
     HorovodOption(("--max-np", "--max-num-proc"), LAUNCH, INT, "max_np", metavar="N",
                   help="Elastic: most processes to run (default: every slot)."),
     HorovodOption(("--host-discovery-script",), LAUNCH, STR, "host_discovery_script",

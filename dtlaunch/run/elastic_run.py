@@ -68,4 +68,5 @@ def elastic_result(result: LaunchResult, outcome: Outcome | None) -> LaunchResul
         failure = Failure(worker.id, worker.slot.host, exit_code=code if code < 128 else None,
                           signal=code - 128 if code > 128 else None)
         return replace(result, exit_code=code, failure=failure)
-    return replace(result, exit_code=outcome.code or 1, failure=Failure(reason=outcome.message or "elastic: the job failed"))
+    why = outcome.message or "elastic: the job failed"
+    return replace(result, exit_code=outcome.code or 1, failure=Failure(reason=why))

@@ -332,7 +332,7 @@ def job_report(result: LaunchResult, timeout: float | None) -> JobReport:
 
 def elastic_job_for(request: RunRequest, plan: RunPlan, network: NetworkChoice | None,
                     discover: Callable[[], dict[str, int]], on_event: OnEvent,
-                    launch_request: LaunchRequest, reach: Reach | None) -> ElasticJob:
+                    launch_request: LaunchRequest, reach: Reach) -> ElasticJob:
     """An elastic run's job: its driver on the hosts the pre-flight passed, each later host
     checked by the same pre-flight before it joins."""
     from dtlaunch.agents import PIPE_BUF, wrap_program

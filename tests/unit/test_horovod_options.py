@@ -257,13 +257,7 @@ def test_out_of_range_is_refused_like_horovodrun(hvd_runner: None, argv: list[st
 @pytest.mark.parametrize(("argv", "message"), [
     (["--gloo", "--mpi"], "--mpi and --gloo contradict each other"),
     (["--jsrun"], "not with LSF's jsrun"),
-    (["--min-np", "2"], "--min-np/--min-num-proc is part of Horovod's elastic mode"),
-    (["--max-num-proc", "4"], "elastic mode"),
-    (["--host-discovery-script", "d.sh"], "elastic mode"),
-    (["--blacklist-cooldown-range", "10", "20"], "elastic mode"),
-    (["--reset-limit", "3"], "elastic mode"),
-    (["--elastic-timeout", "60"], "elastic mode"),
-    (["--slots-per-host", "4"], "give slots with -H host:N"),
+    (["--max-np", "2", "--max-num-proc", "4"], "--max-np/--max-num-proc: given more than once"),
     (["--autotune", "--no-autotune"], "--autotune and --no-autotune contradict each other"),
     (["--log-with-timestamp", "--log-hide-timestamp"], "contradict each other"),
     (["--timeline", "a.json", "--timeline-filename", "b.json"], "--timeline-filename/--timeline: given more than once"),
@@ -278,6 +272,19 @@ def test_bad_flags(argv: list[str], message: str) -> None:
     with pytest.raises(UsageError, match=message) as info:
         dtlaunch_env(argv)
     assert "\n" not in str(info.value) and info.value.exit_code == 2
+
+
+def test_elastic_options_are_carried_for_the_elastic_spec() -> None:
+    # horovodrun's elastic options, once refused, now reach dtlaunch's elastic mode as given
+    # (their meaning is checked by dtlaunch.job.elastic.elastic_spec).
+    args = dtlaunch_args(["--min-num-proc", "2", "--max-num-proc", "4",
+                          "--host-discovery-script", "d.sh", "--slots-per-host", "2",
+                          "--elastic-timeout", "60", "--reset-limit", "3",
+                          "--blacklist-cooldown-range", "10", "20"])
+    assert dict(args.elastic) == {
+        "min_np": 2, "max_np": 4, "host_discovery_script": "d.sh", "slots_per_host": 2,
+        "elastic_timeout": 60, "reset_limit": 3, "blacklist_cooldown_range": (10, 20)}
+    assert dtlaunch_args(["--tcp"]).elastic == ()
 
 
 def test_mpi_is_accepted_and_excluded_flags_give_way() -> None:
