@@ -4,20 +4,19 @@ drive theirs), and each epoch's rank, size and host recorded by the workers."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import SCRIPTS, dtlaunch_argv, require_testbed
+from conftest import dtlaunch_argv, require_testbed
+from helpers.elastic import PROBE, check_consistent, discovery, epochs, last_pass, probe_args
 from helpers.jobs import assert_no_strays
 from helpers.procs import wait_for
 from helpers.testbed import TestBed, build_testbed
 
 pytestmark = pytest.mark.testbed
-PROBE = str(SCRIPTS / "elastic_probe.py")
 JOB_LIMIT = 300
 
 
@@ -31,48 +30,9 @@ def ebed() -> Iterator[TestBed]:
         testbed.close()
 
 
-def discovery(tmp_path: Path, first: list[str]) -> tuple[Path, Path]:
-    """(the script, the file it prints): the workers rewrite the file as the schedule says."""
-    hosts = tmp_path / "hosts"
-    hosts.write_text("".join(line + "\n" for line in first))
-    script = tmp_path / "discover.sh"
-    script.write_text(f"#!/bin/sh\nexec cat {hosts}\n")
-    script.chmod(0o755)
-    return script, hosts
-
-
 def elastic_argv(bed: TestBed, script: Path, *args: str) -> list[str]:
     return dtlaunch_argv("run", "--no-check", "--iface", bed.subnet, "--ssh-config",
                          str(bed.ssh_config), "--host-discovery-script", str(script), *args)
-
-
-def probe_args(tmp_path: Path, hosts: Path, schedule: list[list[str]], *more: str) -> list[str]:
-    return [PROBE, "--out", str(tmp_path), "--discovery-file", str(hosts),
-            "--hosts-at", json.dumps(schedule), *more]
-
-
-def epochs(tmp_path: Path) -> dict[int, list[dict[str, object]]]:
-    """epoch -> its records (the last pass of each epoch: a reset may repeat one)."""
-    found: dict[int, list[dict[str, object]]] = {}
-    path = tmp_path / "epochs.jsonl"
-    for line in path.read_text().splitlines() if path.exists() else ():
-        record = json.loads(line)
-        found.setdefault(int(record["epoch"]), []).append(record)
-    return found
-
-
-def last_pass(records: list[dict[str, object]]) -> list[dict[str, object]]:
-    size = int(records[-1]["size"])  # type: ignore[call-overload]
-    return records[-size:]
-
-
-def check_consistent(found: dict[int, list[dict[str, object]]]) -> None:
-    """Every epoch's last pass has each rank once, and its allreduce summed 1..size."""
-    for epoch, records in found.items():
-        done = last_pass(records)
-        size = int(done[0]["size"])  # type: ignore[call-overload]
-        assert sorted(int(r["rank"]) for r in done) == list(range(size)), (epoch, records)  # type: ignore[call-overload]
-        assert all(r["sum"] == size * (size + 1) / 2 for r in done), (epoch, records)
 
 
 def test_hosts_added_then_removed_keep_training(ebed: TestBed, tmp_path: Path,

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from conftest import SCRIPTS, dtlaunch_argv
+from helpers.elastic import check_consistent, discovery, epochs, last_pass, probe_args
 from helpers.jobs import records, start_job
 from helpers.procs import cmdline, survivors
 from helpers.slurm_bed import SlurmCluster
@@ -88,6 +89,29 @@ def test_gloo_ranks_start_through_srun_on_the_allocated_nodes(
         assert env["HOROVOD_CONTROLLER"] == "gloo" and "SLURM_STEP_ID" in env  # srun, not ssh
         assert "SLURM_PROCID" not in env and "OMPI_COMM_WORLD_RANK" not in env
         assert env.get("PUBLIC_SETTING") == "on" and "API_TOKEN" not in env
+    slurm_cluster.wait_idle(60)
+
+
+def test_elastic_job_grows_and_shrinks_through_srun(
+    slurm_cluster: SlurmCluster, tmp_path: Path, horovod: None
+) -> None:
+    """An elastic job inside a 3-node allocation: each node's agent is a srun step; the job
+    grows when the discovery script lists a third node and shrinks when it drops one."""
+    schedule = [["h1:1", "h2:1"], ["h1:1", "h2:1"], ["h1:1", "h2:1", "h3:1"],
+                ["h1:1", "h2:1", "h3:1"], ["h1:1", "h3:1"]]
+    script, hosts = discovery(tmp_path, schedule[0])
+    proc = slurm_cluster.run(*salloc(3, "dtl-elastic"), *dtlaunch_argv(
+        "run", "--no-check", "--iface", slurm_cluster.bed.subnet, "--host-discovery-script",
+        str(script), "--min-np", "2", *probe_args(tmp_path, hosts, schedule, "--epochs", "7")),
+        timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    found = epochs(tmp_path)
+    assert sorted(found) == list(range(7))
+    check_consistent(found)
+    sizes = [int(last_pass(found[e])[0]["size"]) for e in range(7)]  # type: ignore[call-overload]
+    assert sizes[0] == 2 and 3 in sizes and sizes[-1] == 2, sizes
+    assert {r["host"] for r in last_pass(found[6])} == {"h1", "h3"}
+    assert "removed from elastic job" not in proc.stdout + proc.stderr
     slurm_cluster.wait_idle(60)
 
 
