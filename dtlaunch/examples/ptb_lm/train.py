@@ -22,7 +22,7 @@ import math
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -86,6 +86,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--default-malloc", action="store_true",
                    help="leave glibc's malloc as it is (default: keep freed blocks for the next "
                         "step instead of faulting them in again; see memory.py)")
+    p.add_argument("--elastic", action="store_true",
+                   help="train under Horovod's elastic mode: go on as hosts come and go (run "
+                        "with dtlaunch run --host-discovery-script or --min-np)")
+    p.add_argument("--commit-every", type=int, default=20, metavar="K",
+                   help="with --elastic: commit the training state every K steps (default 20)")
     p.add_argument("--dump-params", help="each rank writes FILE.rank<r> with a params digest")
     p.add_argument("--dump-shard", help="each rank writes FILE.rank<r> with its streams")
     args = p.parse_args(argv)
@@ -101,6 +106,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--comm-nice must be in 0..19")
     if args.hidden_size is not None and args.hidden_size < 1:
         p.error("--hidden-size must be at least 1")
+    if args.commit_every < 1:
+        p.error("--commit-every must be at least 1")
+    if args.elastic and args.checkpoint:
+        p.error("--elastic keeps the training state in memory across resets; --checkpoint is "
+                "for restarts of a fixed-size job")
     return args
 
 
@@ -188,7 +198,7 @@ class Progress:
 
 
 def train_epoch(job: Job, pos: Position, lr: float, args: argparse.Namespace,
-                progress: Progress) -> bool:
+                progress: Progress, on_step: Callable[[Position], None] | None = None) -> bool:
     """Train ``pos.epoch`` from ``pos.epoch_step`` to its end (or until --max-steps),
     updating ``pos`` as it goes; returns whether the epoch was completed."""
     cfg, model, T = job.config, job.model, job.config.num_steps
@@ -234,6 +244,8 @@ def train_epoch(job: Job, pos: Position, lr: float, args: argparse.Namespace,
             pos.interval_loss, pos.interval_tokens, tick, ticked_at = 0.0, 0, now, i + 1
         if args.checkpoint_every and pos.step % args.checkpoint_every == 0:
             checkpoint(job, pos, args.checkpoint)
+        if on_step is not None:
+            on_step(pos)
     loss, tokens = allreduce_sum(job.comm, [pos.interval_loss, pos.interval_tokens])
     pos.train_ppl = math.exp((pos.epoch_loss + loss) / max(pos.epoch_tokens + tokens, 1))
     if completed:
@@ -310,7 +322,9 @@ def build_job(args: argparse.Namespace, comm: Any, corpus: Corpus) -> Job:
 def run(args: argparse.Namespace, comm: Any, up_at: float | None = None) -> None:
     torch.set_num_threads(args.threads or default_threads(comm))
     loading = time.perf_counter()
-    corpus = shared_corpus(comm, args.data_path)
+    # Elastic: a worker that joins later runs this alone, so nothing here may wait for the
+    # others (each reads the data itself; the state comes from rank 0 at the first sync).
+    corpus = load_corpus(args.data_path) if args.elastic else shared_corpus(comm, args.data_path)
     timing = {"up_at": up_at, "data_s": time.perf_counter() - loading}
     job = build_job(args, comm, corpus)
     rank, cfg = comm.rank(), job.config
@@ -318,33 +332,52 @@ def run(args: argparse.Namespace, comm: Any, up_at: float | None = None) -> None
         write_rank_file(args.dump_shard, rank, {
             "rank": rank, "size": comm.size(), "streams": list(job.streams),
             "first_tokens": job.train[:8].T.tolist()})
-    pos = start(args, job, timing)
+    if args.elastic:
+        pos = Position()
+        job.report.emit(f"config {cfg.name}: elastic, {comm.size()} rank(s) to start with, "
+                        f"global batch {cfg.batch_size}",
+                        {"event": "start", "config": cfg.name, "ranks": comm.size(),
+                         "batch_size": cfg.batch_size, "elastic": True, **timing})
+    else:
+        pos = start(args, job, timing)
 
     progress, epoch_times = Progress(), []
     max_epochs = args.max_epochs if args.max_epochs is not None else cfg.max_max_epoch
-    while pos.epoch < max_epochs:
-        if args.max_steps is not None and pos.step >= args.max_steps:
-            break
-        lr = learning_rate(cfg, pos.epoch)
-        whole, started = pos.epoch_step == 0, time.perf_counter()
-        if not train_epoch(job, pos, lr, args, progress):
-            if args.checkpoint and not (args.checkpoint_every
-                                        and pos.step % args.checkpoint_every == 0):
-                checkpoint(job, pos, args.checkpoint)  # where --max-steps stopped
-            break
-        epoch_time = time.perf_counter() - started
-        if whole:  # an epoch begun by an earlier attempt has no meaningful time
-            epoch_times.append(epoch_time)
-        if not args.no_eval:
-            pos.valid_ppl = evaluate(job, corpus.valid, args.eval_batch_size)
-        job.report.emit(
-            f"epoch {pos.epoch + 1} done: lr {lr:.4g} train ppl {pos.train_ppl:.2f} "
-            f"valid ppl {pos.valid_ppl:.2f} time {epoch_time:.1f}s",
-            {"event": "epoch", "epoch": pos.epoch + 1, "lr": lr, "train_ppl": pos.train_ppl,
-             "valid_ppl": pos.valid_ppl, "epoch_time_s": epoch_time})
-        pos = next_epoch(pos)
-        if args.checkpoint:
-            checkpoint(job, pos, args.checkpoint)
+
+    def epochs(pos: Position, on_step: Callable[[Position], None] | None = None) -> Position:
+        while pos.epoch < max_epochs:
+            if args.max_steps is not None and pos.step >= args.max_steps:
+                break
+            lr = learning_rate(cfg, pos.epoch)
+            whole, started = pos.epoch_step == 0, time.perf_counter()
+            if not train_epoch(job, pos, lr, args, progress, on_step):
+                if args.checkpoint and not (args.checkpoint_every
+                                            and pos.step % args.checkpoint_every == 0):
+                    checkpoint(job, pos, args.checkpoint)  # where --max-steps stopped
+                break
+            epoch_time = time.perf_counter() - started
+            if whole:  # an epoch begun by an earlier attempt has no meaningful time
+                epoch_times.append(epoch_time)
+            if not args.no_eval:
+                pos.valid_ppl = evaluate(job, corpus.valid, args.eval_batch_size)
+            job.report.emit(
+                f"epoch {pos.epoch + 1} done: lr {lr:.4g} train ppl {pos.train_ppl:.2f} "
+                f"valid ppl {pos.valid_ppl:.2f} time {epoch_time:.1f}s",
+                {"event": "epoch", "epoch": pos.epoch + 1, "lr": lr, "train_ppl": pos.train_ppl,
+                 "valid_ppl": pos.valid_ppl, "epoch_time_s": epoch_time})
+            pos = next_epoch(pos)
+            if args.checkpoint:
+                checkpoint(job, pos, args.checkpoint)
+        return pos
+
+    if args.elastic:
+        from .elastic import run_elastic
+
+        matrix = stream_matrix(corpus.train, cfg.batch_size)
+        pos = run_elastic(comm, job, matrix, pos, args, epochs)
+        rank = comm.rank()
+    else:
+        pos = epochs(pos)
 
     test_ppl = float("nan") if args.no_eval else evaluate(
         job, corpus.test, args.eval_batch_size)
@@ -371,6 +404,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args.default_malloc:
         keep_freed_memory()  # before anything large is allocated
     comm = get_comm(args.comm_nice)
+    if args.elastic and not hasattr(comm, "elastic"):
+        print("ptb_lm: error: --elastic needs Horovod (horovod.torch)", file=sys.stderr)
+        return 2
     up_at = time.time()  # modules imported and Horovod initialised: for recovery timings
     try:
         run(args, comm, up_at)
