@@ -4,6 +4,7 @@ drive theirs), and each epoch's rank, size and host recorded by the workers."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import time
 from collections.abc import Iterator
@@ -14,6 +15,7 @@ from conftest import dtlaunch_argv, require_testbed
 from helpers.elastic import PROBE, check_consistent, discovery, epochs, last_pass, probe_args
 from helpers.jobs import assert_no_strays
 from helpers.procs import wait_for
+from helpers.ptb import PTB_DIR, needs_ptb
 from helpers.testbed import TestBed, build_testbed
 
 pytestmark = pytest.mark.testbed
@@ -157,3 +159,57 @@ def test_malformed_discovery_is_one_clear_line(ebed: TestBed, tmp_path: Path, pr
     assert said in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def ptb_metrics(path: Path) -> list[dict[str, object]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def last_step(path: Path) -> int:
+    steps = [int(r["step"]) for r in ptb_metrics(path) if r.get("event") == "progress"]  # type: ignore[call-overload]
+    return max(steps, default=0)
+
+
+@needs_ptb
+def test_ptb_elastic_grows_and_shrinks_to_the_fixed_runs_perplexity(
+        ebed: TestBed, tmp_path: Path, horovod: None) -> None:
+    """The bundled model under --elastic: a host joins at about step 60 and another leaves at
+    about step 160; its final training perplexity is the fixed 2-rank run's, within noise."""
+    common = ["-m", "dtlaunch.examples.ptb_lm", "--config", "small", "--data-path",
+              str(PTB_DIR), "--max-steps", "260", "--log-interval", "20", "--no-eval",
+              "--threads", "1"]
+    fixed = tmp_path / "fixed.jsonl"
+    result = subprocess.run(dtlaunch_argv(
+        "run", "--gloo", "--no-check", "--iface", ebed.subnet, "--ssh-config",
+        str(ebed.ssh_config), "-H", "h1:1,h2:1", *common, "--metrics", str(fixed)),
+        capture_output=True, text=True, timeout=JOB_LIMIT)
+    assert result.returncode == 0, result.stderr
+    script, hosts = discovery(tmp_path, ["h1:1", "h2:1"])
+    moving = tmp_path / "elastic.jsonl"
+    proc = subprocess.Popen(elastic_argv(ebed, script, "--min-np", "2", *common, "--elastic",
+                                         "--commit-every", "10", "--metrics", str(moving)),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: last_step(moving) >= 60, "step 60 was never reached", 240)
+        hosts.write_text("h1:1\nh2:1\nh3:1\n")
+        wait_for(lambda: any(r.get("event") == "elastic_reset" and r.get("ranks") == 3
+                             for r in ptb_metrics(moving)), "the job never grew to 3", 120)
+        wait_for(lambda: last_step(moving) >= 160, "step 160 was never reached", 240)
+        hosts.write_text("h1:1\nh3:1\n")
+        out, err = proc.communicate(timeout=JOB_LIMIT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err
+    resets = [r["ranks"] for r in ptb_metrics(moving) if r.get("event") == "elastic_reset"]
+    assert resets[:1] == [3] and resets[-1] == 2, resets
+    final_fixed = next(r for r in ptb_metrics(fixed) if r.get("event") == "final")
+    final_moving = next(r for r in ptb_metrics(moving) if r.get("event") == "final")
+    assert final_moving["steps"] == final_fixed["steps"] == 260
+    ppl_fixed, ppl_moving = float(final_fixed["train_ppl"]), float(final_moving["train_ppl"])  # type: ignore[arg-type]
+    assert abs(ppl_moving - ppl_fixed) / ppl_fixed < 0.005, (ppl_fixed, ppl_moving)
+    assert "removed from elastic job" not in out + err and "job failed" not in err
+    assert_no_strays(ebed)
