@@ -137,7 +137,10 @@ def measure(reps: int) -> dict[str, Any]:
                     str(out)), env)}
                 hvdrun = horovodrun_path()
                 if hvdrun:
-                    tools["horovodrun"] = ([*inside, hvdrun, "--gloo", "--host-discovery-script", str(script) + ".addr", "--min-np", "2", "--network-interface", "eth0", PYTHON, STEPS, str(out)], hvd_env)
+                    tools["horovodrun"] = ([
+                        *inside, hvdrun, "--gloo", "--host-discovery-script",
+                        str(script) + ".addr", "-np", str(np), "--min-np", "2",
+                        "--network-interface", "eth0", PYTHON, STEPS, str(out)], hvd_env)
                 return tools
 
             def discovery(tmp: Path, names: list[str]) -> Path:
