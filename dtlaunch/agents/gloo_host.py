@@ -569,7 +569,8 @@ class ElasticAgent(Agent):
         while not self.stop.is_set():
             self.reap()
             self.deliver()
-            path = ("/%splan/%s:%d" % (CONTROL_PREFIX.decode(), self.host, gen)).encode()
+            path = ("/%splan/%s:%d:%d" % (CONTROL_PREFIX.decode(), self.host,
+                                          int(self.job.get("token") or 0), gen)).encode()
             status, body = self.forwarder._forward(b"GET", path, b"", POLL_TIMEOUT)
             if status == 200:
                 try:
@@ -577,6 +578,8 @@ class ElasticAgent(Agent):
                     gen = int(plan["gen"])
                 except (ValueError, KeyError, TypeError):
                     continue
+                if plan.get("end"):
+                    break  # the job is over, or this host has a newer agent
                 self.apply(plan)
             elif status != 404 and time.monotonic() >= quiet_until:
                 quiet_until = time.monotonic() + 30

@@ -42,7 +42,7 @@ READY, SUCCESS, FAILURE = "ready", "success", "failure"
 PLAN_SCOPE, EXIT_SCOPE, RANK_SCOPE = "_dtlaunch_plan", "_dtlaunch_exit", "rank_and_size"
 DISCOVER_EVERY = 1.0
 POLL_WAIT = 5.0  # an agent's long poll is answered after this long without a change
-LOST_AFTER = 15.0  # an agent not heard from this long has lost its host
+LOST_AFTER = 20.0  # an agent not heard from this long has lost its host
 DRAIN_HOLD = 60.0  # a drained worker's rank_and_size is held this long before "-1"
 REMOVED_ANSWER = b"-1,-1,-1,-1,-1,-1"
 
@@ -71,7 +71,7 @@ class Outcome:
 class ElasticDriver:
     spec: ElasticSpec
     discover: Callable[[], dict[str, int]]
-    start_host: Callable[[str], None]  # start the agent on a host (once; again if lost)
+    start_host: Callable[[str, int], None]  # start an agent (host, its token); again if lost
     reset_store: Callable[[Mapping[str, int]], None]  # a new round's rendezvous scopes
     admit: Callable[[str], str | None] = lambda host: None  # a new host's pre-flight: why not
     say: Say = lambda level, text: None
@@ -86,6 +86,7 @@ class ElasticDriver:
     gen: int = 0
     notify: dict[str, tuple[int, int, int]] = field(default_factory=dict)  # host -> (ts, res, lr)
     agents: dict[str, float] = field(default_factory=dict)  # host -> last heard from
+    tokens: dict[str, int] = field(default_factory=dict)  # host -> its current agent's token
     outcome: Outcome | None = None
     next_id: int = 0
     last_ts: int = 0
@@ -192,7 +193,8 @@ class ElasticDriver:
         for host in hosts:
             if host not in self.agents:
                 self.agents[host] = self.clock() + LOST_AFTER  # time to start and first poll
-                self.start_host(host)
+                self.tokens[host] = self.tokens.get(host, 0) + 1
+                self.start_host(host, self.tokens[host])
         self._cond.notify_all()
 
     def _record_locked(self, key: tuple[str, int], state: str, code: int = 0) -> None:
@@ -277,17 +279,23 @@ class ElasticDriver:
             return 200, text.encode("ascii")
 
     def _plan(self, method: bytes, key: str, body: bytes) -> tuple[int, bytes]:
-        """An agent's long poll: its plan once it differs from generation GEN."""
-        host, _, gen_text = key.rpartition(":")
-        if method != b"GET" or not host or not gen_text.lstrip("-").isdigit():
+        """An agent's long poll (HOST:TOKEN:GEN): its plan once it differs from generation GEN.
+        An agent whose host was given a new one since (it was taken for lost) is told to end."""
+        parts = key.split(":")
+        if method != b"GET" or len(parts) != 3 or not parts[1].isdigit() \
+                or not parts[2].lstrip("-").isdigit():
             return 400, b""
-        seen = int(gen_text)
-        with self._cond:
+        host, token, seen = parts[0], int(parts[1]), int(parts[2])
+        if self.tokens.get(host) != token:
+            return 200, json.dumps({"gen": self.gen, "ranks": {}, "end": True}).encode()
+        if host in self.agents:  # heard from, whoever holds the lock (one dict write)
             self.agents[host] = self.clock()
+        with self._cond:
             end = self.clock() + POLL_WAIT
             while self.gen == seen and self.clock() < end:
                 self._cond.wait(end - self.clock())
-            self.agents[host] = self.clock()
+            if host in self.agents:
+                self.agents[host] = self.clock()
             if self.gen == seen:
                 return 404, b""
             return 200, json.dumps(self.plan_for(host)).encode("utf-8")

@@ -55,7 +55,7 @@ def prepare_elastic_job(
     store = Store(sorted(set(addresses.values())), secret)
     lines: queue.Queue[bytes | None] = queue.Queue()
 
-    def start_host(host: str) -> None:
+    def start_host(host: str, token: int) -> None:
         where = addresses.get(host) or store_address(host, ssh, node_address(host))
         addresses[host] = where
         store.listen_also(where)
@@ -65,6 +65,7 @@ def prepare_elastic_job(
             env["HOROVOD_GLOO_IFACE"] = iface
         job = agent_job(host, where, store.port, secret, env, shim_argv, iface_cidrs, via_srun)
         job["elastic"] = True
+        job["token"] = token
         job["round_timeout"] = spec.timeout + DRAIN_HOLD + 120
         lines.put(json.dumps(host_entry(host, job, python, via_srun)).encode() + b"\n")
 

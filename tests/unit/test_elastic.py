@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import json
 import pickle
 import threading
 import time
@@ -156,7 +157,8 @@ def test_a_round_answers_every_worker_after_all_have_asked() -> None:
     found = {"h1": 1, "h2": 1}
     started: list[str] = []
     store = Store(["127.0.0.1"], b"s" * 32)
-    driver = ElasticDriver(spec, lambda: dict(found), started.append, store.reset_round)
+    driver = ElasticDriver(spec, lambda: dict(found), lambda host, token: started.append(host),
+                           store.reset_round)
     driver.start(found)
     assert started == ["h1", "h2"] and driver.round == 1
     envs = {w.slot.host: worker_env(w) for w in driver.members.values()}
@@ -181,3 +183,7 @@ def test_a_round_answers_every_worker_after_all_have_asked() -> None:
     for host, wid in (("h1", 0), ("h2", 1), ("h3", 2)):
         driver._exit(b"PUT", f"{host}:0:{wid}", b"0")
     assert driver.outcome is not None and driver.outcome.code == 0
+    # An agent whose host has a newer one is told to end; the current one gets its plan.
+    stale = json.loads(driver._plan(b"GET", "h1:0:-1", b"")[1])
+    assert stale["end"] is True and stale["ranks"] == {}
+    assert json.loads(driver._plan(b"GET", "h1:1:-1", b"")[1])["end"] is True  # job over
