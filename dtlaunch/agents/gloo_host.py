@@ -278,7 +278,8 @@ class Forwarder:
 
     def _forward(self, method: bytes, path: bytes, body: bytes,
                  timeout: float = STORE_TIMEOUT) -> Tuple[int, bytes]:
-        nonce = binascii.hexlify(os.urandom(16))
+        # Its time first, so that the store may forget it once too old to be taken again.
+        nonce = ("%x-" % int(time.time())).encode() + binascii.hexlify(os.urandom(16))
         mac = request_mac(self.secret, method, path, nonce, body)
         head = [method + b" " + path + b" HTTP/1.1", b"Host: dtlaunch",
                 b"Content-Length: %d" % len(body),

@@ -23,6 +23,7 @@ import hmac
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -32,6 +33,12 @@ from dtlaunch.core.errors import DtlaunchError
 MAX_BODY = agents.MAX_BODY
 MAX_KEYS = 100_000  # per scope; a job has a few per rank
 MAX_NONCES = 1_000_000  # remembered against replays; beyond it the store refuses new requests
+# A nonce may start with its sender's clock (`<unix seconds, hex>-<random>`): one older than
+# NONCE_MAX_AGE by the store's clock is refused, so one remembered for NONCE_FORGET (longer)
+# can be forgotten: a long elastic job's agents poll for ever without filling the memory.
+# Clocks may differ by up to NONCE_FORGET - NONCE_MAX_AGE (an hour).
+NONCE_MAX_AGE = 3600.0
+NONCE_FORGET = 7200.0
 IO_TIMEOUT = 10.0
 MAX_CLIENTS = 512
 _NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-:")
@@ -78,7 +85,8 @@ class Store:
     served: int = 0
     _data: dict[str, dict[str, bytes]] = field(default_factory=dict)
     _finished: dict[str, set[str]] = field(default_factory=dict)
-    _nonces: set[bytes] = field(default_factory=set)
+    _nonces: dict[bytes, float] = field(default_factory=dict)  # nonce -> when it came (or inf)
+    _pruned_at: float = 0.0
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _socks: list[socket.socket] = field(default_factory=list)
     _slots: threading.BoundedSemaphore = field(
@@ -204,10 +212,24 @@ class Store:
         expected = agents.request_mac(self.secret, method, path, nonce, body)
         if not hmac.compare_digest(expected, mac):
             return False
+        now = time.time()
+        stamp, dash, _ = nonce.partition(b"-")
+        forget_at = float("inf")  # a nonce without its time is remembered for the job's life
+        if dash:
+            try:
+                sent = int(stamp, 16)
+            except ValueError:
+                return False
+            if sent < now - NONCE_MAX_AGE:
+                return False
+            forget_at = now + NONCE_FORGET
         with self._lock:
+            if now - self._pruned_at > 60:
+                self._pruned_at = now
+                self._nonces = {n: t for n, t in self._nonces.items() if t > now}
             if nonce in self._nonces or len(self._nonces) >= MAX_NONCES:
                 return False
-            self._nonces.add(nonce)
+            self._nonces[nonce] = forget_at
         return True
 
     def handle(self, method: bytes, path: bytes, body: bytes) -> tuple[int, bytes]:

@@ -210,3 +210,24 @@ def test_inside_a_slurm_allocation_each_agent_is_a_one_task_step_that_keeps_no_s
                                script="t.py", num_proc=3, launcher="ssh", controller="gloo"),
                     {}, family=GLOO)
     assert plan.rank_hosts == ("n1", "n1", "n2")  # exactly -np, hosts filled in order
+
+
+def test_timed_nonces_are_refused_when_too_old_and_forgotten_later() -> None:
+    import time as _time
+
+    from dtlaunch.gloo import rendezvous
+
+    store = Store(["127.0.0.1"], SECRET)
+    now = int(_time.time())
+    fresh = f"{now:x}-".encode() + binascii.hexlify(os.urandom(16))
+    old = f"{now - 2 * 3600:x}-".encode() + binascii.hexlify(os.urandom(16))
+    mac = gloo_host.request_mac(SECRET, b"GET", b"/global/0", fresh, b"")
+    assert store._authentic(b"GET", b"/global/0", fresh, b"", mac)
+    assert not store._authentic(b"GET", b"/global/0", fresh, b"", mac)  # a replay
+    old_mac = gloo_host.request_mac(SECRET, b"GET", b"/global/0", old, b"")
+    assert not store._authentic(b"GET", b"/global/0", old, b"", old_mac)  # too old
+    bad = b"zz-" + binascii.hexlify(os.urandom(16))
+    assert not store._authentic(b"GET", b"/global/0", bad, b"",
+                                gloo_host.request_mac(SECRET, b"GET", b"/global/0", bad, b""))
+    # Remembered until it could no longer be taken anyway, then forgotten.
+    assert store._nonces[fresh] > _time.time() + rendezvous.NONCE_MAX_AGE
