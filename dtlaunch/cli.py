@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from dtlaunch.horovod.options import HorovodArgs
     from dtlaunch.plan.plan import RunRequest
     from dtlaunch.plan.rank_filter import RankFilter
-    from dtlaunch.run.restarts import RestartPolicy
+    from dtlaunch.run.restarts import RestartPolicy, RestartReport
     from dtlaunch.run.session import RunOutcome
 
 
@@ -58,7 +58,7 @@ def _note(message: str) -> None:
 
 def _event_printer(verbose: bool, line: Any = None) -> Callable[[Any], None]:
     """How the CLI shows a run's events on stderr; progress goes to `line` (a ProgressLine)."""
-    from dtlaunch.run.session import EventLevel
+    from dtlaunch.run.events import EventLevel
 
     def show(event: Any) -> None:
         if event.level is EventLevel.PROGRESS:
@@ -178,8 +178,10 @@ def run(ctx: click.Context, /, hosts: str | None, hostfile: str | None, iface: s
         from dtlaunch.run.restart_session import launch_with_restarts
 
         with progress:
-            code = launch_with_restarts(launch_request, policy, on_event).exit_code
-        sys.exit(code)
+            restarted = launch_with_restarts(launch_request, policy, on_event,
+                                             launch=session.launch, prepare=session.prepare)
+        show_restarts_end(restarted.report, setup.output_dir)
+        sys.exit(restarted.exit_code)
     with progress:
         outcome = session.launch(launch_request, on_event)
     show_job_end(outcome, as_json)
@@ -194,15 +196,30 @@ def show_job_end(outcome: RunOutcome, as_json: bool) -> None:
         import json
 
         click.echo(json.dumps(job_report_to_dict(outcome.report, outcome.exit_code,
-                                                 outcome.error), indent=2))
-    if outcome.error is not None:
+                                                 outcome.refused), indent=2))
+    if outcome.refused is not None:
         if outcome.preflight is not None:
             from dtlaunch.console.render import render_report
 
             render_report(outcome.preflight, sys.stderr)
-        raise DtlaunchError(outcome.error)
+        raise DtlaunchError(outcome.refused.describe())
     if outcome.report is not None:
         _print_job_report(outcome.report)
+
+
+def show_restarts_end(report: RestartReport, output_dir: str | None) -> None:
+    """A --max-restarts job's attempts on stderr and, with --output-dir, as data in
+    attempts.json (written whole: a reader never sees half of it)."""
+    from dtlaunch.console.render import ATTEMPTS_FILE, restart_report_json, restart_report_lines
+
+    if output_dir:
+        Path(output_dir).mkdir(parents=True, exist_ok=True)
+        target = Path(output_dir) / ATTEMPTS_FILE
+        tmp = target.with_name(f".{ATTEMPTS_FILE}.{os.getpid()}")
+        tmp.write_text(restart_report_json(report))
+        os.replace(tmp, target)
+    for line in restart_report_lines(report):
+        _note(line)
 
 
 def _print_job_report(report: Any) -> None:

@@ -33,6 +33,9 @@ if TYPE_CHECKING:
     from dtlaunch.core.failure import Failure
     from dtlaunch.core.records import Event
 
+SSH, SLURM = "ssh", "slurm"  # JobSpec.launcher: the ways daemons are started on the hosts
+
+
 @dataclass(frozen=True)
 class JobSpec:
     hosts: tuple[Host, ...]
@@ -48,8 +51,9 @@ class JobSpec:
     mpi_args: tuple[str, ...] = ()
     # Command the launcher uses instead of plain ssh (dtlaunch's link watcher); None: plain ssh.
     rsh_agent: str | None = None
-    # Inside a Slurm job: Open MPI's plm slurm starts the daemons with srun (no ssh at all).
-    slurm: bool = False
+    # How the launcher starts its daemons (proxies) on the hosts, decided once by
+    # cluster.placement: "ssh" (dtlaunch's ssh) or "slurm" (srun inside a Slurm job, no ssh).
+    launcher: str = SSH
     # --binding-args (checked by dtlaunch.job.binding); None: dtlaunch's default binding.
     binding: tuple[str, ...] | None = None
 

@@ -1,5 +1,6 @@
 """Show doctor and env-check results (a rich table with one fix per failure, or JSON), a
-job's end (root cause first, as lines or JSON) and the live progress line while things start.
+job's end (root cause first, as lines or JSON; a pre-flight's refusal), a --max-restarts job's
+attempts (lines, and attempts.json) and the live progress line while things start.
 
 The only module that imports rich (lazily, inside the functions that draw).
 """
@@ -17,7 +18,9 @@ from dtlaunch.run.progress import HOSTS_CHECKED, HOSTS_UP, RANKS_RUNNING, Progre
 if TYPE_CHECKING:
     from dtlaunch.check.gpu_facts import GpuFacts
     from dtlaunch.doctor.envcheck import EnvReport
+    from dtlaunch.doctor.preflight import PreflightFailure
     from dtlaunch.run.failure_report import JobReport
+    from dtlaunch.run.restarts import AttemptRecord, RestartReport
 
 SYMBOLS = {PASS: "pass", WARN: "warn", FAIL: "FAIL", SKIP: "-"}
 STYLES = {PASS: "green", WARN: "yellow", FAIL: "bold red", SKIP: "dim"}
@@ -248,9 +251,10 @@ def job_report_lines(report: JobReport) -> list[str]:
 
 
 def job_report_to_dict(report: JobReport | None, exit_code: int,
-                       error: str | None = None) -> dict[str, Any]:
-    """`dtlaunch run --json`'s document: the same report as data. ``error``: the pre-flight
+                       refused: PreflightFailure | None = None) -> dict[str, Any]:
+    """`dtlaunch run --json`'s document: the same report as data. ``refused``: the pre-flight
     stopped the run (report None)."""
+    error = refused.describe() if refused is not None else None
     if report is None:
         return {"version": JOB_REPORT_VERSION, "status": "not-started", "exit_code": exit_code,
                 "error": error, "ranks": 0, "notes": [], "root_cause": None,
@@ -285,6 +289,73 @@ def job_report_to_dict(report: JobReport | None, exit_code: int,
 
 
 JOB_REPORT_VERSION = 1
+
+
+# --- a --max-restarts job's end ---------------------------------------------------------------
+
+ATTEMPTS_FILE = "attempts.json"  # written to --output-dir
+ATTEMPTS_REPORT_VERSION = 1
+
+
+def clock_time(at: float) -> str:
+    """Local wall-clock time of day, to the second: enough to match the job's own logs."""
+    import time
+
+    return time.strftime("%H:%M:%S", time.localtime(at))
+
+
+def iso_utc(at: float) -> str:
+    import time
+
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(at)) + f".{int(at % 1 * 1000):03d}Z"
+
+
+def attempt_line(record: AttemptRecord) -> str:
+    hosts = ",".join(record.hosts)
+    return (f"  #{record.number} {clock_time(record.started_at)} {record.duration_s:7.1f} s  "
+            f"{record.ranks} rank(s) on {hosts}: {record.ended} (exit {record.exit_code})")
+
+
+def restart_report_lines(report: RestartReport) -> list[str]:
+    """One line per attempt, the hosts dropped and why, and why the loop stopped (each line is
+    given the `dtlaunch: ` prefix by the CLI)."""
+    used = max(len(report.attempts) - 1, 0)
+    lines = [f"attempts ({used} of {report.max_restarts} restart(s) used):"]
+    lines += [attempt_line(record) for record in report.attempts]
+    for record in report.attempts:
+        for host, why in record.dropped:
+            lines.append(f"dropped {host} before attempt #{record.number}: {why}")
+    lines.append(f"stopped: {report.stop.reason} (exit {report.exit_code})")
+    return lines
+
+
+def attempt_to_dict(record: AttemptRecord) -> dict[str, Any]:
+    return {
+        "number": record.number,
+        "started_at": record.started_at,
+        "started": iso_utc(record.started_at),
+        "ended_at": record.started_at + record.duration_s,
+        "duration_s": record.duration_s,
+        "hosts": list(record.hosts),
+        "ranks": record.ranks,
+        "ended": record.ended,
+        "exit_code": record.exit_code,
+        "dropped_before": [{"host": h, "why": why} for h, why in record.dropped],
+        "recheck_s": record.recheck_s,
+        "waited_s": record.waited_s,
+    }
+
+
+def restart_report_json(report: RestartReport) -> str:
+    """The document written to ``--output-dir/attempts.json``; times are seconds since the
+    epoch (``*_at``) so they line up with timestamps the job itself logs."""
+    return json.dumps({
+        "version": ATTEMPTS_REPORT_VERSION,
+        "max_restarts": report.max_restarts,
+        "exit_code": report.exit_code,
+        "stop": {"kind": report.stop.kind, "reason": report.stop.reason},
+        "attempts": [attempt_to_dict(r) for r in report.attempts],
+    }, indent=2) + "\n"
 
 
 # --- env-check ------------------------------------------------------------------------------

@@ -108,16 +108,35 @@ class PreflightOutcome:
         return self.report is None or self.report.ok
 
 
-def failure_message(report: DoctorReport | None, job_started: bool) -> str:
-    """The one line that ends a run whose pre-flight failed."""
-    def label(name: str) -> str:  # the reach check is named by how hosts were reached
-        return report.reach if report is not None and name == "reach" else name
+@dataclass(frozen=True)
+class PreflightFailure:
+    """Why the pre-flight stopped a run: each failing host with the check it failed (the reach
+    check named by how hosts were reached, ssh or srun), and whether the job had started."""
 
-    bad = sorted({f"{host} ({label(check.name)})" for host, check in report.failures()}) \
-        if report else []
-    outcome = "the job did not start" if job_started else "not launching"
-    return ("pre-flight checks failed: " + ", ".join(bad)
-            + f"; {outcome} (fix the problems above, or pass --no-check)")
+    failing: tuple[tuple[str, str], ...]  # (host, check)
+    job_started: bool
+
+    def describe(self) -> str:
+        """The one line that ends the run (console/render.py shows it; the restart loop and
+        elastic mode's admission quote it)."""
+        bad = sorted({f"{host} ({check})" for host, check in self.failing})
+        outcome = "the job did not start" if self.job_started else "not launching"
+        return ("pre-flight checks failed: " + ", ".join(bad)
+                + f"; {outcome} (fix the problems above, or pass --no-check)")
+
+
+def preflight_failure(report: DoctorReport | None, job_started: bool) -> PreflightFailure:
+    """The failing hosts of a pre-flight's report, as the run's outcome names them."""
+    if report is None:
+        return PreflightFailure((), job_started)
+    return PreflightFailure(tuple(
+        (host, report.reach if check.name == "reach" else check.name)
+        for host, check in report.failures()), job_started)
+
+
+def failure_message(report: DoctorReport | None, job_started: bool) -> str:
+    """`preflight_failure(report, job_started).describe()`: elastic mode's admission."""
+    return preflight_failure(report, job_started).describe()
 
 
 def run_preflight(request: RunRequest, plan: RunPlan, job_started: bool = False, *,

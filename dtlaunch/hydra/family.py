@@ -21,7 +21,16 @@ from dtlaunch.core.errors import UsageError
 from dtlaunch.core.mpi_kinds import INSTALL_MPICH_HINT
 from dtlaunch.job.binding import intel_pinning
 from dtlaunch.job.hosts import Host, format_hosts
-from dtlaunch.mpi import HYDRA_FAMILY, MPI_FAMILIES, Interfaces, JobSpec, MpiImpl, parse_mpirun_version
+from dtlaunch.mpi import (
+    HYDRA_FAMILY,
+    MPI_FAMILIES,
+    SLURM,
+    SSH,
+    Interfaces,
+    JobSpec,
+    MpiImpl,
+    parse_mpirun_version,
+)
 from dtlaunch.reach.ssh_options import refuse_any_host_key
 
 if TYPE_CHECKING:  # imported when a job runs, not for a dry run
@@ -123,7 +132,7 @@ def build_mpiexec_argv(spec: JobSpec, mpiexec: str = "mpiexec",
                          "from the launcher")
     placement, per_host = placement_args(spec, intel)
     argv: list[str] = [mpiexec, *placement]
-    if spec.slurm:
+    if spec.launcher == SLURM:
         argv += ["-launcher", "slurm"]
     else:
         argv += ["-launcher", "ssh", "-launcher-exec", launcher_exec or "ssh"]
@@ -176,7 +185,7 @@ class Hydra:
         return None
 
     def _agent(self, spec: JobSpec) -> SupportFile | None:
-        if spec.slurm or not (self.agent_dir and self.python and self.rsh_file):
+        if spec.launcher != SSH or not (self.agent_dir and self.python and self.rsh_file):
             return None
         script = agent_script(self.python, self.rsh_file, spec.ssh.ssh_args())
         return agent_path(self.agent_dir, script), script

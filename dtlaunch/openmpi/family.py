@@ -13,7 +13,16 @@ from typing import TYPE_CHECKING
 from dtlaunch.agents import SSH_ARGS_ENV
 from dtlaunch.job.binding import binding_for, double_dash
 from dtlaunch.job.hosts import format_hosts
-from dtlaunch.mpi import INSTALL_OMPI_HINT, MIN_OMPI, Interfaces, JobSpec, MpiImpl, parse_mpirun_version
+from dtlaunch.mpi import (
+    INSTALL_OMPI_HINT,
+    MIN_OMPI,
+    SLURM,
+    SSH,
+    Interfaces,
+    JobSpec,
+    MpiImpl,
+    parse_mpirun_version,
+)
 from dtlaunch.openmpi.mca import param_files_set_ssh, refuse_insecure, ssh_overrides
 from dtlaunch.reach.ssh_options import check_rsh_arg
 
@@ -53,7 +62,7 @@ def build_mpirun_argv(spec: JobSpec, mpirun: str = "mpirun") -> tuple[str, ...]:
     if spec.iface is not None:
         value = spec.iface.mca_value()
         argv += ["--mca", "btl_tcp_if_include", value, "--mca", "oob_tcp_if_include", value]
-    if spec.slurm:
+    if spec.launcher == SLURM:
         # srun starts one daemon per node inside the job's allocation; srun's exit (and
         # scancel) ends them. No ssh options apply.
         argv += ["--mca", "plm", "slurm"]
@@ -68,7 +77,7 @@ def build_mpirun_argv(spec: JobSpec, mpirun: str = "mpirun") -> tuple[str, ...]:
 
 def uses_agent(spec: JobSpec) -> bool:
     """dtlaunch's ssh wrapper starts the daemons (tree spawn runs plain ssh on the hosts too)."""
-    return bool(spec.rsh_agent) and not spec.tree_spawn and not spec.slurm
+    return bool(spec.rsh_agent) and not spec.tree_spawn and spec.launcher == SSH
 
 
 def agent_env(spec: JobSpec) -> dict[str, str]:
@@ -138,7 +147,7 @@ class OpenMpi:
         return agent_env(spec)
 
     def launcher_defaults(self, spec: JobSpec) -> dict[str, str]:
-        if not spec.slurm:
+        if spec.launcher != SLURM:
             return {}
         # plm slurm starts the daemons with srun; their step shares CPUs with other steps:
         # after a lost node, the stopped attempt's step lingers until slurmctld declares the

@@ -12,7 +12,7 @@ from dtlaunch.job.command import check_module_name as check_module_name  # re-ex
 from dtlaunch.job.elastic import ElasticSpec
 from dtlaunch.job.env import EnvPlan, build_launcher_env, plan_environment, slurm_launch_env
 from dtlaunch.job.hosts import Host, assign_ranks, total_slots
-from dtlaunch.mpi import Interfaces, JobSpec, MpiFamily, format_command
+from dtlaunch.mpi import SLURM, SSH, Interfaces, JobSpec, MpiFamily, format_command
 from dtlaunch.reach.ssh_options import SshOptions
 
 
@@ -163,7 +163,7 @@ def plan_run(
         mpi_version=mpi_version,
         mpi_args=request.mpi_args,
         rsh_agent=request.rsh_agent,
-        slurm=request.launcher == "slurm",
+        launcher=SSH if request.launcher == "auto" else request.launcher,
         binding=request.binding,
     )
     argv = family.build_argv(spec, launcher or family.launcher)
@@ -174,7 +174,7 @@ def plan_run(
     launcher_env = build_launcher_env(environ, env)
     own = family.launcher_env(spec)
     launcher_env.update(own)
-    if spec.slurm:
+    if spec.launcher == SLURM:
         # The launcher reads the Slurm job from these, to start its daemons with srun.
         launcher_env.update(slurm_launch_env(environ))
     for name, value in family.launcher_defaults(spec).items():

@@ -1,20 +1,21 @@
 """`dtlaunch run --max-restarts N`: the restart loop (dtlaunch.run.restarts) driven by real attempts.
 
-Each attempt is one `session.launch`; between attempts the remaining hosts get the full
-pre-flight again (never the cache: a host that just failed must prove itself), and a signal
-that arrives between attempts ends the loop like one that arrives during an attempt.
+Each attempt is one single run: `launch` (session.launch, handed in by the caller with its
+`prepare`, so the loop sits beside the single run rather than above it). Between attempts the
+remaining hosts get the full pre-flight again (never the cache: a host that just failed must
+prove itself), and a signal that arrives between attempts ends the loop like one that arrives
+during an attempt.
 """
 
 from __future__ import annotations
 
-import os
 import signal
 import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from dtlaunch.core.errors import EXIT_TIMEOUT
 from dtlaunch.core.failure import Failure
@@ -22,7 +23,7 @@ from dtlaunch.core.interrupts import Interrupted, signals_raise
 from dtlaunch.doctor.doctor import COMMAND_TIMEOUT
 from dtlaunch.job.hosts import Host
 from dtlaunch.probe import reach_for
-from dtlaunch.run.restart_report import build_report_json, build_report_lines
+from dtlaunch.run.events import Event, EventLevel, OnEvent
 from dtlaunch.run.restarts import (
     AttemptOutcome,
     RestartEvent,
@@ -33,13 +34,24 @@ from dtlaunch.run.restarts import (
     run_with_restarts,
     with_restart_count,
 )
-from dtlaunch.run.session import Event, EventLevel, LaunchRequest, OnEvent, launch, prepare
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from dtlaunch.plan.plan import RunRequest
+    from dtlaunch.run.session import LaunchRequest, Prepared, RunOutcome
+
+    Launch = Callable[[LaunchRequest, OnEvent], RunOutcome]  # session.launch
+    Prepare = Callable[[RunRequest, OnEvent], Prepared]  # session.prepare
 
 _HANDLED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 @dataclass(frozen=True)
 class RestartOutcome:
+    """The attempts and why the loop stopped: the CLI shows them (console/render.py) and
+    writes them to --output-dir/attempts.json."""
+
     report: RestartReport
     exit_code: int
 
@@ -68,8 +80,10 @@ class _PendingSignals:
         return self.received[0] if self.received else None
 
 
-def launch_with_restarts(request: LaunchRequest, policy: RestartPolicy, on_event: OnEvent,
-                         ) -> RestartOutcome:
+def launch_with_restarts(request: LaunchRequest, policy: RestartPolicy, on_event: OnEvent, *,
+                         launch: Launch, prepare: Prepare) -> RestartOutcome:
+    """Attempts of `request` under `policy`, each one `launch` (session.launch); `prepare`
+    (session.prepare) plans the first attempt's hosts and each re-check's."""
     # The attempts keep the slots planned here: one per GPU needs the pre-flight first, which
     # the loop does not run before it starts, so hosts without written slots keep 1.
     request = replace(request, run=replace(request.run, hosts=tuple(
@@ -145,12 +159,4 @@ def launch_with_restarts(request: LaunchRequest, policy: RestartPolicy, on_event
 
     report = run_with_restarts(first.hosts, len(first.rank_hosts), policy, run_attempt,
                                recheck, pending.sleep, on_event=show, deadline=deadline)
-    if request.output_dir:
-        Path(request.output_dir).mkdir(parents=True, exist_ok=True)
-        target = Path(request.output_dir) / "attempts.json"
-        tmp = target.with_name(f".attempts.json.{os.getpid()}")
-        tmp.write_text(build_report_json(report))
-        os.replace(tmp, target)
-    for line in build_report_lines(report):
-        on_event(Event(EventLevel.NOTE, line))
     return RestartOutcome(report, report.exit_code)

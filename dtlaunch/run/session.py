@@ -13,7 +13,6 @@ import shutil
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +23,10 @@ from dtlaunch.job.env import kept_home_note
 from dtlaunch.mpi import MpiFamily, MpiImpl
 from dtlaunch.plan.plan import RunPlan, RunRequest, plan_run
 from dtlaunch.probe import reach_for
+from dtlaunch.run.events import Event as Event  # the run's events, named here for its callers
+from dtlaunch.run.events import EventLevel as EventLevel
+from dtlaunch.run.events import OnEvent as OnEvent
+from dtlaunch.run.events import progress_event
 from dtlaunch.run.failure_report import JobReport, build_report
 from dtlaunch.run.launcher_choice import launcher_family, local_mpi
 from dtlaunch.run.progress import HOSTS_CHECKED, Progress
@@ -31,6 +34,7 @@ from dtlaunch.run.progress import HOSTS_CHECKED, Progress
 if TYPE_CHECKING:
     from dtlaunch.check.network import NetworkChoice
     from dtlaunch.check.report import DoctorReport
+    from dtlaunch.doctor.preflight import PreflightFailure
     from dtlaunch.elastic.job import ElasticJob
     from dtlaunch.gloo.start import GlooJob
     from dtlaunch.plan.rank_filter import RankFilter
@@ -38,28 +42,6 @@ if TYPE_CHECKING:
     from dtlaunch.run.execute import LaunchResult
 
 
-class EventLevel(Enum):
-    NOTE = "note"  # always shown
-    WARNING = "warning"  # always shown, as a warning
-    DETAIL = "detail"  # shown with --verbose
-    PROGRESS = "progress"  # a job starting: a live line on a terminal, else nothing
-    REPORT = "report"  # how an attempt of a --max-restarts job ended (root cause first)
-
-
-@dataclass(frozen=True)
-class Event:
-    level: EventLevel
-    text: str
-    progress: Progress | None = None  # with PROGRESS
-    report: JobReport | None = None  # with REPORT
-
-
-def progress_event(progress: Progress) -> Event:
-    return Event(EventLevel.PROGRESS, f"{progress.stage} {progress.done}/{progress.total}",
-                 progress)
-
-
-OnEvent = Callable[[Event], None]
 Executor = Callable[..., "LaunchResult"]
 
 
@@ -90,8 +72,13 @@ class RunOutcome:
     preflight: DoctorReport | None  # the full checks' report, when they ran
     result: LaunchResult | None  # None: nothing was launched
     exit_code: int
-    error: str | None = None  # one line, when the pre-flight stopped the run
+    refused: PreflightFailure | None = None  # the pre-flight stopped the run
     report: JobReport | None = None  # how the job ended (None: nothing was launched)
+
+    @property
+    def error(self) -> str | None:
+        """The pre-flight's one line, when it stopped the run."""
+        return self.refused.describe() if self.refused is not None else None
 
 
 @dataclass(frozen=True)
@@ -187,7 +174,7 @@ def launch(request: LaunchRequest, on_event: OnEvent, *, executor: Executor | No
     host key went bad, check again.
     `executor` runs the job (default: launch.execute); `reach`: how the checks reach the
     hosts (default: dtlaunch.probe.reach_for, by the request's launcher)."""
-    from dtlaunch.doctor.preflight import failure_message, run_preflight
+    from dtlaunch.doctor.preflight import preflight_failure, run_preflight
 
     discover = None
     if request.run.elastic is not None:
@@ -215,7 +202,7 @@ def launch(request: LaunchRequest, on_event: OnEvent, *, executor: Executor | No
             on_event(Event(EventLevel.WARNING, warning))
         if not checked.ok:
             return RunOutcome(plan, checked.report, None, EXIT_FAILURE,
-                              failure_message(checked.report, job_started=False))
+                              preflight_failure(checked.report, job_started=False))
         keys = checked.keys
         choice = network = checked.network
         run = run_request
@@ -317,7 +304,7 @@ def launch(request: LaunchRequest, on_event: OnEvent, *, executor: Executor | No
                 if keys.failed() else None
         if again is not None and not again.ok:
             return RunOutcome(plan, again.report, result, EXIT_FAILURE,
-                              failure_message(again.report, job_started=True),
+                              preflight_failure(again.report, job_started=True),
                               report=job_report(result, request.timeout))
     return RunOutcome(plan, None, result, result.exit_code,
                       report=job_report(result, request.timeout))

@@ -148,6 +148,8 @@ def test_preflight_cache_hit_with_an_agent_override_checks_keys_first(
     assert preflight.failure_message(again.report, job_started=False) == (
         "pre-flight checks failed: h2 (ssh); not launching "
         "(fix the problems above, or pass --no-check)")
+    assert preflight.preflight_failure(again.report, job_started=False).failing == (
+        ("h2", "ssh"),)
 
 
 

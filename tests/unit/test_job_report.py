@@ -18,6 +18,7 @@ from dtlaunch.console.render import ProgressLine, job_report_lines, job_report_t
 from dtlaunch.core.errors import UsageError
 from dtlaunch.core.failure import Failure
 from dtlaunch.core.records import RankExit, parse_record
+from dtlaunch.doctor.preflight import PreflightFailure
 from dtlaunch.plan.rank_filter import RankFilter, parse_rank_filter
 from dtlaunch.run.execute import first_failed_rank
 from dtlaunch.run.failure_report import (
@@ -183,8 +184,11 @@ def test_stops_timeouts_success_and_a_reader_gone() -> None:
     assert late.status == "timed-out" and job_report_to_dict(late, 124)["notes"] == [
         "job stopped: it ran longer than --timeout 3 s"]
     assert job_report_lines(build_report(141, None, nothing, interrupted_by=signal.SIGPIPE)) == []
-    assert job_report_to_dict(None, 1, "pre-flight checks failed: h2 (ssh)")["status"] \
-        == "not-started"
+    refused = job_report_to_dict(None, 1, PreflightFailure((("h2", "ssh"),), job_started=False))
+    assert refused["status"] == "not-started"
+    assert refused["error"] == refused["summary"] == (
+        "pre-flight checks failed: h2 (ssh); not launching "
+        "(fix the problems above, or pass --no-check)")
 
 
 def test_tail_lines_keep_the_last_whole_lines_as_last_drawn() -> None:

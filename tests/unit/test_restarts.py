@@ -12,10 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dtlaunch.console.render import restart_report_json, restart_report_lines
 from dtlaunch.core.errors import DtlaunchError, UsageError
 from dtlaunch.core.failure import Failure
 from dtlaunch.job.hosts import Host
-from dtlaunch.run.restart_report import build_report_json, build_report_lines
 from dtlaunch.run.restarts import (
     RESTART_COUNT_ENV,
     AttemptOutcome,
@@ -139,7 +139,7 @@ def test_a_failure_that_repeats_stops_early_with_the_report() -> None:
     report = fake.run(max_restarts=9)
     assert len(fake.attempts) == 2 and report.stop.kind == "repeated"
     assert report.exit_code == 1
-    lines = build_report_lines(report)
+    lines = restart_report_lines(report)
     assert lines[0] == "attempts (1 of 9 restart(s) used):"
     assert "failed the same way twice in a row (rank 0 on host h2 exited with code 1)" in lines[-1]
     assert lines[-1].endswith("(exit 1)")
@@ -245,7 +245,7 @@ def test_no_host_left_stops() -> None:
 
 def test_report_json_has_every_attempt() -> None:
     fake = Cluster([lost("h3"), OK])
-    doc = json.loads(build_report_json(fake.run(max_restarts=2)))
+    doc = json.loads(restart_report_json(fake.run(max_restarts=2)))
     assert doc["exit_code"] == 0 and doc["stop"]["kind"] == "finished"
     first, second = doc["attempts"]
     assert first["hosts"] == ["h1", "h2", "h3"] and second["hosts"] == ["h1", "h2"]
