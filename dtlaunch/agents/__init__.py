@@ -11,27 +11,38 @@
 They run under whatever interpreter and shell the host has: the Python files keep to
 Python >= 3.6 (no `from __future__ import annotations`, typing's generic aliases) and the
 standard library, and import nothing from dtlaunch; the shell files keep to POSIX sh
-(tests/test_agents.py holds them to it). This module is the one way the rest of dtlaunch reaches
-them: `path` for a file run here, `text` for a file sent to a host, and the few words (record
-kinds, environment names, argv builders) each agent defines for itself.
+(tests/unit/test_layers.py holds them to it).
+
+How each travels is said once, in SHIPPING, and `ship(name)` is the one way the rest of
+dtlaunch starts or sends an agent (tests/unit/test_layers.py: no other), besides the few words
+(record kinds, environment names) each agent defines for itself:
+
+- HERE: run on this machine from its file, `python -I -S FILE` (beside mpirun: rsh, lifeline,
+  the Gloo fan-out);
+- TEXT: its text travels inside the command, `sh -c TEXT` or as an argument of the probe (the
+  probe's parts, the ties), so nothing has to be on the host first;
+- STDIN: a fixed bootstrap on the command line, its text on standard input (the Gloo host
+  agent, whose job follows it there, secrets included);
+- INLINE: compressed into `python -c` on the command line (the rank shim: mpirun starts it on
+  the host, where nothing of dtlaunch's is).
 """
 
 import functools
 import importlib
 import os
 import shutil
+import sys
 from importlib import resources
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, List, NamedTuple, Sequence, Tuple
 
 # The words dtlaunch shares with its agents, defined once in the agent that speaks them. Loaded
 # on first use, not here: `python -m dtlaunch.agents.rsh` must find its module not yet imported.
 _WORDS = {
     "gloo_host": ("AUTH_HEADER", "NONCE_HEADER", "MAX_BODY", "BadRequest", "read_request",
-                  "response_bytes", "request_mac", "response_mac", "gloo_boot_command",
-                  "gloo_packed_text"),
+                  "response_bytes", "request_mac", "response_mac"),
     "lifeline": ("guarded_argv", "session_members"),
     "rank_shim": ("ESC", "EXIT", "HEADER_MAX", "HOST", "MAGIC", "NOSTART", "PIPE_BUF", "STDERR",
-                  "STDOUT", "encode_argv", "unescape", "wrap_program"),
+                  "STDOUT", "encode_argv", "unescape"),
     "rsh": ("HOST_KEY_PREFIX", "LOST_PREFIX", "SSH_ARGS_ENV"),
 }
 if TYPE_CHECKING:
@@ -40,8 +51,6 @@ if TYPE_CHECKING:
         MAX_BODY,
         NONCE_HEADER,
         BadRequest,
-        gloo_boot_command,
-        gloo_packed_text,
         read_request,
         request_mac,
         response_bytes,
@@ -60,7 +69,6 @@ if TYPE_CHECKING:
         STDOUT,
         encode_argv,
         unescape,
-        wrap_program,
     )
     from .rsh import HOST_KEY_PREFIX, LOST_PREFIX, SSH_ARGS_ENV
 
@@ -91,30 +99,89 @@ __all__ = [
     "STDOUT",
     "BadRequest",
     "encode_argv",
-    "gloo_boot_command",
-    "gloo_packed_text",
     "guarded_argv",
-    "path",
     "read_request",
     "request_mac",
     "response_bytes",
     "response_mac",
     "session_members",
-    "text",
+    "ship",
     "unescape",
-    "wrap_program",
 ]
 
 # The shell that runs a shell agent on this machine.
 LOCAL_SHELL = "/bin/sh" if os.path.exists("/bin/sh") else (shutil.which("sh") or "sh")
 
 
-def path(name: str) -> str:
-    """The agent `name` as a file on this machine (it is run from there, never copied)."""
+HERE, TEXT, STDIN, INLINE = "here", "text", "stdin", "inline"
+# How each agent travels: one line per agent file (tests/unit/test_layers.py).
+SHIPPING = {
+    "rsh.py": HERE,
+    "lifeline.py": HERE,
+    "gloo_start.py": HERE,
+    "gloo_host.py": STDIN,
+    "rank_shim.py": INLINE,
+    "probe.sh": TEXT,
+    "tied.sh": TEXT,
+    "proxy_tied.sh": TEXT,
+    "remote_probe.py": TEXT,
+    "import_probe.py": TEXT,
+}
+
+
+def _path(name: str) -> str:
     return os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
 
 
 @functools.cache
-def text(name: str) -> str:
-    """The agent `name` as the text sent to a host."""
+def _text(name: str) -> str:
     return resources.files(__name__).joinpath(name).read_text(encoding="utf-8")
+
+
+class Shipment(NamedTuple):
+    """One agent and the way it travels (SHIPPING); each method is for its own way only."""
+
+    name: str
+    how: str
+
+    def _only(self, how: str) -> None:
+        if self.how != how:
+            raise ValueError(f"{self.name} travels {self.how}, not {how}")
+
+    @property
+    def file(self) -> str:
+        """HERE: the file run on this machine (never copied)."""
+        self._only(HERE)
+        return _path(self.name)
+
+    def here(self, python: str = sys.executable) -> List[str]:
+        """HERE: the argv that runs it on this machine (no site, no environment)."""
+        return [python, "-I", "-S", self.file]
+
+    @property
+    def text(self) -> str:
+        """TEXT: the text that travels in the command."""
+        self._only(TEXT)
+        return _text(self.name)
+
+    def shell(self, shell: str, label: str) -> List[str]:
+        """TEXT, a shell agent: `shell -c TEXT LABEL` (arguments follow)."""
+        return [shell, "-c", self.text, label]
+
+    def stdin(self, python: str) -> Tuple[List[str], bytes]:
+        """STDIN: the bootstrap argv, and the first line of its standard input (its text)."""
+        self._only(STDIN)
+        agent = importlib.import_module(f"{__name__}.gloo_host")  # loaded on first use
+        return agent.gloo_boot_command(python), agent.gloo_packed_text()
+
+    def inline(self, program: Sequence[str], python: str, record_limit: int) -> Tuple[str, ...]:
+        """INLINE: the argv that runs `program` under it, all on the command line."""
+        self._only(INLINE)
+        agent = importlib.import_module(f"{__name__}.rank_shim")  # loaded on first use
+        argv: Tuple[str, ...] = agent.wrap_program(program, python, record_limit)
+        return argv
+
+
+def ship(name: str) -> Shipment:
+    """The agent `name` (a file of this folder) and how it travels."""
+    return Shipment(name, SHIPPING[name])

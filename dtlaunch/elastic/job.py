@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import json
 import queue
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO
@@ -107,5 +106,5 @@ def prepare_elastic_job(
     except BaseException:
         store.close()
         raise
-    fanout = (sys.executable, "-I", "-S", agents.path("gloo_start.py"))
+    fanout = tuple(agents.ship("gloo_start.py").here())
     return ElasticJob(fanout, dict(launcher_env), store, driver, feed)

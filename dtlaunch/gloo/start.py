@@ -14,7 +14,6 @@ import json
 import os
 import shlex
 import socket
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -110,14 +109,14 @@ def agent_job(host: str, store_host: str, port: int, secret: bytes, env: Mapping
 def host_entry(host: str, job: Mapping[str, object], python: str, via_srun: bool,
                ) -> dict[str, str | list[str]]:
     """The fan-out's line for one host: how to reach it and the bytes its agent reads."""
-    payload = agents.gloo_packed_text() + json.dumps(job).encode("utf-8") + b"\n"
-    boot = agents.gloo_boot_command(python)
+    boot, code = agents.ship("gloo_host.py").stdin(python)
+    payload = code + json.dumps(job).encode("utf-8") + b"\n"
     if is_local(host):
         argv = boot
     elif via_srun:
         argv = srun_argv(host, boot)
     else:
-        argv = [sys.executable, "-I", "-S", agents.path("rsh.py"), host, *remote_words(boot)]
+        argv = [*agents.ship("rsh.py").here(), host, *remote_words(boot)]
     return {"name": host, "argv": argv, "input": payload.decode("utf-8")}
 
 
@@ -164,7 +163,7 @@ def prepare_gloo_job(
                             via_srun)
             job["ranks"] = [{"env": r.env(len(ranks))} for r in ranks if r.host == host]
             entries.append(host_entry(host, job, python, via_srun))
-        fanout = (sys.executable, "-I", "-S", agents.path("gloo_start.py"))
+        fanout = tuple(agents.ship("gloo_start.py").here())
         env = dict(launcher_env)
         env.update(ssh_args_env)
         stdin = json.dumps({"hosts": entries}).encode("utf-8")

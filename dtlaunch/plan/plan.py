@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from dtlaunch.agents import wrap_program
+from dtlaunch.agents import ship
 from dtlaunch.core.errors import UsageError
 from dtlaunch.job.command import Program
 from dtlaunch.job.command import check_module_name as check_module_name  # re-exported for the CLI
@@ -169,7 +169,7 @@ def plan_run(
     argv = family.build_argv(spec, launcher or family.launcher)
     # What really runs: every rank through the rank shim, its argv one opaque word.
     # Records as large as the launcher can take apart.
-    wrapped = wrap_program(program, shim_python(request), family.record_limit)
+    wrapped = ship("rank_shim.py").inline(program, shim_python(request), family.record_limit)
     launch_argv = family.build_argv(replace(spec, program=wrapped), launcher or family.launcher)
     launcher_env = build_launcher_env(environ, env)
     own = family.launcher_env(spec)

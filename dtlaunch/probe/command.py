@@ -29,8 +29,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 
-from dtlaunch.agents import LOCAL_SHELL
-from dtlaunch.agents import text as script_text
+from dtlaunch.agents import LOCAL_SHELL, ship
 from dtlaunch.check.facts import HostFacts, parse_probe_output
 from dtlaunch.core.errors import DtlaunchError
 from dtlaunch.core.tracker import Tracker
@@ -62,11 +61,11 @@ class ProbeArgs:
             self.script or "",
             self.module or "",
             self.cwd,
-            script_text("remote_probe.py"),
+            ship("remote_probe.py").text,
             " ".join(self.peers),
             " ".join(self.peer_ssh_args),
             "1" if self.imports else "0",
-            script_text("import_probe.py"),
+            ship("import_probe.py").text,
             str(max(1, round(self.gpu_timeout * 1000))),
             self.mpi_launcher,
             self.path,
@@ -75,12 +74,12 @@ class ProbeArgs:
 
 
 def build_probe_argv(args: ProbeArgs, shell: str = "sh") -> tuple[str, ...]:
-    return (shell, "-c", script_text("probe.sh"), "dtlaunch-probe", *args.positional())
+    return (*ship("probe.sh").shell(shell, "dtlaunch-probe"), *args.positional())
 
 
 def build_tied_probe_argv(args: ProbeArgs, shell: str = "sh") -> tuple[str, ...]:
     """The probe tied to its standard input (tied.sh): when that closes, it ends."""
-    return (shell, "-c", script_text("tied.sh"), "dtlaunch-tied", *build_probe_argv(args, shell))
+    return (*ship("tied.sh").shell(shell, "dtlaunch-tied"), *build_probe_argv(args, shell))
 
 
 def build_remote_command(args: ProbeArgs) -> str:

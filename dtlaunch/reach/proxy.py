@@ -20,8 +20,7 @@ import socket
 import subprocess
 from collections.abc import Sequence
 
-from dtlaunch.agents import LOCAL_SHELL
-from dtlaunch.agents import text as script_text
+from dtlaunch.agents import LOCAL_SHELL, ship
 from dtlaunch.core.tracker import Tracker
 from dtlaunch.reach.ssh_errors import PROXY, classify_os_error, fail
 from dtlaunch.reach.target import SshTarget
@@ -41,7 +40,7 @@ class ProxySocket:
             tie_read, self._tie = os.pipe()
             try:
                 self.process = subprocess.Popen(
-                    [LOCAL_SHELL, "-c", script_text("proxy_tied.sh"), "dtlaunch-proxy", str(tie_read),
+                    [*ship("proxy_tied.sh").shell(LOCAL_SHELL, "dtlaunch-proxy"), str(tie_read),
                      *argv],
                     stdin=theirs.fileno(), stdout=theirs.fileno(), stderr=subprocess.PIPE,
                     pass_fds=(tie_read,),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from dtlaunch.core.failure import Failure
 from dtlaunch.elastic.discovery import DiscoveryError, FixedDiscovery, ScriptDiscovery
@@ -14,7 +15,9 @@ from dtlaunch.elastic.hosts import assign
 from dtlaunch.job.elastic import ElasticSpec
 from dtlaunch.job.hosts import Host
 from dtlaunch.plan.plan import RunRequest
-from dtlaunch.run.execute import LaunchResult
+
+if TYPE_CHECKING:
+    from dtlaunch.run.execute import LaunchResult
 
 Discover = Callable[[], dict[str, int]]
 

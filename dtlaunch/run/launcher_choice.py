@@ -74,7 +74,7 @@ def hydra_family(environ: Mapping[str, str], name: str = "MPICH") -> Hydra:
     """Hydra (for MPICH or Intel MPI) with dtlaunch's ssh agent in the user's cache directory."""
     home = environ.get("HOME") or os.path.expanduser("~")
     base = environ.get("XDG_CACHE_HOME") or os.path.join(home, ".cache")
-    wrapper = agents.path("rsh.py")
+    wrapper = agents.ship("rsh.py").file
     if not wrapper.endswith(".py") or any(c.isspace() for c in sys.executable):
         return Hydra(name=name)  # a shebang cannot carry whitespace: plain ssh
     return Hydra(os.path.join(base, "dtlaunch", "bin"), sys.executable, wrapper, name)
@@ -94,7 +94,7 @@ def rsh_agent_command() -> str | None:
     it needs only the standard library, and this saves ~30 ms of CPU per host."""
     from dtlaunch.reach.ssh_options import rsh_safe
 
-    wrapper = agents.path("rsh.py")
+    wrapper = agents.ship("rsh.py").file
     # The agent's command reaches each daemon's command line (and a remote shell) too.
     if not wrapper.endswith(".py") or not (rsh_safe(sys.executable) and rsh_safe(wrapper)):
         return None

@@ -322,7 +322,7 @@ def elastic_job_for(request: RunRequest, plan: RunPlan, network: NetworkChoice |
                     launch_request: LaunchRequest, reach: Reach) -> ElasticJob:
     """An elastic run's job: its driver on the hosts the pre-flight passed, each later host
     checked by the same pre-flight before it joins."""
-    from dtlaunch.agents import PIPE_BUF, wrap_program
+    from dtlaunch.agents import PIPE_BUF, ship
     from dtlaunch.cluster.slurm import node_addresses
     from dtlaunch.doctor.preflight import failure_message, run_preflight
     from dtlaunch.elastic.job import prepare_elastic_job
@@ -331,7 +331,8 @@ def elastic_job_for(request: RunRequest, plan: RunPlan, network: NetworkChoice |
     from dtlaunch.plan.plan import build_program, shim_python
 
     assert request.elastic is not None
-    program = wrap_program(build_program(request), shim_python(request), PIPE_BUF)
+    program = ship("rank_shim.py").inline(build_program(request), shim_python(request),
+                                          PIPE_BUF)
     common = {v.name: v.value for v in plan.env.variables}
     names = network.names if network is not None else ()
     common_iface = network.gloo_iface if network is not None else None
@@ -368,13 +369,14 @@ def elastic_job_for(request: RunRequest, plan: RunPlan, network: NetworkChoice |
 def gloo_job_for(request: RunRequest, plan: RunPlan, network: NetworkChoice | None) -> GlooJob:
     """A --gloo run's job (its rendezvous store started): the planned variables for every
     rank, each rank's Gloo contract, and each host's interface on the chosen network."""
-    from dtlaunch.agents import PIPE_BUF, wrap_program
+    from dtlaunch.agents import PIPE_BUF, ship
     from dtlaunch.cluster.slurm import node_addresses
     from dtlaunch.gloo.ranks import host_ifaces
     from dtlaunch.gloo.start import prepare_gloo_job
     from dtlaunch.plan.plan import build_program, shim_python
 
-    program = wrap_program(build_program(request), shim_python(request), PIPE_BUF)
+    program = ship("rank_shim.py").inline(build_program(request), shim_python(request),
+                                          PIPE_BUF)
     common = {v.name: v.value for v in plan.env.variables}
     hosts = list(dict.fromkeys(plan.rank_hosts))
     ifaces = host_ifaces(network.names, network.gloo_iface, hosts) if network is not None else {}

@@ -221,3 +221,26 @@ def test_tests_live_by_what_they_need() -> None:
     assert not list(tests.glob("test_*.py")), "a test file outside tests/unit and tests/testbed"
     assert sorted(p.name for p in (tests / "testbed").glob("test_*.py"))
     assert sorted(p.name for p in (tests / "unit").glob("test_*.py"))
+
+
+def test_every_agent_travels_the_one_way_its_line_says() -> None:
+    """agents.SHIPPING names each agent file once with how it travels; `ship(name)` is the only
+    way to start or send one (the old `path`/`text` helpers are gone), and each Shipment gives
+    only its own way."""
+    from dtlaunch import agents
+
+    assert set(agents.SHIPPING) == {p.name for p in AGENT_FILES}
+    assert not hasattr(agents, "path") and not hasattr(agents, "text")
+    forms = {
+        agents.HERE: lambda s: s.here(),
+        agents.TEXT: lambda s: s.text,
+        agents.STDIN: lambda s: s.stdin(sys.executable),
+        agents.INLINE: lambda s: s.inline(["true"], sys.executable, 4096),
+    }
+    for name, how in agents.SHIPPING.items():
+        shipment = agents.ship(name)
+        assert forms[how](shipment)  # its own way works
+        for other, form in forms.items():
+            if other != how:
+                with pytest.raises(ValueError, match=f"{name} travels {how}"):
+                    form(shipment)

@@ -10,7 +10,7 @@ import threading
 
 from helpers.procs import gone, kill_all, read_pid, sleeping
 
-from dtlaunch.agents import text as script_text
+from dtlaunch.agents import ship
 from dtlaunch.probe.command import ProbeArgs, build_remote_command, probe_local
 
 
@@ -46,7 +46,7 @@ def test_remote_command_quotes_every_piece():
 
 def tied(*command: str) -> subprocess.Popen[bytes]:
     """A command run as sshd runs one: its own session, its input a pipe from the client."""
-    return subprocess.Popen(["sh", "-c", script_text("tied.sh"), "dtlaunch-tied", *command],
+    return subprocess.Popen(["sh", "-c", ship("tied.sh").text, "dtlaunch-tied", *command],
                             stdin=subprocess.PIPE, start_new_session=True)
 
 
