@@ -66,6 +66,31 @@ def test_hosts_added_then_removed_keep_training(ebed: TestBed, tmp_path: Path,
     assert_no_strays(ebed)
 
 
+def test_a_new_host_is_checked_first_and_left_out_when_it_fails(ebed: TestBed, tmp_path: Path,
+                                                                horovod: None) -> None:
+    """With the pre-flight on, h3 joining with its sshd down is named with its problem and
+    left out; the job goes on at size 2 and ends well."""
+    schedule = [["h1:1", "h2:1"], ["h1:1", "h2:1", "h3:1"]]
+    script, hosts = discovery(tmp_path, schedule[0])
+    ebed.stop_sshd("h3")
+    try:
+        result = subprocess.run(
+            dtlaunch_argv("run", "--iface", ebed.subnet, "--ssh-config", str(ebed.ssh_config),
+                          "--host-discovery-script", str(script), "--min-np", "2",
+                          *probe_args(tmp_path, hosts, schedule, "--epochs", "5")),
+            capture_output=True, text=True, timeout=JOB_LIMIT)
+    finally:
+        ebed.start_sshd("h3")
+    assert result.returncode == 0, result.stderr
+    left_out = [line for line in result.stderr.splitlines() if "host h3 left out" in line]
+    assert len(left_out) == 1 and "ssh" in left_out[0].lower(), result.stderr
+    found = epochs(tmp_path)
+    assert sorted(found) == list(range(5))
+    check_consistent(found)
+    assert all(int(last_pass(found[e])[0]["size"]) == 2 for e in range(5))  # type: ignore[call-overload]
+    assert_no_strays(ebed)
+
+
 def test_a_failed_rank_blacklists_its_host_and_the_others_go_on(ebed: TestBed, tmp_path: Path,
                                                                horovod: None) -> None:
     schedule = [["h1:1", "h2:1", "h3:1"]]
