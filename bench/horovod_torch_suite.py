@@ -4,7 +4,7 @@ in the same run for comparison.
 
 The suite is not in the horovod package on PyPI: give a Horovod checkout's `test/` folder at
 the installed Horovod's tag (`--tests DIR`, holding `parallel/test_torch.py` and
-`utils/common.py`). Each rank writes a JUnit XML file; the counts of passed, failed, errored
+`utils/common.py`; its helpers need `pip install mock`). Each rank writes a JUnit XML file; the counts of passed, failed, errored
 and skipped tests per rank are compared between the launchers.
 
     python bench/horovod_torch_suite.py --tests PATH/test [--k EXPR]

@@ -3,8 +3,10 @@ rank's place in the job, and a store that serves only requests signed with the j
 
 from __future__ import annotations
 
+import base64
 import binascii
 import os
+import pickle
 import socket
 import subprocess
 import sys
@@ -231,3 +233,27 @@ def test_timed_nonces_are_refused_when_too_old_and_forgotten_later() -> None:
                                 gloo_host.request_mac(SECRET, b"GET", b"/global/0", bad, b""))
     # Remembered until it could no longer be taken anyway, then forgotten.
     assert store._nonces[fresh] > _time.time() + rendezvous.NONCE_MAX_AGE
+
+
+def test_ranks_cannot_reach_the_drivers_scopes_and_their_notice_address_stays_here(
+        forwarder: gloo_host.Forwarder, store: Store) -> None:
+    """An elastic job's control scopes (plans, worker ends) are the host agent's alone; a
+    rank's Horovod registration (a base64 pickle of its notification service's addresses and
+    key) is kept by the forwarder, read with no class allowed, and never sent to the store."""
+    seen: list[tuple[bytes, str]] = []
+
+    def hook(method: bytes, key: str, body: bytes) -> tuple[int, bytes]:
+        seen.append((method, key))
+        return 200, b"{}"
+
+    store.hooks = {"_dtlaunch_plan": hook, "_dtlaunch_exit": hook, "worker_addresses": hook}
+    assert http(forwarder.port, request("GET", "/_dtlaunch_plan/h1:1:-1"))[0] == 403
+    assert http(forwarder.port, request("PUT", "/_dtlaunch_exit/h1:0:0", b"0"))[0] == 403
+    body = base64.b64encode(pickle.dumps(({"eth0": [("10.0.0.1", 4321)]}, b"k" * 32)))
+    assert http(forwarder.port, request("PUT", "/worker_addresses/h1:0", body)) == (200, b"")
+    assert forwarder.workers == {0: (4321, b"k" * 32)}
+    assert http(forwarder.port, request("PUT", "/worker_addresses/h1:1", b"junk"))[0] == 400
+    assert seen == []  # none of it reached the store
+    # The agent itself signs and reaches them.
+    assert forwarder._forward(b"GET", b"/_dtlaunch_plan/h1:1:-1", b"") == (200, b"{}")
+    assert seen == [(b"GET", "h1:1:-1")]
