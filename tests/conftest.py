@@ -95,8 +95,19 @@ def require_horovod() -> None:
 @pytest.fixture(scope="session")
 def bed() -> Iterator[TestBed]:
     """Three healthy hosts shared by tests that do not break them."""
+    yield from _bed(names_resolve=False)
+
+
+@pytest.fixture(scope="module")
+def resolving_bed() -> Iterator[TestBed]:
+    """Three hosts that resolve each other's names, as a cluster's nodes do (Horovod's Gloo
+    process sets look up the host's own name); one per test module, which may break them."""
+    yield from _bed(names_resolve=True)
+
+
+def _bed(names_resolve: bool) -> Iterator[TestBed]:
     require_testbed()
-    testbed = build_testbed(3)
+    testbed = build_testbed(3, names_resolve=names_resolve)
     try:
         yield testbed
     finally:

@@ -7,29 +7,23 @@ from __future__ import annotations
 import json
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import dtlaunch_argv, require_testbed
+from conftest import dtlaunch_argv
 from helpers.elastic import PROBE, check_consistent, discovery, epochs, last_pass, probe_args
 from helpers.jobs import assert_no_strays
 from helpers.procs import wait_for
 from helpers.ptb import PTB_DIR, needs_ptb
-from helpers.testbed import TestBed, build_testbed
+from helpers.testbed import TestBed
 
 pytestmark = pytest.mark.testbed
 JOB_LIMIT = 300
 
 
 @pytest.fixture(scope="module")
-def ebed() -> Iterator[TestBed]:
-    require_testbed()
-    testbed = build_testbed(3, names_resolve=True)
-    try:
-        yield testbed
-    finally:
-        testbed.close()
+def ebed(resolving_bed: TestBed) -> TestBed:
+    return resolving_bed
 
 
 def elastic_argv(bed: TestBed, script: Path, *args: str) -> list[str]:

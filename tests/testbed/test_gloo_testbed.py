@@ -12,14 +12,14 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from conftest import SCRIPTS, dtlaunch_argv, require_testbed
 from helpers.jobs import assert_no_strays, records, start_job
 from helpers.procs import HANG, cmdline, descendants, wait_for
-from helpers.testbed import TestBed, build_testbed
+from helpers.testbed import TestBed
 
 from dtlaunch.agents import gloo_host
 from dtlaunch.core.errors import EXIT_TIMEOUT
@@ -30,13 +30,8 @@ PROBE = str(SCRIPTS / "rank_probe.py")
 
 
 @pytest.fixture(scope="module")
-def gbed() -> Iterator[TestBed]:
-    require_testbed()
-    testbed = build_testbed(3, names_resolve=True)
-    try:
-        yield testbed
-    finally:
-        testbed.close()
+def gbed(resolving_bed: TestBed) -> TestBed:
+    return resolving_bed
 
 
 def gloo_argv(bed: TestBed, hosts: str, *args: str, check: bool = False) -> list[str]:
