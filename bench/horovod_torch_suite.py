@@ -96,7 +96,8 @@ def main(argv: list[str] | None = None) -> str:
                 sample = timed(command, env={**e, "OUT": str(out)}, timeout=3600, cwd="/tmp",
                                check=False)
                 results[name] = {"seconds": time.time() - started, "code": sample.returncode,
-                                 "counts": counts(out), "failed": sorted(failed_names(out))}
+                                 "counts": counts(out), "failed": sorted(failed_names(out)),
+                                 "tail": (sample.stdout + sample.stderr)[-1500:]}
     finally:
         bed.close()
     rows = []
@@ -105,6 +106,10 @@ def main(argv: list[str] | None = None) -> str:
             rows.append([name, rank, c["tests"], c["tests"] - c["failures"] - c["errors"]
                          - c["skipped"], c["failures"] + c["errors"], c["skipped"],
                          f"{res['seconds']:.0f}", res["code"]])
+    for name, res in results.items():
+        if not res["counts"]:  # no rank wrote its report: say what the launcher said
+            rows.append([name, "-", "-", "-", "-", "-", f"{res['seconds']:.0f}", res["code"]])
+            print(f"{name}: no report; its last output:\n{res['tail']}")
     base = results.get("horovodrun --gloo", {}).get("failed", [])
     ours = results.get("dtlaunch run --gloo", {}).get("failed", [])
     text = "\n".join([
