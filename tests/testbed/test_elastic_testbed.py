@@ -5,6 +5,7 @@ drive theirs), and each epoch's rank, size and host recorded by the workers."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -129,6 +130,28 @@ def test_a_lost_host_is_detected_and_the_survivors_resume(ebed: TestBed, tmp_pat
     check_consistent(found)
     assert {r["host"] for r in last_pass(found[5])} == {"h1", "h3"}
     assert time.monotonic() - lost_at < JOB_LIMIT
+    assert_no_strays(ebed)
+
+
+@pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
+def test_stopping_or_killing_dtlaunch_ends_every_worker(ebed: TestBed, tmp_path: Path,
+                                                        how: int, horovod: None) -> None:
+    schedule = [["h1:1", "h2:1", "h3:1"]]
+    script, hosts = discovery(tmp_path, schedule[0])
+    proc = subprocess.Popen(
+        elastic_argv(ebed, script, "--min-np", "2",
+                     *probe_args(tmp_path, hosts, schedule, "--epochs", "1000")),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: 1 in epochs(tmp_path), "epoch 1 was never reached", 120)
+        proc.send_signal(how)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    if how == signal.SIGTERM:
+        assert proc.returncode == 128 + signal.SIGTERM, err
     assert_no_strays(ebed)
 
 
