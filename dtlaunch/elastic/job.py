@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import IO
 
 from dtlaunch import agents
+from dtlaunch.core.errors import DtlaunchError
 from dtlaunch.elastic.driver import DRAIN_HOLD, ElasticDriver, Say
 from dtlaunch.gloo.rendezvous import Store, new_secret
 from dtlaunch.gloo.start import agent_job, host_entry, store_address
@@ -55,9 +56,14 @@ def prepare_elastic_job(
     lines: queue.Queue[bytes | None] = queue.Queue()
 
     def start_host(host: str, token: int) -> None:
-        where = addresses.get(host) or store_address(host, ssh, node_address(host))
+        try:
+            where = addresses.get(host) or store_address(host, ssh, node_address(host))
+            store.listen_also(where)
+        except DtlaunchError as exc:
+            # Its agent would never reach the store: the driver takes the host for lost.
+            say("warning", f"elastic: host {host} cannot be started: {exc}")
+            return
         addresses[host] = where
-        store.listen_also(where)
         env = dict(common_env)
         iface = host_iface(host)
         if iface is not None:
