@@ -160,13 +160,12 @@ def _boot() -> str:
         def packed(data: bytes) -> str:
             return binascii.b2a_base64(zlib.compress(data, 9)).decode("ascii").rstrip("\n")
 
+        # One line, as before: no launcher has to carry a newline inside an argument.
         _BOOT.append(
-            "import binascii,zlib\n"
-            "try:\n"
-            " import marshal,_frozen_importlib_external as e\n"
-            " c=e.MAGIC_NUMBER==%r and marshal.loads(zlib.decompress(binascii.a2b_base64('%s')))\n"
-            "except Exception:\n"
-            " c=None\n"
+            "import binascii,marshal,sys,zlib;"
+            "e=sys.modules.get('_frozen_importlib_external');"
+            "c=getattr(e,'MAGIC_NUMBER',None)==%r and "
+            "marshal.loads(zlib.decompress(binascii.a2b_base64('%s')));"
             "exec(c or zlib.decompress(binascii.a2b_base64('%s')))"
             % (MAGIC_NUMBER, packed(code), packed(source)))
     return _BOOT[0]

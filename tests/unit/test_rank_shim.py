@@ -336,7 +336,8 @@ def test_the_shim_runs_from_byte_code_and_else_from_its_source(spoil: str) -> No
     if spoil == "source":  # the byte code alone must run it
         argv[4] = argv[4].replace(payloads[1], "AAAA")
     else:  # another bytecode version: the source must run it
-        argv[4] = re.sub(r"MAGIC_NUMBER==b'[^']*'", "MAGIC_NUMBER==b'none'", argv[4])
+        argv[4] = re.sub(r"==b'[^']*' and ", "==b'none' and ", argv[4])
+        assert "==b'none' and " in argv[4]
         argv[4] = argv[4].replace(payloads[0], "AAAA")
     done = subprocess.run(argv, capture_output=True, timeout=60,
                           env={**os.environ, "OMPI_COMM_WORLD_RANK": "3"})
