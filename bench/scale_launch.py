@@ -7,7 +7,7 @@ The job is not Python: 128 ranks importing torch on 2 cores would time the impor
 launcher. The login host runs no rank, so the launcher's CPU (a cgroup holding the launcher and
 everything it starts there: ssh clients, dtlaunch's ssh agents) is the launcher's alone.
 
-    python bench/scale_launch.py [--reps 3] [--hosts 8,32,64] [--mpis openmpi4,mpich]
+    python bench/scale_launch.py [--reps 3] [--hosts 8,32,64] [--mpis openmpi4,mpich] [--baseline REV]
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from common import (
     SCRIPTS,
     Sample,
     Series,
+    baseline_tree,
     bed_of,
     bench_parser,
     command_line,
@@ -84,8 +85,9 @@ def hand_argv(name: str, hosts: list[str], job: str, cfg: str, ssh_dir: Path) ->
             "--mca", "plm_rsh_args", f"-F {cfg}", "-x", "PATH", "-x", "OMP_NUM_THREADS", job]
 
 
-def measure(counts: list[int], reps: int, mpis: list[str], cold: bool) -> dict[str, Any]:
-    out: dict[str, Any] = {"sizes": {}, "load": "", "versions": {}}
+def measure(counts: list[int], reps: int, mpis: list[str], cold: bool, base: str | None = None,
+            rev: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {"sizes": {}, "load": "", "versions": {}, "rev": rev if base else ""}
     start_load = loadavg()
     tmp = Path(tempfile.mkdtemp(prefix="dtlaunch-bench-scale-"))
     try:
@@ -117,7 +119,8 @@ def measure(counts: list[int], reps: int, mpis: list[str], cold: bool) -> dict[s
                 caches: list[Path] = []
                 for name, (python, env, job) in setups.items():
                     tools.update(_tools(name, bed, python, env, job, hosts, addrs, spec, cfg, wrap,
-                                        tmp, caches, cold, hosts_group[1] if hosts_group else None))
+                                        tmp, caches, cold, hosts_group[1] if hosts_group else None,
+                                        base, rev))
                 before = loadavg()
                 # Warm-up: every launcher on the smallest size (page cache, Python's bytecode);
                 # on the larger ones only the warm pre-flights, which fill their caches.
@@ -135,7 +138,8 @@ def measure(counts: list[int], reps: int, mpis: list[str], cold: bool) -> dict[s
 
 def _tools(name: str, bed: Any, python: str, env: dict[str, str], job: str, hosts: list[str],
            addrs: list[str], spec: str, cfg: str, wrap: Path, tmp: Path, caches: list[Path],
-           cold: bool, hosts_cpu: Callable[[], float] | None) -> dict[str, Callable[[], Sample]]:
+           cold: bool, hosts_cpu: Callable[[], float] | None, base: str | None = None,
+           rev: str = "") -> dict[str, Callable[[], Sample]]:
     title = MPI_TITLE[name]
     n = SLOTS * len(hosts)
 
@@ -173,6 +177,12 @@ def _tools(name: str, bed: Any, python: str, env: dict[str, str], job: str, host
         f"{title}: {HAND[name]}": lambda: inside(hand_argv(name, hosts, job, cfg, wrap), env),
         f"{title}: dtlaunch (warm pre-flight)": warm_run([*dt, job], warm_env),
     }
+    if base:  # dtlaunch as of REV, side by side (its own cache)
+        old_cache = Path(tempfile.mkdtemp(prefix="dtlaunch-bench-cache-", dir=tmp))
+        caches.append(old_cache)
+        old_env = dict(env, XDG_CACHE_HOME=str(old_cache),
+                       PYTHONPATH=base + os.pathsep + env["PYTHONPATH"])
+        tools[f"{title}: dtlaunch @{rev} (warm pre-flight)"] = warm_run([*dt, job], old_env)
     if cold and name == "openmpi4":  # one MPI is enough: the checks are the same
         tools[f"{title}: dtlaunch (cold pre-flight)"] = lambda: inside(
             [*dt, job], dict(env, DTLAUNCH_PREFLIGHT_CACHE="0"))
@@ -238,7 +248,8 @@ def report(res: dict[str, Any], reps: int, command: str, png: str | None) -> str
             title = name.split(":", 1)[0]
             base = next(v for k, v in series.items() if k.startswith(title + ":") and "by hand" in k)
             r = ratio(s.median, base.median)
-            goal = ("met" if r <= GOAL else "MISSED") if "dtlaunch" in name and "cold" not in name else ""
+            mine = "dtlaunch" in name and "cold" not in name and "@" not in name
+            goal = ("met" if r <= GOAL else "MISSED") if mine else ""
             rows.append([name, fmt_s(s), f"{r:.2f}", f"{s.median - base.median:+.2f}",
                          f"{s.cpu_median:.2f}", f"{s.cpu_median / n:.3f}",
                          f"{s.hosts_cpu_median:.1f}", f"{s.peak_rss_mib:.0f}", goal])
@@ -258,7 +269,9 @@ def report(res: dict[str, Any], reps: int, command: str, png: str | None) -> str
         "local proxy launcher), counted whether or not the processes were reaped; the hosts' "
         "sshd, login shells, daemons and ranks are not in it. RSS is the launcher process's "
         "own VmHWM. \"Hosts' CPU\" is the same for a cgroup holding every host's sshd, and so everything started over ssh (sessions, login shells, MPI daemons, the rank shims, the ranks): the work the launch puts on the hosts, which here share the launcher's 2 cores. The warm pre-flight is a cache hit (refreshed, untimed, when older than "
-        "200 s), which still checks every host's key over SSH; the cold one "
+        "200 s): no login before the launch; the host keys are left to the launcher's ssh "
+        "(StrictHostKeyChecking=yes, which refuses an unknown or changed key) and checked "
+        "over SSH only if the job fails. The cold one "
         "(`DTLAUNCH_PREFLIGHT_CACHE=0`) runs every check on every host. `--tree-spawn` runs "
         "with `--no-check`: its pre-flight also checks every pair of hosts, N × (N−1) logins "
         "(see \"At scale\" in docs/run.md). The hand-written Open MPI line keeps Open MPI 4's "
@@ -275,8 +288,12 @@ def main(argv: list[str] | None = None) -> str:
                           png="scale_launch.png")
     parser.add_argument("--mpis", default="openmpi4,mpich")
     parser.add_argument("--no-cold", action="store_true", help="leave out the cold pre-flight")
+    parser.add_argument("--baseline", metavar="REV",
+                        help="also run dtlaunch (warm pre-flight) as of git revision REV")
     args = parser.parse_args(argv)
-    res = measure(host_counts(args.hosts), args.reps, args.mpis.split(","), not args.no_cold)
+    with baseline_tree(args.baseline) as base:
+        res = measure(host_counts(args.hosts), args.reps, args.mpis.split(","), not args.no_cold,
+                      base, args.baseline or "")
     save_raw(args.out.removesuffix(".md"), res)
     RESULTS.mkdir(exist_ok=True)
     png = args.png if args.png and plot(res, RESULTS / args.png) else None

@@ -137,13 +137,38 @@ def record(rank: int, kind: str, payload: bytes) -> bytes:
 def wrap_program(program: Sequence[str], python: str,
                  record_limit: int = PIPE_BUF) -> Tuple[str, ...]:
     """The argv the MPI launches instead of `program`: this shim, inline, with `python`;
-    its records at most `record_limit` bytes (see the module's docstring)."""
-    with open(__file__, "rb") as handle:
-        source = handle.read()
-    packed = binascii.b2a_base64(zlib.compress(source, 9)).decode("ascii").rstrip("\n")
-    boot = "import binascii,zlib;exec(zlib.decompress(binascii.a2b_base64('%s')))" % packed
-    return (python, "-I", "-S", "-c", boot, str(max(record_limit, MIN_RECORD)),
+    its records at most `record_limit` bytes (see the module's docstring).
+
+    It travels twice: as byte code, which an interpreter of dtlaunch's own bytecode version
+    runs at once, and as source for any other (compiling it cost every rank ~5 ms of CPU)."""
+    return (python, "-I", "-S", "-c", _boot(), str(max(record_limit, MIN_RECORD)),
             encode_argv(program))
+
+
+_BOOT: List[str] = []
+
+
+def _boot() -> str:
+    if not _BOOT:
+        import marshal
+        from importlib.util import MAGIC_NUMBER
+
+        with open(__file__, "rb") as handle:
+            source = handle.read()
+        code = marshal.dumps(compile(source, "<string>", "exec", dont_inherit=True, optimize=0))
+
+        def packed(data: bytes) -> str:
+            return binascii.b2a_base64(zlib.compress(data, 9)).decode("ascii").rstrip("\n")
+
+        # One line, as before: no launcher has to carry a newline inside an argument.
+        _BOOT.append(
+            "import binascii,marshal,sys,zlib;"
+            "e=sys.modules.get('_frozen_importlib_external');"
+            "c=getattr(e,'MAGIC_NUMBER',None)==%r and "
+            "marshal.loads(zlib.decompress(binascii.a2b_base64('%s')));"
+            "exec(c or zlib.decompress(binascii.a2b_base64('%s')))"
+            % (MAGIC_NUMBER, packed(code), packed(source)))
+    return _BOOT[0]
 
 
 # --- the rank's side ----------------------------------------------------------------------------

@@ -98,3 +98,23 @@ def test_a_cache_directory_that_is_not_used_says_why(tmp_path: Path,
     shutil.rmtree(folder)
     folder.symlink_to(tmp_path)
     assert "is a symbolic link" in probe_facts(tmp_path, monkeypatch).import_cache_problem
+
+
+def test_the_cache_key_is_hashlibs_sha256_without_hashlib() -> None:
+    # hashlib loads OpenSSL (~5-12 ms of CPU on every probed host); CPython's own sha256
+    # gives the same key, so the caches written before stay valid.
+    import hashlib
+    import subprocess
+
+    from dtlaunch import agents
+    from dtlaunch.agents import remote_probe
+
+    for data in (b"", b"probe-5", bytes(range(256)) * 9):
+        assert remote_probe.sha256_hex(data) == hashlib.sha256(data).hexdigest()
+    code = ("import sys\nsys.argv = ['x', '', '', '0', '']\n"
+            + agents.text("remote_probe.py").replace('if __name__ == "__main__":\n    main()', "")
+            + "\nimport_key({})\nprint(sorted(m for m in sys.modules if 'hash' in m))\n")
+    done = subprocess.run([LIGHT_PYTHON, "-S", "-c", code], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "'hashlib'" not in done.stdout and "'_hashlib'" not in done.stdout

@@ -322,3 +322,25 @@ def test_the_shim_starts_without_the_heavy_modules() -> None:
     assert {"zlib", "select", "_signal"} <= imported  # the measurement sees the shim's imports
     assert not imported & {"typing", "json", "base64", "socket", "subprocess", "contextlib",
                            "signal", "enum", "re"}
+
+
+@pytest.mark.parametrize("spoil", ["source", "code"])
+def test_the_shim_runs_from_byte_code_and_else_from_its_source(spoil: str) -> None:
+    # Byte code where the interpreter's bytecode version is dtlaunch's own (compiling the
+    # source cost every rank ~5 ms of CPU); the source for any other, or a damaged payload.
+    import re
+
+    argv = list(wrap_program(["/bin/sh", "-c", "echo ran; exit 7"], sys.executable))
+    payloads = re.findall(r"a2b_base64\('([^']+)'\)", argv[4])
+    assert len(payloads) == 2  # the byte code, then the source
+    if spoil == "source":  # the byte code alone must run it
+        argv[4] = argv[4].replace(payloads[1], "AAAA")
+    else:  # another bytecode version: the source must run it
+        argv[4] = re.sub(r"==b'[^']*' and ", "==b'none' and ", argv[4])
+        assert "==b'none' and " in argv[4]
+        argv[4] = argv[4].replace(payloads[0], "AAAA")
+    done = subprocess.run(argv, capture_output=True, timeout=60,
+                          env={**os.environ, "OMPI_COMM_WORLD_RANK": "3"})
+    events = read_all(done.stdout)
+    assert b"".join(e.data for e in events if isinstance(e, Piece)) == b"ran\n"
+    assert [e.how for e in events if isinstance(e, RankExit)] == ["exit 7"]

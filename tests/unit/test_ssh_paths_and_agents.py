@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -81,6 +82,73 @@ def test_unreadable_agent_options_mean_none() -> None:
     assert rsh.ssh_options({}) == []
     assert rsh.ssh_options({"DTLAUNCH_SSH_ARGS": "{"}) == []
     assert rsh.ssh_options({"DTLAUNCH_SSH_ARGS": '[1, "x"]'}) == []
+
+
+
+@pytest.mark.parametrize("options", [
+    [], ["-o", "BatchMode=yes", "-F", "/etc/cfg"], list(HOSTILE),
+    ['q"uote', "back\\slash", "tab\tnew\nline", "\u00e9t\u00e9 \u2603", "\U0001f600", "\x01", ""],
+])
+def test_the_agents_options_are_read_as_json_reads_them(options: list[str]) -> None:
+    for text in (json.dumps(options), json.dumps(options, ensure_ascii=False),
+                 json.dumps(options, indent=2), f" {json.dumps(options)}\n"):
+        assert rsh.string_list(text) == options == json.loads(text)
+        assert rsh.ssh_options({"DTLAUNCH_SSH_ARGS": text}) == options
+
+
+@pytest.mark.parametrize("text", ['["a",]', '["a" "b"]', '["a"] x', '[', '["a', '"a"', "{}",
+                                  '[1, "x"]', '["\\q"]', "", "[null]"])
+def test_anything_else_is_left_to_json(text: str) -> None:
+    assert rsh.string_list(text) is None
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = None
+    good = isinstance(value, list) and all(isinstance(v, str) for v in value)
+    assert rsh.ssh_options({"DTLAUNCH_SSH_ARGS": text}) == (value if good else [])
+
+
+def fake_ssh(folder: Path, body: str) -> dict[str, str]:
+    """A PATH whose `ssh` is a shell script: it writes the -E log's first line as ssh does."""
+    folder.mkdir(exist_ok=True)
+    (folder / "ssh").write_text('#!/bin/sh\nwhile [ $# -gt 0 ]; do [ "$1" = -E ] && log=$2; '
+                                'shift; done\necho OpenSSH_fake >> "$log"\n' + body)
+    (folder / "ssh").chmod(0o755)
+    return {"PATH": f"{folder}:/usr/bin:/bin", "TMPDIR": str(folder)}
+
+
+def test_the_ssh_agent_starts_without_the_heavy_modules(tmp_path: Path) -> None:
+    # It starts once per host beside mpirun: subprocess, json (with re), signal's enums and
+    # contextlib cost it ~25 ms of CPU per host, so it does without them.
+    env = fake_ssh(tmp_path, "echo 'debug1: rtype exit-status 0' >> \"$log\"\n")
+    done = subprocess.run([sys.executable, "-I", "-S", "-X", "importtime", rsh.__file__ or "",
+                           "h2", "true"], capture_output=True, text=True, timeout=60, env=env)
+    assert done.returncode == 0, done.stderr
+    imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines()
+                if line.startswith("import time:")}
+    assert {"_signal", "_json"} <= imported  # the measurement sees the agent's imports
+    assert not imported & {"subprocess", "json", "signal", "enum", "re", "contextlib",
+                           "collections", "typing", "importlib.util", "ctypes"}
+
+
+@pytest.mark.parametrize(("body", "code"), [("exit 3\n", 3), ("kill -TERM $$\n", 128 + 15)])
+def test_the_agent_exits_as_its_ssh_did_and_passes_no_descriptor_on(
+        tmp_path: Path, body: str, code: int) -> None:
+    # Popen's close_fds, kept: what the agent was given beyond 0, 1 and 2 stays out of ssh.
+    read, write = os.pipe()
+    env = fake_ssh(tmp_path, f"[ -e /proc/$$/fd/{write} ] && echo {write} > {tmp_path}/fds\n"
+                             f"[ -e /proc/$$/fd/2 ] && echo 2 >> {tmp_path}/fds\n{body}")
+    try:
+        done = subprocess.run([sys.executable, "-I", "-S", rsh.__file__ or "", "h2", "true"],
+                              capture_output=True, text=True, timeout=60, env=env,
+                              pass_fds=(write,))
+    finally:
+        os.close(read)
+        os.close(write)
+    assert done.returncode == code, done.stderr
+    assert done.stderr == ""
+    assert (tmp_path / "fds").read_text().split() == ["2"]
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith("dtlaunch-ssh-")] == []
 
 
 # --- ssh's exit 255 ---------------------------------------------------------------------------
