@@ -184,36 +184,55 @@ def measure(reps: int) -> dict[str, Any]:
 
 
 def rendezvous(n: int) -> dict[str, Any]:
+    """One elastic job of n hosts x 1 slot under each launcher: until every rank stepped."""
     from helpers.testbed import build_testbed
 
     bed = build_testbed(n, names_resolve=True)
+    found: dict[str, Any] = {"hosts": n}
     try:
-        env = worktree_env()
-        assert bed.hosts[0].sshd is not None
-        inside = ["nsenter", "-t", str(bed.hosts[0].sshd.pid), "-n", "-u", "-m", "--"]
-        tmp = Path(f"/tmp/dtl-elastic-rdv-{os.getpid()}")
-        tmp.mkdir(parents=True, exist_ok=True)
-        os.chmod(tmp, 0o777)
-        (tmp / "hosts").write_text("".join(f"{h}:1\n" for h in bed.names))
-        script = tmp / "discover.sh"
-        script.write_text(f"#!/bin/sh\nexec cat {tmp / 'hosts'}\n")
-        script.chmod(0o755)
-        start = time.time()
-        job = Job(inside + dtlaunch_argv(
-            "run", "--no-check", "--iface", "eth0", "--ssh-config", str(bed.ssh_config),
-            "--host-discovery-script", str(script), "--min-np", str(n), PYTHON, STEPS,
-            str(tmp), "1"), env, tmp)
-        try:
-            job.wait_for(lambda: len([s for s in job.steps() if s["size"] == n]) >= n,
-                         f"a step at {n}", 900)
-            trained = time.time() - start
-        finally:
-            job.stop()
-        timeouts = [t for _, t in job.lines if "timeout" in t.lower() or "Timed out" in t]
-        return {"hosts": n, "first step s": trained, "code": job.proc.returncode,
-                "timeouts": len(timeouts)}
+        with ssh_wrapper(bed.ssh_config) as wrap:
+            env = worktree_env()
+            assert bed.hosts[0].sshd is not None
+            inside = ["nsenter", "-t", str(bed.hosts[0].sshd.pid), "-n", "-u", "-m", "--"]
+            tools = {"dtlaunch": (["run", "--no-check", "--iface", "eth0", "--ssh-config",
+                                   str(bed.ssh_config)], env)}
+            hvdrun = horovodrun_path()
+            if hvdrun:
+                tools["horovodrun"] = ([], dict(env, PATH=f"{wrap}:{env['PATH']}"))
+            for name, (head, e) in tools.items():
+                tmp = Path(f"/tmp/dtl-elastic-rdv-{os.getpid()}-{name}")
+                tmp.mkdir(parents=True, exist_ok=True)
+                os.chmod(tmp, 0o777)
+                names = bed.names if name == "dtlaunch" else [h.address for h in bed.hosts]
+                (tmp / "hosts").write_text("".join(f"{h}:1\n" for h in names))
+                script = tmp / "discover.sh"
+                script.write_text(f"#!/bin/sh\nexec cat {tmp / 'hosts'}\n")
+                script.chmod(0o755)
+                if name == "dtlaunch":
+                    argv = dtlaunch_argv(*head, "--host-discovery-script", str(script),
+                                         "--min-np", str(n), PYTHON, STEPS, str(tmp), "1")
+                else:
+                    argv = [hvdrun or "", "--gloo", "-np", str(n), "--min-np", str(n),
+                            "--host-discovery-script", str(script), "--network-interface",
+                            "eth0", PYTHON, STEPS, str(tmp), "1"]
+                start = time.time()
+                job = Job(inside + argv, e, tmp)
+                try:
+                    job.wait_for(lambda: len([s for s in job.steps() if s["size"] == n]) >= n,  # noqa: B023
+                                 f"a step at {n}", 900)
+                    trained: float | None = time.time() - start
+                except RuntimeError as exc:
+                    trained = None
+                    print(f"{name} rendezvous: {exc}")
+                finally:
+                    job.stop()
+                timeouts = [t for _, t in job.lines if "timeout" in t.lower()
+                            or "Timed out" in t]
+                found[name] = {"first step s": trained, "code": job.proc.returncode,
+                               "timeouts": len(timeouts)}
     finally:
         bed.close()
+    return found
 
 
 def report(results: dict[str, dict[str, list[float]]], rdv: dict[str, Any] | None,
@@ -227,9 +246,13 @@ def report(results: dict[str, dict[str, list[float]]], rdv: dict[str, Any] | Non
                          f"{min(values):.1f}–{max(values):.1f}", len(values)])
     parts += [md_table(["launcher scenario", "measure", "median s", "min–max", "n"], rows), ""]
     if rdv is not None:
-        parts += [f"**Rendezvous at {rdv['hosts']} hosts x 1 slot** (dtlaunch): first step at "
-                  f"full size after {rdv['first step s']:.1f} s, exit code {rdv['code']}, "
-                  f"{rdv['timeouts']} timeout line(s).", ""]
+        rows = [[name, "–" if got["first step s"] is None else f"{got['first step s']:.1f}",
+                 got["code"], got["timeouts"]]
+                for name, got in rdv.items() if isinstance(got, dict)]
+        parts += [f"**One rendezvous at {rdv['hosts']} hosts x 1 slot** (every rank's first "
+                  "step at full size)", "",
+                  md_table(["launcher", "first step at full size s", "exit", "timeout lines"],
+                           rows), ""]
     parts += ["Method: each scenario is one elastic job of tiny steps (one allreduce and a "
               "commit every 0.2 s); times are from the change (the discovery file rewritten, "
               "or every process of h3 SIGKILLed) to the first step logged at the new size, "
