@@ -6,10 +6,11 @@ rank-0 worker's start rank, size, host and rendezvous count, moving hosts on a d
 schedule and killing ranks on an exit schedule. That script is not in the horovod package on
 PyPI, so this is not part of the suite: give it a Horovod checkout's copy (`--main FILE`, at
 the tag of the installed Horovod) and it runs the scenarios of Horovod's tests with dtlaunch
-instead of horovodrun, on two "hosts" of this machine (`localhost` and `127.0.0.1`, as
-Horovod's tests do), and checks each epoch's line against what Horovod's tests expect.
+instead of horovodrun, and checks each epoch's line against what Horovod's tests expect. The
+two hosts are `localhost` and `127.0.0.1` as in Horovod's tests, or with `--bed` two test-bed
+hosts (h1 for localhost, h2 for 127.0.0.1), reached over ssh from inside h1.
 
-    python bench/horovod_elastic_peer.py --main PATH/elastic_torch_main.py
+    python bench/horovod_elastic_peer.py --main PATH/elastic_torch_main.py [--bed]
 """
 
 from __future__ import annotations
@@ -26,13 +27,25 @@ from typing import Any
 from common import dtlaunch_argv, worktree_env, write_result
 
 Expect = list[dict[str, Any]]
+# How the two hosts of Horovod's tests are named in a run, and the command prefix and options
+# that reach them (set by main for --bed).
+HOSTS = {"localhost": "localhost", "127.0.0.1": "127.0.0.1"}
+PREFIX: list[str] = []
+REACH: list[str] = []
+
+
+def named(text: str) -> str:
+    for theirs, ours in HOSTS.items():
+        text = text.replace(theirs, ours)
+    return text
 
 
 def discovery_script(folder: Path, logfile: Path, schedule: list[Any]) -> Path:
     """A script printing the schedule's hosts for the epoch the log has reached (the number of
     lines rank 0 wrote), the last entry's otherwise."""
-    table = {str(epoch): hosts for epoch, hosts in schedule if epoch is not None}
-    default = schedule[-1][1]
+    table = {str(epoch): [named(h) for h in hosts] for epoch, hosts in schedule
+             if epoch is not None}
+    default = [named(h) for h in schedule[-1][1]]
     script = folder / "discover.py"
     script.write_text(
         f"#!{sys.executable}\nimport json, os\n"
@@ -52,9 +65,10 @@ def run(main: Path, schedule: list[Any] | None, *, hosts: str | None = None,
     with tempfile.TemporaryDirectory(prefix="dtl-hvd-peer-") as tmp:
         folder = Path(tmp)
         logfile = folder / "log.jsonl"
-        argv = ["run", "--no-check", "-np", str(np), "--min-np", str(min_np)]
+        folder.chmod(0o755)
+        argv = ["run", "--no-check", *REACH, "-np", str(np), "--min-np", str(min_np)]
         if hosts is not None:
-            argv += ["-H", hosts]
+            argv += ["-H", named(hosts)]
         else:
             assert schedule is not None
             argv += ["--host-discovery-script", str(discovery_script(folder, logfile, schedule)),
@@ -65,14 +79,14 @@ def run(main: Path, schedule: list[Any] | None, *, hosts: str | None = None,
             argv += ["--blacklist-cooldown-range", str(cooldown[0]), str(cooldown[1])]
         argv += [sys.executable, str(main), "--logfile", str(logfile)]
         if schedule:
-            argv += ["--discovery-schedule", json.dumps(schedule)]
+            argv += ["--discovery-schedule", named(json.dumps(schedule))]
         if epoch_wait:
             argv += ["--epoch-wait", json.dumps(epoch_wait)]
         if epochs:
             argv += ["--epochs", json.dumps(epochs)]
         if exit_schedule:
             argv += ["--exit-schedule", json.dumps(exit_schedule), "--exit-mode", exit_mode]
-        proc = subprocess.run(dtlaunch_argv(*argv), capture_output=True, text=True,
+        proc = subprocess.run([*PREFIX, *dtlaunch_argv(*argv)], capture_output=True, text=True,
                               timeout=timeout, env=worktree_env(), cwd=tmp)
         lines = logfile.read_text().splitlines() if logfile.exists() else []
         return proc.returncode, [json.loads(line) for line in lines], proc.stderr
@@ -84,6 +98,7 @@ def check(results: Expect, expected: list[dict[str, Any]]) -> list[str]:
         wrong.append(f"{len(results)} epochs logged, expected {len(expected)}")
     for index, (got, want) in enumerate(zip(results, expected)):
         for key, value in want.items():
+            value = named(value) if isinstance(value, str) else value
             if got.get(key) != value:
                 wrong.append(f"epoch {index}: {key} {got.get(key)!r}, expected {value!r}")
     return wrong
@@ -143,18 +158,34 @@ def main(argv: list[str] | None = None) -> str:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--main", required=True, type=Path,
                         help="Horovod's test/integration/data/elastic_torch_main.py")
+    parser.add_argument("--bed", action="store_true", help="run on two test-bed hosts over ssh")
     parser.add_argument("--out", default="horovod_elastic_peer.md")
     args = parser.parse_args(argv)
     started = time.time()
-    found = scenarios(args.main)
+    if args.bed:
+        from helpers.testbed import build_testbed
+
+        bed = build_testbed(2, names_resolve=True)
+        try:
+            assert bed.hosts[0].sshd is not None
+            HOSTS.update({"localhost": "h1", "127.0.0.1": "h2"})
+            PREFIX[:] = ["nsenter", "-t", str(bed.hosts[0].sshd.pid), "-n", "-u", "-m", "--"]
+            REACH[:] = ["--iface", "eth0", "--ssh-config", str(bed.ssh_config)]
+            found = scenarios(args.main)
+        finally:
+            bed.close()
+    else:
+        found = scenarios(args.main)
+    where = ("two test-bed hosts, h1 and h2, over ssh from inside h1" if args.bed else
+             "`localhost` and `127.0.0.1`, as in Horovod's tests")
     rows = [f"| {name} | {'passed' if not wrong else 'FAILED: ' + '; '.join(wrong)} |"
             for name, wrong in found]
     text = "\n".join([
         "## Horovod's elastic integration scenarios through dtlaunch", "",
         "Horovod 0.28.1's `test/integration/data/elastic_torch_main.py` with the discovery and "
         "exit schedules of its `elastic_common.py` tests, launched by `dtlaunch run` instead "
-        "of horovodrun; each epoch's logged start rank, size, host and rendezvous count "
-        "checked against what Horovod's tests expect.", "",
+        f"of horovodrun, on {where}; each epoch's logged start rank, size, host and "
+        "rendezvous count checked against what Horovod's tests expect.", "",
         "| scenario | result |", "|---|---|", *rows, "",
         f"{sum(not w for _, w in found)} of {len(found)} passed in "
         f"{time.time() - started:.0f} s.", ""])
