@@ -237,14 +237,17 @@ def rendezvous(n: int) -> dict[str, Any]:
 
 def report(results: dict[str, dict[str, list[float]]], rdv: dict[str, Any] | None,
            load: str) -> str:
-    parts = ["## Elastic jobs: a host joining, a host lost (3 test-bed hosts)", "",
-             f"load average {load}", ""]
+    title = ("## Elastic jobs: a host joining, a host lost (3 test-bed hosts)" if results
+             else "## Elastic jobs: one rendezvous at many hosts")
+    parts = [title, "", f"load average {load}", ""]
     rows = []
     for name, row in results.items():
         for what, values in row.items():
             rows.append([name, what, f"{statistics.median(values):.1f}",
                          f"{min(values):.1f}–{max(values):.1f}", len(values)])
-    parts += [md_table(["launcher scenario", "measure", "median s", "min–max", "n"], rows), ""]
+    if rows:
+        parts += [md_table(["launcher scenario", "measure", "median s", "min–max", "n"], rows),
+                  ""]
     if rdv is not None:
         rows = [[name, "–" if got["first step s"] is None else f"{got['first step s']:.1f}",
                  got["code"], got["timeouts"]]
