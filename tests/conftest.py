@@ -34,6 +34,9 @@ for _signum, _handler in ((signal.SIGINT, signal.default_int_handler),
                           (signal.SIGQUIT, signal.SIG_DFL)):
     if signal.getsignal(_signum) == signal.SIG_IGN:
         signal.signal(_signum, _handler)
+# A run stopped with SIGTERM (a CI time limit, `kill`) stops as Ctrl-C stops it: pytest then
+# runs the fixtures' teardown, so the test beds (namespaces, sshd, Slurm daemons) go too.
+signal.signal(signal.SIGTERM, signal.default_int_handler)
 SCRIPTS = Path(__file__).parent / "scripts"
 
 
