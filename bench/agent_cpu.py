@@ -49,16 +49,21 @@ sys.path.insert(0, sys.argv[1])
 from dtlaunch import agents
 from dtlaunch.agents.rank_shim import wrap_program
 from dtlaunch.hydra.family import agent_script
+# agents.ship(name) today; agents.path/text in trees before it (a --baseline).
+def _file(name):
+    return agents.ship(name).file if hasattr(agents, "ship") else agents.path(name)
+def _text(name):
+    return agents.ship(name).text if hasattr(agents, "ship") else agents.text(name)
 agent = os.path.join(sys.argv[2], "hydra-agent")
 with open(agent, "w") as f:
-    f.write(agent_script(sys.executable, agents.path("rsh.py"), ["-o", "BatchMode=yes"]))
+    f.write(agent_script(sys.executable, _file("rsh.py"), ["-o", "BatchMode=yes"]))
 os.chmod(agent, 0o700)
 print(json.dumps({
-    "rsh": [sys.executable, "-I", "-S", agents.path("rsh.py"), "h2", "true"],
+    "rsh": [sys.executable, "-I", "-S", _file("rsh.py"), "h2", "true"],
     "hydra": [agent, "-x", "h2", "true"],
     "shim": list(wrap_program(["/bin/true"], sys.argv[3])),
-    "probe": [sys.executable, "-c", agents.text("remote_probe.py"), "", "", "1",
-              agents.text("import_probe.py")],
+    "probe": [sys.executable, "-c", _text("remote_probe.py"), "", "", "1",
+              _text("import_probe.py")],
 }))
 """
 
