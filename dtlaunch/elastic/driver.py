@@ -104,19 +104,9 @@ class ElasticDriver:
         self.admitted.update(found if initial is not None else ())
         self._take_discovery(found, first=True)
         with self._cond:
-            self._begin_round_locked(self.spec.start_np, first=True)
+            self._begin_round_locked(self.spec.start_np)
         for target in (self._discovery_loop, self._watch_agents):
             threading.Thread(target=target, daemon=True, name="dtlaunch-elastic").start()
-
-    def wait(self, timeout: float | None = None) -> Outcome | None:
-        deadline = None if timeout is None else self.clock() + timeout
-        with self._cond:
-            while self.outcome is None:
-                left = None if deadline is None else deadline - self.clock()
-                if left is not None and left <= 0:
-                    return None
-                self._cond.wait(0.5 if left is None else min(left, 0.5))
-            return self.outcome
 
     def stop(self, outcome: Outcome) -> None:
         with self._cond:
@@ -134,7 +124,7 @@ class ElasticDriver:
 
     # --- rounds -----------------------------------------------------------------------------
 
-    def _begin_round_locked(self, need: int, first: bool = False) -> None:
+    def _begin_round_locked(self, need: int) -> None:
         """Assign the next round if enough slots are there now, else wait for them (in a
         thread, up to --elastic-timeout)."""
         if self.hosts.available_slots() >= need:

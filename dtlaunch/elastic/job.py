@@ -29,9 +29,6 @@ class ElasticJob:
     driver: ElasticDriver
     feed: Callable[[IO[bytes]], None]  # writes the fan-out's input for the job's life
 
-    def close(self) -> None:
-        self.store.close()
-
 
 def prepare_elastic_job(
     spec: ElasticSpec,
@@ -53,7 +50,7 @@ def prepare_elastic_job(
     secret = new_secret()
     addresses = {h: store_address(h, ssh, node_address(h)) for h in initial}
     store = Store(sorted(set(addresses.values())), secret)
-    lines: queue.Queue[bytes | None] = queue.Queue()
+    lines: queue.Queue[bytes] = queue.Queue()
 
     def start_host(host: str, token: int) -> None:
         try:
@@ -97,8 +94,6 @@ def prepare_elastic_job(
                     if driver.finished:
                         break
                     continue
-                if line is None:
-                    break
                 stdin.write(line)
                 stdin.flush()
         except (OSError, ValueError):
