@@ -24,16 +24,27 @@ def _end_group(pgid: int) -> None:
 def run_bounded(argv: Sequence[str], timeout: float) -> tuple[int, str]:
     """(exit status, stdout and stderr together). A command that cannot start raises OSError;
     one still running after `timeout` seconds raises subprocess.TimeoutExpired, ended first."""
-    proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    code, out, _ = _run(argv, timeout, subprocess.STDOUT)
+    return code, out.decode(errors="replace")
+
+
+def run_bounded_apart(argv: Sequence[str], timeout: float) -> tuple[int, bytes, bytes]:
+    """run_bounded with stdout and stderr kept apart (a program whose output is data)."""
+    return _run(argv, timeout, subprocess.PIPE)
+
+
+def _run(argv: Sequence[str], timeout: float, stderr: int) -> tuple[int, bytes, bytes]:
+    proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=stderr,
                             stdin=subprocess.DEVNULL, start_new_session=True)
     try:
-        out, _ = proc.communicate(timeout=timeout)
+        out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         _end_group(proc.pid)
         proc.wait()
         raise
     finally:
         _end_group(proc.pid)
-        if proc.stdout is not None:
-            proc.stdout.close()
-    return proc.returncode, out.decode(errors="replace")
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+    return proc.returncode, out, err or b""

@@ -8,13 +8,11 @@ host is available right now.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import shlex
-import signal
 import subprocess
 from collections.abc import Mapping
 
+from dtlaunch.core.bounded import run_bounded_apart
 from dtlaunch.core.errors import DtlaunchError
 
 MAX_OUTPUT = 1 << 20
@@ -64,23 +62,14 @@ def run_script(script: str, timeout: float) -> str:
     if not argv:
         raise DiscoveryError("the script's command is empty")
     try:
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+        code, out, err = run_bounded_apart(argv, timeout)
     except OSError as exc:
         raise DiscoveryError(f"cannot run {argv[0]}: {exc.strerror or exc}") from None
-    try:
-        out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         raise DiscoveryError(f"{argv[0]} did not finish within {timeout:g} s") from None
-    finally:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        if proc.poll() is None:
-            proc.wait()
-    if proc.returncode != 0:
+    if code != 0:
         last = err.decode(errors="replace").strip().splitlines()[-1:] or [""]
-        how = (f"exited with code {proc.returncode}" if proc.returncode > 0
-               else f"was killed by signal {-proc.returncode}")
+        how = f"exited with code {code}" if code > 0 else f"was killed by signal {-code}"
         raise DiscoveryError(f"{argv[0]} {how}" + (f": {last[0][:200]}" if last[0] else ""))
     if len(out) > MAX_OUTPUT:
         raise DiscoveryError(f"{argv[0]} printed more than {MAX_OUTPUT} bytes")
