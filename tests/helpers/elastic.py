@@ -47,3 +47,11 @@ def check_consistent(found: dict[int, list[dict[str, object]]]) -> None:
         size = int(done[0]["size"])  # type: ignore[call-overload]
         assert sorted(int(r["rank"]) for r in done) == list(range(size)), (epoch, records)  # type: ignore[call-overload]
         assert all(r["sum"] == size * (size + 1) / 2 for r in done), (epoch, records)
+
+
+def every_epoch(tmp_path: Path, count: int) -> dict[int, list[dict[str, object]]]:
+    """The recorded epochs, once each of 0..count-1 is there and consistent."""
+    found = epochs(tmp_path)
+    assert sorted(found) == list(range(count)), sorted(found)
+    check_consistent(found)
+    return found

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from conftest import dtlaunch_argv
-from helpers.elastic import PROBE, check_consistent, discovery, epochs, last_pass, probe_args
+from helpers.elastic import PROBE, discovery, epochs, every_epoch, last_pass, probe_args
 from helpers.jobs import assert_no_strays
 from helpers.procs import wait_for
 from helpers.ptb import PTB_DIR, needs_ptb
@@ -42,9 +42,7 @@ def test_hosts_added_then_removed_keep_training(ebed: TestBed, tmp_path: Path,
                      *probe_args(tmp_path, hosts, schedule, "--epochs", "7")),
         capture_output=True, text=True, timeout=JOB_LIMIT)
     assert result.returncode == 0, result.stderr
-    found = epochs(tmp_path)
-    assert sorted(found) == list(range(7))
-    check_consistent(found)
+    found = every_epoch(tmp_path, 7)
     sizes = [int(last_pass(found[e])[0]["size"]) for e in range(7)]  # type: ignore[call-overload]
     # Grew to 3 when h3 appeared, shrank to 2 when h2 left; rank 0 stayed on h1 throughout.
     assert sizes[0] == 2 and 3 in sizes and sizes[-1] == 2, sizes
@@ -79,9 +77,7 @@ def test_a_new_host_is_checked_first_and_left_out_when_it_fails(ebed: TestBed, t
     assert result.returncode == 0, result.stderr
     left_out = [line for line in result.stderr.splitlines() if "host h3 left out" in line]
     assert len(left_out) == 1 and "ssh" in left_out[0].lower(), result.stderr
-    found = epochs(tmp_path)
-    assert sorted(found) == list(range(5))
-    check_consistent(found)
+    found = every_epoch(tmp_path, 5)
     assert all(int(last_pass(found[e])[0]["size"]) == 2 for e in range(5))  # type: ignore[call-overload]
     assert_no_strays(ebed)
 
@@ -96,9 +92,7 @@ def test_a_failed_rank_blacklists_its_host_and_the_others_go_on(ebed: TestBed, t
                                  "2:1")),
         capture_output=True, text=True, timeout=JOB_LIMIT)
     assert result.returncode == 0, result.stderr
-    found = epochs(tmp_path)
-    assert sorted(found) == list(range(5))
-    check_consistent(found)
+    found = every_epoch(tmp_path, 5)
     assert {r["host"] for r in last_pass(found[4])} == {"h1", "h3"}
     assert "host h2 blacklisted" in result.stderr, result.stderr
     assert_no_strays(ebed)
@@ -125,9 +119,7 @@ def test_a_lost_host_is_detected_and_the_survivors_resume(ebed: TestBed, tmp_pat
         ebed.start_sshd("h2")
     assert proc.returncode == 0, err
     assert "host h2 lost" in err or "host h2 blacklisted" in err, err
-    found = epochs(tmp_path)
-    assert sorted(found) == list(range(6))
-    check_consistent(found)
+    found = every_epoch(tmp_path, 6)
     assert {r["host"] for r in last_pass(found[5])} == {"h1", "h3"}
     assert time.monotonic() - lost_at < JOB_LIMIT
     assert_no_strays(ebed)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from conftest import SCRIPTS, dtlaunch_argv
-from helpers.elastic import check_consistent, discovery, epochs, last_pass, probe_args
+from helpers.elastic import discovery, every_epoch, last_pass, probe_args
 from helpers.jobs import records, start_job
 from helpers.procs import cmdline, survivors
 from helpers.slurm_bed import SlurmCluster
@@ -105,9 +105,7 @@ def test_elastic_job_grows_and_shrinks_through_srun(
         str(script), "--min-np", "2", *probe_args(tmp_path, hosts, schedule, "--epochs", "7")),
         timeout=300)
     assert proc.returncode == 0, proc.stderr
-    found = epochs(tmp_path)
-    assert sorted(found) == list(range(7))
-    check_consistent(found)
+    found = every_epoch(tmp_path, 7)
     sizes = [int(last_pass(found[e])[0]["size"]) for e in range(7)]  # type: ignore[call-overload]
     assert sizes[0] == 2 and 3 in sizes and sizes[-1] == 2, sizes
     assert {r["host"] for r in last_pass(found[6])} == {"h1", "h3"}
