@@ -132,7 +132,6 @@ def run(ctx: click.Context, /, hosts: str | None, hostfile: str | None, iface: s
     """Run a command on every host through mpirun: SCRIPT.py [ARGS], -m MODULE [ARGS],
     python SCRIPT.py [ARGS] or any EXECUTABLE [ARGS] (horovodrun's options work too)."""
     from dtlaunch.run import session
-    from dtlaunch.run.restarts import check_policy
 
     hvd = read_horovod_flags(horovod)
     for line in hvd.warnings:
@@ -155,6 +154,8 @@ def run(ctx: click.Context, /, hosts: str | None, hostfile: str | None, iface: s
         events: list[session.Event] = []
         prepared = session.prepare(request, events.append, dry_run=True)
         if policy is not None:  # what the real run refuses, the dry run refuses too
+            from dtlaunch.run.restarts import check_policy
+
             check_policy(policy, len(prepared.plan.rank_hosts))
         for event in events:
             on_event(event)
@@ -261,7 +262,6 @@ def read_run(ctx: click.Context, params: Mapping[str, Any], hvd: HorovodArgs) ->
     from dtlaunch.plan.rank_filter import parse_rank_filter
     from dtlaunch.reach.ssh_options import ssh_options_from
     from dtlaunch.run import launcher_choice
-    from dtlaunch.run.restarts import RestartPolicy, check_policy
 
     p = params
     known = [o for q in ctx.command.params if isinstance(q, click.Option) and not q.hidden
@@ -306,7 +306,9 @@ def read_run(ctx: click.Context, params: Mapping[str, Any], hvd: HorovodArgs) ->
     if max_restarts is None and delay is not None:
         raise UsageError("--restart-delay goes with --max-restarts N")
     policy = None
-    if max_restarts is not None:
+    if max_restarts is not None:  # the restart policy's module only then (~7 ms to import)
+        from dtlaunch.run.restarts import RestartPolicy, check_policy
+
         policy = check_policy(RestartPolicy(max_restarts, min_np if min_np is not None else 1,
                                             delay or 0.0, p["oversubscribe"]), request.num_proc)
     if p.get("as_json") and policy is not None:

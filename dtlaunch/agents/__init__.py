@@ -32,7 +32,6 @@ import importlib
 import os
 import shutil
 import sys
-from importlib import resources
 from typing import TYPE_CHECKING, Any, List, NamedTuple, Sequence, Tuple
 
 # The words dtlaunch shares with its agents, defined once in the agent that speaks them. Loaded
@@ -135,6 +134,8 @@ def _path(name: str) -> str:
 
 @functools.cache
 def _text(name: str) -> str:
+    from importlib import resources  # ~3 ms: only the agents that travel as text need it
+
     return resources.files(__name__).joinpath(name).read_text(encoding="utf-8")
 
 

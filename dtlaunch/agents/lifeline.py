@@ -17,7 +17,6 @@ imports little (no contextlib, no collections) to start fast.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import select
 import signal
@@ -88,6 +87,8 @@ def guard(fd: int, leader: int, pdeathsig: bool) -> None:
 
 def _set_pdeathsig(signum: int) -> bool:
     """Linux: signal this process (mpirun, after exec) when the thread that started it dies."""
+    import ctypes  # here, not at the top: dtlaunch imports this file for guarded_argv too
+
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         return bool(libc.prctl(_PR_SET_PDEATHSIG, signum, 0, 0, 0) == 0)

@@ -7,7 +7,6 @@ overall deadline; Ctrl-C returns at once, and the prober ends whatever it still 
 from __future__ import annotations
 
 import os
-import shutil
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -47,13 +46,6 @@ class DoctorRequest:
     # The PATH the job exports to its ranks, where a bare interpreter name is looked up on
     # every host, as the ranks will. "": each host's login PATH.
     job_path: str = ""
-
-
-def local_launcher(name: str = "mpirun") -> str:
-    """The launcher's MPI as the job will start it: the PATH's `name`, as an absolute path
-    (links kept: a venv's bin/ is the prefix, not where its files point)."""
-    found = shutil.which(name)
-    return os.path.abspath(found) if found else ""
 
 
 def rotated_peers(hosts: list[str], host: str) -> tuple[str, ...]:

@@ -30,6 +30,7 @@ from dtlaunch.doctor.preflight_cache import (
     checked_executable,
     checked_program,
     drop_cache,
+    local_launcher,
     write_cache,
 )
 from dtlaunch.probe.prober import Prober, Reach, fan_out, local_names
@@ -153,15 +154,7 @@ def run_preflight(request: RunRequest, plan: RunPlan, job_started: bool = False,
     seconds each host's checks may run; ``progress(done, total, host)``: told as hosts answer.
     """
     from dtlaunch.check.gpus import slots_pending
-    from dtlaunch.check.network import choice_from_json, choice_to_json
-    from dtlaunch.doctor.doctor import (
-        COMMAND_TIMEOUT,
-        DoctorRequest,
-        build_expectations,
-        doctor_and_network,
-        local_launcher,
-        network_to_choose,
-    )
+    from dtlaunch.check.network import choice_from_json
 
     hosts = tuple(h.name for h in plan.hosts)
     cwd = os.getcwd()
@@ -197,6 +190,16 @@ def run_preflight(request: RunRequest, plan: RunPlan, job_started: bool = False,
         drop_cache(key)
     if job_started:
         drop_cache(key)
+    # The checks themselves: imported only now, a cache hit never needs them (~15 ms).
+    from dtlaunch.check.network import choice_to_json
+    from dtlaunch.doctor.doctor import (
+        COMMAND_TIMEOUT,
+        DoctorRequest,
+        build_expectations,
+        doctor_and_network,
+        network_to_choose,
+    )
+
     python, script, module = checked_program(request)
     gloo = request.controller == "gloo"
     expect = build_expectations(python or request.python, script, module, request.iface,

@@ -9,6 +9,7 @@ import hashlib
 import json
 import math
 import os
+import shutil
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +27,13 @@ if TYPE_CHECKING:
     from dtlaunch.plan.plan import RunRequest
 
 CACHE_SECONDS = 300.0
+
+
+def local_launcher(name: str = "mpirun") -> str:
+    """The launcher's MPI as the job will start it: the PATH's `name`, as an absolute path
+    (links kept: a venv's bin/ is the prefix, not where its files point)."""
+    found = shutil.which(name)
+    return os.path.abspath(found) if found else ""
 
 
 def _stamp(path: str | None) -> list[Any]:

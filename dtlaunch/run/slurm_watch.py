@@ -29,7 +29,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from dtlaunch.cluster.slurm import build_srun_probe_argv
 from dtlaunch.core.failure import Failure
 
 if TYPE_CHECKING:
@@ -50,6 +49,8 @@ TASK_CODE = (
 
 
 def watch_argv(nodes: Sequence[str], python: str, srun: str = "srun") -> tuple[str, ...]:
+    from dtlaunch.cluster.slurm import build_srun_probe_argv  # Slurm's jobs only
+
     argv = build_srun_probe_argv(nodes, (python, "-c", TASK_CODE), job_name="dtlaunch-watch",
                                  srun=srun)
     return (argv[0], "--input=all", *argv[1:])

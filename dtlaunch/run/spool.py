@@ -14,7 +14,6 @@ that is not supported it is only as large as the job's output, and it has no nam
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import tempfile
 import threading
@@ -28,6 +27,8 @@ POLL = 0.02  # seconds between looks at a spool that has not grown
 
 
 def _punch(fd: int, length: int) -> bool:
+    import ctypes  # here: only a job that prints megabytes needs it
+
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         flags = _FALLOC_FL_PUNCH_HOLE | _FALLOC_FL_KEEP_SIZE

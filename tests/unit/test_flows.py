@@ -425,3 +425,30 @@ def test_a_cached_network_that_is_damaged_is_a_cache_miss(cache: Path) -> None:
         assert again.report is not None and sorted(world.probed) == ["h1", "h2"]
         assert again.network is not None and again.network.cidrs == ("10.1.2.0/24",)
         assert json.loads(path.read_text())["network"] == entry["network"]  # written anew
+
+
+@needs_mpirun
+def test_a_run_on_a_cached_preflight_imports_neither_the_checks_nor_the_restart_loop(
+        tmp_path: Path) -> None:
+    # Every job pays dtlaunch's imports before mpirun starts: a cache hit needs neither the
+    # checks (the doctor, the probe, their facts), nor paramiko, nor the restart policy.
+    import os
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path),
+           "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    argv = [sys.executable, "-X", "importtime", "-m", "dtlaunch", "run", "-v", "-np", "1",
+            "-H", "localhost:1", "/bin/true"]
+    first = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env)
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert "dtlaunch.doctor.doctor" in first.stderr  # the measurement sees the checks
+    again = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "passed recently (cached)" in again.stderr
+    imported = {line.rsplit("|", 1)[-1].strip() for line in again.stderr.splitlines()
+                if line.startswith("import time:")}
+    assert "dtlaunch.run.execute" in imported
+    assert not imported & {"dtlaunch.doctor.doctor", "dtlaunch.probe.command",
+                           "dtlaunch.check.verdict", "dtlaunch.run.restarts",
+                           "dtlaunch.cluster.slurm", "paramiko", "ctypes"}
