@@ -344,3 +344,31 @@ def test_the_shim_runs_from_byte_code_and_else_from_its_source(spoil: str) -> No
     events = read_all(done.stdout)
     assert b"".join(e.data for e in events if isinstance(e, Piece)) == b"ran\n"
     assert [e.how for e in events if isinstance(e, RankExit)] == ["exit 7"]
+
+
+def test_the_shims_byte_code_is_the_import_systems_not_compiled_per_job(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Compiling the shim's source again for every job cost dtlaunch ~6 ms; the .pyc the import
+    # system already holds is the same code.
+    import marshal
+
+    from dtlaunch.agents import rank_shim
+
+    def no_compile(*args: object, **kwargs: object) -> None:
+        raise AssertionError("compiled again")
+
+    monkeypatch.setattr(rank_shim, "compile", no_compile, raising=False)
+    code = marshal.loads(rank_shim._byte_code(b""))
+    assert code.co_filename == rank_shim.__file__
+    assert "wrap_program" in code.co_names
+
+
+def test_an_optimising_interpreter_compiles_the_shim_unoptimised() -> None:
+    # python -O's .pyc has lost the asserts: the ranks get the source's own code instead.
+    probe = ("import marshal,sys;from dtlaunch.agents import rank_shim as r;"
+             "c=marshal.loads(r._byte_code(open(r.__file__,'rb').read()));"
+             "sys.stdout.write(c.co_filename)")
+    done = subprocess.run([sys.executable, "-O", "-c", probe], capture_output=True, text=True,
+                          timeout=60, env=dict(os.environ))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "<string>"
