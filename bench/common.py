@@ -350,7 +350,11 @@ def baseline_env(tree: str, extra: Mapping[str, str] | None = None) -> dict[str,
 
 
 def dtlaunch_argv(*args: str) -> list[str]:
-    return [PYTHON, "-m", "dtlaunch", *args]
+    """dtlaunch from PYTHONPATH's tree. -P: `python -m` would otherwise put the current
+    directory first on sys.path, and from the repository root that is this checkout, which
+    then shadows a baseline tree (`--baseline REV`) put on PYTHONPATH: both sides would run
+    this checkout."""
+    return [PYTHON, "-P", "-m", "dtlaunch", *args]
 
 
 def horovodrun_path() -> str | None:

@@ -172,7 +172,9 @@ def _tools(name: str, bed: Any, python: str, env: dict[str, str], job: str, host
     cache = Path(tempfile.mkdtemp(prefix="dtlaunch-bench-cache-", dir=tmp))
     caches.append(cache)
     warm_env = dict(env, XDG_CACHE_HOME=str(cache))
-    dt = [python, "-m", "dtlaunch", "run", "-v", "-H", spec, "--iface", "eth0", "--ssh-config", cfg]
+    # -P: from the repository root, `python -m` would run this checkout whatever PYTHONPATH
+    # says (a baseline tree included); see common.dtlaunch_argv.
+    dt = [python, "-P", "-m", "dtlaunch", "run", "-v", "-H", spec, "--iface", "eth0", "--ssh-config", cfg]
     tools: dict[str, Callable[[], Sample]] = {
         f"{title}: {HAND[name]}": lambda: inside(hand_argv(name, hosts, job, cfg, wrap), env),
         f"{title}: dtlaunch (warm pre-flight)": warm_run([*dt, job], warm_env),
