@@ -86,6 +86,24 @@ def test_a_missing_launcher_is_one_line_and_exit_127(capsys: pytest.CaptureFixtu
     assert gone(guards_of(os.getpid())) == []
 
 
+def test_mpirun_starts_after_a_lifeline_that_imports_little() -> None:
+    # mpirun starts only once the lifeline has: signal's enums cost it ~9 ms, ctypes is for
+    # its prctl alone (imported there), and neither may come back.
+    read, write = os.pipe()
+    try:
+        done = subprocess.run([sys.executable, "-I", "-S", "-X", "importtime",
+                               lifeline.__file__, str(read), str(os.getpid()), "--", "true"],
+                              capture_output=True, text=True, timeout=60, pass_fds=(read,))
+    finally:
+        os.close(read)
+        os.close(write)
+    assert done.returncode == 0, done.stderr
+    imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines()
+                if line.startswith("import time:")}
+    assert {"_signal", "select"} <= imported  # the measurement sees the lifeline's imports
+    assert not imported & {"signal", "enum", "contextlib", "collections", "subprocess", "re"}
+
+
 def test_session_members_lists_a_session_without_zombies() -> None:
     proc = subprocess.Popen(["sleep", "30"], start_new_session=True)
     try:
