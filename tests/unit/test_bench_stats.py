@@ -1,4 +1,5 @@
-"""The benchmarks' pure statistics: pairing neighbours against drift, the steady rate."""
+"""The benchmarks' pure statistics: pairing neighbours against drift, the steady rate; and
+that a before/after runs the tree it names."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
-from common import sandwiched_ratios, steady_rate
+from common import dtlaunch_argv, sandwiched_ratios, steady_rate
 
 
 def test_each_run_is_compared_with_its_neighbours_so_a_drift_cancels() -> None:
@@ -58,3 +59,19 @@ def test_the_output_check_wants_every_line_whole_under_its_own_tag(tmp_path: Pat
     assert check(path, hosts, 5, dtlaunch=False) == "ok"
     path.write_bytes(b"".join(mpi[:-1]))  # a line missing
     assert "1 of 4 ranks short" in check(path, hosts, 5, dtlaunch=False)
+
+
+def test_a_baseline_tree_on_pythonpath_runs_even_from_the_repository_root(tmp_path: Path) -> None:
+    # `python -m dtlaunch` from the repository root put the checkout first on sys.path, ahead
+    # of the baseline tree on PYTHONPATH: both sides of a before/after ran the checkout.
+    import os
+    import subprocess
+
+    fake = tmp_path / "dtlaunch"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("")
+    (fake / "__main__.py").write_text("print('the baseline tree')\n")
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(dtlaunch_argv(), cwd=root, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    assert done.stdout == "the baseline tree\n", done.stderr
