@@ -18,6 +18,7 @@ from dtlaunch.core.mpi_kinds import MIN_OMPI as MIN_OMPI
 from dtlaunch.core.mpi_kinds import MPI_FAMILIES as MPI_FAMILIES
 from dtlaunch.core.mpi_kinds import MPI_KINDS as MPI_KINDS
 from dtlaunch.core.mpi_kinds import OPEN_MPI_FAMILY as OPEN_MPI_FAMILY
+from dtlaunch.core.mpi_kinds import PREFERRED_MPI as PREFERRED_MPI
 from dtlaunch.core.mpi_kinds import MpiImpl as MpiImpl
 from dtlaunch.core.mpi_kinds import MpiKind as MpiKind
 from dtlaunch.core.mpi_kinds import kinds_with_libmpi as kinds_with_libmpi

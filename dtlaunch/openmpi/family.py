@@ -16,6 +16,7 @@ from dtlaunch.job.hosts import format_hosts
 from dtlaunch.mpi import (
     INSTALL_OMPI_HINT,
     MIN_OMPI,
+    OPEN_MPI_FAMILY,
     SLURM,
     SSH,
     Interfaces,
@@ -124,7 +125,7 @@ class OpenMpi:
         return parse_mpirun_version(text)
 
     def unsupported(self, impl: MpiImpl, program: str) -> str | None:
-        if not impl.is_open_mpi:
+        if impl.family != OPEN_MPI_FAMILY:
             return f"{program} is {impl.name}, not Open MPI; dtlaunch needs Open MPI >= 3.0"
         if impl.release < MIN_OMPI:
             return f"{program} is Open MPI {impl.version}; dtlaunch needs >= 3.0"

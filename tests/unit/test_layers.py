@@ -185,6 +185,29 @@ def test_nothing_outside_the_families_asks_which_family_it_holds() -> None:
     assert not wrong
 
 
+# Where a family may be named: its own rooms, the table that classifies MPIs into families
+# (with each family's host rule) and the one registry that maps a family to its object.
+FAMILY_NAMERS = {"core.mpi_kinds", "run.launcher_choice"}
+
+
+def test_nothing_outside_the_families_names_one() -> None:
+    """No family constant (OPEN_MPI_FAMILY, HYDRA_FAMILY) and no family object or class
+    (OPEN_MPI, OpenMpi, Hydra) is used outside the families' rooms and their registries: a
+    third family is its folder, its MPI_KINDS lines and its registry line."""
+    names = {"OPEN_MPI_FAMILY", "HYDRA_FAMILY", "OPEN_MPI", "OpenMpi", "Hydra"}
+    wrong = []
+    for module, path in modules().items():
+        if room(module) in FAMILY_ROOMS or module in FAMILY_NAMERS:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            used = (node.id if isinstance(node, ast.Name) else node.attr
+                    if isinstance(node, ast.Attribute) else None)
+            imported = ([a.name for a in node.names] if isinstance(node, ast.ImportFrom) else [])
+            if used in names or names & set(imported):
+                wrong.append(f"{path.relative_to(PACKAGE)}:{node.lineno}")
+    assert not wrong
+
+
 def test_the_architecture_page_maps_every_room_and_module() -> None:
     """docs/architecture.md is the map: each subpackage, each top-level file and each module of
     a subpackage (but the example's) is named there, and each room has its floor above."""
