@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -116,3 +117,22 @@ def kill_all(pids: Iterable[int]) -> None:
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
+
+
+def await_sleeping(seconds: str, within: float, why: str) -> None:
+    """Wait until a `sleep <seconds>` stand-in runs; fail with `why` after `within` seconds."""
+    wait_for(lambda: sleeping(seconds), why, within)
+
+
+def survivors_of_kill(proc: subprocess.Popen[bytes], seconds: str,
+                      within: float = 10.0) -> list[int]:
+    """SIGKILL `proc`, reap it, and give the `sleep <seconds>` stand-ins it left `within`
+    seconds to end (a tie's SIGTERM, then its SIGKILL 2 s later): those still running."""
+    proc.kill()
+    proc.wait(timeout=30)
+    return survivors(lambda: sleeping(seconds), within)
+
+
+def kill_sleeping(seconds: str) -> None:
+    """Clean-up: SIGKILL whatever `sleep <seconds>` stand-ins a failed test left."""
+    kill_all(sleeping(seconds))

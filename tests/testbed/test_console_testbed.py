@@ -13,9 +13,10 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import SCRIPTS, MpiEnv, dtlaunch_argv
 from helpers.jobs import assert_no_strays
+from helpers.mpi_envs import MpiEnv
 from helpers.procs import HANG
+from helpers.suite import SCRIPTS, dtlaunch_argv
 from helpers.testbed import TestBed
 
 pytestmark = pytest.mark.testbed

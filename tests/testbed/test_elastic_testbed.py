@@ -11,11 +11,11 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import dtlaunch_argv
 from helpers.elastic import PROBE, discovery, epochs, every_epoch, last_pass, probe_args
 from helpers.jobs import assert_no_strays
 from helpers.procs import wait_for
 from helpers.ptb import PTB_DIR, needs_ptb
+from helpers.suite import dtlaunch_argv
 from helpers.testbed import TestBed
 
 pytestmark = pytest.mark.testbed

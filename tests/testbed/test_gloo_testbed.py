@@ -16,9 +16,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import SCRIPTS, dtlaunch_argv, require_testbed
 from helpers.jobs import assert_no_strays, records, start_job
 from helpers.procs import HANG, cmdline, descendants, wait_for
+from helpers.suite import SCRIPTS, dtlaunch_argv, require_testbed
 from helpers.testbed import TestBed
 
 from dtlaunch.agents import gloo_host

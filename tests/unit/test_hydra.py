@@ -10,8 +10,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pytest
-from conftest import await_sleeping, kill_sleeping, survivors_of_kill
 from helpers.mpis import INTEL, fake_mpi, spec
+from helpers.procs import await_sleeping, kill_sleeping, survivors_of_kill
 from hypothesis import given
 from hypothesis import strategies as st
 

@@ -11,8 +11,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import await_sleeping, kill_sleeping, survivors_of_kill
-from helpers.procs import gone, pids_where, wait_for
+from helpers.procs import await_sleeping, gone, kill_sleeping, pids_where, survivors_of_kill, wait_for
 
 from dtlaunch.agents import lifeline
 from dtlaunch.openmpi.family import OPEN_MPI
