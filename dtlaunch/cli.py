@@ -412,7 +412,8 @@ def install_horovod_cmd(force: bool, mpi: str | None) -> None:
     from dtlaunch.horovod.build import install_horovod
 
     with signals_raise():
-        click.echo(f"dtlaunch: {install_horovod(force=force, mpi=mpi)}")
+        done = install_horovod(force=force, mpi=mpi, say=lambda line: click.echo(line))
+        click.echo(f"dtlaunch: {done}")
 
 
 @cli.command()

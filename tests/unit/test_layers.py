@@ -118,6 +118,23 @@ def test_only_the_command_line_imports_click_and_rich() -> None:
     assert not wrong
 
 
+def test_only_the_command_line_prints() -> None:
+    """The library tells its caller (events, callbacks, results); what runs on the hosts (agents)
+    and the example are programs of their own and print what they like."""
+    wrong = []
+    for module, path in modules().items():
+        if room(module) in UI_ROOMS | {"agents", "examples"}:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            called = node.func if isinstance(node, ast.Call) else None
+            if (isinstance(called, ast.Name) and called.id == "print") or (
+                    isinstance(called, ast.Attribute) and called.attr == "write"
+                    and isinstance(called.value, ast.Attribute)
+                    and called.value.attr in {"stdout", "stderr"}):
+                wrong.append(f"{path.relative_to(PACKAGE)}:{node.lineno}")
+    assert not wrong
+
+
 def test_the_example_imports_nothing_from_dtlaunch() -> None:
     wrong = [f"{path.relative_to(PACKAGE)}:{line} imports {name}"
              for module, path in modules().items() if room(module) == "examples"
