@@ -20,7 +20,6 @@ from hypothesis import settings
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from helpers.procs import kill_all, sleeping, survivors, wait_for
 from helpers.slurm_bed import SlurmCluster, missing_slurm, start_slurm_cluster
 from helpers.testbed import TestBed, build_testbed, missing_requirements
 
@@ -159,25 +158,6 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmClu
 @pytest.fixture
 def horovod() -> None:
     require_horovod()
-
-
-def await_sleeping(seconds: str, within: float, why: str) -> None:
-    """Wait until a `sleep <seconds>` stand-in runs; fail with `why` after `within` seconds."""
-    wait_for(lambda: sleeping(seconds), why, within)
-
-
-def survivors_of_kill(proc: subprocess.Popen[bytes], seconds: str,
-                      within: float = 10.0) -> list[int]:
-    """SIGKILL `proc`, reap it, and give the `sleep <seconds>` stand-ins it left `within`
-    seconds to end (a tie's SIGTERM, then its SIGKILL 2 s later): those still running."""
-    proc.kill()
-    proc.wait(timeout=30)
-    return survivors(lambda: sleeping(seconds), within)
-
-
-def kill_sleeping(seconds: str) -> None:
-    """Clean-up: SIGKILL whatever `sleep <seconds>` stand-ins a failed test left."""
-    kill_all(sleeping(seconds))
 
 
 def dtlaunch_argv(*args: str) -> list[str]:
