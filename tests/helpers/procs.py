@@ -119,20 +119,17 @@ def kill_all(pids: Iterable[int]) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
-def await_sleeping(seconds: str, within: float, why: str) -> None:
-    """Wait until a `sleep <seconds>` stand-in runs; fail with `why` after `within` seconds."""
-    wait_for(lambda: sleeping(seconds), why, within)
-
-
-def survivors_of_kill(proc: subprocess.Popen[bytes], seconds: str,
-                      within: float = 10.0) -> list[int]:
-    """SIGKILL `proc`, reap it, and give the `sleep <seconds>` stand-ins it left `within`
-    seconds to end (a tie's SIGTERM, then its SIGKILL 2 s later): those still running."""
-    proc.kill()
-    proc.wait(timeout=30)
-    return survivors(lambda: sleeping(seconds), within)
-
-
-def kill_sleeping(seconds: str) -> None:
-    """Clean-up: SIGKILL whatever `sleep <seconds>` stand-ins a failed test left."""
-    kill_all(sleeping(seconds))
+def assert_kill_leaves_no_sleeper(proc: subprocess.Popen[bytes], seconds: str, started_within: float,
+                                  never_started: str, outlived: str) -> None:
+    """Once a `sleep <seconds>` stand-in runs under `proc` (else fail with `never_started`),
+    SIGKILL `proc` and reap it: the stand-in must end within 10 s (a tie's SIGTERM, then its
+    SIGKILL 2 s later), else fail with `outlived`. A stand-in a failed test left is killed."""
+    try:
+        wait_for(lambda: sleeping(seconds), never_started, started_within)
+        proc.kill()
+        proc.wait(timeout=30)
+        assert survivors(lambda: sleeping(seconds), 10.0) == [], outlived
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        kill_all(sleeping(seconds))
