@@ -23,7 +23,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +33,11 @@ ROOT = BENCH.parent
 RESULTS = BENCH / "results"
 SCRIPTS = BENCH / "scripts"
 PYTHON = sys.executable
+
+TINY_JOB = str(SCRIPTS / "tiny_job.py")  # a tiny Horovod job: init + one allreduce
+# Each MPI but the system's Open MPI 4 in a venv of its own (scripts/setup_mpis.sh).
+VENVS = Path(os.environ.get("DTLAUNCH_MPI_VENVS") or Path.home() / ".cache" / "dtlaunch" / "mpi-venvs")
+CACHE_REFRESH_S = 200.0  # a warm pre-flight cache older than this is refilled (it lives 300 s)
 
 sys.path.insert(0, str(ROOT / "tests"))  # the multi-host test bed lives with the tests
 
@@ -205,6 +210,15 @@ def round_robin(tools: Mapping[str, Callable[[], Sample]], reps: int, warmup: in
     return series
 
 
+def measured(tools: Mapping[str, Callable[[], Sample]], reps: int, label: str,
+             **options: Any) -> dict[str, Any]:
+    """round_robin (`options` are its own) with the load average around it:
+    {"series": name -> Series, "load": "before → after"}."""
+    before = loadavg()
+    series = round_robin(tools, reps, warmup=1, label=label, **options)
+    return {"series": series, "load": f"{before} → {loadavg()}"}
+
+
 def sandwiched_ratios(sequence: Sequence[tuple[str, float]], key: str, base: str,
                       scale: float = 1.0) -> list[float]:
     """Each `key` measurement divided by `scale` x the mean of the nearest `base` measurements
@@ -246,6 +260,37 @@ def pyplot() -> Any | None:
         log("matplotlib is not installed: no PNG")
         return None
     return plt
+
+
+@contextlib.contextmanager
+def figure(path: Path, *, dpi: int = 100, **subplots: Any) -> Iterator[tuple[Any, Any]]:
+    """A matplotlib figure and its axes (`plt.subplots(**subplots)`), laid out, saved as
+    `path` and closed at the end. Only where pyplot() is not None (publish checks)."""
+    plt = pyplot()
+    assert plt is not None, "matplotlib is not installed"
+    fig, axes = plt.subplots(**subplots)
+    try:
+        yield fig, axes
+        fig.tight_layout()
+        fig.savefig(path, dpi=dpi)
+    finally:
+        plt.close(fig)
+
+
+def hosts_axes(axes: Iterable[Any], counts: Sequence[int], xlabel: str = "hosts",
+               log2: bool = False) -> None:
+    """Axes against host counts: one tick per count (on a log2 scale with `log2`), y from 0,
+    a light grid, the legend."""
+    for ax in axes:
+        ax.set_xlabel(xlabel)
+        if log2:
+            ax.set_xscale("log", base=2)
+        ax.set_xticks(counts)
+        if log2:
+            ax.set_xticklabels([str(n) for n in counts])
+        ax.set_ylim(bottom=0)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
 
 
 def loadavg() -> str:
@@ -349,12 +394,47 @@ def baseline_env(tree: str, extra: Mapping[str, str] | None = None) -> dict[str,
     return env
 
 
+def mpi_venv(name: str) -> tuple[str, dict[str, str]] | None:
+    """(python, environment) for one MPI: the system's Open MPI 4 with this interpreter, any
+    other from its venv (its bin first on PATH), or None when that venv is not there."""
+    env = worktree_env()
+    if name == "openmpi4":
+        return PYTHON, env
+    folder = VENVS / name / "bin"
+    if not (folder / "python").exists():
+        return None
+    env["PATH"] = f"{folder}{os.pathsep}{env['PATH']}"
+    return str(folder / "python"), env
+
+
 def dtlaunch_argv(*args: str) -> list[str]:
     """dtlaunch from PYTHONPATH's tree. -P: `python -m` would otherwise put the current
     directory first on sys.path, and from the repository root that is this checkout, which
     then shadows a baseline tree (`--baseline REV`) put on PYTHONPATH: both sides would run
     this checkout."""
     return [PYTHON, "-P", "-m", "dtlaunch", *args]
+
+
+def warm_run(run: Callable[[], Sample], cache_home: str, *, fill: bool = False) -> tuple[Sample, bool]:
+    """One timed run of a dtlaunch whose pre-flight cache (under `cache_home`, its
+    XDG_CACHE_HOME) should be warm: a cache older than CACHE_REFRESH_S is dropped and filled
+    again by an untimed run first, so that it cannot expire mid-sample; with `fill`, a missing
+    one is filled too (else the first run, a warm-up, fills it). (the sample, whether it missed
+    a cache that was there)."""
+    folder = Path(cache_home) / "dtlaunch"
+    stamps = [f.stat().st_mtime for f in folder.glob("preflight-*.json")]
+    if (fill and not stamps) or (stamps and time.time() - max(stamps) > CACHE_REFRESH_S):
+        for f in folder.glob("preflight-*.json"):
+            f.unlink()
+        run()
+        stamps = [time.time()]
+    sample = run()
+    return sample, bool(stamps) and "(cached)" not in sample.stderr
+
+
+def horovodrun_env(env: Mapping[str, str], wrap: Path) -> dict[str, str]:
+    """`env` for horovodrun (or its SSH check): the ssh wrapper (ssh_wrapper) first on PATH."""
+    return dict(env, PATH=f"{wrap}{os.pathsep}{env['PATH']}")
 
 
 def horovodrun_path() -> str | None:
@@ -413,6 +493,22 @@ def bed_of(n: int, **options: object) -> Iterator[object]:
         signal.signal(signal.SIGTERM, previous)
 
 
+def inside_h1(bed: Any) -> list[str]:
+    """The argv prefix that runs a command inside host h1: its network, hostname and mount
+    namespaces (the last for its /etc/hosts, which names every host of a bed built with
+    names_resolve, as Horovod's Gloo and elastic modes need)."""
+    assert bed.hosts[0].sshd is not None
+    return ["nsenter", "-t", str(bed.hosts[0].sshd.pid), "-n", "-u", "-m", "--"]
+
+
+@contextlib.contextmanager
+def resolving_bed(n: int) -> Iterator[tuple[Any, Path, list[str]]]:
+    """A bed of n hosts whose names resolve on every host (bed_of), the ssh wrapper for
+    horovodrun and the prefix that runs a command inside h1: (bed, wrapper folder, prefix)."""
+    with bed_of(n, names_resolve=True) as bed, ssh_wrapper(bed.ssh_config) as wrap:  # type: ignore[attr-defined]
+        yield bed, wrap, inside_h1(bed)
+
+
 def public(text: str) -> str:
     """`text` without this machine's paths: the checkout becomes relative, the interpreter
     running the benchmark `python` (results are read elsewhere, paths mean nothing there)."""
@@ -420,12 +516,13 @@ def public(text: str) -> str:
 
 
 def bench_parser(doc: str | None, *, reps: int, out: str | None = None, hosts: str | None = None,
-                 png: str | None = None, baseline: str | None = None) -> argparse.ArgumentParser:
+                 png: str | None = None, baseline: str | None = None,
+                 reps_help: str | None = None) -> argparse.ArgumentParser:
     """The options a figure's script shares with the others: --reps, and where it takes them
     --hosts (comma-separated counts), --baseline REV (`baseline` is its help), --out and --png
     (file names in results/); the script adds its own."""
     parser = argparse.ArgumentParser(description=doc)
-    parser.add_argument("--reps", type=int, default=reps)
+    parser.add_argument("--reps", type=int, default=reps, help=reps_help)
     if hosts is not None:
         parser.add_argument("--hosts", default=hosts)
     if baseline is not None:
@@ -455,6 +552,19 @@ def run_header(command: str, machine_tail: str) -> list[str]:
             f"Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; machine: "
             f"{info['cores (nproc)']} cores ({info['CPU']}), {info['memory']}, shared with "
             f"other work{machine_tail}"]
+
+
+def publish(out: str, raw: object, report: Callable[[str | None], str], png: str | None = None,
+            plot: Callable[[Path], None] | None = None) -> str:
+    """A figure's files: every sample as results/raw/OUT.json (OUT without .md), the PNG
+    results/PNG that `plot` draws where one is asked for and matplotlib is installed, then the
+    markdown `report` writes, given the PNG's name or None, as results/OUT; that markdown."""
+    save_raw(out.removesuffix(".md"), raw)
+    RESULTS.mkdir(exist_ok=True)
+    drawn = png if png and plot is not None and pyplot() is not None else None
+    if drawn and plot is not None:
+        plot(RESULTS / drawn)
+    return write_result(out, report(drawn))
 
 
 def write_result(name: str, text: str) -> str:

@@ -15,8 +15,7 @@ from typing import Any
 
 from common import (
     PYTHON,
-    RESULTS,
-    SCRIPTS,
+    TINY_JOB,
     Sample,
     Series,
     baseline_env,
@@ -25,27 +24,27 @@ from common import (
     bench_parser,
     command_line,
     dtlaunch_argv,
+    figure,
     fmt_s,
+    horovodrun_env,
     host_counts,
+    hosts_axes,
     latency_config,
     loadavg,
     log,
     md_table,
-    pyplot,
+    publish,
     ratio,
     round_robin,
     run_header,
-    save_raw,
     ssh_wrapper,
     timed,
     worktree_env,
-    write_result,
 )
 
 GOAL = 0.5  # doctor / horovodrun's check, 32 hosts
 GOAL_FLOOR = 1.10  # doctor / parallel `ssh host true`, at 64 and 128 hosts
 DELAY = 0.2
-JOB = str(SCRIPTS / "tiny_job.py")
 
 # What horovodrun 0.28.1 runs before every multi-host launch (horovod/runner/launch.py):
 # `ssh -o PasswordAuthentication=no -o StrictHostKeyChecking=no host -o ConnectTimeout=10 true`
@@ -62,7 +61,7 @@ LAT_SUFFIX = " +latency"
 
 def _doctor(hosts: list[str], subnet: str, cfg: Path, env: dict[str, str]) -> Sample:
     return timed(dtlaunch_argv("doctor", "-H", ",".join(hosts), "--iface", subnet,
-                               "--ssh-config", str(cfg), JOB), env=env, watch_rss=True)
+                               "--ssh-config", str(cfg), TINY_JOB), env=env, watch_rss=True)
 
 
 def _hvd(hosts: list[str], env: dict[str, str]) -> Sample:
@@ -98,7 +97,7 @@ def measure(max_hosts: int, counts: list[int], latency_counts: list[int],
                     if n not in (counts if label == "plain" else latency_counts):
                         continue
                     cfg = cfgs[label]
-                    hvd_env = dict(env, PATH=f"{wraps[label]}:{env['PATH']}")
+                    hvd_env = horovodrun_env(env, wraps[label])
                     doctor = partial(_doctor, hosts, subnet, cfg, env)
                     suffix = "" if label == "plain" else LAT_SUFFIX
                     tools[TOOLS[0] + suffix] = doctor
@@ -118,36 +117,24 @@ def measure(max_hosts: int, counts: list[int], latency_counts: list[int],
     return out
 
 
-def plot(res: dict[str, Any], path: Path) -> bool:
-    plt = pyplot()
-    if plt is None:
-        return False
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    colors = dict(zip(TOOLS, ("tab:blue", "tab:red", "tab:gray")))
-    for label, style, suffix in (("plain", "-o", ""), ("latency", "--s", f" (+{DELAY * 1000:.0f} ms connect)")):
-        data = res[label]
-        if not data:
-            continue
-        counts = sorted(data)
-        for tool in TOOLS:
-            ax.plot(counts, [data[n][tool].median for n in counts], style, color=colors[tool],
-                    label=tool + suffix)
-    ax.set_xlabel("hosts")
-    ax.set_ylabel("wall time, s (median)")
-    ax.set_title("dtlaunch doctor (all checks) vs horovodrun's SSH check vs parallel ssh")
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(sorted(res["plain"]))
-    ax.set_xticklabels([str(n) for n in sorted(res["plain"])])
-    ax.set_ylim(bottom=0)
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
+def plot(res: dict[str, Any], path: Path) -> None:
+    with figure(path, dpi=110, figsize=(7, 4.5)) as (_, ax):
+        colors = dict(zip(TOOLS, ("tab:blue", "tab:red", "tab:gray")))
+        for label, style, suffix in (("plain", "-o", ""),
+                                     ("latency", "--s", f" (+{DELAY * 1000:.0f} ms connect)")):
+            data = res[label]
+            if not data:
+                continue
+            counts = sorted(data)
+            for tool in TOOLS:
+                ax.plot(counts, [data[n][tool].median for n in counts], style,
+                        color=colors[tool], label=tool + suffix)
+        ax.set_ylabel("wall time, s (median)")
+        ax.set_title("dtlaunch doctor (all checks) vs horovodrun's SSH check vs parallel ssh")
+        hosts_axes([ax], sorted(res["plain"]), log2=True)
 
 
-def report(res: dict[str, Any], reps: int, png: bool, command: str = "") -> str:
+def report(res: dict[str, Any], reps: int, png: str | None, command: str = "") -> str:
     parts = ["## 2. Doctor fan-out", ""]
     if command:
         parts += [*run_header(command, "."), ""]
@@ -208,7 +195,7 @@ def report(res: dict[str, Any], reps: int, png: bool, command: str = "") -> str:
                   md_table(["hosts", "latency", "before s", "after s", "after / before",
                             "launcher CPU s before → after"], rows), ""]
     if png:
-        parts += ["![doctor fan-out](doctor_fanout.png)", ""]
+        parts += [f"![doctor fan-out]({png})", ""]
     parts += [
         "Method: one bed of the largest size, the first N hosts used; doctor runs from the root "
         "namespace with the bed's ssh config, `--iface <bed subnet>` and a script, so every check "
@@ -235,11 +222,9 @@ def main(argv: list[str] | None = None) -> str:
     lat = host_counts(args.latency_hosts)
     with baseline_tree(args.baseline) as base:
         res = measure(max(counts + lat), counts, lat, args.reps, base, args.baseline or "")
-    save_raw(args.out.removesuffix(".md"), res)
-    RESULTS.mkdir(exist_ok=True)
-    png = bool(args.png) and plot(res, RESULTS / args.png)
-    text = report(res, args.reps, png, command_line("doctor_fanout.py", argv))
-    text = write_result(args.out, text.replace("(doctor_fanout.png)", f"({args.png})"))
+    command = command_line("doctor_fanout.py", argv)
+    text = publish(args.out, res, lambda png: report(res, args.reps, png, command), args.png,
+                   lambda path: plot(res, path))
     res_summary = {n: {t: s.median for t, s in v.items()} for n, v in res["plain"].items()}
     log(f"summary: {res_summary}")
     return text

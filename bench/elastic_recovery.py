@@ -32,13 +32,13 @@ from common import (
     PYTHON,
     bench_parser,
     dtlaunch_argv,
+    horovodrun_env,
     horovodrun_path,
     loadavg,
     md_table,
-    save_raw,
-    ssh_wrapper,
+    publish,
+    resolving_bed,
     worktree_env,
-    write_result,
 )
 
 HERE = Path(__file__).resolve().parent
@@ -117,121 +117,105 @@ def scenario_times(job: Job, scenario: str, first: int, tmp: Path, addr: dict[st
 
 
 def measure(reps: int) -> dict[str, Any]:
-    from helpers.testbed import build_testbed
-
-    bed = build_testbed(3, names_resolve=True)
     results: dict[str, dict[str, list[float]]] = {}
-    try:
-        with ssh_wrapper(bed.ssh_config) as wrap:
-            env = worktree_env()
-            hvd_env = dict(env, PATH=f"{wrap}:{env['PATH']}")
-            assert bed.hosts[0].sshd is not None
-            inside = ["nsenter", "-t", str(bed.hosts[0].sshd.pid), "-n", "-u", "-m", "--"]
-            addr = {h.name: h.address for h in bed.hosts}
+    with resolving_bed(3) as (bed, wrap, inside):
+        env = worktree_env()
+        hvd_env = horovodrun_env(env, wrap)
+        addr = {h.name: h.address for h in bed.hosts}
 
-            def launchers(script: Path, out: Path, np: int,
-                          ) -> dict[str, tuple[list[str], dict[str, str]]]:
-                tools = {"dtlaunch": (inside + dtlaunch_argv(
-                    "run", "--no-check", "--iface", "eth0", "--ssh-config", str(bed.ssh_config),
-                    "--host-discovery-script", str(script), "--min-np", "2", PYTHON, STEPS,
-                    str(out)), env)}
-                hvdrun = horovodrun_path()
-                if hvdrun:
-                    tools["horovodrun"] = ([
-                        *inside, hvdrun, "--gloo", "--host-discovery-script",
-                        str(script) + ".addr", "-np", str(np), "--min-np", "2",
-                        "--network-interface", "eth0", PYTHON, STEPS, str(out)], hvd_env)
-                return tools
+        def launchers(script: Path, out: Path, np: int,
+                      ) -> dict[str, tuple[list[str], dict[str, str]]]:
+            tools = {"dtlaunch": (inside + dtlaunch_argv(
+                "run", "--no-check", "--iface", "eth0", "--ssh-config", str(bed.ssh_config),
+                "--host-discovery-script", str(script), "--min-np", "2", PYTHON, STEPS,
+                str(out)), env)}
+            hvdrun = horovodrun_path()
+            if hvdrun:
+                tools["horovodrun"] = ([
+                    *inside, hvdrun, "--gloo", "--host-discovery-script",
+                    str(script) + ".addr", "-np", str(np), "--min-np", "2",
+                    "--network-interface", "eth0", PYTHON, STEPS, str(out)], hvd_env)
+            return tools
 
-            def discovery(tmp: Path, names: list[str]) -> Path:
-                script = tmp / "discover.sh"
-                (tmp / "hosts").write_text("".join(f"{n}:1\n" for n in names))
-                (tmp / "hosts.addr").write_text("".join(f"{addr[n]}:1\n" for n in names))
-                script.write_text(f"#!/bin/sh\nexec cat {tmp / 'hosts'}\n")
-                Path(str(script) + ".addr").write_text(f"#!/bin/sh\nexec cat {tmp / 'hosts.addr'}\n")
-                script.chmod(0o755)
-                Path(str(script) + ".addr").chmod(0o755)
-                return script
+        def discovery(tmp: Path, names: list[str]) -> Path:
+            script = tmp / "discover.sh"
+            (tmp / "hosts").write_text("".join(f"{n}:1\n" for n in names))
+            (tmp / "hosts.addr").write_text("".join(f"{addr[n]}:1\n" for n in names))
+            script.write_text(f"#!/bin/sh\nexec cat {tmp / 'hosts'}\n")
+            Path(str(script) + ".addr").write_text(f"#!/bin/sh\nexec cat {tmp / 'hosts.addr'}\n")
+            script.chmod(0o755)
+            Path(str(script) + ".addr").chmod(0o755)
+            return script
 
-            for rep in range(reps):
-                for name in ("dtlaunch", "horovodrun"):
-                    for scenario in ("join", "lost"):
-                        tmp = Path(f"/tmp/dtl-elastic-bench-{os.getpid()}-{rep}-{name}-{scenario}")
-                        tmp.mkdir(parents=True, exist_ok=True)
-                        os.chmod(tmp, 0o777)
-                        first = ["h1", "h2"] if scenario == "join" else ["h1", "h2", "h3"]
-                        script = discovery(tmp, first)
-                        tools = launchers(script, tmp, len(first))
-                        if name not in tools:
-                            continue
-                        argv, e = tools[name]
-                        job = Job(argv, e, tmp)
-                        row = results.setdefault(f"{name} {scenario}", {})
-                        try:
-                            for what, value in scenario_times(job, scenario, len(first), tmp,
-                                                              addr, bed).items():
-                                row.setdefault(what, []).append(value)
-                        except RuntimeError as exc:
-                            row.setdefault("failed", []).append(1.0)
-                            print(f"{name} {scenario}: {exc}")
-                        finally:
-                            job.stop()
-                            if scenario == "lost":
-                                bed.start_sshd("h3")
-    finally:
-        bed.close()
+        for rep in range(reps):
+            for name in ("dtlaunch", "horovodrun"):
+                for scenario in ("join", "lost"):
+                    tmp = Path(f"/tmp/dtl-elastic-bench-{os.getpid()}-{rep}-{name}-{scenario}")
+                    tmp.mkdir(parents=True, exist_ok=True)
+                    os.chmod(tmp, 0o777)
+                    first = ["h1", "h2"] if scenario == "join" else ["h1", "h2", "h3"]
+                    script = discovery(tmp, first)
+                    tools = launchers(script, tmp, len(first))
+                    if name not in tools:
+                        continue
+                    argv, e = tools[name]
+                    job = Job(argv, e, tmp)
+                    row = results.setdefault(f"{name} {scenario}", {})
+                    try:
+                        for what, value in scenario_times(job, scenario, len(first), tmp,
+                                                          addr, bed).items():
+                            row.setdefault(what, []).append(value)
+                    except RuntimeError as exc:
+                        row.setdefault("failed", []).append(1.0)
+                        print(f"{name} {scenario}: {exc}")
+                    finally:
+                        job.stop()
+                        if scenario == "lost":
+                            bed.start_sshd("h3")
     return results
 
 
 def rendezvous(n: int) -> dict[str, Any]:
     """One elastic job of n hosts x 1 slot under each launcher: until every rank stepped."""
-    from helpers.testbed import build_testbed
-
-    bed = build_testbed(n, names_resolve=True)
     found: dict[str, Any] = {"hosts": n}
-    try:
-        with ssh_wrapper(bed.ssh_config) as wrap:
-            env = worktree_env()
-            assert bed.hosts[0].sshd is not None
-            inside = ["nsenter", "-t", str(bed.hosts[0].sshd.pid), "-n", "-u", "-m", "--"]
-            tools = {"dtlaunch": (["run", "--no-check", "--iface", "eth0", "--ssh-config",
-                                   str(bed.ssh_config)], env)}
-            hvdrun = horovodrun_path()
-            if hvdrun:
-                tools["horovodrun"] = ([], dict(env, PATH=f"{wrap}:{env['PATH']}"))
-            for name, (head, e) in tools.items():
-                tmp = Path(f"/tmp/dtl-elastic-rdv-{os.getpid()}-{name}")
-                tmp.mkdir(parents=True, exist_ok=True)
-                os.chmod(tmp, 0o777)
-                names = bed.names if name == "dtlaunch" else [h.address for h in bed.hosts]
-                (tmp / "hosts").write_text("".join(f"{h}:1\n" for h in names))
-                script = tmp / "discover.sh"
-                script.write_text(f"#!/bin/sh\nexec cat {tmp / 'hosts'}\n")
-                script.chmod(0o755)
-                if name == "dtlaunch":
-                    argv = dtlaunch_argv(*head, "--host-discovery-script", str(script),
-                                         "--min-np", str(n), PYTHON, STEPS, str(tmp), "1")
-                else:
-                    argv = [hvdrun or "", "--gloo", "-np", str(n), "--min-np", str(n),
-                            "--host-discovery-script", str(script), "--network-interface",
-                            "eth0", PYTHON, STEPS, str(tmp), "1"]
-                start = time.time()
-                job = Job(inside + argv, e, tmp)
-                try:
-                    job.wait_for(lambda: len([s for s in job.steps() if s["size"] == n]) >= n,  # noqa: B023
-                                 f"a step at {n}", 900)
-                    trained: float | None = time.time() - start
-                except RuntimeError as exc:
-                    trained = None
-                    print(f"{name} rendezvous: {exc}")
-                finally:
-                    job.stop()
-                timeouts = [t for _, t in job.lines if "timeout" in t.lower()
-                            or "Timed out" in t]
-                found[name] = {"first step s": trained, "code": job.proc.returncode,
-                               "timeouts": len(timeouts)}
-    finally:
-        bed.close()
+    with resolving_bed(n) as (bed, wrap, inside):
+        env = worktree_env()
+        tools = {"dtlaunch": (["run", "--no-check", "--iface", "eth0", "--ssh-config",
+                               str(bed.ssh_config)], env)}
+        hvdrun = horovodrun_path()
+        if hvdrun:
+            tools["horovodrun"] = ([], horovodrun_env(env, wrap))
+        for name, (head, e) in tools.items():
+            tmp = Path(f"/tmp/dtl-elastic-rdv-{os.getpid()}-{name}")
+            tmp.mkdir(parents=True, exist_ok=True)
+            os.chmod(tmp, 0o777)
+            names = bed.names if name == "dtlaunch" else [h.address for h in bed.hosts]
+            (tmp / "hosts").write_text("".join(f"{h}:1\n" for h in names))
+            script = tmp / "discover.sh"
+            script.write_text(f"#!/bin/sh\nexec cat {tmp / 'hosts'}\n")
+            script.chmod(0o755)
+            if name == "dtlaunch":
+                argv = dtlaunch_argv(*head, "--host-discovery-script", str(script),
+                                     "--min-np", str(n), PYTHON, STEPS, str(tmp), "1")
+            else:
+                argv = [hvdrun or "", "--gloo", "-np", str(n), "--min-np", str(n),
+                        "--host-discovery-script", str(script), "--network-interface",
+                        "eth0", PYTHON, STEPS, str(tmp), "1"]
+            start = time.time()
+            job = Job(inside + argv, e, tmp)
+            try:
+                job.wait_for(lambda: len([s for s in job.steps() if s["size"] == n]) >= n,  # noqa: B023
+                             f"a step at {n}", 900)
+                trained: float | None = time.time() - start
+            except RuntimeError as exc:
+                trained = None
+                print(f"{name} rendezvous: {exc}")
+            finally:
+                job.stop()
+            timeouts = [t for _, t in job.lines if "timeout" in t.lower()
+                        or "Timed out" in t]
+            found[name] = {"first step s": trained, "code": job.proc.returncode,
+                           "timeouts": len(timeouts)}
     return found
 
 
@@ -270,8 +254,9 @@ def main(argv: list[str] | None = None) -> str:
     before = loadavg()
     results = measure(args.reps)
     rdv = rendezvous(int(args.hosts)) if args.hosts and int(args.hosts) > 0 else None
-    save_raw(args.out.removesuffix(".md"), {"results": results, "rendezvous": rdv})
-    return write_result(args.out, report(results, rdv, f"{before} → {loadavg()}"))
+    load = f"{before} → {loadavg()}"
+    return publish(args.out, {"results": results, "rendezvous": rdv},
+                   lambda png: report(results, rdv, load))
 
 
 if __name__ == "__main__":

@@ -12,61 +12,47 @@ from typing import Any
 
 from common import (
     PYTHON,
-    SCRIPTS,
+    TINY_JOB,
     Sample,
     Series,
     bench_parser,
     dtlaunch_argv,
     fmt_s,
+    horovodrun_env,
     horovodrun_path,
     host_counts,
-    loadavg,
     md_table,
+    measured,
+    publish,
     ratio,
-    round_robin,
-    save_raw,
-    ssh_wrapper,
+    resolving_bed,
     timed,
     worktree_env,
-    write_result,
 )
-
-JOB = str(SCRIPTS / "tiny_job.py")
 
 
 def measure(n: int, reps: int) -> dict[str, Any]:
-    from helpers.testbed import build_testbed
+    with resolving_bed(n) as (bed, wrap, inside):
+        cfg = str(bed.ssh_config)
+        hosts = ",".join(f"{h}:1" for h in bed.names)
+        addrs = ",".join(f"{h.address}:1" for h in bed.hosts)
+        env = worktree_env()
+        dt = ["run", "--no-check", "-H", hosts, "--iface", "eth0", "--ssh-config", cfg]
 
-    bed = build_testbed(n, names_resolve=True)
-    try:
-        with ssh_wrapper(bed.ssh_config) as wrap:
-            cfg = str(bed.ssh_config)
-            hosts = ",".join(f"{h}:1" for h in bed.names)
-            addrs = ",".join(f"{h.address}:1" for h in bed.hosts)
-            env = worktree_env()
-            hvd_env = dict(env, PATH=f"{wrap}:{env['PATH']}")
-            assert bed.hosts[0].sshd is not None
-            inside = ["nsenter", "-t", str(bed.hosts[0].sshd.pid), "-n", "-u", "-m", "--"]
-            dt = ["run", "--no-check", "-H", hosts, "--iface", "eth0", "--ssh-config", cfg]
+        def run(argv: list[str], e: dict[str, str]) -> Sample:
+            return timed(inside + argv, env=e, cwd="/tmp", watch_rss=True)
 
-            def run(argv: list[str], e: dict[str, str]) -> Sample:
-                return timed(inside + argv, env=e, cwd="/tmp", watch_rss=True)
-
-            tools = {
-                "dtlaunch --gloo --no-check": lambda: run(dtlaunch_argv(*dt[:1], "--gloo",
-                                                                        *dt[1:], PYTHON, JOB), env),
-                "dtlaunch (MPI) --no-check": lambda: run(dtlaunch_argv(*dt, PYTHON, JOB), env),
-            }
-            hvdrun = horovodrun_path()
-            if hvdrun:
-                tools["horovodrun --gloo"] = lambda: run(
-                    [hvdrun, "--gloo", "-np", str(n), "-H", addrs, "--network-interface", "eth0",
-                     "--disable-cache", PYTHON, JOB], hvd_env)
-            before = loadavg()
-            series = round_robin(tools, reps, warmup=1, label=f"gloo launch {n} hosts")
-            return {"hosts": n, "series": series, "load": f"{before} → {loadavg()}"}
-    finally:
-        bed.close()
+        tools = {
+            "dtlaunch --gloo --no-check": lambda: run(dtlaunch_argv(*dt[:1], "--gloo", *dt[1:],
+                                                                    PYTHON, TINY_JOB), env),
+            "dtlaunch (MPI) --no-check": lambda: run(dtlaunch_argv(*dt, PYTHON, TINY_JOB), env),
+        }
+        hvdrun = horovodrun_path()
+        if hvdrun:
+            tools["horovodrun --gloo"] = lambda: run(
+                [hvdrun, "--gloo", "-np", str(n), "-H", addrs, "--network-interface", "eth0",
+                 "--disable-cache", PYTHON, TINY_JOB], horovodrun_env(env, wrap))
+        return {"hosts": n, **measured(tools, reps, f"gloo launch {n} hosts")}
 
 
 def report(results: list[dict[str, Any]]) -> str:
@@ -91,8 +77,7 @@ def report(results: list[dict[str, Any]]) -> str:
 def main(argv: list[str] | None = None) -> str:
     args = bench_parser(__doc__, reps=5, hosts="2", out="gloo_launch.md").parse_args(argv)
     results = [measure(n, args.reps) for n in host_counts(args.hosts)]
-    save_raw(args.out.removesuffix(".md"), results)
-    return write_result(args.out, report(results))
+    return publish(args.out, results, lambda png: report(results))
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import dtlaunch_argv, worktree_env, write_result
+from common import bed_of, dtlaunch_argv, inside_h1, worktree_env, write_result
 
 Expect = list[dict[str, Any]]
 # How the two hosts of Horovod's tests are named in a run, and the command prefix and options
@@ -163,17 +163,11 @@ def main(argv: list[str] | None = None) -> str:
     args = parser.parse_args(argv)
     started = time.time()
     if args.bed:
-        from helpers.testbed import build_testbed
-
-        bed = build_testbed(2, names_resolve=True)
-        try:
-            assert bed.hosts[0].sshd is not None
+        with bed_of(2, names_resolve=True) as bed:
             HOSTS.update({"localhost": "h1", "127.0.0.1": "h2"})
-            PREFIX[:] = ["nsenter", "-t", str(bed.hosts[0].sshd.pid), "-n", "-u", "-m", "--"]
-            REACH[:] = ["--iface", "eth0", "--ssh-config", str(bed.ssh_config)]
+            PREFIX[:] = inside_h1(bed)
+            REACH[:] = ["--iface", "eth0", "--ssh-config", str(bed.ssh_config)]  # type: ignore[attr-defined]
             found = scenarios(args.main)
-        finally:
-            bed.close()
     else:
         found = scenarios(args.main)
     where = ("two test-bed hosts, h1 and h2, over ssh from inside h1" if args.bed else

@@ -23,9 +23,10 @@ from pathlib import Path
 from common import (
     PYTHON,
     dtlaunch_argv,
+    horovodrun_env,
     horovodrun_path,
     md_table,
-    ssh_wrapper,
+    resolving_bed,
     timed,
     worktree_env,
     write_result,
@@ -59,47 +60,39 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--k", default="", help="pytest -k expression (default: every test)")
     parser.add_argument("--out", default="horovod_torch_suite.md")
     args = parser.parse_args(argv)
-    from helpers.testbed import build_testbed
-
-    bed = build_testbed(2, names_resolve=True)
     results = {}
-    try:
-        with ssh_wrapper(bed.ssh_config) as wrap, tempfile.TemporaryDirectory(
-                prefix="dtl-hvd-suite-") as tmp:
-            tests = Path(tmp) / "test"
-            shutil.copytree(args.tests, tests)
-            os.chmod(tmp, 0o755)
-            env = worktree_env()
-            hvd_env = dict(env, PATH=f"{wrap}:{env['PATH']}")
-            assert bed.hosts[0].sshd is not None
-            inside = ["nsenter", "-t", str(bed.hosts[0].sshd.pid), "-n", "-u", "-m", "--"]
-            # Each rank its own JUnit file: the rank number is in HOROVOD_RANK there.
-            runner = tests / "run_rank.sh"
-            runner.write_text(
-                "#!/bin/sh\ncd \"$(dirname \"$0\")/parallel\"\n"
-                f"exec {PYTHON} -m pytest -q -p no:cacheprovider "
-                + (f"-k '{args.k}' " if args.k else "")
-                + "--junitxml=\"$OUT/rank$HOROVOD_RANK.xml\" test_torch.py\n")
-            runner.chmod(0o755)
-            tools = {"dtlaunch run --gloo": (inside + dtlaunch_argv(
-                "run", "--gloo", "--no-check", "--iface", "eth0", "--ssh-config",
-                str(bed.ssh_config), "-H", "h1:1,h2:1", "-x", "OUT", str(runner)), env)}
-            hvdrun = horovodrun_path()
-            if hvdrun:
-                addrs = ",".join(f"{h.address}:1" for h in bed.hosts)
-                tools["horovodrun --gloo"] = ([*inside, hvdrun, "--gloo", "-np", "2", "-H", addrs, "--network-interface", "eth0", str(runner)], hvd_env)
-            for name, (command, e) in tools.items():
-                out = Path(tmp) / name.split()[0]
-                out.mkdir()
-                os.chmod(out, 0o777)
-                started = time.time()
-                sample = timed(command, env={**e, "OUT": str(out)}, timeout=3600, cwd="/tmp",
-                               check=False)
-                results[name] = {"seconds": time.time() - started, "code": sample.returncode,
-                                 "counts": counts(out), "failed": sorted(failed_names(out)),
-                                 "tail": (sample.stdout + sample.stderr)[-1500:]}
-    finally:
-        bed.close()
+    with resolving_bed(2) as (bed, wrap, inside), tempfile.TemporaryDirectory(
+            prefix="dtl-hvd-suite-") as tmp:
+        tests = Path(tmp) / "test"
+        shutil.copytree(args.tests, tests)
+        os.chmod(tmp, 0o755)
+        env = worktree_env()
+        hvd_env = horovodrun_env(env, wrap)
+        # Each rank its own JUnit file: the rank number is in HOROVOD_RANK there.
+        runner = tests / "run_rank.sh"
+        runner.write_text(
+            "#!/bin/sh\ncd \"$(dirname \"$0\")/parallel\"\n"
+            f"exec {PYTHON} -m pytest -q -p no:cacheprovider "
+            + (f"-k '{args.k}' " if args.k else "")
+            + "--junitxml=\"$OUT/rank$HOROVOD_RANK.xml\" test_torch.py\n")
+        runner.chmod(0o755)
+        tools = {"dtlaunch run --gloo": (inside + dtlaunch_argv(
+            "run", "--gloo", "--no-check", "--iface", "eth0", "--ssh-config",
+            str(bed.ssh_config), "-H", "h1:1,h2:1", "-x", "OUT", str(runner)), env)}
+        hvdrun = horovodrun_path()
+        if hvdrun:
+            addrs = ",".join(f"{h.address}:1" for h in bed.hosts)
+            tools["horovodrun --gloo"] = ([*inside, hvdrun, "--gloo", "-np", "2", "-H", addrs, "--network-interface", "eth0", str(runner)], hvd_env)
+        for name, (command, e) in tools.items():
+            out = Path(tmp) / name.split()[0]
+            out.mkdir()
+            os.chmod(out, 0o777)
+            started = time.time()
+            sample = timed(command, env={**e, "OUT": str(out)}, timeout=3600, cwd="/tmp",
+                           check=False)
+            results[name] = {"seconds": time.time() - started, "code": sample.returncode,
+                             "counts": counts(out), "failed": sorted(failed_names(out)),
+                             "tail": (sample.stdout + sample.stderr)[-1500:]}
     rows = []
     for name, res in results.items():
         for rank, c in res["counts"].items():  # type: ignore[union-attr]

@@ -10,13 +10,12 @@ from __future__ import annotations
 import shutil
 import statistics
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 from common import (
     PYTHON,
-    SCRIPTS,
+    TINY_JOB,
     Sample,
     Series,
     baseline_env,
@@ -25,22 +24,20 @@ from common import (
     bench_parser,
     dtlaunch_argv,
     fmt_s,
+    horovodrun_env,
     horovodrun_path,
     host_counts,
-    loadavg,
     md_table,
+    measured,
+    publish,
     ratio,
-    round_robin,
-    save_raw,
     ssh_wrapper,
     timed,
+    warm_run,
     worktree_env,
-    write_result,
 )
 
-JOB = str(SCRIPTS / "tiny_job.py")
 GOAL = 1.10  # dtlaunch (with pre-flight) / mpirun
-CACHE_REFRESH_S = 200.0  # the pre-flight cache lives 300 s
 
 
 def mpirun_argv(hosts: str, n: int, ssh_config: str) -> list[str]:
@@ -49,7 +46,7 @@ def mpirun_argv(hosts: str, n: int, ssh_config: str) -> list[str]:
             "-bind-to", "none", "-map-by", "slot", "-mca", "pml", "ob1",
             "-mca", "btl", "self,vader,tcp", "-mca", "btl_tcp_if_include", "eth0",
             "-mca", "oob_tcp_if_include", "eth0", "-mca", "plm_rsh_args", f"-F {ssh_config}",
-            "-x", "PATH", "-x", "PYTHONPATH", "-x", "OMP_NUM_THREADS", PYTHON, JOB]
+            "-x", "PATH", "-x", "PYTHONPATH", "-x", "OMP_NUM_THREADS", PYTHON, TINY_JOB]
 
 
 def measure(n: int, reps: int, base: str | None = None, rev: str = "",
@@ -65,7 +62,7 @@ def measure(n: int, reps: int, base: str | None = None, rev: str = "",
         env = worktree_env()
         cold_env = dict(env, DTLAUNCH_PREFLIGHT_CACHE="0")
         warm_env = dict(env, XDG_CACHE_HOME=str(warm_cache))
-        hvd_env = dict(env, PATH=f"{wrap}:{env['PATH']}")
+        hvd_env = horovodrun_env(env, wrap)
         dt = ["run", "-v", "-H", hosts, "--iface", "eth0", "--ssh-config", cfg]
         hvdrun = horovodrun_path()
         misses = [0, 0]
@@ -74,46 +71,38 @@ def measure(n: int, reps: int, base: str | None = None, rev: str = "",
             return timed(bed.nsenter_argv("h1", argv), env=e, watch_rss=rss)  # type: ignore[attr-defined]
 
         def warm(e: dict[str, str] = warm_env, slot: int = 0) -> Sample:
-            # The cache lives 5 minutes; refresh it (untimed) before it can expire mid-sample.
-            stamps = [f.stat().st_mtime for f in Path(e["XDG_CACHE_HOME"]).glob("dtlaunch/preflight-*.json")]
-            if stamps and time.time() - max(stamps) > CACHE_REFRESH_S:
-                for f in Path(e["XDG_CACHE_HOME"]).glob("dtlaunch/preflight-*.json"):
-                    f.unlink()
-                inside(dtlaunch_argv(*dt, JOB), e)
-            sample = inside(dtlaunch_argv(*dt, JOB), e, rss=True)
-            if "(cached)" not in sample.stderr:
-                misses[slot] += 1
+            sample, missed = warm_run(lambda: inside(dtlaunch_argv(*dt, TINY_JOB), e, rss=True),
+                                      e["XDG_CACHE_HOME"])
+            misses[slot] += missed
             return sample
 
         tools = {
             "mpirun": lambda: inside(mpirun_argv(hosts, n, cfg), env),
-            "dtlaunch --no-check": lambda: inside(dtlaunch_argv(*dt, "--no-check", JOB), env, rss=True),
-            "dtlaunch (cold pre-flight)": lambda: inside(dtlaunch_argv(*dt, JOB), cold_env, rss=True),
+            "dtlaunch --no-check": lambda: inside(dtlaunch_argv(*dt, "--no-check", TINY_JOB), env, rss=True),
+            "dtlaunch (cold pre-flight)": lambda: inside(dtlaunch_argv(*dt, TINY_JOB), cold_env, rss=True),
             "dtlaunch (warm pre-flight)": warm,
         }
         if base is not None:
             b_env = baseline_env(base)
             b_cold = dict(b_env, DTLAUNCH_PREFLIGHT_CACHE="0")
             b_warm = dict(b_env, XDG_CACHE_HOME=str(base_cache))
-            tools[f"dtlaunch @{rev} (cold pre-flight)"] = lambda: inside(dtlaunch_argv(*dt, JOB), b_cold, rss=True)
+            tools[f"dtlaunch @{rev} (cold pre-flight)"] = lambda: inside(dtlaunch_argv(*dt, TINY_JOB), b_cold, rss=True)
             tools[f"dtlaunch @{rev} (warm pre-flight)"] = lambda: warm(b_warm, 1)
         if hvdrun:
             tools["horovodrun"] = lambda: inside(
                 [hvdrun, "-np", str(n), "-H", addrs, "--network-interface", "eth0",
-                 "--disable-cache", PYTHON, JOB], hvd_env, rss=True)
+                 "--disable-cache", PYTHON, TINY_JOB], hvd_env, rss=True)
         if only:
             tools = {k: v for k, v in tools.items() if k == "mpirun" or any(o in k for o in only)}
-        before = loadavg()
         try:
             # Warm-up: fill the warm pre-flight caches (and the page cache) before timing.
-            series = round_robin(tools, reps, warmup=1, label=f"launch {n} hosts",
-                                 warmup_only=None if n <= 2 else [t for t in tools if "warm" in t])
+            res = measured(tools, reps, f"launch {n} hosts",
+                           warmup_only=None if n <= 2 else [t for t in tools if "warm" in t])
         finally:
             shutil.rmtree(warm_cache, ignore_errors=True)
             shutil.rmtree(base_cache, ignore_errors=True)
         # The warm-up round fills the cache; a miss later means it expired mid-run.
-        return {"hosts": n, "series": series, "load": f"{before} → {loadavg()}",
-                "warm_misses": max(0, misses[0] - 1) + max(0, misses[1] - 1),
+        return {"hosts": n, **res, "warm_misses": misses[0] + misses[1],
                 "horovodrun": bool(hvdrun)}
 
 
@@ -173,9 +162,7 @@ def main(argv: list[str] | None = None) -> str:
         results = [measure(n, (args.reps_small or args.reps) if n <= 2 else args.reps, base,
                            args.baseline or "", args.only.split(",") if args.only else None)
                    for n in host_counts(args.hosts)]
-    text = report(results)
-    save_raw(args.out.removesuffix(".md"), results)
-    return write_result(args.out, text)
+    return publish(args.out, results, lambda png: report(results))
 
 
 if __name__ == "__main__":

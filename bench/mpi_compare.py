@@ -22,14 +22,12 @@ built against it): the system's for Open MPI 4, the venvs of scripts/setup_mpis.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shlex
 import statistics
-import sys
 import tempfile
-import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,46 +35,47 @@ from common import (
     PYTHON,
     RESULTS,
     ROOT,
-    SCRIPTS,
+    TINY_JOB,
+    VENVS,
     Sample,
     Series,
     bed_of,
+    bench_parser,
+    command_line,
+    figure,
     fmt_s,
     loadavg,
     log,
     md_table,
+    measured,
+    mpi_venv,
     pyplot,
     ratio,
-    round_robin,
     sandwiched_ratios,
     ssh_wrapper,
     steady_rate,
     timed,
-    worktree_env,
+    warm_run,
     write_result,
 )
 
-JOB = str(SCRIPTS / "tiny_job.py")
 MODULE = "dtlaunch.examples.ptb_lm"
 GOAL_EFF = 0.90
-VENVS = Path(os.environ.get("DTLAUNCH_MPI_VENVS") or Path.home() / ".cache" / "dtlaunch" / "mpi-venvs")
 DATA = Path(os.environ.get("DTLAUNCH_PTB_DATA", ROOT.parent / "shared" / "data" / "ptb"))
 MPIS = ("openmpi4", "openmpi5", "mpich", "intelmpi")
 HYDRA_MPIS = ("mpich", "intelmpi")
-CACHE_REFRESH_S = 200.0  # the pre-flight cache lives 300 s
 RAW = RESULTS / "raw"
 
 
-def mpi_setup(name: str) -> tuple[str, dict[str, str]] | None:
-    """(python, environment) for one MPI, or None when its venv is not there."""
-    env = worktree_env()
-    if name == "openmpi4":
-        return PYTHON, env
-    folder = VENVS / name / "bin"
-    if not (folder / "python").exists():
-        return None
-    env["PATH"] = f"{folder}{os.pathsep}{env['PATH']}"
-    return str(folder / "python"), env
+def installed(mpis: tuple[str, ...], out: dict[str, Any]) -> Iterator[tuple[str, str, dict[str, str]]]:
+    """(name, python, environment) of each MPI of `mpis` whose venv is there; each missing one
+    is recorded in `out` as not measured."""
+    for name in mpis:
+        setup = mpi_venv(name)
+        if setup is None:
+            out[name] = {"missing": f"no venv at {VENVS / name}"}
+        else:
+            yield name, *setup
 
 
 def version(name: str, env: dict[str, str]) -> str:
@@ -99,29 +98,24 @@ def hand_argv(name: str, python: str, cfg: str, ssh_dir: Path) -> list[str]:
         return ["mpiexec", "-n", "2", "-hosts", "h1,h2", "-ppn", "1", "-launcher", "ssh",
                 "-launcher-exec", str(ssh_dir / "ssh"), "-iface", "eth0",
                 "-genv", "FI_TCP_IFACE", "eth0",
-                "-genvlist", "PATH,PYTHONPATH,OMP_NUM_THREADS", python, JOB]
+                "-genvlist", "PATH,PYTHONPATH,OMP_NUM_THREADS", python, TINY_JOB]
     if name == "mpich":
         return ["mpiexec", "-n", "2", "-hosts", "h1:1,h2:1", "-launcher", "ssh",
                 "-launcher-exec", str(ssh_dir / "ssh"), "-iface", "eth0",
-                "-genvlist", "PATH,PYTHONPATH,OMP_NUM_THREADS", python, JOB]
+                "-genvlist", "PATH,PYTHONPATH,OMP_NUM_THREADS", python, TINY_JOB]
     shm = "sm" if name == "openmpi5" else "vader"
     return ["mpirun", "--allow-run-as-root", "-np", "2", "-H", "h1:1,h2:1", "--bind-to", "none",
             "--map-by", "slot", "--mca", "pml", "ob1", "--mca", "btl", f"self,{shm},tcp",
             "--mca", "btl_tcp_if_include", "eth0", "--mca", "oob_tcp_if_include", "eth0",
             "--mca", "plm_rsh_args", f"-F {cfg}", "-x", "PATH", "-x", "PYTHONPATH",
-            "-x", "OMP_NUM_THREADS", python, JOB]
+            "-x", "OMP_NUM_THREADS", python, TINY_JOB]
 
 
 def launch(reps: int, mpis: tuple[str, ...] = MPIS) -> dict[str, Any]:
     out: dict[str, Any] = {}
     with bed_of(2) as bed, ssh_wrapper(bed.ssh_config) as wrap:  # type: ignore[attr-defined]
         cfg = str(bed.ssh_config)  # type: ignore[attr-defined]
-        for name in mpis:
-            setup = mpi_setup(name)
-            if setup is None:
-                out[name] = {"missing": f"no venv at {VENVS / name}"}
-                continue
-            python, env = setup
+        for name, python, env in installed(mpis, out):
             cache = Path(tempfile.mkdtemp(prefix="dtlaunch-bench-cache-"))
             warm_env = dict(env, XDG_CACHE_HOME=str(cache))
             dt = [python, "-m", "dtlaunch", "run", "-v", "-H", "h1:1,h2:1", "--iface", "eth0",
@@ -134,27 +128,20 @@ def launch(reps: int, mpis: tuple[str, ...] = MPIS) -> dict[str, Any]:
 
             def warm(e: dict[str, str] = warm_env, dt: list[str] = dt,
                      misses: list[int] = misses) -> Sample:
-                caches = list(Path(e["XDG_CACHE_HOME"]).glob("dtlaunch/preflight-*.json"))
-                if caches and time.time() - max(f.stat().st_mtime for f in caches) > CACHE_REFRESH_S:
-                    for f in caches:
-                        f.unlink()
-                    inside([*dt, JOB], e)  # refill, untimed
-                sample = inside([*dt, JOB], e)
-                if "(cached)" not in sample.stderr:
-                    misses[0] += 1
+                sample, missed = warm_run(lambda: inside([*dt, TINY_JOB], e), e["XDG_CACHE_HOME"])
+                misses[0] += missed
                 return sample
 
             hand_name = "mpiexec (by hand)" if name in HYDRA_MPIS else "mpirun (by hand)"
             tools = {
                 hand_name: lambda hand=hand, env=env: inside(hand, env),
                 "dtlaunch run (warm pre-flight)": warm,
-                "dtlaunch run --no-check": lambda dt=dt, env=env: inside([*dt, "--no-check", JOB], env),
+                "dtlaunch run --no-check": lambda dt=dt, env=env: inside([*dt, "--no-check", TINY_JOB], env),
             }
-            before = loadavg()
-            series = round_robin(tools, reps, warmup=1, label=f"launch {name}")
-            out[name] = {"version": version(name, env), "load": f"{before} → {loadavg()}",
-                         "hand": hand_name, "hand_argv": hand, "warm_misses": max(0, misses[0] - 1),
-                         "series": {k: s.times for k, s in series.items()}}
+            res = measured(tools, reps, f"launch {name}")
+            out[name] = {"version": version(name, env), "load": res["load"],
+                         "hand": hand_name, "hand_argv": hand, "warm_misses": misses[0],
+                         "series": {k: s.times for k, s in res["series"].items()}}
     return out
 
 
@@ -197,12 +184,7 @@ def ptb(reps: int, steps: int, data: Path, mpis: tuple[str, ...] = MPIS,
     out: dict[str, Any] = {}
     if not (data / "ptb.train.txt").is_file():
         return {name: {"missing": f"no PTB data in {data}"} for name in mpis}
-    for name in mpis:
-        setup = mpi_setup(name)
-        if setup is None:
-            out[name] = {"missing": f"no venv at {VENVS / name}"}
-            continue
-        python, env = setup
+    for name, python, env in installed(mpis, out):
         before = loadavg()
         runs: dict[str, list[float]] = {k: [] for k in PTB_RUNS}
         sequence: list[tuple[str, float]] = []  # in time order, for the sandwiched ratios
@@ -224,7 +206,7 @@ def plain_argv(argv: list[str]) -> list[str]:
     """The hand-written line with this machine's paths replaced by what they are."""
     out = []
     for arg in argv:
-        if arg == JOB or arg.endswith("/bench/scripts/tiny_job.py"):  # any checkout's
+        if arg == TINY_JOB or arg.endswith("/bench/scripts/tiny_job.py"):  # any checkout's
             arg = "bench/scripts/tiny_job.py"
         elif arg.endswith("/python") or arg == PYTHON:
             arg = "<that MPI's python>"
@@ -352,38 +334,35 @@ def shown(eff: tuple[float, float, float] | None) -> str:
 
 
 def plot(launch_res: dict[str, Any] | None, ptb_res: dict[str, Any] | None) -> str:
-    plt = pyplot()
-    if plt is None:
+    if pyplot() is None:
         return "no plot"
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
-    names = [n for n in MPIS if launch_res and "series" in launch_res.get(n, {})]
-    width = 0.27
-    for i, name in enumerate(names):
-        res = launch_res[name]  # type: ignore[index]
-        for j, (k, v) in enumerate(res["series"].items()):
-            a.bar(i + (j - 1) * width, statistics.median(v), width,
-                  color=f"C{j}", label=k.replace(" (by hand)", "").replace("mpiexec", "by hand")
-                  .replace("mpirun", "by hand") + (" (mpirun / mpiexec)" if j == 0 else "")
-                  if i == 0 else None)
-    a.set_xticks(range(len(names)), names)
-    a.set_ylabel("launch wall s (median)")
-    a.set_title("tiny Horovod job, 2 hosts")
-    a.legend(fontsize=7)
-    pn = [n for n in MPIS if ptb_res and "runs" in ptb_res.get(n, {})]
-    effs = [efficiencies(ptb_res[n]) for n in pn]  # type: ignore[index]
-    strong = [e["2"][0] for e in effs]
-    weak = [e["2w"][0] if "2w" in e else 0.0 for e in effs]
-    xs = range(len(pn))
-    b.bar([x - 0.2 for x in xs], weak, 0.4, color="C2", label="per-rank batch fixed")
-    b.bar([x + 0.2 for x in xs], strong, 0.4, color="C4", label="global batch fixed")
-    b.set_xticks(list(xs), pn)
-    b.axhline(GOAL_EFF, color="k", ls="--", lw=1, label=f"goal {GOAL_EFF:.2f}")
-    b.set_ylim(0, 1.1)
-    b.set_ylabel("scaling efficiency")
-    b.set_title("PTB small, 2 ranks × 1 thread vs 1 × 1")
-    b.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(RESULTS / "mpi_compare.png", dpi=110)
+    with figure(RESULTS / "mpi_compare.png", dpi=110, ncols=2, figsize=(10, 4)) as (_, (a, b)):
+        names = [n for n in MPIS if launch_res and "series" in launch_res.get(n, {})]
+        width = 0.27
+        for i, name in enumerate(names):
+            res = launch_res[name]  # type: ignore[index]
+            for j, (k, v) in enumerate(res["series"].items()):
+                a.bar(i + (j - 1) * width, statistics.median(v), width,
+                      color=f"C{j}", label=k.replace(" (by hand)", "").replace("mpiexec", "by hand")
+                      .replace("mpirun", "by hand") + (" (mpirun / mpiexec)" if j == 0 else "")
+                      if i == 0 else None)
+        a.set_xticks(range(len(names)), names)
+        a.set_ylabel("launch wall s (median)")
+        a.set_title("tiny Horovod job, 2 hosts")
+        a.legend(fontsize=7)
+        pn = [n for n in MPIS if ptb_res and "runs" in ptb_res.get(n, {})]
+        effs = [efficiencies(ptb_res[n]) for n in pn]  # type: ignore[index]
+        strong = [e["2"][0] for e in effs]
+        weak = [e["2w"][0] if "2w" in e else 0.0 for e in effs]
+        xs = range(len(pn))
+        b.bar([x - 0.2 for x in xs], weak, 0.4, color="C2", label="per-rank batch fixed")
+        b.bar([x + 0.2 for x in xs], strong, 0.4, color="C4", label="global batch fixed")
+        b.set_xticks(list(xs), pn)
+        b.axhline(GOAL_EFF, color="k", ls="--", lw=1, label=f"goal {GOAL_EFF:.2f}")
+        b.set_ylim(0, 1.1)
+        b.set_ylabel("scaling efficiency")
+        b.set_title("PTB small, 2 ranks × 1 thread vs 1 × 1")
+        b.legend(fontsize=7)
     return "plot: results/mpi_compare.png"
 
 
@@ -400,8 +379,7 @@ def _save(path: Path, res: dict[str, Any], merge: bool) -> None:
 
 
 def main(argv: list[str] | None = None) -> str:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--reps", type=int, default=5, help="launch repetitions (after 1 warm-up)")
+    parser = bench_parser(__doc__, reps=5, reps_help="launch repetitions (after 1 warm-up)")
     parser.add_argument("--ptb-reps", type=int, default=5)
     parser.add_argument("--max-steps", type=int, default=120)
     parser.add_argument("--data-path", type=Path, default=DATA)
@@ -415,12 +393,12 @@ def main(argv: list[str] | None = None) -> str:
     args = parser.parse_args(argv)
     mpis = tuple(args.only or MPIS)
     RAW.mkdir(parents=True, exist_ok=True)
-    command = "python bench/mpi_compare.py " + shlex.join(sys.argv[1:] if argv is None else argv)
+    command = command_line("mpi_compare.py", argv)
     if args.part in ("launch", "all"):
-        res = {"_command": command.strip(), **launch(args.reps, mpis)}
+        res = {"_command": command, **launch(args.reps, mpis)}
         _save(RAW / "mpi_compare_launch.json", res, bool(args.only))
     if args.part in ("ptb", "all"):
-        res = {"_command": command.strip(),
+        res = {"_command": command,
                **ptb(args.ptb_reps, args.max_steps, args.data_path, mpis, not args.no_bind)}
         _save(RAW / "mpi_compare_ptb.json", res, bool(args.only))
     loaded = [json.loads(p.read_text()) if p.exists() else None

@@ -24,13 +24,11 @@ from common import (
     bench_parser,
     dtlaunch_argv,
     fmt_s,
-    loadavg,
     md_table,
+    measured,
+    publish,
     ratio,
-    round_robin,
-    save_raw,
     worktree_env,
-    write_result,
 )
 
 JOB = str(SCRIPTS / "print_mb.py")
@@ -92,10 +90,9 @@ def measure(reps: int, mb: float) -> dict[str, Any]:
                 "dtlaunch --no-check": lambda m=mode: inside(dtlaunch_argv(
                     "run", "--no-check", *common, JOB, m, str(mb))),
             }
-            before = loadavg()
-            series = round_robin(tools, reps, warmup=1, label=f"output {mode}")
-            results[mode] = {"series": series, "load": f"{before} → {loadavg()}", "mb": mb,
-                             "received": {n: [s.stdout for s in v.samples] for n, v in series.items()}}
+            res = measured(tools, reps, f"output {mode}")
+            results[mode] = {**res, "mb": mb, "received": {
+                n: [s.stdout for s in v.samples] for n, v in res["series"].items()}}
     return results
 
 
@@ -135,9 +132,7 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--mb", type=float, default=100.0)
     args = parser.parse_args(argv)
     results = measure(args.reps, args.mb)
-    text = report(results)
-    save_raw(args.out.removesuffix(".md"), results)
-    return write_result(args.out, text)
+    return publish(args.out, results, lambda png: report(results))
 
 
 if __name__ == "__main__":

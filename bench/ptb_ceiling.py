@@ -32,7 +32,6 @@ P1 / H2r what Horovod reaches; their quotient is the share the exchange and the 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -42,7 +41,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import PYTHON, ROOT, loadavg, log, md_table, worktree_env, write_result
+from common import PYTHON, ROOT, bench_parser, loadavg, log, md_table, worktree_env, write_result
 
 HERE = str(Path(__file__).resolve())
 
@@ -109,37 +108,39 @@ def _ms(out: str) -> float:
     return float(next(json.loads(line)["ms"] for line in out.splitlines() if line.startswith("{")))
 
 
-# per-core kinds: (how, batch per process)
-CORE_KINDS = {"P1": ("alone", 20), "P2g": ("pair", 10), "P2r": ("pair", 20),
-              "H2g": ("horovod", 10), "H2r": ("horovod", 20)}
+# Each kind: (how, batch per process, threads per process, what it is). "alone": one process;
+# "pair": two at once, no communication (the slower one's step counts); "allreduce" and
+# "horovod": two ranks under mpirun (the decoder gradient's allreduce; the real step).
+KINDS = {
+    "A": ("alone", 20, 2, "1 process, batch 20, 2 threads: one step"),
+    "B": ("pair", 10, 1, "2 processes at once, batch 10, 1 thread, no communication: slower one's step"),
+    "C": ("allreduce", 10, 1, "allreduce of the decoder gradient (8 MB), 2 ranks"),
+    "D": ("horovod", 10, 1, "Horovod, 2 ranks, batch 10 each: one step"),
+    "P1": ("alone", 20, 1, "1 process alone, batch 20, 1 thread"),
+    "P2g": ("pair", 10, 1, "2 processes at once, batch 10 each, no communication (slower one)"),
+    "P2r": ("pair", 20, 1, "2 processes at once, batch 20 each, no communication (slower one)"),
+    "H2g": ("horovod", 10, 1, "Horovod, 2 ranks × batch 10 (global batch fixed)"),
+    "H2r": ("horovod", 20, 1, "Horovod, 2 ranks × batch 20 (per-rank batch fixed)"),
+}
+THREAD_KINDS = ["A", "B", "C", "D"]
+CORE_KINDS = ["P1", "P2g", "P2r", "H2g", "H2r"]
 
 
 def measure(kind: str, steps: int) -> float:
+    """ms per step of one kind, in fresh processes."""
     env = worktree_env({"OMP_NUM_THREADS": "1", "HOROVOD_FUSION_THRESHOLD": "0",
                         "OMPI_MCA_mpi_yield_when_idle": "1"})
     me = [PYTHON, HERE, "--worker"]
-    if kind in CORE_KINDS:
-        how, batch = CORE_KINDS[kind]
-        if how == "alone":
-            kind, single = "A", ["local", str(batch), "1", str(steps)]
-        elif how == "pair":
-            procs = [subprocess.Popen([*me, "local", str(batch), "1", str(steps)], env=env,
-                                      text=True, stdout=subprocess.PIPE) for _ in range(2)]
-            return max(_ms(p.communicate(timeout=600)[0]) for p in procs)
-        else:
-            return _mpirun(me, env, "horovod", batch, steps)
-        return _ms(subprocess.run([*me, *single], env=env, check=True, capture_output=True,
-                                  text=True, timeout=600).stdout)
-    if kind == "A":
-        out = subprocess.run([*me, "local", "20", "2", str(steps)], env=env, check=True,
-                             capture_output=True, text=True, timeout=600).stdout
-        return _ms(out)
-    if kind == "B":
-        procs = [subprocess.Popen([*me, "local", "10", "1", str(steps)], env=env, text=True,
-                                  stdout=subprocess.PIPE) for _ in range(2)]
-        outs = [p.communicate(timeout=600)[0] for p in procs]
-        return max(_ms(o) for o in outs)
-    return _mpirun(me, env, {"C": "allreduce", "D": "horovod"}[kind], 10, steps)
+    how, batch, threads, _ = KINDS[kind]
+    local = [*me, "local", str(batch), str(threads), str(steps)]
+    if how == "alone":
+        return _ms(subprocess.run(local, env=env, check=True, capture_output=True, text=True,
+                                  timeout=600).stdout)
+    if how == "pair":
+        procs = [subprocess.Popen(local, env=env, text=True, stdout=subprocess.PIPE)
+                 for _ in range(2)]
+        return max(_ms(p.communicate(timeout=600)[0]) for p in procs)
+    return _mpirun(me, env, how, batch, steps)
 
 
 def _mpirun(me: list[str], env: dict[str, str], mode: str, batch: int, steps: int) -> float:
@@ -164,24 +165,19 @@ def rotating(kinds: list[str], reps: int, steps: int, label: str) -> dict[str, l
     return samples
 
 
-def ms_rows(samples: dict[str, list[float]], labels: dict[str, str]) -> list[list[str]]:
-    """One table row per kind: its label, median and range."""
-    return [[k, labels[k], f"{statistics.median(v):.1f}", f"{min(v):.1f}–{max(v):.1f}"]
+def measure_all(kinds: list[str], reps: int, steps: int,
+                label: str) -> tuple[dict[str, float], list[list[str]], str]:
+    """Every kind measured `reps` times, the order rotating: the medians, one table row per
+    kind (its label, median and range) and the load average before → after."""
+    before = loadavg()
+    samples = rotating(kinds, reps, steps, label)
+    rows = [[k, KINDS[k][3], f"{statistics.median(v):.1f}", f"{min(v):.1f}–{max(v):.1f}"]
             for k, v in samples.items()]
+    return {k: statistics.median(v) for k, v in samples.items()}, rows, f"{before} → {loadavg()}"
 
 
 def cores(reps: int, steps: int) -> str:
-    before = loadavg()
-    samples = rotating(list(CORE_KINDS), reps, steps, "cores")
-    med = {k: statistics.median(v) for k, v in samples.items()}
-    labels = {
-        "P1": "1 process alone, batch 20, 1 thread",
-        "P2g": "2 processes at once, batch 10 each, no communication (slower one)",
-        "P2r": "2 processes at once, batch 20 each, no communication (slower one)",
-        "H2g": "Horovod, 2 ranks × batch 10 (global batch fixed)",
-        "H2r": "Horovod, 2 ranks × batch 20 (per-rank batch fixed)",
-    }
-    rows = ms_rows(samples, labels)
+    med, rows, load = measure_all(CORE_KINDS, reps, steps, "cores")
     allowed_g, allowed_r = med["P1"] / (2 * med["P2g"]), med["P1"] / med["P2r"]
     reached_g, reached_r = med["P1"] / (2 * med["H2g"]), med["P1"] / med["H2r"]
     eff_rows = [
@@ -195,8 +191,7 @@ def cores(reps: int, steps: int) -> str:
         "", f"`python bench/ptb_ceiling.py --part cores --reps {reps} --steps {steps}`: one step "
         f"of PTB small's training (forward, backward, clipping, SGD), 1 thread per process, each "
         f"figure in fresh processes, alternating, medians of {reps} (each the median of {steps} "
-        f"steps); Horovod through mpirun with shared memory; load average {before} → "
-        f"{loadavg()}.", "",
+        f"steps); Horovod through mpirun with shared memory; load average {load}.", "",
         md_table(["", "what", "ms per step, median", "range"], rows), "",
         md_table(["per-core efficiency", "the machine allows (no communication)",
                   "Horovod reaches", "share kept by Horovod"], eff_rows), "",
@@ -210,28 +205,18 @@ def cores(reps: int, steps: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> str:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--reps", type=int, default=5)
+    parser = bench_parser(__doc__, reps=5)
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--part", choices=("threads", "cores"), default="threads")
     args = parser.parse_args(argv)
     if args.part == "cores":
         return cores(args.reps, args.steps)
-    before = loadavg()
-    samples = rotating(["A", "B", "C", "D"], args.reps, args.steps, "ceiling")
-    med = {k: statistics.median(v) for k, v in samples.items()}
-    labels = {
-        "A": "1 process, batch 20, 2 threads: one step",
-        "B": "2 processes at once, batch 10, 1 thread, no communication: slower one's step",
-        "C": "allreduce of the decoder gradient (8 MB), 2 ranks",
-        "D": "Horovod, 2 ranks, batch 10 each: one step",
-    }
-    rows = ms_rows(samples, labels)
+    med, rows, load = measure_all(THREAD_KINDS, args.reps, args.steps, "ceiling")
     text = "\n".join([
         "## 4b. Training scaling: the ceiling on this machine (PTB small)", "",
         f"`python bench/ptb_ceiling.py --reps {args.reps} --steps {args.steps}`: each figure in "
         f"a fresh process, alternating, medians of {args.reps} (each itself the median of "
-        f"{args.steps} steps); load average {before} → {loadavg()}.", "",
+        f"{args.steps} steps); load average {load}.", "",
         md_table(["", "what", "ms, median", "range"], rows), "",
         f"- 2 ranks with free communication (A / B): **{med['A'] / med['B']:.2f} ×** 1 rank",
         f"- with the decoder allreduce alone (A / (B + C)): **{med['A'] / (med['B'] + med['C']):.2f} ×**",

@@ -16,15 +16,13 @@ import os
 import shutil
 import subprocess
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from common import (
-    PYTHON,
-    RESULTS,
     SCRIPTS,
+    VENVS,
     Sample,
     Series,
     baseline_tree,
@@ -32,42 +30,30 @@ from common import (
     bench_parser,
     command_line,
     cpu_group,
+    figure,
     fmt_s,
+    horovodrun_env,
     horovodrun_path,
     host_counts,
+    hosts_axes,
     loadavg,
     log,
     md_table,
-    pyplot,
+    measured,
+    mpi_venv,
+    publish,
     ratio,
-    round_robin,
     run_header,
-    save_raw,
     ssh_wrapper,
     timed,
-    worktree_env,
-    write_result,
+    warm_run,
 )
 
 SOURCE = SCRIPTS / "tiny_mpi.c"
-VENVS = Path(os.environ.get("DTLAUNCH_MPI_VENVS") or Path.home() / ".cache" / "dtlaunch" / "mpi-venvs")
 GOAL = 1.05  # dtlaunch / the hand-written line
 SLOTS = 2
-CACHE_REFRESH_S = 200.0  # the pre-flight cache lives 300 s
 HAND = {"openmpi4": "mpirun (by hand)", "mpich": "mpiexec (by hand)"}
 MPI_TITLE = {"openmpi4": "Open MPI 4", "mpich": "MPICH"}
-
-
-def mpi_env(name: str) -> tuple[str, dict[str, str], str] | None:
-    """(python, environment, mpicc) for one MPI, or None when its venv is missing."""
-    env = worktree_env()
-    if name == "openmpi4":
-        return PYTHON, env, "mpicc"
-    folder = VENVS / name / "bin"
-    if not (folder / "python").exists():
-        return None
-    env["PATH"] = f"{folder}{os.pathsep}{env['PATH']}"
-    return str(folder / "python"), env, str(folder / "mpicc")
 
 
 def hand_argv(name: str, hosts: list[str], job: str, cfg: str, ssh_dir: Path) -> list[str]:
@@ -93,11 +79,12 @@ def measure(counts: list[int], reps: int, mpis: list[str], cold: bool, base: str
     try:
         setups: dict[str, tuple[str, dict[str, str], str]] = {}
         for name in mpis:
-            setup = mpi_env(name)
+            setup = mpi_venv(name)
             if setup is None:
                 log(f"{name}: no venv at {VENVS / name}, left out")
                 continue
-            python, env, mpicc = setup
+            python, env = setup
+            mpicc = "mpicc" if name == "openmpi4" else str(Path(python).parent / "mpicc")
             job = tmp / f"tiny_{name}"
             subprocess.run([mpicc, "-O2", "-o", str(job), str(SOURCE)], env=env, check=True)
             setups[name] = (python, env, str(job))
@@ -121,13 +108,11 @@ def measure(counts: list[int], reps: int, mpis: list[str], cold: bool, base: str
                     tools.update(_tools(name, bed, python, env, job, hosts, addrs, spec, cfg, wrap,
                                         tmp, caches, cold, hosts_group[1] if hosts_group else None,
                                         base, rev))
-                before = loadavg()
                 # Warm-up: every launcher on the smallest size (page cache, Python's bytecode);
                 # on the larger ones only the warm pre-flights, which fill their caches.
                 first = n == min(counts)
-                series = round_robin(tools, reps, warmup=1, label=f"launch {n} hosts",
-                                     warmup_only=None if first else [t for t in tools if "warm" in t])
-                out["sizes"][n] = {"series": series, "load": f"{before} → {loadavg()}"}
+                out["sizes"][n] = measured(tools, reps, f"launch {n} hosts", warmup_only=None
+                                           if first else [t for t in tools if "warm" in t])
                 for cache in caches:
                     shutil.rmtree(cache, ignore_errors=True)
     finally:
@@ -153,18 +138,10 @@ def _tools(name: str, bed: Any, python: str, env: dict[str, str], job: str, host
                                f"stderr {sample.stderr[-1500:]!r}")
         return sample
 
-    def warm_run(dt: list[str], e: dict[str, str]) -> Callable[[], Sample]:
-        folder = Path(e["XDG_CACHE_HOME"]) / "dtlaunch"
-
+    def warm(dt: list[str], e: dict[str, str]) -> Callable[[], Sample]:
         def run() -> Sample:
-            # The cache lives 5 minutes; refresh it (untimed) before it can expire mid-sample.
-            stamps = [f.stat().st_mtime for f in folder.glob("preflight-*.json")]
-            if stamps and time.time() - max(stamps) > CACHE_REFRESH_S:
-                for f in folder.glob("preflight-*.json"):
-                    f.unlink()
-                inside(dt, e)
-            sample = inside(dt, e)
-            if stamps and "(cached)" not in sample.stderr:
+            sample, missed = warm_run(lambda: inside(dt, e), e["XDG_CACHE_HOME"])
+            if missed:
                 log(f"  warning: {dt[3:6]} missed its warm pre-flight cache")
             return sample
         return run
@@ -177,14 +154,14 @@ def _tools(name: str, bed: Any, python: str, env: dict[str, str], job: str, host
     dt = [python, "-P", "-m", "dtlaunch", "run", "-v", "-H", spec, "--iface", "eth0", "--ssh-config", cfg]
     tools: dict[str, Callable[[], Sample]] = {
         f"{title}: {HAND[name]}": lambda: inside(hand_argv(name, hosts, job, cfg, wrap), env),
-        f"{title}: dtlaunch (warm pre-flight)": warm_run([*dt, job], warm_env),
+        f"{title}: dtlaunch (warm pre-flight)": warm([*dt, job], warm_env),
     }
     if base:  # dtlaunch as of REV, side by side (its own cache)
         old_cache = Path(tempfile.mkdtemp(prefix="dtlaunch-bench-cache-", dir=tmp))
         caches.append(old_cache)
         old_env = dict(env, XDG_CACHE_HOME=str(old_cache),
                        PYTHONPATH=base + os.pathsep + env["PYTHONPATH"])
-        tools[f"{title}: dtlaunch @{rev} (warm pre-flight)"] = warm_run([*dt, job], old_env)
+        tools[f"{title}: dtlaunch @{rev} (warm pre-flight)"] = warm([*dt, job], old_env)
     if cold and name == "openmpi4":  # one MPI is enough: the checks are the same
         tools[f"{title}: dtlaunch (cold pre-flight)"] = lambda: inside(
             [*dt, job], dict(env, DTLAUNCH_PREFLIGHT_CACHE="0"))
@@ -197,41 +174,28 @@ def _tools(name: str, bed: Any, python: str, env: dict[str, str], job: str, host
     hvd = horovodrun_path() if name == "openmpi4" else None
     if hvd:
         # horovodrun finds the local host with DNS; the bed's names live only in its ssh config.
-        hvd_env = dict(env, PATH=f"{wrap}{os.pathsep}{env['PATH']}")
         tools[f"{title}: horovodrun"] = lambda: inside(
             [hvd, "-np", str(n), "-H", ",".join(f"{a}:{SLOTS}" for a in addrs),
-             "--network-interface", "eth0", "--disable-cache", job], hvd_env)
+             "--network-interface", "eth0", "--disable-cache", job], horovodrun_env(env, wrap))
     return tools
 
 
-def plot(res: dict[str, Any], path: Path) -> bool:
-    plt = pyplot()
-    if plt is None:
-        return False
+def plot(res: dict[str, Any], path: Path) -> None:
     counts = sorted(res["sizes"])
     names = list(res["sizes"][counts[0]]["series"])
     titles = [t for t in MPI_TITLE.values() if any(n.startswith(t + ":") for n in names)]
-    fig, axes = plt.subplots(2, len(titles), figsize=(6 * len(titles), 7.5), squeeze=False)
-    for col, title in enumerate(titles):
-        for name in (n for n in names if n.startswith(title + ":")):
-            label = name.split(": ", 1)[1]
-            for row, value in ((0, "median"), (1, "cpu_median")):
-                axes[row][col].plot(counts, [getattr(res["sizes"][c]["series"][name], value)
-                                             for c in counts], "-o", label=label)
-        axes[0][col].set_title(f"{title}: tiny MPI job, {SLOTS} ranks per host")
-        axes[0][col].set_ylabel("wall time, s (median)")
-        axes[1][col].set_ylabel("launcher CPU on the login host, s (median)")
-        for row in (0, 1):
-            ax = axes[row][col]
-            ax.set_xlabel("hosts")
-            ax.set_xticks(counts)
-            ax.set_ylim(bottom=0)
-            ax.grid(True, alpha=0.3)
-            ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return True
+    with figure(path, nrows=2, ncols=len(titles), figsize=(6 * len(titles), 7.5),
+                squeeze=False) as (_, axes):
+        for col, title in enumerate(titles):
+            for name in (n for n in names if n.startswith(title + ":")):
+                label = name.split(": ", 1)[1]
+                for row, value in ((0, "median"), (1, "cpu_median")):
+                    axes[row][col].plot(counts, [getattr(res["sizes"][c]["series"][name], value)
+                                                 for c in counts], "-o", label=label)
+            axes[0][col].set_title(f"{title}: tiny MPI job, {SLOTS} ranks per host")
+            axes[0][col].set_ylabel("wall time, s (median)")
+            axes[1][col].set_ylabel("launcher CPU on the login host, s (median)")
+            hosts_axes([axes[0][col], axes[1][col]], counts)
 
 
 def report(res: dict[str, Any], reps: int, command: str, png: str | None) -> str:
@@ -287,19 +251,17 @@ def report(res: dict[str, Any], reps: int, command: str, png: str | None) -> str
 
 def main(argv: list[str] | None = None) -> str:
     parser = bench_parser(__doc__, reps=3, hosts="8,32,64", out="scale_launch.md",
-                          png="scale_launch.png")
+                          png="scale_launch.png",
+                          baseline="also run dtlaunch (warm pre-flight) as of git revision REV")
     parser.add_argument("--mpis", default="openmpi4,mpich")
     parser.add_argument("--no-cold", action="store_true", help="leave out the cold pre-flight")
-    parser.add_argument("--baseline", metavar="REV",
-                        help="also run dtlaunch (warm pre-flight) as of git revision REV")
     args = parser.parse_args(argv)
     with baseline_tree(args.baseline) as base:
         res = measure(host_counts(args.hosts), args.reps, args.mpis.split(","), not args.no_cold,
                       base, args.baseline or "")
-    save_raw(args.out.removesuffix(".md"), res)
-    RESULTS.mkdir(exist_ok=True)
-    png = args.png if args.png and plot(res, RESULTS / args.png) else None
-    return write_result(args.out, report(res, args.reps, command_line("scale_launch.py", argv), png))
+    command = command_line("scale_launch.py", argv)
+    return publish(args.out, res, lambda png: report(res, args.reps, command, png), args.png,
+                   lambda path: plot(res, path))
 
 
 if __name__ == "__main__":

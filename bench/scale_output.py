@@ -19,7 +19,6 @@ from typing import Any
 
 from common import (
     PYTHON,
-    RESULTS,
     SCRIPTS,
     Sample,
     Series,
@@ -28,18 +27,18 @@ from common import (
     command_line,
     cpu_group,
     dtlaunch_argv,
+    figure,
     fmt_s,
     host_counts,
+    hosts_axes,
     loadavg,
     md_table,
-    pyplot,
+    measured,
+    publish,
     ratio,
-    round_robin,
     run_header,
-    save_raw,
     timed,
     worktree_env,
-    write_result,
 )
 
 JOB = str(SCRIPTS / "print_lines.py")
@@ -130,38 +129,25 @@ def _measure(counts: list[int], reps: int, lines: int, out: dict[str, Any], star
                     "mpirun --tag-output (by hand)", a, False),
                 "dtlaunch run --no-check": lambda a=dt: inside("dtlaunch run --no-check", a, True),
             }
-            before = loadavg()
-            series = round_robin(tools, reps, warmup=1, label=f"output {n} hosts")
-            out["sizes"][n] = {"series": series, "load": f"{before} → {loadavg()}",
+            out["sizes"][n] = {**measured(tools, reps, f"output {n} hosts"),
                                "verdicts": {k: v[-reps:] for k, v in verdicts.items()},
                                "mb": SLOTS * n * lines * LINE / 1e6}
     out["load"] = f"{start_load} → {loadavg()}"
     return out
 
 
-def plot(res: dict[str, Any], path: Path) -> bool:
-    plt = pyplot()
-    if plt is None:
-        return False
+def plot(res: dict[str, Any], path: Path) -> None:
     counts = sorted(res["sizes"])
-    names = list(res["sizes"][counts[0]]["series"])
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-    for name in names:
-        axes[0].plot(counts, [res["sizes"][c]["series"][name].median for c in counts], "-o", label=name)
-        axes[1].plot(counts, [res["sizes"][c]["series"][name].cpu_median for c in counts], "-o", label=name)
-    axes[0].set_ylabel("wall time, s (median)")
-    axes[1].set_ylabel("launcher CPU, s (median)")
-    for ax in axes:
-        ax.set_xlabel(f"hosts ({SLOTS} ranks each, {res['lines']:,} lines of {LINE} bytes per rank)")
-        ax.set_xticks(counts)
-        ax.set_ylim(bottom=0)
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.suptitle("Output at scale: every rank prints to the launcher")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return True
+    with figure(path, ncols=2, figsize=(11, 4.2)) as (fig, axes):
+        for name in res["sizes"][counts[0]]["series"]:
+            for ax, value in zip(axes, ("median", "cpu_median")):
+                ax.plot(counts, [getattr(res["sizes"][c]["series"][name], value) for c in counts],
+                        "-o", label=name)
+        axes[0].set_ylabel("wall time, s (median)")
+        axes[1].set_ylabel("launcher CPU, s (median)")
+        hosts_axes(axes, counts, f"hosts ({SLOTS} ranks each, {res['lines']:,} lines of {LINE} "
+                   "bytes per rank)")
+        fig.suptitle("Output at scale: every rank prints to the launcher")
 
 
 def report(res: dict[str, Any], reps: int, command: str, png: str | None) -> str:
@@ -217,10 +203,9 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--lines", type=int, default=10000)
     args = parser.parse_args(argv)
     res = measure(host_counts(args.hosts), args.reps, args.lines)
-    save_raw(args.out.removesuffix(".md"), res)
-    RESULTS.mkdir(exist_ok=True)
-    png = args.png if args.png and plot(res, RESULTS / args.png) else None
-    return write_result(args.out, report(res, args.reps, command_line("scale_output.py", argv), png))
+    command = command_line("scale_output.py", argv)
+    return publish(args.out, res, lambda png: report(res, args.reps, command, png), args.png,
+                   lambda path: plot(res, path))
 
 
 if __name__ == "__main__":

@@ -31,12 +31,14 @@ from typing import Any
 from common import (
     PYTHON,
     ROOT,
-    SCRIPTS,
+    TINY_JOB,
     Sample,
     Series,
     baseline_env,
     baseline_tree,
     bed_of,
+    bench_parser,
+    command_line,
     dtlaunch_argv,
     fmt_s,
     loadavg,
@@ -46,13 +48,12 @@ from common import (
     ratio,
     round_robin,
     timed,
+    warm_run,
     worktree_env,
     write_result,
 )
 
-JOB = str(SCRIPTS / "tiny_job.py")
 GOAL = 1.10
-CACHE_REFRESH_S = 200.0  # the pre-flight cache lives 300 s
 LAUNCH_GOAL_ROW = "dtlaunch run (warm pre-flight, the default)"
 
 
@@ -70,31 +71,26 @@ def inside(args: argparse.Namespace) -> dict[str, Any]:
     warm_env = dict(env, XDG_CACHE_HOME=str(cache))
     base_cache = Path(tempfile.mkdtemp(prefix="dtlaunch-bench-cache-"))
     run = ["run", "-v", "--iface", args.subnet]
-    dry = timed(dtlaunch_argv(*run, "--dry-run", JOB), env=env)
+    dry = timed(dtlaunch_argv(*run, "--dry-run", TINY_JOB), env=env)
     mpirun = shlex.split(dry.stdout.strip().splitlines()[-1])
     assert Path(mpirun[0]).name == "mpirun", dry.stdout
     nodes = _allocated()
-    doctor = ["doctor", "--iface", args.subnet, JOB]
+    doctor = ["doctor", "--iface", args.subnet, TINY_JOB]
     ssh_doctor = [*doctor, "--launcher", "ssh", "-H", ",".join(nodes),
                   "--ssh-config", args.ssh_config]
 
     def warm(e: dict[str, str]) -> Sample:
-        folder = Path(e["XDG_CACHE_HOME"]) / "dtlaunch"
-        stamps = [f.stat().st_mtime for f in folder.glob("preflight-*.json")]
-        if not stamps or time.time() - max(stamps) > CACHE_REFRESH_S:
-            for f in folder.glob("preflight-*.json"):
-                f.unlink()
-            timed(dtlaunch_argv(*run, JOB), env=e)  # fills the cache, untimed
-        sample = timed(dtlaunch_argv(*run, JOB), env=e)
-        if "(cached)" not in sample.stderr:
+        sample, missed = warm_run(lambda: timed(dtlaunch_argv(*run, TINY_JOB), env=e),
+                                  e["XDG_CACHE_HOME"], fill=True)
+        if missed:
             log("  warm pre-flight missed its cache")
         return sample
 
     launch = {
         "mpirun (the --dry-run line)": lambda: timed(mpirun, env=env),
-        "dtlaunch run --no-check": lambda: timed(dtlaunch_argv(*run, "--no-check", JOB), env=env),
+        "dtlaunch run --no-check": lambda: timed(dtlaunch_argv(*run, "--no-check", TINY_JOB), env=env),
         LAUNCH_GOAL_ROW: lambda: warm(warm_env),
-        "dtlaunch run (full pre-flight)": lambda: timed(dtlaunch_argv(*run, JOB), env=cold_env),
+        "dtlaunch run (full pre-flight)": lambda: timed(dtlaunch_argv(*run, TINY_JOB), env=cold_env),
     }
     checks = {
         "doctor --launcher slurm": lambda: timed(dtlaunch_argv(*doctor, "--launcher", "slurm"),
@@ -106,7 +102,7 @@ def inside(args: argparse.Namespace) -> dict[str, Any]:
         b_warm = dict(b_env, XDG_CACHE_HOME=str(base_cache))
         launch[f"dtlaunch @{args.rev} (warm pre-flight)"] = lambda: warm(b_warm)
         launch[f"dtlaunch @{args.rev} (full pre-flight)"] = lambda: timed(
-            dtlaunch_argv(*run, JOB), env=dict(b_env, DTLAUNCH_PREFLIGHT_CACHE="0"))
+            dtlaunch_argv(*run, TINY_JOB), env=dict(b_env, DTLAUNCH_PREFLIGHT_CACHE="0"))
         checks[f"doctor @{args.rev} --launcher slurm"] = lambda: timed(
             dtlaunch_argv(*doctor, "--launcher", "slurm"), env=b_env, check=False)
     try:
@@ -210,17 +206,14 @@ def outside(args: argparse.Namespace) -> str:
         finally:
             cluster.stop()
             shutil.rmtree(out.parent, ignore_errors=True)
-    command = "python bench/slurm_launch.py --reps " + str(args.reps) + (
-        f" --baseline {args.baseline}" if args.baseline else "")
+    command = command_line("slurm_launch.py", None)
     (ROOT / "bench" / "results" / "slurm_launch.json").write_text(
         public(json.dumps(res, indent=1)) + "\n")
     return write_result("slurm_launch.md", report(res, command))
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--reps", type=int, default=7)
-    parser.add_argument("--baseline", metavar="REV", help="also run dtlaunch as of git REV")
+    parser = bench_parser(__doc__, reps=7, baseline="also run dtlaunch as of git REV")
     parser.add_argument("--timeout", type=float, default=3000)
     parser.add_argument("--inside", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--subnet", help=argparse.SUPPRESS)

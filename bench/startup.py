@@ -11,16 +11,15 @@ from typing import Any
 
 from common import (
     PYTHON,
-    SCRIPTS,
+    TINY_JOB,
     Series,
     bench_parser,
     dtlaunch_argv,
     fmt_s,
     horovodrun_path,
-    loadavg,
     md_table,
+    measured,
     ratio,
-    round_robin,
     save_raw,
     timed,
     worktree_env,
@@ -29,7 +28,7 @@ from common import (
 
 GOAL = 0.15  # seconds
 HEAVY = ("paramiko", "rich", "torch", "horovod", "cryptography", "psutil")
-DRY_RUN = ("run", "--dry-run", "-H", "h1:1,h2:1", "--iface", "eth0", str(SCRIPTS / "tiny_job.py"))
+DRY_RUN = ("run", "--dry-run", "-H", "h1:1,h2:1", "--iface", "eth0", TINY_JOB)
 
 
 def heavy_imports(args: tuple[str, ...]) -> list[str]:
@@ -54,9 +53,7 @@ def measure(reps: int) -> dict[str, Any]:
     hvd = horovodrun_path()
     if hvd:
         tools["horovodrun --help"] = lambda: timed([hvd, "--help"], env=env, watch_rss=True)
-    before = loadavg()
-    series = round_robin(tools, reps, warmup=1, label="start-up")
-    return {"series": series, "load": f"{before} → {loadavg()}",
+    return {**measured(tools, reps, "start-up"),
             "heavy": {"--help": heavy_imports(("--help",)), "run --dry-run": heavy_imports(DRY_RUN)}}
 
 

@@ -173,20 +173,15 @@ def run(ctx: click.Context, /, hosts: str | None, hostfile: str | None, iface: s
         request, check=not no_check, timeout=timeout, output_dir=setup.output_dir,
         use_cache=not hvd.disable_cache, prefix_timestamp=hvd.prefix_timestamp,
         start_timeout=float(hvd.start_timeout) if hvd.start_timeout is not None else None,
-        ranks=setup.ranks, ranks_to_stderr=as_json,
+        ranks=setup.ranks, ranks_to_stderr=as_json, restarts=policy,
     )
-    if policy is not None:
-        from dtlaunch.run.restart_session import launch_with_restarts
-
-        with progress:
-            restarted = launch_with_restarts(launch_request, policy, on_event,
-                                             launch=session.launch, prepare=session.prepare)
-        show_restarts_end(restarted.report, setup.output_dir)
-        sys.exit(restarted.exit_code)
     with progress:
-        outcome = session.launch(launch_request, on_event)
-    show_job_end(outcome, as_json)
-    sys.exit(outcome.exit_code)
+        ended = session.start(launch_request, on_event)
+    if ended.restarts is not None:
+        show_restarts_end(ended.restarts, setup.output_dir)
+    elif ended.single is not None:
+        show_job_end(ended.single, as_json)
+    sys.exit(ended.exit_code)
 
 
 def show_job_end(outcome: RunOutcome, as_json: bool) -> None:
@@ -414,7 +409,8 @@ def install_horovod_cmd(force: bool, mpi: str | None) -> None:
     from dtlaunch.horovod.build import install_horovod
 
     with signals_raise():
-        click.echo(f"dtlaunch: {install_horovod(force=force, mpi=mpi)}")
+        done = install_horovod(force=force, mpi=mpi, say=lambda line: click.echo(line))
+        click.echo(f"dtlaunch: {done}")
 
 
 @cli.command()

@@ -18,6 +18,7 @@ from dtlaunch.core.mpi_kinds import MIN_OMPI as MIN_OMPI
 from dtlaunch.core.mpi_kinds import MPI_FAMILIES as MPI_FAMILIES
 from dtlaunch.core.mpi_kinds import MPI_KINDS as MPI_KINDS
 from dtlaunch.core.mpi_kinds import OPEN_MPI_FAMILY as OPEN_MPI_FAMILY
+from dtlaunch.core.mpi_kinds import PREFERRED_MPI as PREFERRED_MPI
 from dtlaunch.core.mpi_kinds import MpiImpl as MpiImpl
 from dtlaunch.core.mpi_kinds import MpiKind as MpiKind
 from dtlaunch.core.mpi_kinds import kinds_with_libmpi as kinds_with_libmpi
@@ -150,3 +151,28 @@ class MpiFamily(Protocol):
         """What the launcher is given for the network dtlaunch chose (`common_name`: that
         network's interface name where every host calls it the same)."""
         ...
+
+
+class FamilyDefaults:
+    """What an MpiFamily does where it says nothing else: its launcher's `--version` is read by
+    parse_mpirun_version (mpirun's and Hydra's mpiexec's alike); it needs no variables, no
+    default settings and no files of its own, reads no ssh setting from a file, and is given the
+    network dtlaunch chose as it is."""
+
+    def parse_version(self, text: str) -> MpiImpl:
+        return parse_mpirun_version(text)
+
+    def launcher_env(self, spec: JobSpec) -> dict[str, str]:
+        return {}
+
+    def launcher_defaults(self, spec: JobSpec) -> dict[str, str]:
+        return {}
+
+    def support_files(self, spec: JobSpec) -> tuple[tuple[str, str], ...]:
+        return ()
+
+    def ssh_setting_files(self, launcher: str) -> list[str]:
+        return []
+
+    def job_iface(self, chosen: Interfaces, common_name: str | None) -> Interfaces | None:
+        return chosen

@@ -5,14 +5,9 @@ skipped; with CI=true every skip is a failure, so a green CI means every test ra
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import shutil
 import signal
-import subprocess
 import sys
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -20,11 +15,10 @@ from hypothesis import settings
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from helpers.procs import kill_all, sleeping, survivors, wait_for
+from helpers.mpi_envs import DTLAUNCH_RUN_MPIS, MPI_ENVS, MpiEnv, make_mpi_env
 from helpers.slurm_bed import SlurmCluster, missing_slurm, start_slurm_cluster
-from helpers.testbed import TestBed, build_testbed, missing_requirements
-
-IN_CI = os.environ.get("CI") == "true"
+from helpers.suite import IN_CI, require_horovod, require_testbed, unavailable
+from helpers.testbed import TestBed, build_testbed
 
 # A test run started in the background by a non-interactive shell (`.ci/run &`, a CI step)
 # inherits SIGINT and SIGQUIT ignored, and every process it starts inherits that too: dtlaunch
@@ -37,11 +31,6 @@ for _signum, _handler in ((signal.SIGINT, signal.default_int_handler),
 # A run stopped with SIGTERM (a CI time limit, `kill`) stops as Ctrl-C stops it: pytest then
 # runs the fixtures' teardown, so the test beds (namespaces, sshd, Slurm daemons) go too.
 signal.signal(signal.SIGTERM, signal.default_int_handler)
-SCRIPTS = Path(__file__).parent / "scripts"
-
-
-def _unavailable(why: str) -> None:
-    pytest.skip(why)  # a failure under CI=true: see pytest_runtest_makereport
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -80,19 +69,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 # One profile for every property test: a loaded machine is slow, not wrong.
 settings.register_profile("dtlaunch", deadline=None)
 settings.load_profile("dtlaunch")
-
-
-def require_testbed() -> None:
-    why = missing_requirements()
-    if why:
-        _unavailable(why)
-
-
-def require_horovod() -> None:
-    if importlib.util.find_spec("horovod") is None or importlib.util.find_spec("torch") is None:
-        _unavailable("Horovod with PyTorch is not installed (run the set-up script)")
-    if shutil.which("mpirun") is None:
-        _unavailable("mpirun is not installed")
 
 
 @pytest.fixture(scope="session")
@@ -144,7 +120,7 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmClu
     require_testbed()
     why = missing_slurm()
     if why:
-        _unavailable(why)
+        unavailable(why)
     testbed = build_testbed(3, names_resolve=True)  # Gloo ranks resolve their own name
     try:
         cluster = start_slurm_cluster(testbed, shared=[tmp_path_factory.getbasetemp()])
@@ -159,99 +135,6 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmClu
 @pytest.fixture
 def horovod() -> None:
     require_horovod()
-
-
-def await_sleeping(seconds: str, within: float, why: str) -> None:
-    """Wait until a `sleep <seconds>` stand-in runs; fail with `why` after `within` seconds."""
-    wait_for(lambda: sleeping(seconds), why, within)
-
-
-def survivors_of_kill(proc: subprocess.Popen[bytes], seconds: str,
-                      within: float = 10.0) -> list[int]:
-    """SIGKILL `proc`, reap it, and give the `sleep <seconds>` stand-ins it left `within`
-    seconds to end (a tie's SIGTERM, then its SIGKILL 2 s later): those still running."""
-    proc.kill()
-    proc.wait(timeout=30)
-    return survivors(lambda: sleeping(seconds), within)
-
-
-def kill_sleeping(seconds: str) -> None:
-    """Clean-up: SIGKILL whatever `sleep <seconds>` stand-ins a failed test left."""
-    kill_all(sleeping(seconds))
-
-
-def dtlaunch_argv(*args: str) -> list[str]:
-    return [sys.executable, "-m", "dtlaunch", *args]
-
-
-# --- one MPI per parameter ----------------------------------------------------------------------
-
-MPI_VENVS = Path(os.environ.get("DTLAUNCH_MPI_VENVS")
-                 or Path.home() / ".cache" / "dtlaunch" / "mpi-venvs")
-REPO = Path(__file__).resolve().parent.parent
-
-
-@dataclass(frozen=True)
-class MpiEnv:
-    """One MPI installation with its own Python, torch and Horovod built against it.
-
-    openmpi4: the system's (Debian's) Open MPI with the interpreter running the tests;
-    openmpi5, mpich, intelmpi: PyPI's wheels in the venvs that scripts/setup_mpis.sh makes."""
-
-    id: str
-    python: str
-    bin_dir: str | None  # first on PATH; None: the system's MPI on the unchanged PATH
-    launcher: str  # absolute path of mpirun / mpiexec
-
-    def environ(self) -> dict[str, str]:
-        env = dict(os.environ)
-        if self.bin_dir is not None:
-            env["PATH"] = os.pathsep.join([self.bin_dir, env.get("PATH", os.defpath)])
-        # dtlaunch from this checkout, whichever checkout the venv was installed from.
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-        return env
-
-    def dtlaunch_argv(self, *args: str) -> list[str]:
-        return [self.python, "-m", "dtlaunch", *args]
-
-
-# id -> (venv under MPI_VENVS or None for the system's, launcher name)
-MPI_ENVS = {"openmpi4": (None, "mpirun"), "openmpi5": ("openmpi5", "mpirun"),
-            "mpich": ("mpich", "mpiexec"), "intelmpi": ("intelmpi", "mpiexec")}
-# The Open MPIs, which the suite of tests/testbed/test_mpis_testbed.py runs `dtlaunch run` with; the
-# Hydra MPIs (MPICH, Intel MPI) have theirs in tests/testbed/test_hydra_testbed.py (`hydra_mpi`).
-DTLAUNCH_RUN_MPIS = ("openmpi4", "openmpi5")
-
-
-def _horovod_imports(python: str, env: dict[str, str]) -> str | None:
-    code = "import horovod.torch as h; raise SystemExit(0 if h.mpi_built() else 3)"
-    done = subprocess.run([python, "-c", code], capture_output=True, text=True, env=env,
-                          timeout=120)
-    if done.returncode == 0:
-        return None
-    tail = (done.stderr.strip().splitlines() or ["Horovod was built without MPI"])[-1]
-    return tail
-
-
-def make_mpi_env(name: str) -> MpiEnv:
-    venv, launcher = MPI_ENVS[name]
-    if venv is None:
-        found = shutil.which(launcher)
-        if found is None:
-            _unavailable(f"{name}: {launcher} is not on PATH (run ./quickstart.sh setup)")
-        env = MpiEnv(name, sys.executable, None, str(found))
-    else:
-        folder = MPI_VENVS / venv
-        python, program = folder / "bin" / "python", folder / "bin" / launcher
-        if not (python.exists() and program.exists()):
-            _unavailable(f"{name}: no venv with {launcher} at {folder} (run ./quickstart.sh "
-                         "setup, which runs scripts/setup_mpis.sh)")
-        env = MpiEnv(name, str(python), str(folder / "bin"), str(program))
-    why = _horovod_imports(env.python, env.environ())
-    if why:
-        _unavailable(f"{name}: Horovod does not import with MPI for {env.python}: {why} "
-                     "(run scripts/setup_mpis.sh)")
-    return env
 
 
 @pytest.fixture(params=list(MPI_ENVS), scope="session")

@@ -1,92 +1,66 @@
 """The doctor's MPI check for every family: the same implementation and version as the
-launcher's, each host's named, and the fix when one host has another MPI. Pure."""
+launcher's, each host's named, and the fix when one host has another MPI. The judging is one
+procedure; what differs between families (what must match, the texts, the fixes) is data on
+their HostRule (dtlaunch.core.mpi_kinds), so no family is named here. Pure."""
 
 from __future__ import annotations
 
 from dtlaunch.check.facts import HostFacts
 from dtlaunch.check.report import FAIL, PASS, SKIP, CheckResult
-from dtlaunch.core.mpi_kinds import INSTALL_OMPI_HINT, MIN_OMPI, MpiImpl
+from dtlaunch.core.mpi_kinds import MPI_KINDS, PREFERRED_MPI, HostRule, MpiImpl
 
 NAME = "mpi"  # the report's column for the MPI implementation
 
 
-def _named(impl: MpiImpl) -> str:
-    return f"{impl.name} {impl.version}".strip()
+def _named(impl: MpiImpl, unknown: str = "unknown") -> str:
+    name = impl.name if impl.name != "unknown" else unknown
+    return f"{name} {impl.version}".strip()
 
 
-def uses_hydra(launcher: MpiImpl | None) -> bool:
-    return launcher is not None and launcher.is_hydra
+def host_daemon(launcher: MpiImpl | None) -> str:
+    """The daemon each host of a job started by `launcher` must have on its PATH ("": none)."""
+    kind = launcher.kind if launcher is not None else None
+    return (kind.rule if kind else _preferred()).daemon
+
+
+def _preferred() -> HostRule:
+    return MPI_KINDS[PREFERRED_MPI].rule
+
+
+def _too_old(impl: MpiImpl) -> str | None:
+    """The oldest supported release when `impl` is older, or its version is unreadable."""
+    least = impl.kind.min_release if impl.kind else ()
+    if least and impl.version and impl.release < least:
+        return ".".join(map(str, least))
+    return None
 
 
 def check_mpi(facts: HostFacts, launcher: MpiImpl | None) -> CheckResult:
-    """`launcher`: the MPI on the launcher (None: judge this machine alone, as env-check does)."""
+    """`launcher`: the MPI on the launcher (None, or one dtlaunch does not know: judge this
+    machine alone, as env-check does)."""
     impl = facts.mpi
     if impl is None:
         return CheckResult(NAME, SKIP, "no mpirun")
-    if uses_hydra(launcher):
-        assert launcher is not None
-        return _against_hydra(facts, impl, launcher)
-    if impl.is_hydra:
-        if launcher is None:  # this machine alone: Hydra's MPIs are supported too
-            return _alone(facts, impl)
-        if launcher.is_open_mpi:
-            return CheckResult(
-                NAME, FAIL, f"{facts.mpirun} is {_named(impl)}; the launcher's mpirun is "
-                f"{_named(launcher)}, whose daemons this host cannot run",
-                f"put Open MPI {launcher.version}'s bin directory first on this host's PATH (a "
-                "non-interactive login's), or run the whole job with MPICH: the same MPI must "
-                "come first on PATH on every host and on the launcher")
-    ompi_version = None
-    if launcher is not None and launcher.is_open_mpi and launcher.release >= MIN_OMPI:
-        ompi_version = launcher.version
-    return check_open_mpi(facts, ompi_version)
+    kind = launcher.kind if launcher is not None else None
+    against = launcher if kind is not None else None
+    # Alone: by its own family's rule when dtlaunch knows it.
+    rule = kind.rule if kind else impl.kind.rule if impl.kind else _preferred()
+    least = _too_old(impl)
+    texts = {"mpirun": facts.mpirun, "here": _named(impl, rule.unknown),
+             "here_version": impl.version, "least": least or "",
+             "launcher": _named(against) if against else "",
+             "launcher_version": against.version if against else ""}
 
+    def fail(detail: str, fix: str) -> CheckResult:
+        return CheckResult(NAME, FAIL, detail.format(**texts), fix.format(**texts))
 
-def _alone(facts: HostFacts, impl: MpiImpl) -> CheckResult:
-    """An MPI judged on its own (env-check): one dtlaunch supports, recent enough."""
-    kind = impl.kind
-    if kind is None:
-        return CheckResult(NAME, FAIL, f"{facts.mpirun} is {impl.name}, not an MPI dtlaunch "
-                           "starts (Open MPI, MPICH, Intel MPI)", INSTALL_OMPI_HINT)
-    least = impl.needs_newer()
+    if impl.family != rule.family:
+        if impl.kind is not None and against is not None:
+            return fail(rule.foreign, rule.foreign_fix)
+        return fail(rule.unsupported, rule.unsupported_fix)
     if least is not None:
-        return CheckResult(NAME, FAIL, f"{facts.mpirun} is {_named(impl)}; dtlaunch needs "
-                           f">= {least}", kind.install_hint)
-    return CheckResult(NAME, PASS, _named(impl))
-
-
-def _against_hydra(facts: HostFacts, impl: MpiImpl, launcher: MpiImpl) -> CheckResult:
-    same_fix = (f"install {_named(launcher)} on this host at the launcher's path (Hydra starts "
-                "hydra_pmi_proxy from there) and put its bin directory first on PATH")
-    if not impl.is_hydra:
-        return CheckResult(NAME, FAIL, f"{facts.mpirun} is {_named(impl) or 'not an MPI'}; the "
-                           f"launcher's mpiexec is {_named(launcher)}", same_fix
-                           + ", or run the whole job with Open MPI")
-    if (impl.name, impl.version) != (launcher.name, launcher.version):
-        return CheckResult(NAME, FAIL, f"{_named(impl)} here, {_named(launcher)} on the launcher",
-                           same_fix)
-    return CheckResult(NAME, PASS, _named(impl))
-
-
-def check_open_mpi(facts: HostFacts, launcher_version: str | None) -> CheckResult:
-    impl = facts.mpi
-    if impl is None:
-        return CheckResult(NAME, SKIP, "no mpirun")
-    if not impl.is_open_mpi:
-        name = impl.name if impl.name != "unknown" else "not Open MPI"
-        return CheckResult(NAME, FAIL, f"{facts.mpirun} is {name}"
-                           + (f" {impl.version}" if impl.version else "")
-                           + "; dtlaunch needs Open MPI >= 3.0",
-                           INSTALL_OMPI_HINT + ", and make its mpirun come first on PATH")
-    if impl.release < MIN_OMPI:
-        return CheckResult(NAME, FAIL,
-                           f"{facts.mpirun} is Open MPI {impl.version}, older than 3.0",
-                           "an old Open MPI comes first on PATH: remove it or put the newer one's "
-                           "bin directory first; " + INSTALL_OMPI_HINT)
-    if launcher_version and impl.version != launcher_version:
-        return CheckResult(NAME, FAIL,
-                           f"Open MPI {impl.version} here, {launcher_version} on the launcher "
-                           "(different versions fail with 'Data unpack would read past end of "
-                           "buffer')", "install the same Open MPI version on every host and on "
-                           "the launcher")
-    return CheckResult(NAME, PASS, impl.version)
+        return fail(rule.too_old, rule.too_old_fix)
+    if against is not None and any(
+            getattr(impl, field) != getattr(against, field) for field in rule.same):
+        return fail(rule.mismatch, rule.mismatch_fix)
+    return CheckResult(NAME, PASS, rule.passed.format(**texts))

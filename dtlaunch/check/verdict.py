@@ -20,7 +20,7 @@ from dtlaunch.check.host_checks import (
     check_script,
     check_torch,
 )
-from dtlaunch.check.mpi_checks import check_mpi, uses_hydra
+from dtlaunch.check.mpi_checks import check_mpi, host_daemon
 from dtlaunch.check.report import (
     CHECK_NAMES,
     HOST,
@@ -56,7 +56,7 @@ def check_host(facts: HostFacts, role: Role, expect: Expectations, launcher: Hos
         mpi: tuple[CheckResult, ...] = (CheckResult("mpirun", SKIP, "not needed (--gloo)"),
                                         CheckResult("mpi", SKIP, "not needed (--gloo)"))
     else:
-        mpi = (check_mpirun(facts, role, needs_orted=not uses_hydra(launcher_mpi)),
+        mpi = (check_mpirun(facts, role, needs_orted=bool(host_daemon(launcher_mpi))),
                check_mpi(facts, launcher_mpi))
     return (
         CheckResult("reach", PASS, "local" if role == LAUNCHER else (path or "ok")),

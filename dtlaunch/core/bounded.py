@@ -13,7 +13,7 @@ import contextlib
 import os
 import signal
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 
 def _end_group(pgid: int) -> None:
@@ -28,14 +28,18 @@ def run_bounded(argv: Sequence[str], timeout: float) -> tuple[int, str]:
     return code, out.decode(errors="replace")
 
 
-def run_bounded_apart(argv: Sequence[str], timeout: float) -> tuple[int, bytes, bytes]:
-    """run_bounded with stdout and stderr kept apart (a program whose output is data)."""
-    return _run(argv, timeout, subprocess.PIPE)
+def run_bounded_apart(argv: Sequence[str], timeout: float, *, env: Mapping[str, str] | None = None,
+                      cwd: str | None = None) -> tuple[int, bytes, bytes]:
+    """run_bounded with stdout and stderr kept apart (a program whose output is data), in
+    `env` (else this process's environment) and `cwd` (else this process's folder)."""
+    return _run(argv, timeout, subprocess.PIPE, env, cwd)
 
 
-def _run(argv: Sequence[str], timeout: float, stderr: int) -> tuple[int, bytes, bytes]:
+def _run(argv: Sequence[str], timeout: float, stderr: int, env: Mapping[str, str] | None = None,
+         cwd: str | None = None) -> tuple[int, bytes, bytes]:
     proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=stderr,
-                            stdin=subprocess.DEVNULL, start_new_session=True)
+                            stdin=subprocess.DEVNULL, start_new_session=True,
+                            env=None if env is None else dict(env), cwd=cwd)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:

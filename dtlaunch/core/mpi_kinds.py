@@ -31,11 +31,63 @@ OPEN_MPI_FAMILY, HYDRA_FAMILY = "Open MPI", "Hydra"
 
 
 @dataclass(frozen=True)
+class HostRule:
+    """How doctor judges a host's MPI for a job this family launches (dtlaunch.check.mpi_checks
+    applies it; the family is never tested there). Texts are formats of: {mpirun} (the host's
+    launcher path), {here}, {here_version} (its MPI), {launcher}, {launcher_version} (the
+    launcher's), {least} (the oldest release dtlaunch supports)."""
+
+    family: str
+    same: tuple[str, ...]  # what of MpiImpl must equal the launcher's ("version"; "name" too)
+    passed: str  # the detail of a host that passes
+    mismatch: str  # same family, not the same MPI as the launcher's
+    mismatch_fix: str
+    foreign: str  # another family's MPI (one dtlaunch knows) on a host of this family's job
+    foreign_fix: str
+    unsupported: str  # an MPI this family cannot run, and no family dtlaunch knows
+    unsupported_fix: str
+    too_old: str
+    too_old_fix: str
+    unknown: str  # what the host's MPI is called when its banner names none
+    # Each host needs this daemon on its PATH; "": the launcher starts its proxy by its own path.
+    daemon: str = ""
+
+
+_SAME_HYDRA_FIX = ("install {launcher} on this host at the launcher's path (Hydra starts "
+                   "hydra_pmi_proxy from there) and put its bin directory first on PATH")
+OPEN_MPI_RULE = HostRule(
+    OPEN_MPI_FAMILY, ("version",), passed="{here_version}",
+    mismatch="Open MPI {here_version} here, {launcher_version} on the launcher (different "
+    "versions fail with 'Data unpack would read past end of buffer')",
+    mismatch_fix="install the same Open MPI version on every host and on the launcher",
+    foreign="{mpirun} is {here}; the launcher's mpirun is {launcher}, whose daemons this host "
+    "cannot run",
+    foreign_fix="put Open MPI {launcher_version}'s bin directory first on this host's PATH (a "
+    "non-interactive login's), or run the whole job with MPICH: the same MPI must come first on "
+    "PATH on every host and on the launcher",
+    unsupported="{mpirun} is {here}; dtlaunch needs Open MPI >= 3.0",
+    unsupported_fix=INSTALL_OMPI_HINT + ", and make its mpirun come first on PATH",
+    too_old="{mpirun} is Open MPI {here_version}, older than {least}",
+    too_old_fix="an old Open MPI comes first on PATH: remove it or put the newer one's bin "
+    "directory first; " + INSTALL_OMPI_HINT,
+    unknown="not Open MPI", daemon="orted")
+HYDRA_RULE = HostRule(
+    HYDRA_FAMILY, ("name", "version"), passed="{here}",
+    mismatch="{here} here, {launcher} on the launcher", mismatch_fix=_SAME_HYDRA_FIX,
+    foreign="{mpirun} is {here}; the launcher's mpiexec is {launcher}",
+    foreign_fix=_SAME_HYDRA_FIX + ", or run the whole job with Open MPI",
+    unsupported="{mpirun} is {here}; the launcher's mpiexec is {launcher}",
+    unsupported_fix=_SAME_HYDRA_FIX + ", or run the whole job with Open MPI",
+    too_old="{mpirun} is {here}; dtlaunch needs >= {least}", too_old_fix=INSTALL_MPICH_HINT,
+    unknown="not an MPI")
+
+
+@dataclass(frozen=True)
 class MpiKind:
     """What dtlaunch knows of one MPI implementation beyond its launcher."""
 
     name: str  # as parse_mpirun_version names it
-    family: str  # the family whose launcher starts its jobs
+    rule: HostRule  # its family (whose launcher starts its jobs) and how it judges hosts
     slug: str  # its short name in the names of the Horovod wheels dtlaunch builds
     libmpi_major: str  # the N of the libmpi.so.N its libraries carry (the ABI Horovod links)
     # libmpi.so.N.M: (least M, the release's major version), highest first, where M tells it.
@@ -45,18 +97,25 @@ class MpiKind:
     # The variable its compiler wrappers read their installation prefix from, set when
     # Horovod is built against it; "" when they need none.
     prefix_variable: str = ""
+    info_tool: str = ""  # the program that lists its build's components ("": none read)
+
+    @property
+    def family(self) -> str:
+        return self.rule.family
 
 
 # The one classification of an MPI by its name (none: unsupported). A new MPI is a line here
 # and, for a new way to start jobs, a family folder.
 MPI_KINDS = {kind.name: kind for kind in (
     # libtool's age: 0-10 for 3.x, 20-30 for 4.x, 40 for 5.x.
-    MpiKind("Open MPI", OPEN_MPI_FAMILY, "ompi", "40", ((40, 5), (20, 4), (0, 3)),
-            INSTALL_OMPI_HINT, MIN_OMPI),
-    MpiKind("MPICH", HYDRA_FAMILY, "mpich", "12", (), INSTALL_MPICH_HINT, (3, 0)),
-    MpiKind("Intel MPI", HYDRA_FAMILY, "impi", "12", (), INSTALL_MPICH_HINT,
+    MpiKind("Open MPI", OPEN_MPI_RULE, "ompi", "40", ((40, 5), (20, 4), (0, 3)),
+            INSTALL_OMPI_HINT, MIN_OMPI, info_tool="ompi_info"),
+    MpiKind("MPICH", HYDRA_RULE, "mpich", "12", (), INSTALL_MPICH_HINT, (3, 0)),
+    MpiKind("Intel MPI", HYDRA_RULE, "impi", "12", (), INSTALL_MPICH_HINT,
             prefix_variable="I_MPI_ROOT"),
 )}
+# The MPI a host without a supported one is judged against, and the one dtlaunch suggests.
+PREFERRED_MPI = "Open MPI"
 MPI_FAMILIES = {name: kind.family for name, kind in MPI_KINDS.items()}
 
 
@@ -96,13 +155,6 @@ class MpiImpl:
         """OPEN_MPI_FAMILY, HYDRA_FAMILY, or None for an MPI no family starts."""
         return MPI_FAMILIES.get(self.name)
 
-    @property
-    def is_open_mpi(self) -> bool:
-        return self.family == OPEN_MPI_FAMILY
-
-    @property
-    def is_hydra(self) -> bool:
-        return self.family == HYDRA_FAMILY
 
 
 def parse_mpirun_version(text: str) -> MpiImpl:

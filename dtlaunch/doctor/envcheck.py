@@ -103,8 +103,9 @@ def gather_env(environ: Mapping[str, str] | None = None,
     ompi: dict[str, Any] = {"mpirun": mpirun, "orted": host.orted,
                             "implementation": host.mpi.name if host.mpi else None,
                             "version": host.mpi.version if host.mpi else None}
-    # ompi_info describes Open MPI only (the PATH may hold one beside another MPI's mpirun).
-    ompi_info = shutil.which("ompi_info") if host.mpi and host.mpi.is_open_mpi else None
+    # The tool describes its own MPI only (the PATH may hold one beside another MPI's mpirun).
+    tool = host.mpi.kind.info_tool if host.mpi and host.mpi.kind else ""
+    ompi_info = shutil.which(tool) if tool else None
     if mpirun and ompi_info:
         code, text = _run([ompi_info, "--parsable"])
         components = parse_ompi_info(text) if code == 0 else {}

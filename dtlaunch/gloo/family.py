@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from dtlaunch.agents import PIPE_BUF, SSH_ARGS_ENV
 from dtlaunch.core.errors import UsageError
 from dtlaunch.job.hosts import format_hosts
-from dtlaunch.mpi import Interfaces, JobSpec, MpiImpl
+from dtlaunch.mpi import FamilyDefaults, JobSpec, MpiImpl
 
 if TYPE_CHECKING:
     from dtlaunch.core.failure import Failure
@@ -24,7 +24,10 @@ if TYPE_CHECKING:
 LAUNCHER = "dtlaunch-gloo"
 
 
-class Gloo:
+class Gloo(FamilyDefaults):
+    """No launcher of anyone else's: no launcher defaults, no support files, no ssh setting
+    files; the chosen network as is."""
+
     name = "Gloo"
     launcher = LAUNCHER
     install_hint = "the Gloo controller needs Horovod built with Gloo on every host"
@@ -81,23 +84,11 @@ class Gloo:
         """rsh.py's ssh options (dtlaunch's own: checked host keys, never a prompt)."""
         return {SSH_ARGS_ENV: json.dumps(spec.ssh.ssh_args())}
 
-    def launcher_defaults(self, spec: JobSpec) -> dict[str, str]:
-        return {}
-
     def refuse_insecure(self, extra_args: Sequence[str], environ: Mapping[str, str]) -> None:
         return None  # dtlaunch runs every ssh itself; extra launcher arguments are refused
 
     def ssh_left_to_dtlaunch(self, extra_args: Sequence[str], environ: Mapping[str, str]) -> bool:
         return True  # no launcher of someone else's runs ssh
-
-    def support_files(self, spec: JobSpec) -> tuple[tuple[str, str], ...]:
-        return ()
-
-    def ssh_setting_files(self, launcher: str) -> list[str]:
-        return []
-
-    def job_iface(self, chosen: Interfaces, common_name: str | None) -> Interfaces | None:
-        return chosen
 
 
 GLOO = Gloo()

@@ -26,6 +26,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -99,9 +100,16 @@ def _call(argv: list[str], timeout: float, what: str, **kwargs: object) -> subpr
         raise DtlaunchError(f"{what}: cannot run {argv[0]}: {exc.strerror or exc}") from None
 
 
+Say = Callable[[str], None]  # how a step is told to the user (the CLI's echo); pure code says nothing
+
+
+def _silent(line: str) -> None:
+    del line
+
+
 def _run(argv: list[str], timeout: float, env: dict[str, str] | None = None,
-         cwd: Path | None = None) -> None:
-    print("+ " + " ".join(argv), flush=True)
+         cwd: Path | None = None, say: Say = _silent) -> None:
+    say("+ " + " ".join(argv))
     what = " ".join(argv[:4])
     done = _call(argv, timeout, what, env=env, cwd=cwd)
     if done.returncode != 0:
@@ -242,28 +250,28 @@ def wheel_requirements(wheel: Path) -> list[str]:
         return runtime_requirements(archive.read(name).decode("utf-8", errors="replace"))
 
 
-def install_wheel(wheel: Path, torch_version: str) -> None:
+def install_wheel(wheel: Path, torch_version: str, say: Say = _silent) -> None:
     """Install the wheel over whatever Horovod is there, then the runtime dependencies it
     declares (cloudpickle, psutil, ...) that are missing. The wheel goes in alone
     (--force-reinstall would reinstall its dependencies too), and the dependencies with the
     installed PyTorch pinned, so nothing they pull in can replace it with another build."""
     pip = [sys.executable, "-m", "pip", "install", "--disable-pip-version-check"]
-    _run([*pip, "--no-deps", "--force-reinstall", str(wheel)], 600)
+    _run([*pip, "--no-deps", "--force-reinstall", str(wheel)], 600, say=say)
     requirements = wheel_requirements(wheel)
     if not requirements:
         return
     with tempfile.TemporaryDirectory(prefix="dtlaunch-pin-") as tmp:
         pins = Path(tmp) / "constraints.txt"
         pins.write_text(f"torch=={torch_version}\n")
-        _run([*pip, "--constraint", str(pins), *requirements], 600)
+        _run([*pip, "--constraint", str(pins), *requirements], 600, say=say)
 
 
-def build_wheel(key: BuildKey, dest: Path) -> Path:
+def build_wheel(key: BuildKey, dest: Path, say: Say = _silent) -> Path:
     pip = [sys.executable, "-m", "pip"]
     with tempfile.TemporaryDirectory(prefix="dtlaunch-horovod-") as tmp:
         work = Path(tmp)
         _run([*pip, "download", "--no-deps", "--no-binary", ":all:", f"horovod=={key.horovod}",
-              "-d", str(work)], DOWNLOAD_TIMEOUT)
+              "-d", str(work)], DOWNLOAD_TIMEOUT, say=say)
         sdists = list(work.glob("horovod-*.tar.gz"))
         if not sdists:
             raise DtlaunchError(f"pip download gave no horovod-{key.horovod} source archive")
@@ -272,7 +280,7 @@ def build_wheel(key: BuildKey, dest: Path) -> Path:
         patch_cxx_standard(source)
         out = work / "wheel"
         _run([*pip, "wheel", "--no-build-isolation", "--no-deps", "-w", str(out), str(source)],
-             BUILD_TIMEOUT, env=build_env(key, dict(os.environ)))
+             BUILD_TIMEOUT, env=build_env(key, dict(os.environ)), say=say)
         built = next(out.glob("horovod-*.whl"))
         _private_dir(dest)
         final = dest / built.name
@@ -280,8 +288,9 @@ def build_wheel(key: BuildKey, dest: Path) -> Path:
         return final
 
 
-def install_horovod(force: bool = False, mpi: str | None = None) -> str:
-    """Install Horovod (from the cache when possible) for the MPI found; returns what was done."""
+def install_horovod(force: bool = False, mpi: str | None = None, say: Say = _silent) -> str:
+    """Install Horovod (from the cache when possible) for the MPI found; returns what was done.
+    `say` is told each command before it runs."""
     found = find_mpi(mpi)
     key = current_key(found)
     if not force and horovod_problem(key) is None:
@@ -289,8 +298,8 @@ def install_horovod(force: bool = False, mpi: str | None = None) -> str:
     dest = cache_dir() / key.tag()
     wheels = sorted(dest.glob("horovod-*.whl"))
     if force or not wheels:
-        wheels = [build_wheel(key, dest)]
-    install_wheel(wheels[0], key.torch)
+        wheels = [build_wheel(key, dest, say)]
+    install_wheel(wheels[0], key.torch, say)
     (Path(sys.prefix) / MARKER).write_text(key.tag() + "\n")
     problem = horovod_problem(key)
     if problem is not None:

@@ -72,9 +72,15 @@ def _v(flags: str, dest: str, type_: str, metavar: str, help_: str, **kw: Any) -
                          **kw)
 
 
-def _f(flags: str, dest: str, const: bool, help_: str = "", **kw: Any) -> HorovodOption:
+def _f(flags: str, dest: str, const: bool, help_: str = "") -> HorovodOption:
     return HorovodOption(tuple(flags.split()), SETTING, BOOL, dest, const, help=help_,
-                         hidden=kw.pop("hidden", not help_), **kw)
+                         hidden=not help_)
+
+
+def _switch(dest: str, on: str, off: str, on_help: str = "",
+            off_help: str = "") -> tuple[HorovodOption, HorovodOption]:
+    """A knob's pair of flags: `on` stores True, `off` False (each hidden without a help)."""
+    return _f(on, dest, True, on_help), _f(off, dest, False, off_help)
 
 
 
@@ -120,16 +126,13 @@ HOROVOD_OPTIONS: tuple[HorovodOption, ...] = (
        "Tensor fusion buffer in MB (0 disables fusion)."),
     _v("--cycle-time-ms", "cycle_time_ms", FLOAT, "MS", "Delay between tensor fusion cycles."),
     _v("--cache-capacity", "cache_capacity", INT, "N", "Response cache size (tensor names)."),
-    _f("--hierarchical-allreduce", "hierarchical_allreduce", True, "Hierarchical allreduce."),
-    _f("--no-hierarchical-allreduce", "hierarchical_allreduce", False,
-       "Never hierarchical allreduce (autotune leaves it off)."),
-    _f("--hierarchical-allgather", "hierarchical_allgather", True, "Hierarchical allgather."),
-    _f("--no-hierarchical-allgather", "hierarchical_allgather", False,
-       "Never hierarchical allgather (autotune leaves it off)."),
-    _f("--torus-allreduce", "torus_allreduce", True, "2D torus allreduce (NCCL)."),
-    _f("--no-torus-allreduce", "torus_allreduce", False, "Never torus allreduce."),
-    _f("--autotune", "autotune", True, "Tune the knobs above while training."),
-    _f("--no-autotune", "autotune", False),
+    *_switch("hierarchical_allreduce", "--hierarchical-allreduce", "--no-hierarchical-allreduce",
+             "Hierarchical allreduce.", "Never hierarchical allreduce (autotune leaves it off)."),
+    *_switch("hierarchical_allgather", "--hierarchical-allgather", "--no-hierarchical-allgather",
+             "Hierarchical allgather.", "Never hierarchical allgather (autotune leaves it off)."),
+    *_switch("torus_allreduce", "--torus-allreduce", "--no-torus-allreduce",
+             "2D torus allreduce (NCCL).", "Never torus allreduce."),
+    *_switch("autotune", "--autotune", "--no-autotune", "Tune the knobs above while training."),
     _v("--autotune-log-file", "autotune_log_file", STR, "FILE", "Autotune's trial log (CSV)."),
     _v("--autotune-warmup-samples", "autotune_warmup_samples", INT, "N",
        "Autotune samples discarded first."),
@@ -142,25 +145,24 @@ HOROVOD_OPTIONS: tuple[HorovodOption, ...] = (
     # `--timeline` is dtlaunch's older spelling of the same setting.
     _v("--timeline-filename --timeline", "timeline_filename", STR, "FILE",
        "Write a Horovod timeline to FILE."),
-    _f("--timeline-mark-cycles", "timeline_mark_cycles", True, "Mark fusion cycles on the timeline."),
-    _f("--no-timeline-mark-cycles", "timeline_mark_cycles", False),
-    _f("--no-stall-check", "no_stall_check", True, "Disable the stall check."),
-    _f("--stall-check", "no_stall_check", False),
+    *_switch("timeline_mark_cycles", "--timeline-mark-cycles", "--no-timeline-mark-cycles",
+             "Mark fusion cycles on the timeline."),
+    *_switch("no_stall_check", "--no-stall-check", "--stall-check", "Disable the stall check."),
     _v("--stall-check-warning-time-seconds", "stall_check_warning_time_seconds", INT, "S",
        "Seconds before a stall warning."),
     _v("--stall-check-shutdown-time-seconds", "stall_check_shutdown_time_seconds", INT, "S",
        "Seconds before a stalled job shuts down."),
-    _f("--mpi-threads-disable", "mpi_threads_disable", True, "Disable MPI threading support."),
-    _f("--no-mpi-threads-disable", "mpi_threads_disable", False),
+    *_switch("mpi_threads_disable", "--mpi-threads-disable", "--no-mpi-threads-disable",
+             "Disable MPI threading support."),
     _v("--num-nccl-streams", "num_nccl_streams", INT, "N", "NCCL streams."),
     _f("--tcp", "tcp_flag", True, "Keep NCCL off InfiniBand (NCCL_IB_DISABLE=1)."),
     _v("--thread-affinity", "thread_affinity", INT, "CORE", "Core of Horovod's background thread."),
     _v("--gloo-timeout-seconds", "gloo_timeout_seconds", INT, "S", "Timeout of Gloo operations."),
     _v("--log-level", "log_level", LEVEL, "LEVEL", "Horovod's log level: " + ", ".join(LOG_LEVELS) + "."),
-    _f("--log-with-timestamp", "log_with_timestamp", True),
-    _f("--log-without-timestamp", "log_with_timestamp", False, "No time in Horovod's log lines."),
-    _f("--log-hide-timestamp", "log_with_timestamp", False),  # deprecated horovodrun spelling
-    _f("--no-log-hide-timestamp", "log_with_timestamp", True),  # deprecated horovodrun spelling
+    *_switch("log_with_timestamp", "--log-with-timestamp", "--log-without-timestamp",
+             off_help="No time in Horovod's log lines."),
+    # horovodrun's deprecated spellings of the same knob, the other way round.
+    *_switch("log_with_timestamp", "--no-log-hide-timestamp", "--log-hide-timestamp"),
     # Not done by dtlaunch: refused with the reason.
     _refused("--jsrun", BOOL, "dtlaunch starts ranks with mpirun over SSH, not with LSF's jsrun; "
              "drop --jsrun and give the hosts with -H or --hostfile"),

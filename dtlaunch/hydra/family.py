@@ -27,10 +27,10 @@ from dtlaunch.mpi import (
     MPI_FAMILIES,
     SLURM,
     SSH,
+    FamilyDefaults,
     Interfaces,
     JobSpec,
     MpiImpl,
-    parse_mpirun_version,
 )
 from dtlaunch.reach.ssh_options import refuse_any_host_key
 
@@ -159,8 +159,9 @@ def build_mpiexec_argv(spec: JobSpec, mpiexec: str = "mpiexec",
     return tuple(argv)
 
 
-class Hydra:
-    """MPICH >= 3.0 and Intel MPI through Hydra's mpiexec."""
+class Hydra(FamilyDefaults):
+    """MPICH >= 3.0 and Intel MPI through Hydra's mpiexec. The ssh options are in the agent file
+    (support_files), not the launcher's environment; Hydra reads no parameter file by default."""
 
     launcher = "mpiexec"
     install_hint = INSTALL_MPICH_HINT
@@ -174,9 +175,6 @@ class Hydra:
         self.python = python
         self.rsh_file = rsh_file
         self.name = name  # "MPICH" or "Intel MPI": how the ranks are placed differs
-
-    def parse_version(self, text: str) -> MpiImpl:
-        return parse_mpirun_version(text)
 
     def unsupported(self, impl: MpiImpl, program: str) -> str | None:
         if impl.name not in HYDRA_IMPLS:
@@ -211,12 +209,6 @@ class Hydra:
 
         return analyze_hydra(lines, rank_hosts)
 
-    def launcher_env(self, spec: JobSpec) -> dict[str, str]:
-        return {}  # the ssh options are in the agent file (support_files)
-
-    def launcher_defaults(self, spec: JobSpec) -> dict[str, str]:
-        return {}
-
     def refuse_insecure(self, extra_args: Sequence[str], environ: Mapping[str, str]) -> None:
         if any(a in LAUNCHER_ARGS for a in extra_args):
             refuse_any_host_key(f"--mpi-args {' '.join(extra_args)!r}", " ".join(extra_args))
@@ -230,9 +222,6 @@ class Hydra:
         if any(a in LAUNCHER_ARGS for a in extra_args):
             return False
         return not any(name in LAUNCHER_VARIABLES for name in environ)
-
-    def ssh_setting_files(self, launcher: str) -> list[str]:
-        return []  # Hydra reads no parameter file by default
 
     def job_iface(self, chosen: Interfaces, common_name: str | None) -> Interfaces | None:
         # Hydra's -iface takes one name: the chosen network's, when every host calls it the

@@ -16,12 +16,12 @@ from dtlaunch.job.hosts import format_hosts
 from dtlaunch.mpi import (
     INSTALL_OMPI_HINT,
     MIN_OMPI,
+    OPEN_MPI_FAMILY,
     SLURM,
     SSH,
-    Interfaces,
+    FamilyDefaults,
     JobSpec,
     MpiImpl,
-    parse_mpirun_version,
 )
 from dtlaunch.openmpi.mca import param_files_set_ssh, refuse_insecure, ssh_overrides
 from dtlaunch.reach.ssh_options import check_rsh_arg
@@ -109,8 +109,9 @@ def _rsh_args(spec: JobSpec) -> list[str]:
     return args
 
 
-class OpenMpi:
-    """Open MPI >= 3.0 through its mpirun (the MpiFamily that dtlaunch launches with today)."""
+class OpenMpi(FamilyDefaults):
+    """Open MPI >= 3.0 through its mpirun (the MpiFamily that dtlaunch launches with today).
+    It takes its ssh agent as a command line (no support files) and the chosen network as is."""
 
     name = "Open MPI"
     launcher = "mpirun"
@@ -120,11 +121,8 @@ class OpenMpi:
     record_limit = 1 << 20
     ends_job_on_rank_failure = True
 
-    def parse_version(self, text: str) -> MpiImpl:
-        return parse_mpirun_version(text)
-
     def unsupported(self, impl: MpiImpl, program: str) -> str | None:
-        if not impl.is_open_mpi:
+        if impl.family != OPEN_MPI_FAMILY:
             return f"{program} is {impl.name}, not Open MPI; dtlaunch needs Open MPI >= 3.0"
         if impl.release < MIN_OMPI:
             return f"{program} is Open MPI {impl.version}; dtlaunch needs >= 3.0"
@@ -162,14 +160,7 @@ class OpenMpi:
         arguments could weaken mpirun's host-key checking."""
         return not ssh_overrides(extra_args, environ)
 
-    def support_files(self, spec: JobSpec) -> tuple[tuple[str, str], ...]:
-        return ()  # mpirun takes its ssh agent as a command line
-
     def ssh_setting_files(self, launcher: str) -> list[str]:
         return param_files_set_ssh(launcher)
-
-    def job_iface(self, chosen: Interfaces, common_name: str | None) -> Interfaces | None:
-        return chosen
-
 
 OPEN_MPI = OpenMpi()

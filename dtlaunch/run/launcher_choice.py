@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from dtlaunch import agents
 from dtlaunch.core.errors import DtlaunchError, UsageError
 from dtlaunch.hydra.family import Hydra
-from dtlaunch.mpi import HYDRA_FAMILY, OPEN_MPI_FAMILY, MpiFamily, MpiImpl
+from dtlaunch.mpi import HYDRA_FAMILY, MPI_KINDS, OPEN_MPI_FAMILY, PREFERRED_MPI, MpiFamily, MpiImpl
 from dtlaunch.openmpi.family import OPEN_MPI
 
 
@@ -42,8 +42,9 @@ def launcher_family(environ: Mapping[str, str] | None = None,
     if program is None:
         return OPEN_MPI, None, None
     impl = local_mpi(OPEN_MPI, program, refuse=False)
-    # An MPI no family starts gets Open MPI's, which refuses it with its install hint.
-    family = FAMILIES[impl.family or OPEN_MPI_FAMILY](env, impl.name)
+    # An MPI no family starts gets the preferred MPI's family, which refuses it with its
+    # install hint.
+    family = FAMILIES[impl.family or MPI_KINDS[PREFERRED_MPI].family](env, impl.name)
     own = os.path.join(os.path.dirname(program), family.launcher)  # Hydra's mpiexec
     return family, own if os.access(own, os.X_OK) else program, impl
 

@@ -1,7 +1,7 @@
 """`dtlaunch run --max-restarts N`: the restart loop (dtlaunch.run.restarts) driven by real attempts.
 
-Each attempt is one single run: `launch` (session.launch, handed in by the caller with its
-`prepare`, so the loop sits beside the single run rather than above it). Between attempts the
+Each attempt is one single run: `launch` (session.launch, handed in by session.start with its
+`prepare` and `recheck`, so the loop needs nothing above it). Between attempts the
 remaining hosts get the full pre-flight again (never the cache: a host that just failed must
 prove itself), and a signal that arrives between attempts ends the loop like one that arrives
 during an attempt.
@@ -19,10 +19,8 @@ from typing import TYPE_CHECKING
 
 from dtlaunch.core.errors import EXIT_TIMEOUT
 from dtlaunch.core.failure import Failure
-from dtlaunch.core.interrupts import Interrupted, signals_raise
-from dtlaunch.doctor.doctor import COMMAND_TIMEOUT
+from dtlaunch.core.interrupts import Interrupted
 from dtlaunch.job.hosts import Host
-from dtlaunch.probe import reach_for
 from dtlaunch.run.events import Event, EventLevel, OnEvent
 from dtlaunch.run.restarts import (
     AttemptOutcome,
@@ -43,6 +41,8 @@ if TYPE_CHECKING:
 
     Launch = Callable[[LaunchRequest, OnEvent], RunOutcome]  # session.launch
     Prepare = Callable[[RunRequest, OnEvent], Prepared]  # session.prepare
+    # session.recheck: (request, hosts, seconds left of --timeout) -> failing host -> why
+    Recheck = Callable[[LaunchRequest, tuple[Host, ...], float | None], Mapping[str, str]]
 
 _HANDLED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -81,9 +81,10 @@ class _PendingSignals:
 
 
 def launch_with_restarts(request: LaunchRequest, policy: RestartPolicy, on_event: OnEvent, *,
-                         launch: Launch, prepare: Prepare) -> RestartOutcome:
+                         launch: Launch, prepare: Prepare, recheck: Recheck) -> RestartOutcome:
     """Attempts of `request` under `policy`, each one `launch` (session.launch); `prepare`
-    (session.prepare) plans the first attempt's hosts and each re-check's."""
+    (session.prepare) plans the first attempt's hosts; `recheck` (session.recheck) checks the
+    hosts left before each restart."""
     # The attempts keep the slots planned here: one per GPU needs the pre-flight first, which
     # the loop does not run before it starts, so hosts without written slots keep 1.
     request = replace(request, run=replace(request.run, hosts=tuple(
@@ -119,44 +120,20 @@ def launch_with_restarts(request: LaunchRequest, policy: RestartPolicy, on_event
             on_event(Event(EventLevel.REPORT, f"attempt {count + 1} ended", report=outcome.report))
         return outcome_from_launch(outcome.result)
 
-    def recheck(hosts: tuple[Host, ...]) -> Mapping[str, str]:
-        from dtlaunch.doctor.preflight import run_preflight
-
+    def recheck_hosts(hosts: tuple[Host, ...]) -> Mapping[str, str]:
         if not request.check:
             return {}
-        prepared = prepare(replace(request.run, hosts=hosts, num_proc=None), lambda event: None)
-        run = prepared.request or request.run
-        # Inside a Slurm job the re-check goes through srun like the first pre-flight: the
-        # allocated nodes may not be reachable over SSH at all.
-        reach = reach_for(run.launcher, run.ssh)
-        limit = request.start_timeout
-        left = time_left()
-        if left is not None:  # the re-check too ends by the job's deadline
-            limit = max(1.0, min(limit if limit is not None else COMMAND_TIMEOUT, left))
         try:
-            with signals_raise():
-                checked = run_preflight(run, prepared.plan, job_started=True, reach=reach,
-                                        command_timeout=limit)
+            return recheck(request, hosts, time_left())
         except KeyboardInterrupt:  # ends the loop at the sleep that follows
             pending.handler(signal.SIGINT, None)
-            return {}
         except Interrupted as exc:
             pending.handler(exc.signum, None)
-            return {}
-        if checked.report is None:
-            return {}
-        names = {h.name for h in hosts}
-        failing: dict[str, str] = {}
-        for host, check in checked.report.failures():
-            if host in names and host not in failing:
-                # The reach check is named by how hosts were reached: ssh or srun.
-                label = checked.report.reach if check.name == "reach" else check.name
-                failing[host] = f"{label}: {check.detail}"
-        return failing
+        return {}
 
     def show(event: RestartEvent) -> None:
         on_event(Event(EventLevel.NOTE, f"[{time.strftime('%H:%M:%S')}] {event.text}"))
 
     report = run_with_restarts(first.hosts, len(first.rank_hosts), policy, run_attempt,
-                               recheck, pending.sleep, on_event=show, deadline=deadline)
+                               recheck_hosts, pending.sleep, on_event=show, deadline=deadline)
     return RestartOutcome(report, report.exit_code)

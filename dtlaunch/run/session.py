@@ -20,6 +20,7 @@ from dtlaunch.check.gpus import choose_slots, slots_pending, unchecked_slots_tex
 from dtlaunch.core.errors import EXIT_FAILURE, UsageError
 from dtlaunch.core.interrupts import signals_raise
 from dtlaunch.job.env import kept_home_note
+from dtlaunch.job.hosts import Host
 from dtlaunch.mpi import MpiFamily, MpiImpl
 from dtlaunch.plan.plan import RunPlan, RunRequest, plan_run
 from dtlaunch.probe import reach_for
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
     from dtlaunch.plan.rank_filter import RankFilter
     from dtlaunch.probe.prober import Reach
     from dtlaunch.run.execute import LaunchResult
+    from dtlaunch.run.restarts import RestartPolicy, RestartReport
 
 
 Executor = Callable[..., "LaunchResult"]
@@ -64,6 +66,8 @@ class LaunchRequest:
     prefix_timestamp: bool = False  # start each output line with the time it arrived
     ranks: RankFilter | None = None  # --ranks: the ranks the console shows (None: all)
     ranks_to_stderr: bool = False  # --json: stdout is the report's
+    # --max-restarts: run.start runs the attempts under it (launch itself runs one attempt).
+    restarts: RestartPolicy | None = None
 
 
 @dataclass(frozen=True)
@@ -166,6 +170,63 @@ def local_gpus(counts: Mapping[str, int], environ: Mapping[str, str] | None = No
         return dict(counts)
     here = local_names()
     return {h: visible_devices(visible, n) if h in here else n for h, n in counts.items()}
+
+
+@dataclass(frozen=True)
+class JobOutcome:
+    """How a job ended (run.session.start): the process's exit status, and either the single
+    run's outcome or, under a restart policy, the attempts and why the loop stopped."""
+
+    exit_code: int
+    single: RunOutcome | None = None
+    restarts: RestartReport | None = None
+
+
+def start(request: LaunchRequest, on_event: OnEvent) -> JobOutcome:
+    """The library's one entry for running a job: one run (`launch`), or under the request's
+    restart policy (--max-restarts) the attempts of the restart loop. The caller renders what
+    comes back (console/render.py)."""
+    policy = request.restarts
+    if policy is None:
+        outcome = launch(request, on_event)
+        return JobOutcome(outcome.exit_code, single=outcome)
+    from dtlaunch.run.restart_session import launch_with_restarts
+
+    # Each attempt is a single run: the policy stays with the loop.
+    done = launch_with_restarts(replace(request, restarts=None), policy, on_event,
+                                launch=launch, prepare=prepare, recheck=recheck)
+    return JobOutcome(done.exit_code, restarts=done.report)
+
+
+def recheck(request: LaunchRequest, hosts: tuple[Host, ...], left: float | None,
+            ) -> dict[str, str]:
+    """Before a restart: the full pre-flight of `hosts` (never the cache: a host that just
+    failed must prove itself), within `left` seconds of the job's --timeout. Each failing host
+    with its first failed check. A signal raises (KeyboardInterrupt, Interrupted)."""
+    from dtlaunch.doctor.doctor import COMMAND_TIMEOUT
+    from dtlaunch.doctor.preflight import run_preflight
+
+    prepared = prepare(replace(request.run, hosts=hosts, num_proc=None), lambda event: None)
+    run = prepared.request or request.run
+    # Inside a Slurm job the re-check goes through srun like the first pre-flight: the
+    # allocated nodes may not be reachable over SSH at all.
+    reach = reach_for(run.launcher, run.ssh)
+    limit = request.start_timeout
+    if left is not None:  # the re-check too ends by the job's deadline
+        limit = max(1.0, min(limit if limit is not None else COMMAND_TIMEOUT, left))
+    with signals_raise():
+        checked = run_preflight(run, prepared.plan, job_started=True, reach=reach,
+                                command_timeout=limit)
+    if checked.report is None:
+        return {}
+    names = {h.name for h in hosts}
+    failing: dict[str, str] = {}
+    for host, check in checked.report.failures():
+        if host in names and host not in failing:
+            # The reach check is named by how hosts were reached: ssh or srun.
+            label = checked.report.reach if check.name == "reach" else check.name
+            failing[host] = f"{label}: {check.detail}"
+    return failing
 
 
 def launch(request: LaunchRequest, on_event: OnEvent, *, executor: Executor | None = None,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import signal
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -59,3 +60,11 @@ def start_job(argv: list[str], out: Path, ranks: int, env: dict[str, str] | None
         proc.communicate()
         raise
     return proc
+
+
+def assert_stopped_by(proc: subprocess.Popen[str], how: signal.Signals) -> None:
+    """Send `how` to a running job: dtlaunch must end with status 128 + `how` and say so."""
+    proc.send_signal(how)
+    _, err = proc.communicate(timeout=HANG)
+    assert proc.returncode == 128 + how, err
+    assert f"stopped by {how.name}" in err

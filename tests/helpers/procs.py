@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -116,3 +117,19 @@ def kill_all(pids: Iterable[int]) -> None:
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
+
+
+def assert_kill_leaves_no_sleeper(proc: subprocess.Popen[bytes], seconds: str, started_within: float,
+                                  never_started: str, outlived: str) -> None:
+    """Once a `sleep <seconds>` stand-in runs under `proc` (else fail with `never_started`),
+    SIGKILL `proc` and reap it: the stand-in must end within 10 s (a tie's SIGTERM, then its
+    SIGKILL 2 s later), else fail with `outlived`. A stand-in a failed test left is killed."""
+    try:
+        wait_for(lambda: sleeping(seconds), never_started, started_within)
+        proc.kill()
+        proc.wait(timeout=30)
+        assert survivors(lambda: sleeping(seconds), 10.0) == [], outlived
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        kill_all(sleeping(seconds))

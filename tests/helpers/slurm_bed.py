@@ -27,6 +27,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dtlaunch.core.bounded import run_bounded_apart
 from helpers.testbed import TestBed
 
 SLURM_TOOLS = ("munged", "slurmctld", "slurmd", "slurmstepd", "srun", "salloc", "sbatch", "sinfo",
@@ -60,11 +61,6 @@ def _free_ports(n: int) -> list[int]:
     finally:
         for s in socks:
             s.close()
-
-
-def _killpg(pgid: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGKILL)
 
 
 def _stop(proc: subprocess.Popen[bytes] | None, grace: float = 10) -> None:
@@ -120,23 +116,14 @@ class SlurmCluster:
             cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
         """Run a Slurm client command (srun, salloc, sinfo, ...) from the launcher.
 
-        It gets a session of its own: on a timeout the whole group (salloc and the srun or
-        mpirun under it) is killed before TimeoutExpired is raised, so nothing is left behind.
+        It gets a session of its own (dtlaunch.core.bounded): on a timeout the whole group
+        (salloc and the srun or mpirun under it) is killed before TimeoutExpired is raised, so
+        nothing is left behind.
         """
-        proc = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, env=self.env(env),
-                                start_new_session=True, cwd=cwd)
-        try:
-            out, err = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            _killpg(proc.pid)
-            proc.communicate()
-            raise
-        finally:
-            # Whatever the command left in its group (the group id stays taken while any
-            # member lives, so this never reaches an unrelated process).
-            _killpg(proc.pid)
-        return subprocess.CompletedProcess(list(argv), proc.returncode, out, err)
+        code, out, err = run_bounded_apart(argv, timeout, env=self.env(env),
+                                           cwd=None if cwd is None else str(cwd))
+        return subprocess.CompletedProcess(list(argv), code, out.decode(errors="replace"),
+                                           err.decode(errors="replace"))
 
     def log(self, name: str) -> str:
         path = self.dir / name

@@ -6,15 +6,17 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import select
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
-from conftest import SCRIPTS, MpiEnv, dtlaunch_argv
 from helpers.jobs import assert_no_strays
+from helpers.mpi_envs import MpiEnv
 from helpers.procs import HANG
+from helpers.suite import SCRIPTS, dtlaunch_argv
 from helpers.testbed import TestBed
 
 pytestmark = pytest.mark.testbed
@@ -119,8 +121,8 @@ def _run_on_a_pty(command: list[str], env: dict[str, str]) -> tuple[int, bytes, 
 def test_the_progress_line_shows_on_a_terminal_and_nowhere_else(
         bed: TestBed, tmp_path: Path) -> None:
     """The launch stage drawn live on the terminal from its start (`ranks running 0/5`) and
-    gone before the ranks' lines; on pipes not a byte of it, and no escape code at all. (The
-    pre-flight's stage: its events in tests/test_flows.py, its line in doctor's test below.)"""
+    gone before the ranks' lines; with the pre-flight, its stage first (`hosts checked N/N`);
+    on pipes not a byte of it, and no escape code at all."""
     command = argv(bed, "--no-check", PROBE, "--out", str(tmp_path))
     code, screen, out = _run_on_a_pty(command, dict(os.environ))
     text = screen.decode("utf-8", "replace")
@@ -128,6 +130,16 @@ def test_the_progress_line_shows_on_a_terminal_and_nowhere_else(
     assert "ranks running 0/5" in text  # drawn at once: a stall would show as this count
     assert "\x1b[" in text  # drawn live, and taken away again
     assert b"rank 0 of 5 on h1" in out
+    assert "hosts checked" not in text  # --no-check: no pre-flight stage
+
+    checked = argv(bed, PROBE, "--out", str(tmp_path))
+    code, screen, out = _run_on_a_pty(checked, {**os.environ, "DTLAUNCH_PREFLIGHT_CACHE": "0"})
+    text = screen.decode("utf-8", "replace")
+    assert code == 0, text
+    counts = re.findall(r"hosts checked (\d+)/(\d+)", text)
+    assert counts and counts[-1][0] == counts[-1][1], text  # every host checked, drawn live
+    assert text.index("hosts checked") < text.index("ranks running")  # the stages in order
+    assert b"rank 0 of 5 on h1" in out and b"hosts checked" not in out
 
     plain = subprocess.run(command, capture_output=True, timeout=HANG)
     assert plain.returncode == 0, plain.stderr

@@ -14,8 +14,8 @@ from pathlib import Path
 import helpers.testbed as tb
 import psutil
 import pytest
-from conftest import require_testbed
 from helpers.procs import kill_all, sleeping, survivors, wait_for
+from helpers.suite import require_testbed
 
 pytestmark = pytest.mark.testbed
 ROOT = Path(__file__).resolve().parents[2]

@@ -11,11 +11,11 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import dtlaunch_argv
 from helpers.elastic import PROBE, discovery, epochs, every_epoch, last_pass, probe_args
 from helpers.jobs import assert_no_strays
 from helpers.procs import wait_for
 from helpers.ptb import PTB_DIR, needs_ptb
+from helpers.suite import dtlaunch_argv
 from helpers.testbed import TestBed
 
 pytestmark = pytest.mark.testbed
@@ -30,6 +30,15 @@ def ebed(resolving_bed: TestBed) -> TestBed:
 def elastic_argv(bed: TestBed, script: Path, *args: str) -> list[str]:
     return dtlaunch_argv("run", "--no-check", "--iface", bed.subnet, "--ssh-config",
                          str(bed.ssh_config), "--host-discovery-script", str(script), *args)
+
+
+def three_hosts_argv(bed: TestBed, tmp_path: Path, *probe: str) -> list[str]:
+    """A job on h1, h2 and h3 that may go on with 2 (the discovery answer never changes);
+    `probe`: the probe's own arguments."""
+    schedule = [["h1:1", "h2:1", "h3:1"]]
+    script, hosts = discovery(tmp_path, schedule[0])
+    return elastic_argv(bed, script, "--min-np", "2",
+                        *probe_args(tmp_path, hosts, schedule, *probe))
 
 
 def test_hosts_added_then_removed_keep_training(ebed: TestBed, tmp_path: Path,
@@ -84,13 +93,8 @@ def test_a_new_host_is_checked_first_and_left_out_when_it_fails(ebed: TestBed, t
 
 def test_a_failed_rank_blacklists_its_host_and_the_others_go_on(ebed: TestBed, tmp_path: Path,
                                                                horovod: None) -> None:
-    schedule = [["h1:1", "h2:1", "h3:1"]]
-    script, hosts = discovery(tmp_path, schedule[0])
-    result = subprocess.run(
-        elastic_argv(ebed, script, "--min-np", "2",
-                     *probe_args(tmp_path, hosts, schedule, "--epochs", "5", "--fail-at",
-                                 "2:1")),
-        capture_output=True, text=True, timeout=JOB_LIMIT)
+    result = subprocess.run(three_hosts_argv(ebed, tmp_path, "--epochs", "5", "--fail-at", "2:1"),
+                            capture_output=True, text=True, timeout=JOB_LIMIT)
     assert result.returncode == 0, result.stderr
     found = every_epoch(tmp_path, 5)
     assert {r["host"] for r in last_pass(found[4])} == {"h1", "h3"}
@@ -100,12 +104,8 @@ def test_a_failed_rank_blacklists_its_host_and_the_others_go_on(ebed: TestBed, t
 
 def test_a_lost_host_is_detected_and_the_survivors_resume(ebed: TestBed, tmp_path: Path,
                                                          horovod: None) -> None:
-    schedule = [["h1:1", "h2:1", "h3:1"]]
-    script, hosts = discovery(tmp_path, schedule[0])
-    proc = subprocess.Popen(
-        elastic_argv(ebed, script, "--min-np", "2",
-                     *probe_args(tmp_path, hosts, schedule, "--epochs", "6")),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(three_hosts_argv(ebed, tmp_path, "--epochs", "6"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         wait_for(lambda: 1 in epochs(tmp_path), "epoch 1 was never reached", 120)
         for pid in ebed.pids_in("h2"):  # the whole host goes: sshd, agent, rank
@@ -128,12 +128,8 @@ def test_a_lost_host_is_detected_and_the_survivors_resume(ebed: TestBed, tmp_pat
 @pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
 def test_stopping_or_killing_dtlaunch_ends_every_worker(ebed: TestBed, tmp_path: Path,
                                                         how: int, horovod: None) -> None:
-    schedule = [["h1:1", "h2:1", "h3:1"]]
-    script, hosts = discovery(tmp_path, schedule[0])
-    proc = subprocess.Popen(
-        elastic_argv(ebed, script, "--min-np", "2",
-                     *probe_args(tmp_path, hosts, schedule, "--epochs", "1000")),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(three_hosts_argv(ebed, tmp_path, "--epochs", "1000"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         wait_for(lambda: 1 in epochs(tmp_path), "epoch 1 was never reached", 120)
         proc.send_signal(how)

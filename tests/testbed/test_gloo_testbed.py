@@ -16,9 +16,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import SCRIPTS, dtlaunch_argv, require_testbed
-from helpers.jobs import assert_no_strays, records, start_job
+from helpers.jobs import assert_no_strays, assert_stopped_by, records, start_job
 from helpers.procs import HANG, cmdline, descendants, wait_for
+from helpers.suite import SCRIPTS, dtlaunch_argv, require_testbed
 from helpers.testbed import TestBed
 
 from dtlaunch.agents import gloo_host
@@ -83,12 +83,9 @@ def test_environment_and_secrets_never_on_a_command_line_and_sigterm_ends_all(
             line = cmdline(pid)
             assert token.encode() not in line, line
             assert b"HOROVOD_RANK" not in line and b"HOROVOD_GLOO" not in line, line
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=HANG)
+        assert_stopped_by(proc, signal.SIGTERM)
     finally:
         proc.kill()
-    assert proc.returncode == 128 + signal.SIGTERM, err
-    assert "stopped by SIGTERM" in err
     assert_no_strays(gbed)
 
 
@@ -107,12 +104,9 @@ def test_sigint_ends_every_rank_on_every_host(gbed: TestBed, tmp_path: Path) -> 
     proc = start_job(gloo_argv(gbed, "h1:1,h2:1,h3:1", PROBE, "--out", str(tmp_path), "--sleep",
                                "600"), tmp_path, 3)
     try:
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=HANG)
+        assert_stopped_by(proc, signal.SIGINT)
     finally:
         proc.kill()
-    assert proc.returncode == 128 + signal.SIGINT, err
-    assert "stopped by SIGINT" in err
     assert_no_strays(gbed, pids=tuple(r["pid"] for r in records(tmp_path).values()))
 
 

@@ -17,8 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import dtlaunch_argv
 from helpers.gpus import A100_HEADER, A100_QUERY, fake_smi
+from helpers.suite import dtlaunch_argv
 from helpers.testbed import TestBed
 
 pytestmark = pytest.mark.testbed

@@ -13,9 +13,9 @@ import threading
 from pathlib import Path
 
 import pytest
-from conftest import SCRIPTS, dtlaunch_argv
 from helpers.jobs import assert_no_strays, records
 from helpers.procs import HANG, wait_for
+from helpers.suite import SCRIPTS, dtlaunch_argv
 from helpers.testbed import DOCKER0_ADDRESS, TestBed
 
 from dtlaunch.check.facts import HostFacts, parse_probe_output

@@ -16,9 +16,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import SCRIPTS, dtlaunch_argv
 from helpers.jobs import assert_no_strays
 from helpers.procs import alive
+from helpers.suite import SCRIPTS, dtlaunch_argv
 from helpers.testbed import TestBed
 
 pytestmark = pytest.mark.testbed

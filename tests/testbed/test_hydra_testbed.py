@@ -19,9 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import MPI_VENVS, SCRIPTS, _unavailable, dtlaunch_argv, make_mpi_env
 from helpers.jobs import assert_no_strays as _assert_no_strays
 from helpers.jobs import records, start_job
+from helpers.mpi_envs import MPI_VENVS, make_mpi_env
+from helpers.suite import SCRIPTS, dtlaunch_argv, unavailable
 from helpers.testbed import TestBed
 
 pytestmark = pytest.mark.testbed
@@ -51,7 +52,7 @@ def hydra_bin(name: str) -> Path:
     """The MPI alone is enough here: the ranks are plain Python programs (Horovod: its own test)."""
     found = MPI_VENVS / name / "bin"
     if not (found / "mpiexec").exists():
-        _unavailable(f"no {name} venv at {found.parent} (run scripts/setup_mpis.sh {name})")
+        unavailable(f"no {name} venv at {found.parent} (run scripts/setup_mpis.sh {name})")
     return found
 
 
@@ -204,7 +205,7 @@ def _mixed_mpi(folder: Path, h2_has: str) -> dict[str, str]:
     "mpich-in-intelmpi". Returns dtlaunch's environment with it first on PATH."""
     mpich, ompi = mpich_bin(), Path("/usr/bin")
     if not (ompi / "mpirun").exists():
-        _unavailable("the system's Open MPI (/usr/bin/mpirun) is not installed")
+        unavailable("the system's Open MPI (/usr/bin/mpirun) is not installed")
     launcher_mpi = hydra_bin("intelmpi") if h2_has == "mpich-in-intelmpi" else ompi
     on_h2, elsewhere = (ompi, mpich) if h2_has == "openmpi" else (mpich, launcher_mpi)
     folder.mkdir()
@@ -331,7 +332,7 @@ def mpi_program(tmp_path_factory: pytest.TempPathFactory) -> str:
     """tests/scripts/mpi_allreduce.c built with MPICH's mpicc (a real MPI rank, no Python)."""
     mpicc = mpich_bin() / "mpicc"
     if shutil.which("cc") is None or not mpicc.exists():
-        _unavailable("a C compiler and MPICH's mpicc are needed to build the MPI test program")
+        unavailable("a C compiler and MPICH's mpicc are needed to build the MPI test program")
     target = tmp_path_factory.mktemp("mpi") / "mpi_allreduce"
     subprocess.run([str(mpicc), "-o", str(target), str(SCRIPTS / "mpi_allreduce.c")],
                    check=True, capture_output=True, timeout=120)

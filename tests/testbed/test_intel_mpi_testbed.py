@@ -6,7 +6,7 @@ import os
 import subprocess
 
 import pytest
-from conftest import make_mpi_env
+from helpers.mpi_envs import make_mpi_env
 
 
 def cpu_set(text: str) -> set[int]:

@@ -12,10 +12,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import SCRIPTS, dtlaunch_argv
 from helpers.jobs import assert_no_strays, records
 from helpers.procs import alive, cmdline, descendants, pids_containing, ppid, sleeping, survivors, wait_for
 from helpers.slurm_bed import SlurmCluster
+from helpers.suite import SCRIPTS, dtlaunch_argv
 from helpers.testbed import TestBed
 
 from dtlaunch.agents.lifeline import stop_session

@@ -17,9 +17,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import MPI_VENVS, SCRIPTS, MpiEnv
 from helpers.jobs import assert_no_strays, records, start_job
+from helpers.mpi_envs import MPI_VENVS, MpiEnv
 from helpers.procs import HANG, survivors
+from helpers.suite import SCRIPTS
 from helpers.testbed import TestBed
 
 pytestmark = pytest.mark.testbed
@@ -174,7 +175,7 @@ def test_lost_host_ends_the_job(make_bed, run_mpi_env: MpiEnv, tmp_path: Path) -
 
 
 def test_mpich_horovod_allreduce_by_hand_written_mpiexec(bed: TestBed, tmp_path: Path) -> None:
-    from conftest import make_mpi_env
+    from helpers.mpi_envs import make_mpi_env
 
     mpi = make_mpi_env("mpich")
     ssh = tmp_path / "ssh-bed"  # -launcher-exec takes one executable, not a command line

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import dtlaunch_argv
+from helpers.suite import dtlaunch_argv
 from helpers.testbed import TestBed
 
 pytestmark = pytest.mark.testbed

@@ -7,7 +7,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import make_mpi_env
+from helpers.mpi_envs import make_mpi_env
 
 from dtlaunch.examples.ptb_lm import comm
 

@@ -8,8 +8,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import dtlaunch_argv
 from helpers.ptb import PTB_DIR, needs_ptb
+from helpers.suite import dtlaunch_argv
 from helpers.testbed import TestBed
 
 pytestmark = [pytest.mark.testbed, pytest.mark.horovod]

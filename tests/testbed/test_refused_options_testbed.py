@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import subprocess
 
-from conftest import MpiEnv
+from helpers.mpi_envs import MpiEnv
 
 
 def test_every_mpi_launcher_refusing_an_option_is_named_by_dtlaunch(mpi_env: MpiEnv) -> None:

@@ -14,10 +14,10 @@ from typing import Any
 
 import psutil
 import pytest
-from conftest import SCRIPTS, dtlaunch_argv
 from helpers.jobs import assert_no_strays
 from helpers.procs import HANG, survivors, wait_for
 from helpers.ptb import PTB_DIR, needs_ptb
+from helpers.suite import SCRIPTS, dtlaunch_argv
 from helpers.testbed import TestBed
 
 PROBE = str(SCRIPTS / "restart_probe.py")

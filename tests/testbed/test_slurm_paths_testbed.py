@@ -17,8 +17,8 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import REPO, require_testbed
 from helpers.slurm_bed import missing_slurm
+from helpers.suite import REPO, require_testbed
 from helpers.testbed import under_tmp
 
 pytestmark = pytest.mark.testbed

@@ -18,10 +18,10 @@ from typing import Any
 
 import psutil
 import pytest
-from conftest import SCRIPTS, dtlaunch_argv
 from helpers import slurm_bed
 from helpers.procs import cmdline, survivors, wait_for
 from helpers.slurm_bed import SlurmCluster
+from helpers.suite import SCRIPTS, dtlaunch_argv
 
 pytestmark = pytest.mark.testbed
 PROBE = str(SCRIPTS / "restart_probe.py")

@@ -16,11 +16,11 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import SCRIPTS, dtlaunch_argv
 from helpers.elastic import discovery, every_epoch, last_pass, probe_args
 from helpers.jobs import records, start_job
 from helpers.procs import cmdline, survivors
 from helpers.slurm_bed import SlurmCluster
+from helpers.suite import SCRIPTS, dtlaunch_argv
 
 pytestmark = pytest.mark.testbed
 PROBE = str(SCRIPTS / "rank_probe.py")

@@ -16,9 +16,9 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import SCRIPTS
 from helpers.jobs import records
 from helpers.slurm_bed import SlurmCluster
+from helpers.suite import SCRIPTS
 from helpers.testbed import TestBed
 
 from dtlaunch.cluster.allocation import detect

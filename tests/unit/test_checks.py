@@ -62,6 +62,39 @@ def test_version_differs_from_launcher():
     assert check is not None and check.status == FAIL and "4.1.4 on the launcher" in check.detail
 
 
+def test_every_family_is_judged_by_one_procedure_from_its_rule():
+    """What differs by family is data (core.mpi_kinds.HostRule): what must match, the daemon,
+    and each failure's text; the cases below differ only in that data."""
+    from dtlaunch.check.mpi_checks import check_mpi, host_daemon
+
+    def judged(host: MpiImpl | None, launcher: MpiImpl | None) -> tuple[str, str]:
+        check = check_mpi(facts(mpirun="/m/mpirun", mpi=host), launcher)
+        return check.status, check.detail
+
+    ompi, mpich = MpiImpl("Open MPI", "4.1.4"), MpiImpl("MPICH", "5.0.2")
+    # Open MPI judges versions only; Hydra names and versions.
+    assert judged(MpiImpl("Open MPI", "4.1.4"), ompi) == (PASS, "4.1.4")
+    assert judged(MpiImpl("Intel MPI", "5.0.2"), mpich) == (
+        FAIL, "Intel MPI 5.0.2 here, MPICH 5.0.2 on the launcher")
+    # An old launcher does not hide a host that differs from it.
+    assert judged(ompi, MpiImpl("Open MPI", "2.1.1"))[0] == FAIL
+    # Too old is said before "not the same", by each family's words.
+    assert judged(MpiImpl("MPICH", "2.1"), mpich) == (FAIL, "/m/mpirun is MPICH 2.1; dtlaunch "
+                                                      "needs >= 3.0")
+    assert judged(MpiImpl("Open MPI", "2.1.1"), ompi) == (
+        FAIL, "/m/mpirun is Open MPI 2.1.1, older than 3.0")
+    # A host with no MPI dtlaunch knows, named the way each family's rule names it.
+    unknown = MpiImpl("unknown", "")
+    assert judged(unknown, mpich) == (FAIL, "/m/mpirun is not an MPI; the launcher's mpiexec "
+                                      "is MPICH 5.0.2")
+    assert judged(unknown, ompi) == (FAIL, "/m/mpirun is not Open MPI; dtlaunch needs Open MPI "
+                                     ">= 3.0")
+    # Alone (env-check; or a launcher dtlaunch does not know): by the host's own family.
+    assert judged(mpich, None) == judged(mpich, MpiImpl("MVAPICH", "")) == (PASS, "MPICH 5.0.2")
+    assert judged(None, ompi)[0] == SKIP
+    assert (host_daemon(ompi), host_daemon(mpich), host_daemon(None)) == ("orted", "", "orted")
+
+
 def test_orted_missing_on_remote_but_not_needed_on_launcher():
     rep = report(facts(orted=None), launcher=facts(hostname="launch", orted=None))
     assert status(rep, "h1", "mpirun") == FAIL

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import dtlaunch_argv
+from helpers.suite import dtlaunch_argv
 
 
 def dtl(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None,

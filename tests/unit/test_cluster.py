@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import dtlaunch_argv
+from helpers.suite import dtlaunch_argv
 
 from dtlaunch.cluster.allocation import detect
 from dtlaunch.cluster.placement import choose_launcher, plan_allocation

@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import dtlaunch_argv
 from helpers.envcheck import HOST, PY, rows
 from helpers.procs import sleeping
+from helpers.suite import dtlaunch_argv
 
 from dtlaunch.check.host_checks import check_horovod
 from dtlaunch.check.mpi_checks import check_mpi

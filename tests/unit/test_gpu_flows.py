@@ -182,7 +182,7 @@ def test_cpu_only_doctor_has_no_gpu_rows() -> None:
 def test_dry_run_says_where_the_slots_come_from(tmp_path: Path) -> None:
     import subprocess
 
-    from conftest import dtlaunch_argv
+    from helpers.suite import dtlaunch_argv
 
     script = tmp_path / "train.py"
     script.write_text("print(1)\n")

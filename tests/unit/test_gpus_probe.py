@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import dtlaunch_argv
 from helpers.envcheck import HOST, PY, rows
 from helpers.gpus import (
     A100_HEADER,
@@ -26,6 +25,7 @@ from helpers.gpus import (
     fake_smi,
 )
 from helpers.procs import sleeping, survivors
+from helpers.suite import dtlaunch_argv
 
 from dtlaunch.check.facts import HostFacts
 from dtlaunch.check.gpu_facts import GpuFacts, parse_gpu_facts

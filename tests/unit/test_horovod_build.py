@@ -11,7 +11,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from conftest import dtlaunch_argv
+from helpers.suite import dtlaunch_argv
 
 from dtlaunch.core.errors import DtlaunchError, UsageError
 from dtlaunch.horovod import build as horovod_build

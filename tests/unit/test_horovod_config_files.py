@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import dtlaunch_argv
 from helpers.horovod_oracle import oracle_env, value_for
+from helpers.suite import dtlaunch_argv
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

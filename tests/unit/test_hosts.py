@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -23,9 +24,9 @@ def test_hosts_with_and_without_slots() -> None:
     assert parse_hosts("10.0.0.1:3") == (Host("10.0.0.1", 3),)
 
 
-@pytest.mark.parametrize(
-    ("spec", "message"),
-    [
+# (what is parsed, the text, what the UsageError says), for -H and for a hostfile.
+BAD_HOSTS = [
+    *((parse_hosts, spec, message) for spec, message in [
         ("host1:x", "slots must be a positive whole number"),
         (":2", "empty host name"),
         ("host1:0", "at least 1"),
@@ -39,11 +40,22 @@ def test_hosts_with_and_without_slots() -> None:
         ("bad name", "invalid host name"),
         ("-oProxyCommand=x", "invalid host name"),
         ("user@host", "invalid host name"),
-    ],
-)
-def test_bad_host_specs(spec: str, message: str) -> None:
+    ]),
+    *((parse_hostfile_text, text, message) for text, message in [
+        ("node1\nnode2 slots=x\n", "hostfile:2: slots must"),
+        ("node1 cores=4\n", "hostfile:1: unexpected 'cores=4'"),
+        ("# only comments\n\n", "no hosts"),
+        ("n1:2 slots=3\n", "not both"),
+        ("n1\nn1\n", "more than once"),
+    ]),
+]
+
+
+@pytest.mark.parametrize(("parse", "text", "message"), BAD_HOSTS)
+def test_bad_host_specs_and_hostfiles(parse: Callable[[str], object], text: str,
+                                      message: str) -> None:
     with pytest.raises(UsageError, match=message):
-        parse_hosts(spec)
+        parse(text)
 
 
 def test_hostfile_formats() -> None:
@@ -51,21 +63,6 @@ def test_hostfile_formats() -> None:
     assert parse_hostfile_text(text) == (
         Host("node1", 4), Host("node2", 2), Host("node3", 1), Host("node4", 2),
     )
-
-
-@pytest.mark.parametrize(
-    ("text", "message"),
-    [
-        ("node1\nnode2 slots=x\n", "hostfile:2: slots must"),
-        ("node1 cores=4\n", "hostfile:1: unexpected 'cores=4'"),
-        ("# only comments\n\n", "no hosts"),
-        ("n1:2 slots=3\n", "not both"),
-        ("n1\nn1\n", "more than once"),
-    ],
-)
-def test_bad_hostfiles(text: str, message: str) -> None:
-    with pytest.raises(UsageError, match=message):
-        parse_hostfile_text(text)
 
 
 def test_read_hostfile_errors(tmp_path: Path) -> None:

@@ -10,8 +10,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pytest
-from conftest import await_sleeping, kill_sleeping, survivors_of_kill
 from helpers.mpis import INTEL, fake_mpi, spec
+from helpers.procs import assert_kill_leaves_no_sleeper
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -132,13 +132,8 @@ def test_agent_ends_its_ssh_when_mpiexec_is_killed(tmp_path: Path) -> None:
         [sys.executable, "-c", "import subprocess, sys; subprocess.Popen(sys.argv[1:], "
          "start_new_session=True).wait()", str(agent), "-x", "h2", "hydra_pmi_proxy"],
         env={"PATH": f"{fake.parent}:/usr/bin:/bin"})
-    try:
-        await_sleeping("3174", 30, "the agent never ran ssh")
-        assert survivors_of_kill(mpiexec, "3174") == [], "ssh outlived a killed mpiexec"
-    finally:
-        if mpiexec.poll() is None:
-            mpiexec.kill()
-        kill_sleeping("3174")
+    assert_kill_leaves_no_sleeper(mpiexec, "3174", 30, "the agent never ran ssh",
+                                  "ssh outlived a killed mpiexec")
 
 
 @pytest.mark.parametrize(("text", "name", "version", "release"), [

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from helpers.suite import REPO
 
 from dtlaunch.horovod.build import runtime_requirements
 
@@ -53,7 +53,7 @@ def _run(argv: list[str], env: dict[str, str], timeout: float = 600,
 def user_venv(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
     """A fresh venv with dtlaunch installed from a copy of the checkout and PyTorch, as a
     user's: no [train] extra, no Horovod."""
-    from conftest import require_horovod
+    from helpers.suite import require_horovod
 
     require_horovod()
     base = tmp_path_factory.mktemp("user")

@@ -10,8 +10,8 @@ import threading
 from pathlib import Path
 
 import pytest
-from conftest import dtlaunch_argv
 from helpers.procs import gone, read_pid
+from helpers.suite import dtlaunch_argv
 
 from dtlaunch.core.tracker import Tracker
 from dtlaunch.reach.ssh_errors import SshFailure

@@ -118,6 +118,23 @@ def test_only_the_command_line_imports_click_and_rich() -> None:
     assert not wrong
 
 
+def test_only_the_command_line_prints() -> None:
+    """The library tells its caller (events, callbacks, results); what runs on the hosts (agents)
+    and the example are programs of their own and print what they like."""
+    wrong = []
+    for module, path in modules().items():
+        if room(module) in UI_ROOMS | {"agents", "examples"}:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            called = node.func if isinstance(node, ast.Call) else None
+            if (isinstance(called, ast.Name) and called.id == "print") or (
+                    isinstance(called, ast.Attribute) and called.attr == "write"
+                    and isinstance(called.value, ast.Attribute)
+                    and called.value.attr in {"stdout", "stderr"}):
+                wrong.append(f"{path.relative_to(PACKAGE)}:{node.lineno}")
+    assert not wrong
+
+
 def test_the_example_imports_nothing_from_dtlaunch() -> None:
     wrong = [f"{path.relative_to(PACKAGE)}:{line} imports {name}"
              for module, path in modules().items() if room(module) == "examples"
@@ -185,6 +202,29 @@ def test_nothing_outside_the_families_asks_which_family_it_holds() -> None:
     assert not wrong
 
 
+# Where a family may be named: its own rooms, the table that classifies MPIs into families
+# (with each family's host rule) and the one registry that maps a family to its object.
+FAMILY_NAMERS = {"core.mpi_kinds", "run.launcher_choice"}
+
+
+def test_nothing_outside_the_families_names_one() -> None:
+    """No family constant (OPEN_MPI_FAMILY, HYDRA_FAMILY) and no family object or class
+    (OPEN_MPI, OpenMpi, Hydra) is used outside the families' rooms and their registries: a
+    third family is its folder, its MPI_KINDS lines and its registry line."""
+    names = {"OPEN_MPI_FAMILY", "HYDRA_FAMILY", "OPEN_MPI", "OpenMpi", "Hydra"}
+    wrong = []
+    for module, path in modules().items():
+        if room(module) in FAMILY_ROOMS or module in FAMILY_NAMERS:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            used = (node.id if isinstance(node, ast.Name) else node.attr
+                    if isinstance(node, ast.Attribute) else None)
+            imported = ([a.name for a in node.names] if isinstance(node, ast.ImportFrom) else [])
+            if used in names or names & set(imported):
+                wrong.append(f"{path.relative_to(PACKAGE)}:{node.lineno}")
+    assert not wrong
+
+
 def test_the_architecture_page_maps_every_room_and_module() -> None:
     """docs/architecture.md is the map: each subpackage, each top-level file and each module of
     a subpackage (but the example's) is named there, and each room has its floor above."""
@@ -206,10 +246,12 @@ def test_the_architecture_page_maps_every_room_and_module() -> None:
 
 
 def test_no_test_file_imports_another() -> None:
-    """What tests share lives in tests/helpers/ (the test beds among them) or conftest.py."""
+    """What tests share lives in tests/helpers/ (the test beds among them); conftest.py holds
+    fixtures and hooks, which pytest gives the tests, and is imported by none."""
     tests = Path(__file__).resolve().parents[1]
-    wrong = [f"{path.name}:{line} imports {name}" for path in sorted(tests.rglob("test_*.py"))
-             for name, line in imports(path) if name.split(".")[0].startswith("test_")]
+    wrong = [f"{path.name}:{line} imports {name}" for path in sorted(tests.rglob("*.py"))
+             for name, line in imports(path)
+             if name.split(".")[0].startswith("test_") or name.split(".")[0] == "conftest"]
     assert not wrong
 
 

@@ -11,8 +11,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import await_sleeping, kill_sleeping, survivors_of_kill
-from helpers.procs import gone, pids_where, wait_for
+from helpers.procs import assert_kill_leaves_no_sleeper, gone, pids_where, wait_for
 
 from dtlaunch.agents import lifeline
 from dtlaunch.openmpi.family import OPEN_MPI
@@ -126,10 +125,5 @@ def test_killing_doctor_outright_ends_its_local_probe(tmp_path: Path, ignores_te
                              "--python", str(hung)], cwd=str(ROOT),
                             env={**os.environ, "PYTHONPATH": str(ROOT)},
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        await_sleeping("3173", 60, "the probe never started")
-        assert survivors_of_kill(proc, "3173") == [], "the local probe outlived a killed dtlaunch"
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        kill_sleeping("3173")
+    assert_kill_leaves_no_sleeper(proc, "3173", 60, "the probe never started",
+                                  "the local probe outlived a killed dtlaunch")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -26,9 +27,28 @@ def cache_name(key: str) -> str:
     return os.path.basename(preflight_cache._cache_path(key))
 
 
-def test_cache_round_trip_and_expiry(tmp_path, monkeypatch):
+@pytest.fixture
+def key(tmp_path, monkeypatch) -> str:
+    """The usual request's key, its cache under tmp_path."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    key = preflight_cache.cache_key(request(), ("h1", "h2"), "/work")
+    return preflight_cache.cache_key(request(), ("h1", "h2"), "/work")
+
+
+def private_folder(tmp_path) -> Path:
+    """The cache's folder, there already and private."""
+    folder = tmp_path / "dtlaunch"
+    folder.mkdir(mode=0o700)
+    return folder
+
+
+def victim_file(tmp_path) -> Path:
+    """A file outside the cache that a planted name would have dtlaunch write through."""
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    return victim
+
+
+def test_cache_round_trip_and_expiry(key):
     assert not preflight_cache.read_cache(key)
     preflight_cache.write_cache(key)
     path = preflight_cache._cache_path(key)
@@ -64,9 +84,7 @@ def test_key_check_overlaps_the_launch_only_while_dtlaunch_owns_mpiruns_ssh() ->
     assert not preflight.may_overlap(request(mpi_args=("--mca", "plm_rsh_agent", "rsh")), family=OPEN_MPI)
 
 
-def test_a_damaged_cache_file_is_ignored_not_a_crash(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    key = preflight_cache.cache_key(request(), ("h1", "h2"), "/work")
+def test_a_damaged_cache_file_is_ignored_not_a_crash(key):
     preflight_cache.write_cache(key)
     path = preflight_cache._cache_path(key)
     for junk in ("[]", '{"time": "abc"}', '{"time": null}', '{"key": 1}', "3", '"x"',
@@ -76,11 +94,8 @@ def test_a_damaged_cache_file_is_ignored_not_a_crash(tmp_path, monkeypatch):
         assert preflight_cache.read_cache(key) is False, junk
 
 
-def test_a_damaged_cache_file_is_rewritten_by_the_next_success(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    key = preflight_cache.cache_key(request(), ("h1", "h2"), "/work")
-    path = tmp_path / "dtlaunch" / cache_name(key)
-    path.parent.mkdir(mode=0o700)
+def test_a_damaged_cache_file_is_rewritten_by_the_next_success(tmp_path, key):
+    path = private_folder(tmp_path) / cache_name(key)
     path.write_text('{"time": "abc"}')
     path.chmod(0o600)
     assert preflight_cache.read_cache(key) is False
@@ -88,13 +103,9 @@ def test_a_damaged_cache_file_is_rewritten_by_the_next_success(tmp_path, monkeyp
     assert preflight_cache.read_cache(key)
 
 
-def test_a_link_planted_at_the_cache_path_leaves_its_target_untouched(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    key = preflight_cache.cache_key(request(), ("h1", "h2"), "/work")
-    folder = tmp_path / "dtlaunch"
-    folder.mkdir(mode=0o700)
-    victim = tmp_path / "victim"
-    victim.write_text("precious\n")
+def test_a_link_planted_at_the_cache_path_leaves_its_target_untouched(tmp_path, key):
+    folder = private_folder(tmp_path)
+    victim = victim_file(tmp_path)
     (folder / cache_name(key)).symlink_to(victim)
     assert preflight_cache.read_cache(key) is False  # a link is never believed
     preflight_cache.write_cache(key)  # replaces the link, never writes through it
@@ -103,15 +114,11 @@ def test_a_link_planted_at_the_cache_path_leaves_its_target_untouched(tmp_path, 
     assert preflight_cache.read_cache(key)
 
 
-def test_a_file_planted_at_a_temporary_name_is_never_written(tmp_path, monkeypatch):
+def test_a_file_planted_at_a_temporary_name_is_never_written(tmp_path, key):
     """Every temporary name the old writer could pick, hard-linked to a victim: O_EXCL and an
     unguessable name mean nothing already in the directory is opened for writing."""
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    key = preflight_cache.cache_key(request(), ("h1", "h2"), "/work")
-    folder = tmp_path / "dtlaunch"
-    folder.mkdir(mode=0o700)
-    victim = tmp_path / "victim"
-    victim.write_text("precious\n")
+    private_folder(tmp_path)
+    victim = victim_file(tmp_path)
     victim.chmod(0o600)
     os.link(victim, f"{preflight_cache._cache_path(key)}.{os.getpid()}.tmp")
     preflight_cache.write_cache(key)
@@ -119,12 +126,8 @@ def test_a_file_planted_at_a_temporary_name_is_never_written(tmp_path, monkeypat
     assert preflight_cache.read_cache(key)
 
 
-def test_a_fifo_at_the_cache_path_does_not_block(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    key = preflight_cache.cache_key(request(), ("h1", "h2"), "/work")
-    folder = tmp_path / "dtlaunch"
-    folder.mkdir(mode=0o700)
-    os.mkfifo(folder / cache_name(key), 0o600)
+def test_a_fifo_at_the_cache_path_does_not_block(tmp_path, key):
+    os.mkfifo(private_folder(tmp_path) / cache_name(key), 0o600)
     assert preflight_cache.read_cache(key) is False
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import dtlaunch_argv
+from helpers.suite import dtlaunch_argv
 from hypothesis import given
 from hypothesis import strategies as st
 

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import dtlaunch_argv
+from helpers.suite import dtlaunch_argv
 
 from dtlaunch.agents import rsh
 from dtlaunch.core.errors import UsageError

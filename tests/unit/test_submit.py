@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import dtlaunch_argv
+from helpers.suite import dtlaunch_argv
 
 from dtlaunch.cluster.submit import output_path, parse_submit_args, plan_submit
 from dtlaunch.core.errors import UsageError
