@@ -118,6 +118,10 @@ class DoctorReport:
     def status(self) -> Status:
         return worst([*(h.status for h in self.hosts), *(c.status for c in self.job)])
 
+    def label(self, check: str) -> str:
+        """A check's name as the user reads it: the reach check by how hosts were reached."""
+        return self.reach if check == "reach" else check
+
     def failures(self) -> tuple[tuple[str, CheckResult], ...]:
         return (tuple((h.host, c) for h in self.hosts for c in h.checks if c.status == FAIL)
                 + tuple((JOB, c) for c in self.job if c.status == FAIL))

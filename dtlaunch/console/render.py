@@ -101,7 +101,7 @@ def render_report(report: DoctorReport, stream: IO[str] | None = None) -> None:
     table = Table(title=None, show_lines=False, pad_edge=False)
     table.add_column("host", no_wrap=True)
     for name in report.columns:
-        table.add_column(report.reach if name == "reach" else name, justify="center")
+        table.add_column(report.label(name), justify="center")
     table.add_column("time", justify="right")
     for host in report.hosts:
         label = host.host + (" (launcher)" if host.role == "launcher" else "")

@@ -131,8 +131,7 @@ def preflight_failure(report: DoctorReport | None, job_started: bool) -> Preflig
     if report is None:
         return PreflightFailure((), job_started)
     return PreflightFailure(tuple(
-        (host, report.reach if check.name == "reach" else check.name)
-        for host, check in report.failures()), job_started)
+        (host, report.label(check.name)) for host, check in report.failures()), job_started)
 
 
 def failure_message(report: DoctorReport | None, job_started: bool) -> str:

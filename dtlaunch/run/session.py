@@ -66,7 +66,7 @@ class LaunchRequest:
     prefix_timestamp: bool = False  # start each output line with the time it arrived
     ranks: RankFilter | None = None  # --ranks: the ranks the console shows (None: all)
     ranks_to_stderr: bool = False  # --json: stdout is the report's
-    # --max-restarts: run.start runs the attempts under it (launch itself runs one attempt).
+    # --max-restarts: `start` runs the attempts under it (`launch` itself runs one attempt).
     restarts: RestartPolicy | None = None
 
 
@@ -223,9 +223,7 @@ def recheck(request: LaunchRequest, hosts: tuple[Host, ...], left: float | None,
     failing: dict[str, str] = {}
     for host, check in checked.report.failures():
         if host in names and host not in failing:
-            # The reach check is named by how hosts were reached: ssh or srun.
-            label = checked.report.reach if check.name == "reach" else check.name
-            failing[host] = f"{label}: {check.detail}"
+            failing[host] = f"{checked.report.label(check.name)}: {check.detail}"
     return failing
 
 
