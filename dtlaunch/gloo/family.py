@@ -82,7 +82,7 @@ class Gloo(FamilyDefaults):
 
     def launcher_env(self, spec: JobSpec) -> dict[str, str]:
         """rsh.py's ssh options (dtlaunch's own: checked host keys, never a prompt)."""
-        return {SSH_ARGS_ENV: json.dumps(spec.ssh.ssh_args())}
+        return {SSH_ARGS_ENV: json.dumps(spec.ssh.launcher_ssh_args())}
 
     def refuse_insecure(self, extra_args: Sequence[str], environ: Mapping[str, str]) -> None:
         return None  # dtlaunch runs every ssh itself; extra launcher arguments are refused

@@ -187,7 +187,7 @@ class Hydra(FamilyDefaults):
     def _agent(self, spec: JobSpec) -> SupportFile | None:
         if spec.launcher != SSH or not (self.agent_dir and self.python and self.rsh_file):
             return None
-        script = agent_script(self.python, self.rsh_file, spec.ssh.ssh_args())
+        script = agent_script(self.python, self.rsh_file, spec.ssh.launcher_ssh_args())
         return agent_path(self.agent_dir, script), script
 
     def build_argv(self, spec: JobSpec, launcher: str) -> tuple[str, ...]:

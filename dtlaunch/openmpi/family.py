@@ -83,7 +83,7 @@ def uses_agent(spec: JobSpec) -> bool:
 def agent_env(spec: JobSpec) -> dict[str, str]:
     """The wrapper's ssh options travel in mpirun's environment, never on a daemon's command
     line (Open MPI puts its MCA parameters there inside double quotes, for a remote shell)."""
-    return {SSH_ARGS_ENV: json.dumps(spec.ssh.ssh_args())} if uses_agent(spec) else {}
+    return {SSH_ARGS_ENV: json.dumps(spec.ssh.launcher_ssh_args())} if uses_agent(spec) else {}
 
 
 def _rsh_args(spec: JobSpec) -> list[str]:

@@ -33,6 +33,20 @@ class SshOptions:
     connect_timeout: int = 10
     # "yes": unknown keys fail; "accept-new": trust on first use (opt-in). Never "no".
     host_key_policy: str = "yes"
+    default_kex: bool = False  # --ssh-default-kex: leave ssh's key exchange order alone
+    # The key exchanges the local ssh offers first for the job's links (reach.kex), decided
+    # where the job is prepared; None: ssh's own order.
+    kex_first: str | None = None
+
+    def launcher_ssh_args(self) -> tuple[str, ...]:
+        """ssh_args for the links this machine's ssh makes for the job (dtlaunch's ssh agent),
+        with the key exchange chosen for that ssh. Never for an ssh on other hosts (tree spawn,
+        doctor's host-to-host checks): their version is not known here."""
+        if self.kex_first is None:
+            return self.ssh_args()
+        from dtlaunch.reach.kex import kex_option
+
+        return (*self.ssh_args(), *kex_option(self.kex_first))
 
     def ssh_args(self) -> tuple[str, ...]:
         """Options for OpenSSH as the MPI launcher will call it: never prompt, never hang."""
@@ -72,7 +86,7 @@ def _check_file(value: str, option: str, devnull_ok: bool) -> None:
 
 
 def ssh_options_from(port: int | None, identity: str | None, config: str | None,
-                     timeout: int, accept_new: bool) -> SshOptions:
+                     timeout: int, accept_new: bool, default_kex: bool = False) -> SshOptions:
     """The command line's SSH options, checked: the files exist and are files.
     `--ssh-config /dev/null` is ssh's own way to read no config file (`ssh -F /dev/null`)."""
     if identity is not None:
@@ -81,7 +95,8 @@ def ssh_options_from(port: int | None, identity: str | None, config: str | None,
         _check_file(config, "--ssh-config", devnull_ok=True)
     return SshOptions(port=port, identity_file=identity, config_file=config,
                       connect_timeout=timeout,
-                      host_key_policy="accept-new" if accept_new else "yes")
+                      host_key_policy="accept-new" if accept_new else "yes",
+                      default_kex=default_kex)
 
 
 # What may pass through mpirun's ssh options (plm_rsh_args): Open MPI splits them on

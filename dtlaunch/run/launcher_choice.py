@@ -18,10 +18,10 @@ from dtlaunch.openmpi.family import OPEN_MPI
 
 def local_mpi(family: MpiFamily, program: str, refuse: bool = True) -> MpiImpl:
     """Ask the local launcher what it is; refuse one that this family cannot drive."""
-    from dtlaunch.core.bounded import run_bounded
+    from dtlaunch.core.version_cache import version_output
 
     try:
-        _, out = run_bounded([program, "--version"], timeout=20)
+        _, out = version_output([program, "--version"], timeout=20)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise DtlaunchError(f"cannot run {program} --version: {exc}") from None
     impl = family.parse_version(out)

@@ -21,7 +21,7 @@ from dtlaunch.core.errors import EXIT_FAILURE, UsageError
 from dtlaunch.core.interrupts import signals_raise
 from dtlaunch.job.env import kept_home_note
 from dtlaunch.job.hosts import Host
-from dtlaunch.mpi import MpiFamily, MpiImpl
+from dtlaunch.mpi import SLURM, MpiFamily, MpiImpl
 from dtlaunch.plan.plan import RunPlan, RunRequest, plan_run
 from dtlaunch.probe import reach_for
 from dtlaunch.run.events import Event as Event  # the run's events, named here for its callers
@@ -117,6 +117,10 @@ def prepare(request: RunRequest, on_event: OnEvent, *, dry_run: bool = False,
     env = dict(os.environ) if environ is None else environ
     placement = plan_allocation(request, detect(env), request.launcher)
     request = placement.request
+    if request.launcher != SLURM:  # the job's links are this machine's ssh: choose its exchange
+        from dtlaunch.reach.kex import for_local_ssh
+
+        request = replace(request, ssh=for_local_ssh(request.ssh, env))
     if placement.allocation is not None:  # outside one, the hosts are what was typed
         on_event(Event(EventLevel.NOTE if dry_run else EventLevel.DETAIL, placement.source))
     impl: MpiImpl | None = None

@@ -193,7 +193,10 @@ class TestBed:
 
     def _write_sshd_config(self, h: BedHost) -> Path:
         config = h.dir / "sshd_config"
+        # sshd keeps the first value it reads for a keyword: a host's extra lines come first,
+        # so that they override the defaults below (LogLevel DEBUG1 for a test that reads it).
         lines = [
+            *h.sshd_extra,
             f"ListenAddress {h.address}",
             "Port 22",
             f"HostKey {h.host_key}",
@@ -207,7 +210,6 @@ class TestBed:
             f"MaxStartups {self.max_startups}",
             "MaxSessions 200",
             "LogLevel ERROR",
-            *h.sshd_extra,
         ]
         config.write_text("\n".join(lines) + "\n")
         return config
