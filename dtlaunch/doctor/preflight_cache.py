@@ -21,7 +21,6 @@ from dtlaunch.core.private_files import (
     remove_private,
     write_private,
 )
-from dtlaunch.job.command import EXECUTABLE
 
 if TYPE_CHECKING:
     from dtlaunch.plan.plan import RunRequest
@@ -56,18 +55,27 @@ def checked_program(request: RunRequest) -> tuple[str | None, str | None, str | 
 
 def checked_executable(request: RunRequest) -> str | None:
     """The executable the command starts when it is not the interpreter (`bash run.sh`)."""
+    from dtlaunch.job.command import EXECUTABLE  # here: the early start reads this module
+
     program = request.program
     if program is None or program.form != EXECUTABLE:
         return None
     return program.argv[0]
 
 
+def watched_files(request: RunRequest, launcher: str = "") -> list[str | None]:
+    """The files whose edit must start the checks over (None: no such file for this job)."""
+    ssh = request.ssh
+    python, script, _ = checked_program(request)
+    return [ssh.config_file or "~/.ssh/config", ssh.identity_file, "~/.ssh/known_hosts",
+            "~/.ssh/known_hosts2", "/etc/ssh/ssh_known_hosts", script, python, launcher or None]
+
+
 def cache_key(request: RunRequest, hosts: tuple[str, ...], cwd: str, launcher: str = "",
               job_path: str = "") -> str:
     ssh = request.ssh
     python, script, module = checked_program(request)
-    watched = [ssh.config_file or "~/.ssh/config", ssh.identity_file, "~/.ssh/known_hosts",
-               "~/.ssh/known_hosts2", "/etc/ssh/ssh_known_hosts", script, python, launcher or None]
+    watched = watched_files(request, launcher)
     material = {
         "version": 2,
         "hosts": hosts,

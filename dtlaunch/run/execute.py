@@ -19,15 +19,15 @@ from functools import partial
 from pathlib import Path
 from typing import IO
 
-from dtlaunch.agents import guarded_argv, session_members
+from dtlaunch.agents import session_members
 from dtlaunch.core.errors import EXIT_TIMEOUT, DtlaunchError, exit_for_signal
 from dtlaunch.core.failure import Failure
 from dtlaunch.core.private_files import NotPrivate, write_private_program
 from dtlaunch.mpi import MpiFamily, OutputDemux
+from dtlaunch.run import early_start
 from dtlaunch.run.failure_report import JobRanks, first_in_time
 from dtlaunch.run.job_output import JobOutput
 from dtlaunch.run.progress import RANKS_RUNNING, Progress
-from dtlaunch.run.spool import Spool
 
 # After forwarding a signal, how long mpirun gets to take its ranks down before we kill it.
 GRACE_SECONDS = 6.0
@@ -121,25 +121,16 @@ def execute(
     stop_on_rank_failure = not family.ends_job_on_rank_failure
     rank_failed: Failure | None = None
     received: list[int] = []
-    spools = (Spool(), Spool())  # mpirun's stdout and stderr: files, not pipes (see spool.py)
-    command, lifeline_read, lifeline_write = guarded_argv(list(argv))
-    try:
-        proc = subprocess.Popen(
-            command,
-            env=dict(env),
-            stdin=subprocess.DEVNULL if stdin_data is None else subprocess.PIPE,
-            stdout=spools[0].fd,
-            stderr=spools[1].fd,
-            start_new_session=True,
-            pass_fds=(lifeline_read,),
-        )
-    except BaseException:
-        os.close(lifeline_write)
-        for spool in spools:
-            spool.close()
-        raise
-    finally:
-        os.close(lifeline_read)
+    # mpirun's stdout and stderr go to files, not pipes (see spool.py). A launcher started
+    # early for this very job (run.early_start) is adopted; any other is stopped there.
+    early = early_start.adopt(argv, env, support_files) if stdin_data is None else None
+    if early is None:
+        if stdin_data is not None:
+            early_start.abandon()
+        proc, spools, lifeline_write = early_start.spawn(argv, env,
+                                                         stdin_pipe=stdin_data is not None)
+    else:
+        proc, spools, lifeline_write = early.proc, early.spools, early.lifeline_write
     if stdin_data is not None:
         threading.Thread(target=_feed, args=(proc, stdin_data), daemon=True).start()
     # Set when mpirun has ended: then the pumps read what is left and stop.
