@@ -27,12 +27,19 @@ dtlaunch starts or sends an agent (tests/unit/test_layers.py: no other), besides
   the host, where nothing of dtlaunch's is).
 """
 
+from __future__ import annotations  # no annotation is evaluated at run time
+
+import collections
 import functools
 import importlib
 import os
-import shutil
 import sys
-from typing import TYPE_CHECKING, Any, List, NamedTuple, Sequence, Tuple
+
+# The checkers' name for it: `typing` costs ~15 ms to import, and a job typed again starts its
+# launcher through this package before anything else of dtlaunch is read (run.early_start).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, List, Sequence, Tuple
 
 # The words dtlaunch shares with its agents, defined once in the agent that speaks them. Loaded
 # on first use, not here: `python -m dtlaunch.agents.rsh` must find its module not yet imported.
@@ -109,7 +116,7 @@ __all__ = [
 ]
 
 # The shell that runs a shell agent on this machine.
-LOCAL_SHELL = "/bin/sh" if os.path.exists("/bin/sh") else (shutil.which("sh") or "sh")
+LOCAL_SHELL = "/bin/sh" if os.path.exists("/bin/sh") else (__import__("shutil").which("sh") or "sh")
 
 
 HERE, TEXT, STDIN, INLINE = "here", "text", "stdin", "inline"
@@ -139,11 +146,11 @@ def _text(name: str) -> str:
     return resources.files(__name__).joinpath(name).read_text(encoding="utf-8")
 
 
-class Shipment(NamedTuple):
-    """One agent and the way it travels (SHIPPING); each method is for its own way only."""
+class Shipment(collections.namedtuple("Shipment", ["name", "how"])):
+    """One agent (`name`) and the way it travels (`how`, its SHIPPING); each method is for its
+    own way only."""
 
-    name: str
-    how: str
+    __slots__ = ()
 
     def _only(self, how: str) -> None:
         if self.how != how:

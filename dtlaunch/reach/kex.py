@@ -58,11 +58,6 @@ def fast_kex(version: tuple[int, int] | None, configured: bool) -> str | None:
     return None
 
 
-def kex_option(first: str) -> list[str]:
-    """ssh's option that puts `first` at the head of its default list (OpenSSH >= 8.x's `^`)."""
-    return ["-o", f"KexAlgorithms=^{first}"]
-
-
 def config_files(config_file: str | None, home: str) -> list[tuple[str, str]]:
     """The files ssh reads, each with the folder its relative Includes start from: `-F FILE`
     alone, else the user's and the system's."""

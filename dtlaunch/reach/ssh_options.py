@@ -44,9 +44,8 @@ class SshOptions:
         doctor's host-to-host checks): their version is not known here."""
         if self.kex_first is None:
             return self.ssh_args()
-        from dtlaunch.reach.kex import kex_option
-
-        return (*self.ssh_args(), *kex_option(self.kex_first))
+        # `^`: at the head of ssh's own list, the rest of it kept (see reach.kex).
+        return (*self.ssh_args(), "-o", f"KexAlgorithms=^{self.kex_first}")
 
     def ssh_args(self) -> tuple[str, ...]:
         """Options for OpenSSH as the MPI launcher will call it: never prompt, never hang."""

@@ -33,14 +33,12 @@ used only while none has changed. `DTLAUNCH_EARLY_START=0` turns it off.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from dtlaunch.core.private_files import (
     NotPrivate,
@@ -50,6 +48,19 @@ from dtlaunch.core.private_files import (
     write_private,
     write_private_program,
 )
+
+# What this module imports is what a job typed again waits for before its launcher starts:
+# only what `subprocess` and `json` need anyway (no `typing`, ~15 ms; no `hashlib`, whose
+# OpenSSL costs ~5 ms: blake2b is built into CPython).
+try:
+    from _blake2 import blake2b
+except ImportError:  # not CPython
+    from hashlib import blake2b
+
+TYPE_CHECKING = False  # the checkers' name for it
+if TYPE_CHECKING:
+    from typing import Any
+
 
 FORMAT = 1
 PREFLIGHT_MARGIN = 30.0  # seconds the pre-flight's cache entry must still have to live
@@ -81,7 +92,7 @@ def spawn(argv: Sequence[str], env: Mapping[str, str], stdin_pipe: bool = False,
     """Start the launcher under the lifeline, its output to spool files, in a session of its
     own: (process, (stdout spool, stderr spool), the lifeline's write end, to keep open for as
     long as the job runs). The one way a job's launcher is started (execute uses it too)."""
-    from dtlaunch.agents.lifeline import guarded_argv
+    from dtlaunch.agents import guarded_argv
     from dtlaunch.run.spool import Spool
 
     spools = (Spool(), Spool())
@@ -135,7 +146,7 @@ def _stamp(path: str) -> list[Any]:
 def request_key(args: Sequence[str], environ: Mapping[str, str], cwd: str) -> str:
     material = [FORMAT, sys.executable, list(args), cwd, sorted(environ.items()), os.getuid(),
                 os.geteuid(), _package_stamp()]
-    return hashlib.sha256(json.dumps(material).encode()).hexdigest()
+    return blake2b(json.dumps(material).encode(), digest_size=32).hexdigest()
 
 
 def named_files(args: Sequence[str], cwd: str) -> list[str]:
@@ -275,7 +286,7 @@ def _stop(started: Started) -> None:
     """SIGKILL the early launcher's whole session (it is ~0.2 s old), then let go of it."""
     import signal
 
-    from dtlaunch.agents.lifeline import session_members
+    from dtlaunch.agents import session_members
 
     for pid in (started.proc.pid, *session_members(started.proc.pid)):
         with contextlib.suppress(OSError):

@@ -40,6 +40,7 @@ class LaunchResult:
     interrupted_by: int | None = None  # signal number dtlaunch received
     timed_out: bool = False
     ranks: JobRanks = field(default_factory=JobRanks)  # what the ranks' records told
+    started_early: bool = False  # the launcher was started before the plan (run.early_start)
 
 
 def _signal(proc: subprocess.Popen[bytes], signum: int) -> None:
@@ -217,7 +218,8 @@ def execute(
             spool.close()
         out.close()
     return replace(_ended(proc.returncode, out, family, received, timed_out, stopped_for,
-                          key_refused, lost_host, rank_failed), ranks=out.job_ranks())
+                          key_refused, lost_host, rank_failed), ranks=out.job_ranks(),
+                   started_early=early is not None)
 
 
 def _ended(code: int, out: JobOutput, family: MpiFamily, received: list[int], timed_out: bool,

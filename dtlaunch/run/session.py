@@ -350,6 +350,9 @@ def launch(request: LaunchRequest, on_event: OnEvent, *, executor: Executor | No
             nodes.close()
         if gloo is not None:
             gloo.store.close()  # the rendezvous lives exactly as long as the job
+    if result.started_early:
+        on_event(Event(EventLevel.DETAIL, "started early: the same command as last time, so "
+                       "its launcher started before dtlaunch had planned it (and matched the plan)"))
     if run_request.elastic is not None and gloo is not None:
         from dtlaunch.elastic.driver import Outcome
         from dtlaunch.elastic.job import ElasticJob
