@@ -20,6 +20,13 @@ rank = int(os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ.get("HOROVOD_RAN
 count = int(os.environ.get("DTLAUNCH_RESTART_COUNT", "-1"))
 (out / f"attempt{count}.rank{rank}").write_text(f"{socket.gethostname()} {os.getpid()}\n")
 if mode == "fail-once" and count == 0 and rank == 1:
+    # Fail only once every rank has written its file (within a bound): the launcher then
+    # stops the others, and one still starting would leave no trace of the first attempt.
+    size = int(os.environ.get("OMPI_COMM_WORLD_SIZE") or os.environ.get("PMI_SIZE")
+               or os.environ.get("HOROVOD_SIZE", "1"))
+    deadline = time.monotonic() + 30
+    while len(list(out.glob("attempt0.rank*"))) < size and time.monotonic() < deadline:
+        time.sleep(0.05)
     sys.exit(3)
 if mode == "always-fail" and rank == 0:
     sys.exit(1)
