@@ -101,7 +101,8 @@ def _rsh_args(spec: JobSpec) -> list[str]:
                               (ssh.config_file, "--ssh-config")):
             if value:
                 check_rsh_arg(value, option)
-        args += ["--mca", "plm_rsh_agent", "ssh", "--mca", "plm_rsh_args", " ".join(ssh.ssh_args())]
+        args += ["--mca", "plm_rsh_agent", "ssh", "--mca", "plm_rsh_args",
+                 " ".join(ssh.tree_ssh_args() if spec.tree_spawn else ssh.ssh_args())]
     if not spec.tree_spawn:
         # Only launcher-to-host SSH is needed (and checked by doctor); tree spawn would also
         # need every host to reach every other host over SSH.

@@ -25,6 +25,15 @@ def refuse_any_host_key(where: str, text: str) -> None:
                          "--accept-new-host-keys to trust hosts on first contact)")
 
 
+# For ssh on the hosts (tree spawn), whose version is not known here: what OpenSSH 7.4 to 8.9
+# offered, in its order; every name is known to any OpenSSH since 7.4 (an unknown one would
+# make ssh refuse the whole option), and servers since 6.5 share the first.
+PORTABLE = ("curve25519-sha256,curve25519-sha256@libssh.org,ecdh-sha2-nistp256,"
+            "ecdh-sha2-nistp384,ecdh-sha2-nistp521,diffie-hellman-group-exchange-sha256,"
+            "diffie-hellman-group16-sha512,diffie-hellman-group18-sha512,"
+            "diffie-hellman-group14-sha256")
+
+
 @dataclass(frozen=True)
 class SshOptions:
     port: int | None = None
@@ -40,12 +49,21 @@ class SshOptions:
 
     def launcher_ssh_args(self) -> tuple[str, ...]:
         """ssh_args for the links this machine's ssh makes for the job (dtlaunch's ssh agent),
-        with the key exchange chosen for that ssh. Never for an ssh on other hosts (tree spawn,
-        doctor's host-to-host checks): their version is not known here."""
+        with the key exchange chosen for that ssh. Never for an ssh on other hosts (tree spawn:
+        tree_ssh_args; doctor's host-to-host checks): their version is not known here."""
         if self.kex_first is None:
             return self.ssh_args()
         # `^`: at the head of ssh's own list, the rest of it kept (see reach.kex).
         return (*self.ssh_args(), "-o", f"KexAlgorithms=^{self.kex_first}")
+
+    def tree_ssh_args(self) -> tuple[str, ...]:
+        """ssh_args for `--tree-spawn`, where every host's own ssh runs them: when a fast
+        exchange was chosen here, the list OpenSSH offered before 9.0 (PORTABLE:
+        every name in it is known to OpenSSH since 7.4, so no host's ssh refuses the option),
+        written out whole, since `^` would reach a remote shell."""
+        if self.kex_first is None:
+            return self.ssh_args()
+        return (*self.ssh_args(), "-o", f"KexAlgorithms={PORTABLE}")
 
     def ssh_args(self) -> tuple[str, ...]:
         """Options for OpenSSH as the MPI launcher will call it: never prompt, never hang."""

@@ -48,3 +48,22 @@ def test_the_jobs_ssh_links_use_the_exchange_dtlaunch_chose(
     assert seen, "h2's sshd logged no key exchange"
     # Every link the job made (mpirun's daemon start) used the exchange chosen.
     assert set(seen) == {expected}, seen
+
+
+def test_tree_spawn_gives_every_hosts_ssh_the_portable_list(make_bed: Callable[..., TestBed]) -> None:
+    """--tree-spawn: the daemons are started by every host's own ssh (plm_rsh_args); each
+    login, from the launcher or from another host, used curve25519-sha256."""
+    version = _local_openssh()
+    if version is None or not (9, 0) <= version < (9, 9):
+        pytest.fail(f"this test is written for OpenSSH 9.0-9.8 (sntrup761x25519 first), not {version}")
+    debug = ["LogLevel DEBUG1"]
+    bed = make_bed(3, sshd_extra={"h2": debug, "h3": debug})
+    logs = [bed.host(h).dir / "sshd.log" for h in ("h2", "h3")]
+    before = [len(_kex_seen(log)) for log in logs]
+    argv = dtlaunch_argv("run", "--no-check", "--tree-spawn", "-H", "h2:1,h3:1", "--iface",
+                         bed.subnet, "--ssh-config", str(bed.ssh_config), "/bin/hostname")
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    seen = [kex for log, n in zip(logs, before) for kex in _kex_seen(log)[n:]]
+    assert len(seen) >= 2, seen  # a login on each host
+    assert set(seen) == {"curve25519-sha256"}, seen

@@ -19,7 +19,7 @@ from dtlaunch.reach.kex import (
     names_kex,
     openssh_version,
 )
-from dtlaunch.reach.ssh_options import SshOptions
+from dtlaunch.reach.ssh_options import PORTABLE, SshOptions
 
 
 @pytest.mark.parametrize(("banner", "version"), [
@@ -118,4 +118,11 @@ def test_the_choice_reaches_the_agent_and_not_the_tree(tmp_path: Path) -> None:
     tree = plan_run(replace(request, tree_spawn=True), {"PATH": "/usr/bin"}, family=OPEN_MPI,
                     mpi_version=(4, 1, 4))
     assert "DTLAUNCH_SSH_ARGS" not in tree.launcher_env
-    assert not any("KexAlgorithms" in a for a in tree.argv)
+    # Tree spawn: the hosts' own ssh runs plm_rsh_args, through a remote shell: the portable
+    # list written out (no `^`), every name known to OpenSSH since 7.4.
+    rsh_args = tree.argv[tree.argv.index("plm_rsh_args") + 1]
+    assert rsh_args.endswith(f"-o KexAlgorithms={PORTABLE}") and "^" not in rsh_args
+    assert PORTABLE.startswith(CURVE25519) and "sntrup" not in PORTABLE and "mlkem" not in PORTABLE
+    plain = plan_run(replace(request, tree_spawn=True, ssh=SshOptions()), {"PATH": "/usr/bin"},
+                     family=OPEN_MPI, mpi_version=(4, 1, 4))
+    assert not any("KexAlgorithms" in a for a in plain.argv)
