@@ -198,8 +198,24 @@ def remember(argv: Sequence[str], env: Mapping[str, str], support_files: Sequenc
     try:
         with private_dir(cache_dir(environ)) as folder:
             write_private(folder, _memo_name(key), json.dumps(memo).encode())
+            prune(folder, time.time() - MEMO_SECONDS)
     except (OSError, NotPrivate):
         pass  # no memo: the next run plans before it starts, as this one did
+
+
+def prune(folder: int, before: float) -> int:
+    """Remove the memos that can no longer be used (older than MEMO_SECONDS): each distinct
+    command line writes its own, and without this the folder only grows. Runs only when a
+    memo was written, never on the early path. Returns how many were removed."""
+    removed = 0
+    for entry in os.listdir(folder):
+        if not (entry.startswith("early-") and entry.endswith(".json")):
+            continue
+        with contextlib.suppress(OSError):  # another dtlaunch removed it first
+            if os.stat(entry, dir_fd=folder, follow_symlinks=False).st_mtime < before:
+                os.unlink(entry, dir_fd=folder)
+                removed += 1
+    return removed
 
 
 def _preflight_fresh(key: str, environ: Mapping[str, str], now: float) -> bool:

@@ -147,3 +147,22 @@ def test_named_files_are_the_arguments_that_name_files(tmp_path: Path) -> None:
     assert es.named_files(args, str(tmp_path)) == [str(tmp_path / "hosts"),
                                                    str(tmp_path / "hosts"),
                                                    str(tmp_path / "train.py")]
+
+
+def test_memos_older_than_their_life_are_pruned_when_one_is_written(
+        env: dict[str, str], tmp_path: Path) -> None:
+    folder = tmp_path / "cache" / "dtlaunch"
+    _remember(env, ["/bin/true"], {"PATH": env["PATH"]})
+    (fresh,) = folder.glob("early-*.json")
+    stale = folder / ("early-" + "0" * 40 + ".json")
+    stale.write_text("{}")
+    stale.chmod(0o600)
+    old = time.time() - es.MEMO_SECONDS - 60
+    os.utime(stale, (old, old))
+    other = folder / "preflight-x.json"  # not a memo: left alone
+    other.write_text("{}")
+    os.utime(other, (old, old))
+    _remember(env, ["/bin/false"], {"PATH": env["PATH"]}, args=[*ARGS[:-1], "/bin/false"])
+    names = {p.name for p in folder.iterdir()}
+    assert stale.name not in names and fresh.name in names and other.name in names
+    assert len([n for n in names if n.startswith("early-")]) == 2
