@@ -122,6 +122,51 @@ def remove_private(folder: int, name: str) -> None:
         os.unlink(name, dir_fd=folder)
 
 
+def read_cached(name: str, limit: int = 1 << 20, environ: Mapping[str, str] | None = None,
+                ) -> bytes | None:
+    """`name` from the private cache directory (read_private), or None when it or the
+    directory is absent, unusable or not private: a cache miss, never an error."""
+    try:
+        with private_dir(cache_dir(environ), create=False) as folder:
+            return read_private(folder, name, limit)
+    except (OSError, NotPrivate):
+        return None
+
+
+def write_cached(name: str, data: bytes, prune_older_than: float | None = None,
+                 environ: Mapping[str, str] | None = None) -> bool:
+    """Write `name` in the private cache directory (created 0700); with `prune_older_than`
+    (a time), remove the files of the same kind (the prefix before `name`'s first `-`, and
+    its extension) last written before it, `name` kept: each key writes its own file, and
+    without this the directory only grows. False when the directory is unusable (a cache
+    that cannot be written costs only the next run's work)."""
+    try:
+        with private_dir(cache_dir(environ)) as folder:
+            write_private(folder, name, data)
+            if prune_older_than is not None:
+                kind = name.split("-", 1)[0] + "-"
+                prune_older(folder, kind, os.path.splitext(name)[1], prune_older_than, keep=name)
+    except (OSError, NotPrivate):
+        return False
+    return True
+
+
+def prune_older(folder: int, prefix: str, suffix: str, before: float, keep: str = "") -> int:
+    """Remove the files `prefix*suffix` of `folder` last written before `before` (a time),
+    `keep` excepted. Returns how many were removed."""
+    removed = 0
+    for entry in os.listdir(folder):
+        if not (entry.startswith(prefix) and entry.endswith(suffix)) or entry == keep:
+            continue
+        try:
+            if os.stat(entry, dir_fd=folder, follow_symlinks=False).st_mtime < before:
+                remove_private(folder, entry)
+                removed += 1
+        except OSError:
+            continue  # another dtlaunch removed it first
+    return removed
+
+
 def write_private_program(path: str, text: str) -> None:
     """A small program at `path` that only its owner may change (mode 0700), in a private
     directory: whoever could write there could swap the program dtlaunch runs for every host.

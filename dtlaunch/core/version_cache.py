@@ -17,14 +17,7 @@ import time
 from collections.abc import Mapping, Sequence
 
 from dtlaunch.core.bounded import run_bounded
-from dtlaunch.core.private_files import (
-    NotPrivate,
-    cache_dir,
-    private_dir,
-    read_private,
-    remove_private,
-    write_private,
-)
+from dtlaunch.core.private_files import read_cached, write_cached
 
 # Variables that can change which libraries (and so which version) a program loads.
 _LIBRARY_VARIABLES = ("LD_LIBRARY_PATH", "LD_PRELOAD", "OPAL_PREFIX", "I_MPI_ROOT")
@@ -52,31 +45,11 @@ def version_output(argv: Sequence[str], timeout: float, environ: Mapping[str, st
     env = os.environ if environ is None else environ
     name = program_key(argv, env, time.time())
     if name is not None:
-        try:
-            with private_dir(cache_dir(env), create=False) as folder:
-                data = read_private(folder, name, limit=1 << 16)
-            if data is not None:
-                return 0, data.decode(errors="replace")
-        except (OSError, NotPrivate):
-            pass
+        data = read_cached(name, limit=1 << 16, environ=env)
+        if data is not None:
+            return 0, data.decode(errors="replace")
     code, out = run_bounded(argv, timeout=timeout)
     if code == 0 and name is not None:
-        try:
-            with private_dir(cache_dir(env)) as folder:
-                write_private(folder, name, out.encode())
-                _prune(folder, time.time() - 2 * _DAY)
-        except (OSError, NotPrivate):
-            pass  # an unusable cache costs the next run the question, nothing else
+        # Each day's answers have new names: those from before yesterday go.
+        write_cached(name, out.encode(), prune_older_than=time.time() - 2 * _DAY, environ=env)
     return code, out
-
-
-def _prune(folder: int, before: float) -> None:
-    """Drop answers from before yesterday (each day's are new names): only when a new one
-    was written, never on the cached path."""
-    for entry in os.listdir(folder):
-        if entry.startswith("version-") and entry.endswith(".txt"):
-            try:
-                if os.stat(entry, dir_fd=folder, follow_symlinks=False).st_mtime < before:
-                    remove_private(folder, entry)
-            except OSError:
-                continue  # another dtlaunch removed it first

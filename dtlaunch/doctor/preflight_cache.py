@@ -17,9 +17,9 @@ from dtlaunch.core.private_files import (
     NotPrivate,
     cache_dir,
     private_dir,
-    read_private,
+    read_cached,
     remove_private,
-    write_private,
+    write_cached,
 )
 
 if TYPE_CHECKING:
@@ -126,11 +126,7 @@ def read_cache(key: str, now: float | None = None) -> bool:
 def cached_entry(key: str, now: float | None = None) -> dict[str, Any] | None:
     """The fresh cache entry for `key` (with the network chosen then), or None: anything
     unreadable, not private or not what write_cache wrote counts as no entry."""
-    try:
-        with private_dir(_cache_dir(), create=False) as folder:
-            raw = read_private(folder, _cache_name(key))
-    except (OSError, NotPrivate):
-        return None
+    raw = read_cached(_cache_name(key))
     if raw is None:
         return None
     try:
@@ -144,32 +140,12 @@ def cached_entry(key: str, now: float | None = None) -> dict[str, Any] | None:
 
 def write_cache(key: str, network: dict[str, Any] | None = None,
                 gpus: dict[str, int] | None = None) -> None:
+    """Remember a passed pre-flight. The entries that can no longer be used (older than
+    CACHE_SECONDS) go at the same time: after a full pre-flight, never on the cached path.
+    An unusable directory means no cache, only slower (run_preflight has said why)."""
     data = json.dumps({"key": key, "time": time.time(), "network": network,
                        "gpus": gpus}).encode()
-    try:
-        with private_dir(_cache_dir()) as folder:
-            write_private(folder, _cache_name(key), data)
-            prune_expired(folder, keep=_cache_name(key))
-    except (OSError, NotPrivate):
-        pass  # no cache is only slower (run_preflight has said why)
-
-
-def prune_expired(folder: int, keep: str, now: float | None = None) -> int:
-    """Remove the entries that can no longer be used (older than CACHE_SECONDS): each distinct
-    job writes its own, and without this the directory only grows. Runs after a full pre-flight,
-    never on the cached path. Returns how many were removed."""
-    limit = (now if now is not None else time.time()) - CACHE_SECONDS
-    removed = 0
-    for name in os.listdir(folder):
-        if not (name.startswith("preflight-") and name.endswith(".json")) or name == keep:
-            continue
-        try:
-            if os.stat(name, dir_fd=folder, follow_symlinks=False).st_mtime < limit:
-                remove_private(folder, name)
-                removed += 1
-        except OSError:
-            continue  # another dtlaunch removed it first
-    return removed
+    write_cached(_cache_name(key), data, prune_older_than=time.time() - CACHE_SECONDS)
 
 
 def drop_cache(key: str) -> None:

@@ -14,7 +14,8 @@ the key did not cover) stops the early launcher at once and starts the planned o
 is adopted the early launcher already runs under the lifeline, so an error, a refusal or a
 signal on the way ends it with dtlaunch, as for any job.
 
-When a memo is written (`remember`, called by the run just before it starts the launcher):
+When a memo is taken (`memo_of`, as the run is about to start the launcher; `keep` writes it
+once the job is over):
 a plain `run` (no restarts, no elastic or Gloo job, no Slurm step watch), with `--no-check`
 or a pre-flight that passed from its cache with the host keys left to the launcher's ssh.
 With a pre-flight, the head start is taken only while that cache entry has a good 30 s of
@@ -40,14 +41,7 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 
-from dtlaunch.core.private_files import (
-    NotPrivate,
-    cache_dir,
-    private_dir,
-    read_private,
-    write_private,
-    write_private_program,
-)
+from dtlaunch.core.private_files import read_cached, write_cached, write_private_program
 
 # What this module imports is what a job typed again waits for before its launcher starts:
 # only what `subprocess` and `json` need anyway (no `typing`, ~15 ms; no `hashlib`, whose
@@ -167,55 +161,41 @@ def _memo_name(key: str) -> str:
 
 
 def arm(args: Sequence[str]) -> None:
-    """The command line (`dtlaunch`'s own arguments) whose launch `remember` may keep: set by
+    """The command line (`dtlaunch`'s own arguments) whose launch `memo_of` may take: set by
     the command line for a plain `run`, never by a library call."""
     global _armed
     _armed = list(args)
 
 
-def remember(argv: Sequence[str], env: Mapping[str, str], support_files: Sequence[tuple[str, str]],
-             watched: Sequence[str], preflight_key: str | None,
-             environ: Mapping[str, str] | None = None) -> None:
-    """Keep what the next identical command may start early (see the module's text)."""
+def memo_of(argv: Sequence[str], env: Mapping[str, str], support_files: Sequence[tuple[str, str]],
+            watched: Sequence[str], preflight_key: str | None,
+            environ: Mapping[str, str] | None = None) -> dict[str, Any] | None:
+    """What the next identical command may start early (see the module's text), taken as the
+    plan stands, before the job can change any file it read; None when this launch is not to
+    be remembered. `keep` writes it once the job is over, off the launch's path."""
     from dtlaunch.job.env import looks_secret
 
     environ = os.environ if environ is None else environ
     if _armed is None or not enabled(environ):
-        return
-    if _started is not None and _started.argv == list(argv):
-        return  # this run was the memo's; it is still good
+        return None
     env_set = {k: v for k, v in env.items() if environ.get(k) != v}
     if any(looks_secret(k) for k in env_set):
-        return  # a secret's value would be written to disk
+        return None  # a secret's value would be written to disk
     cwd = os.getcwd()
     paths = sorted({*named_files(_armed, cwd), *(os.path.abspath(os.path.expanduser(p))
                                                  for p in watched if p), sys.executable})
-    key = request_key(_armed, environ, cwd)
-    memo = {"format": FORMAT, "key": key, "time": time.time(), "argv": list(argv),
+    return {"format": FORMAT, "key": request_key(_armed, environ, cwd), "time": time.time(),
+            "argv": list(argv),
             "env_from": sorted(k for k, v in env.items() if environ.get(k) == v),
             "env_set": env_set, "support_files": [list(f) for f in support_files],
             "stamps": [_stamp(p) for p in paths], "preflight": preflight_key}
-    try:
-        with private_dir(cache_dir(environ)) as folder:
-            write_private(folder, _memo_name(key), json.dumps(memo).encode())
-            prune(folder, time.time() - MEMO_SECONDS)
-    except (OSError, NotPrivate):
-        pass  # no memo: the next run plans before it starts, as this one did
 
 
-def prune(folder: int, before: float) -> int:
-    """Remove the memos that can no longer be used (older than MEMO_SECONDS): each distinct
-    command line writes its own, and without this the folder only grows. Runs only when a
-    memo was written, never on the early path. Returns how many were removed."""
-    removed = 0
-    for entry in os.listdir(folder):
-        if not (entry.startswith("early-") and entry.endswith(".json")):
-            continue
-        with contextlib.suppress(OSError):  # another dtlaunch removed it first
-            if os.stat(entry, dir_fd=folder, follow_symlinks=False).st_mtime < before:
-                os.unlink(entry, dir_fd=folder)
-                removed += 1
-    return removed
+def keep(memo: dict[str, Any], environ: Mapping[str, str] | None = None) -> None:
+    """Write `memo` (memo_of), memos past their life removed. Not written: the next run plans
+    before it starts, as this one did."""
+    write_cached(_memo_name(memo["key"]), json.dumps(memo).encode(),
+                 prune_older_than=time.time() - MEMO_SECONDS, environ=environ)
 
 
 def _preflight_fresh(key: str, environ: Mapping[str, str], now: float) -> bool:
@@ -231,11 +211,7 @@ def usable_memo(args: Sequence[str], environ: Mapping[str, str], cwd: str,
                 now: float) -> dict[str, Any] | None:
     """The memo for this command line, if every condition for using it holds."""
     key = request_key(args, environ, cwd)
-    try:
-        with private_dir(cache_dir(environ), create=False) as folder:
-            raw = read_private(folder, _memo_name(key), limit=8 << 20)
-    except (OSError, NotPrivate):
-        return None
+    raw = read_cached(_memo_name(key), limit=8 << 20, environ=environ)
     if raw is None:
         return None
     try:
@@ -298,15 +274,25 @@ def abandon() -> None:
         _stop(started)
 
 
-def _stop(started: Started) -> None:
-    """SIGKILL the early launcher's whole session (it is ~0.2 s old), then let go of it."""
+def kill_session(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the launcher's whole session (local ranks included); remote daemons lose their
+    lifeline when the launcher's ssh links close and take their ranks down. Not just its
+    process group: Open MPI's plm slurm puts its srun in a group of its own, and after a lost
+    node that srun would wait for the node (minutes) after everything else is gone."""
     import signal
 
     from dtlaunch.agents import session_members
 
-    for pid in (started.proc.pid, *session_members(started.proc.pid)):
-        with contextlib.suppress(OSError):
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    for pid in session_members(proc.pid):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
+
+
+def _stop(started: Started) -> None:
+    """Kill the early launcher's whole session (it is ~0.2 s old), then let go of it."""
+    kill_session(started.proc)
     started.proc.wait()
     os.close(started.lifeline_write)
     for spool in started.spools:

@@ -19,12 +19,12 @@ from functools import partial
 from pathlib import Path
 from typing import IO
 
-from dtlaunch.agents import session_members
 from dtlaunch.core.errors import EXIT_TIMEOUT, DtlaunchError, exit_for_signal
 from dtlaunch.core.failure import Failure
 from dtlaunch.core.private_files import NotPrivate, write_private_program
 from dtlaunch.mpi import MpiFamily, OutputDemux
 from dtlaunch.run import early_start
+from dtlaunch.run.early_start import kill_session
 from dtlaunch.run.failure_report import JobRanks, first_in_time
 from dtlaunch.run.job_output import JobOutput
 from dtlaunch.run.progress import RANKS_RUNNING, Progress
@@ -48,18 +48,6 @@ def _signal(proc: subprocess.Popen[bytes], signum: int) -> None:
     recycled pid is never hit."""
     with contextlib.suppress(ProcessLookupError):
         proc.send_signal(signum)
-
-
-def _kill_tree(proc: subprocess.Popen[bytes]) -> None:
-    """SIGKILL mpirun's whole session (local ranks included); remote orteds lose their
-    lifeline when mpirun's ssh links close and take their ranks down. Not just its process
-    group: Open MPI's plm slurm puts its srun in a group of its own, and after a lost node
-    that srun would wait for the node (minutes) after everything else is gone."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    for pid in session_members(proc.pid):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
 
 
 def _feed(proc: subprocess.Popen[bytes], data: bytes | Callable[[IO[bytes]], None]) -> None:
@@ -203,14 +191,14 @@ def execute(
                 stop_requested_at = now
             if stop_requested_at is not None and now - stop_requested_at > GRACE_SECONDS:
                 announce(f"{family.launcher} did not stop in time: killing it")
-                _kill_tree(proc)
+                kill_session(proc)
                 stop_requested_at = float("inf")
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         # Anything still in mpirun's session (e.g. a rank that ignored SIGTERM) goes too,
         # the lifeline's guard with it.
-        _kill_tree(proc)
+        kill_session(proc)
         os.close(lifeline_write)
         for thread in pumps:
             thread.join()  # what mpirun wrote is all there: read to the end

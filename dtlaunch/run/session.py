@@ -319,12 +319,13 @@ def launch(request: LaunchRequest, on_event: OnEvent, *, executor: Executor | No
     elif run_request.controller == "gloo":
         gloo = gloo_job_for(run_request, plan, network)
         command, command_env, extra = gloo.argv, gloo.env, {"stdin_data": gloo.stdin}
+    memo = None  # what the next identical command may start early (run.early_start)
     if not extra and nodes is None and request.log_label is None and (
             not request.check or preflight_key is not None):
         watched = [*watched_files(run_request, prepared.mpirun or ""), shutil.which("ssh"),
                    "/etc/ssh/ssh_config"]
-        early_start.remember(command, command_env, plan.support_files,
-                             [p for p in watched if p], preflight_key)
+        memo = early_start.memo_of(command, command_env, plan.support_files,
+                                   [p for p in watched if p], preflight_key)
     try:
         result = executor(
             command,
@@ -350,9 +351,11 @@ def launch(request: LaunchRequest, on_event: OnEvent, *, executor: Executor | No
             nodes.close()
         if gloo is not None:
             gloo.store.close()  # the rendezvous lives exactly as long as the job
-    if result.started_early:
+    if result.started_early:  # its memo served, and still holds
         on_event(Event(EventLevel.DETAIL, "started early: the same command as last time, so "
                        "its launcher started before dtlaunch had planned it (and matched the plan)"))
+    elif memo is not None:
+        early_start.keep(memo)  # written now the job is over: no I/O on the way to its start
     if run_request.elastic is not None and gloo is not None:
         from dtlaunch.elastic.driver import Outcome
         from dtlaunch.elastic.job import ElasticJob

@@ -33,11 +33,13 @@ def _remember(env: dict[str, str], argv: list[str], job_env: dict[str, str],
               watched: list[str] = (), preflight: str | None = None,  # type: ignore[assignment]
               args: list[str] = ARGS) -> None:
     es.arm(args)
-    es.remember(argv, job_env, [], list(watched), preflight, environ=env)
+    memo = es.memo_of(argv, job_env, [], list(watched), preflight, environ=env)
+    if memo is not None:
+        es.keep(memo, environ=env)
 
 
 def test_nothing_is_remembered_unless_the_command_line_armed_it(env: dict[str, str]) -> None:
-    es.remember(["/bin/true"], {"PATH": env["PATH"]}, [], [], None, environ=env)
+    assert es.memo_of(["/bin/true"], {"PATH": env["PATH"]}, [], [], None, environ=env) is None
     assert es.usable_memo(ARGS, env, os.getcwd(), time.time()) is None
     _remember(env, ["/bin/true"], {"PATH": env["PATH"]})
     assert es.usable_memo(ARGS, env, os.getcwd(), time.time()) is not None

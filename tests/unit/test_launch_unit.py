@@ -9,14 +9,15 @@ import sys
 from helpers.procs import HANG
 
 from dtlaunch.openmpi.family import OPEN_MPI
-from dtlaunch.run.execute import _kill_tree, _signal
+from dtlaunch.run.early_start import kill_session
+from dtlaunch.run.execute import _signal
 
 
 def test_signalling_a_reaped_job_is_harmless() -> None:
     proc = subprocess.Popen([sys.executable, "-c", "pass"], start_new_session=True)
     proc.wait()
     _signal(proc, signal.SIGTERM)
-    _kill_tree(proc)
+    kill_session(proc)
     assert proc.returncode == 0
 
 
