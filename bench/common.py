@@ -76,18 +76,35 @@ def _watch_hwm(pid: int, stop: threading.Event, box: list[int]) -> None:
 
 
 CPUACCT = Path("/sys/fs/cgroup/cpuacct")  # cgroup v1's CPU accounting, where mounted
+UNIFIED = Path("/sys/fs/cgroup")  # cgroup v2: every group has cpu.stat, no controller needed
+
+
+def _cgroup_root() -> tuple[Path, Callable[[Path], float]] | None:
+    """Where a CPU-accounting group can be made, and how to read its user + system seconds."""
+    if CPUACCT.is_dir():
+        return CPUACCT, lambda folder: int((folder / "cpuacct.usage").read_text()) / 1e9
+    if (UNIFIED / "cgroup.controllers").exists():
+        def usage(folder: Path) -> float:
+            stat = dict(line.split() for line in (folder / "cpu.stat").read_text().splitlines())
+            return int(stat["usage_usec"]) / 1e6
+        return UNIFIED, usage
+    return None
 
 
 @contextlib.contextmanager
 def cpu_group(pids: Sequence[int] = ()) -> Iterator[tuple[list[str], Callable[[], float]] | None]:
     """A fresh CPU-accounting cgroup: (argv prefix that moves a command into it, reader of its
-    user + system seconds so far), or None where cgroup v1's cpuacct is not writable. `pids`
+    user + system seconds so far), or None where no cgroup (v1's cpuacct or v2) is writable. `pids`
     join it at once (with every child they start from then on: a test bed's sshd listeners).
 
     Unlike RUSAGE_CHILDREN it counts every process, whether or not its parent waited for it
     (mpirun does not always reap its ssh agents before it exits). Whatever is still in the
     group at the end is killed, then the group removed."""
-    folder = CPUACCT / f"dtlaunch-bench-{os.getpid()}-{time.monotonic_ns()}"
+    where = _cgroup_root()
+    if where is None:
+        yield None
+        return
+    folder = where[0] / f"dtlaunch-bench-{os.getpid()}-{time.monotonic_ns()}"
     try:
         folder.mkdir()
     except OSError:
@@ -97,7 +114,7 @@ def cpu_group(pids: Sequence[int] = ()) -> Iterator[tuple[list[str], Callable[[]
         for pid in pids:
             (folder / "cgroup.procs").write_text(f"{pid}\n")
         prefix = ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(folder)]
-        yield prefix, lambda: int((folder / "cpuacct.usage").read_text()) / 1e9
+        yield prefix, lambda: where[1](folder)
     finally:
         for _ in range(50):
             left = [int(p) for p in (folder / "cgroup.procs").read_text().split()]

@@ -8,6 +8,10 @@ launcher. The login host runs no rank, so the launcher's CPU (a cgroup holding t
 everything it starts there: ssh clients, dtlaunch's ssh agents) is the launcher's alone.
 
     python bench/scale_launch.py [--reps 3] [--hosts 8,32,64] [--mpis openmpi4,mpich] [--baseline REV]
+                                 [--prebuilt DIR]
+
+--prebuilt DIR takes the job as DIR/tiny_openmpi4 and DIR/tiny_mpich, built elsewhere against
+the same MPI, for a machine with the MPIs' run-time files but no compiler wrappers.
 """
 
 from __future__ import annotations
@@ -72,8 +76,9 @@ def hand_argv(name: str, hosts: list[str], job: str, cfg: str, ssh_dir: Path) ->
 
 
 def measure(counts: list[int], reps: int, mpis: list[str], cold: bool, base: str | None = None,
-            rev: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {"sizes": {}, "load": "", "versions": {}, "rev": rev if base else ""}
+            rev: str = "", prebuilt: Path | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {"sizes": {}, "load": "", "versions": {}, "rev": rev if base else "",
+                           "cores": os.cpu_count() or 1}
     start_load = loadavg()
     tmp = Path(tempfile.mkdtemp(prefix="dtlaunch-bench-scale-"))
     try:
@@ -86,7 +91,10 @@ def measure(counts: list[int], reps: int, mpis: list[str], cold: bool, base: str
             python, env = setup
             mpicc = "mpicc" if name == "openmpi4" else str(Path(python).parent / "mpicc")
             job = tmp / f"tiny_{name}"
-            subprocess.run([mpicc, "-O2", "-o", str(job), str(SOURCE)], env=env, check=True)
+            if prebuilt is not None:
+                shutil.copy2(prebuilt / job.name, job)
+            else:
+                subprocess.run([mpicc, "-O2", "-o", str(job), str(SOURCE)], env=env, check=True)
             setups[name] = (python, env, str(job))
             launcher = "mpiexec" if name == "mpich" else "mpirun"
             version = subprocess.run([launcher, "--version"], env=env, capture_output=True,
@@ -227,14 +235,14 @@ def report(res: dict[str, Any], reps: int, command: str, png: str | None) -> str
     if png:
         parts += [f"![launch time and launcher CPU against hosts]({png})", ""]
     parts += [
-        "Method: one test bed of 65 hosts (network namespaces on a bridge, one sshd each, all "
-        "on this machine's 2 cores); every launcher runs inside h1, which runs no rank, with "
+        f"Method: one test bed of {max(res['sizes']) + 1} hosts (network namespaces on a bridge, "
+        f"one sshd each, all on this machine's {res.get('cores', 2)} cores); every launcher runs inside h1, which runs no rank, with "
         "`eth0`; the job runs on h2 to h(N+1). Each repetition runs every launcher once, the "
         "order rotating. \"Launcher CPU\" is user + system time of a cgroup holding the "
         "launcher and everything it started on h1 (ssh clients, dtlaunch's ssh agents, Hydra's "
         "local proxy launcher), counted whether or not the processes were reaped; the hosts' "
         "sshd, login shells, daemons and ranks are not in it. RSS is the launcher process's "
-        "own VmHWM. \"Hosts' CPU\" is the same for a cgroup holding every host's sshd, and so everything started over ssh (sessions, login shells, MPI daemons, the rank shims, the ranks): the work the launch puts on the hosts, which here share the launcher's 2 cores. The warm pre-flight is a cache hit (refreshed, untimed, when older than "
+        "own VmHWM. \"Hosts' CPU\" is the same for a cgroup holding every host's sshd, and so everything started over ssh (sessions, login shells, MPI daemons, the rank shims, the ranks): the work the launch puts on the hosts, which here share the launcher's cores. The warm pre-flight is a cache hit (refreshed, untimed, when older than "
         "200 s): no login before the launch; the host keys are left to the launcher's ssh "
         "(StrictHostKeyChecking=yes, which refuses an unknown or changed key) and checked "
         "over SSH only if the job fails. The cold one "
@@ -255,10 +263,11 @@ def main(argv: list[str] | None = None) -> str:
                           baseline="also run dtlaunch (warm pre-flight) as of git revision REV")
     parser.add_argument("--mpis", default="openmpi4,mpich")
     parser.add_argument("--no-cold", action="store_true", help="leave out the cold pre-flight")
+    parser.add_argument("--prebuilt", type=Path, help="folder of tiny_<mpi> jobs built elsewhere")
     args = parser.parse_args(argv)
     with baseline_tree(args.baseline) as base:
         res = measure(host_counts(args.hosts), args.reps, args.mpis.split(","), not args.no_cold,
-                      base, args.baseline or "")
+                      base, args.baseline or "", args.prebuilt)
     command = command_line("scale_launch.py", argv)
     return publish(args.out, res, lambda png: report(res, args.reps, command, png), args.png,
                    lambda path: plot(res, path))
