@@ -207,7 +207,9 @@ def plot(res: dict[str, Any], path: Path) -> None:
 
 
 def report(res: dict[str, Any], reps: int, command: str, png: str | None) -> str:
-    parts = ["## Launch at scale: a tiny MPI job on 8 to 64 hosts × 2 slots", "",
+    sizes = sorted(res["sizes"])
+    hosts = ", ".join(map(str, sizes[:-1])) + f" and {sizes[-1]}" if len(sizes) > 1 else str(sizes[0])
+    parts = [f"## Launch at scale: a tiny MPI job on {hosts} hosts × {SLOTS} slots", "",
              *run_header(command, f"; load average {res['load']} (1, 5, 15 min, start → end).  "),
              "MPIs: " + "; ".join(f"{MPI_TITLE[k]}: {v}" for k, v in res["versions"].items()),
              "", f"Medians of {reps} repetitions (min–max) after a dropped warm-up round; "

@@ -128,6 +128,11 @@ class MpiFamily(Protocol):
         (the user's value wins; they are not shown with the command)."""
         ...
 
+    def stray_launcher_env(self, spec: JobSpec, env: Mapping[str, str]) -> tuple[str, ...]:
+        """Names in the launcher's planned environment that would defeat this job's way of
+        starting (a single-machine launcher chosen for a job across hosts): left out of it."""
+        ...
+
     def refuse_insecure(self, extra_args: Sequence[str], environ: Mapping[str, str]) -> None:
         """Raise UsageError when the user's extra launcher arguments or the launcher's
         environment make its ssh accept any host key."""
@@ -167,6 +172,9 @@ class FamilyDefaults:
 
     def launcher_defaults(self, spec: JobSpec) -> dict[str, str]:
         return {}
+
+    def stray_launcher_env(self, spec: JobSpec, env: Mapping[str, str]) -> tuple[str, ...]:
+        return ()
 
     def support_files(self, spec: JobSpec) -> tuple[tuple[str, str], ...]:
         return ()

@@ -44,6 +44,8 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
   --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
   --platform manylinux2014_x86_64 --platform manylinux_2_34_x86_64 -d "$out/whl" \
   "${wheels[@]}" "mpich==$(version mpich "$venvs/mpich/bin/python")"
+# python-hostlist comes as source only: a wheel of it, built here (pure Python).
+python3 -m pip wheel -q --no-deps -w "$out/whl" "python-hostlist==$(version python-hostlist)"
 
 mpicc -O2 -o "$out/tiny_openmpi4" bench/scripts/tiny_mpi.c
 "$venvs/mpich/bin/mpicc" -O2 -o "$out/tiny_mpich" bench/scripts/tiny_mpi.c

@@ -31,23 +31,29 @@ id sshd >/dev/null 2>&1 || useradd -r -d /run/sshd -s /usr/sbin/nologin sshd
 mkdir -p /run/sshd && chmod 755 /run/sshd
 say "after: sshd=$(command -v sshd) $(ssh -V 2>&1) mpirun: $(mpirun --version 2>&1 | head -1)"
 
-$python -m pip install -q --no-index --no-deps --no-compile "$bundle"/whl/*.whl \
-  --ignore-installed 2>&1 | grep -v "^WARNING\|^\[notice\]" >&2
+# dtlaunch's own imports into this Python; MPICH goes beside it (below), not onto its PATH.
+$python -m pip uninstall -y -q mpich >/dev/null 2>&1
+$python -m pip install -q --no-index --no-deps --no-compile --ignore-installed \
+  $(ls "$bundle"/whl/*.whl | grep -v /mpich-) 2>&1 | grep -v "^WARNING\|^\[notice\]" >&2
 export DTLAUNCH_MPI_VENVS=${DEVICE_MPI_VENVS:-/root/.cache/dtlaunch/mpi-venvs}  # tiny_mpich's RUNPATH
 venv=$DTLAUNCH_MPI_VENVS/mpich
 mkdir -p "$venv/bin"
-(cd "$bundle/whl" && unzip -qo mpich-*.whl -d "$venv/wheel")
+$python -m zipfile -e "$(echo "$bundle"/whl/mpich-*.whl)" "$venv/wheel"  # no unzip there
 data=$(echo "$venv"/wheel/mpich-*.data/data)
 cp -a "$data/." "$venv/"
 chmod +x "$venv"/bin/*
 printf '#!/bin/sh\nexec %s "$@"\n' "$(command -v "$python")" > "$venv/bin/python"
 chmod +x "$venv/bin/python"
 say "mpich: $("$venv/bin/mpiexec" --version 2>&1 | grep -m1 Version)"
-$python -c "import paramiko, click, rich, psutil; print('imports ok, paramiko', paramiko.__version__)" \
+$python -c "import paramiko, click, rich, psutil, hostlist, yaml, packaging; print('imports ok, paramiko', paramiko.__version__)" \
   || exit 1
 # The bed's ranks run as root through sshd: an empty login shell setup is fine, a missing
 # known_hosts folder is not.
 mkdir -p /root/.ssh && chmod 700 /root/.ssh
+
+# The lent machines' image sets OMPI_MCA_plm=isolated (one machine only): the hand-written
+# mpirun line would map every rank to h1 and stop. dtlaunch leaves it out by itself.
+unset OMPI_MCA_plm PRTE_MCA_plm
 
 say "bench: scale_launch.py $*"
 PYTHONUNBUFFERED=1 $python bench/scale_launch.py --prebuilt "$bundle" "$@"

@@ -21,9 +21,8 @@ from dtlaunch import agents
 from dtlaunch.core.errors import DtlaunchError
 from dtlaunch.gloo.ranks import place_ranks, scope_sizes
 from dtlaunch.gloo.rendezvous import Store, new_secret
+from dtlaunch.job.hosts import LOOPBACK
 from dtlaunch.reach.ssh_options import SshOptions
-
-LOOPBACK = frozenset({"localhost", "127.0.0.1", "::1", "localhost.localdomain"})
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,8 @@ MAX_SLOTS = 4096
 _LABEL = r"(?!-)[A-Za-z0-9_-]{1,63}(?<!-)"
 _HOSTNAME_RE = re.compile(rf"^{_LABEL}(\.{_LABEL})*\.?$")
 
+# Names that always mean this machine (its own hostname does too, but only a probe knows it).
+LOOPBACK = frozenset({"localhost", "127.0.0.1", "::1", "localhost.localdomain"})
 HOSTS_FORMAT = "expected HOST[:SLOTS][,HOST[:SLOTS]...], e.g. host1:2,host2:4"
 HOSTFILE_FORMAT = "expected 'HOST', 'HOST slots=N' or 'HOST:N' per line ('#' starts a comment)"
 
@@ -29,6 +31,11 @@ class Host:
     # False: no slots were written (`h1`, a hostfile line without slots), so 1 stands in
     # until the pre-flight finds NVIDIA GPUs there (dtlaunch.check.gpus: one slot per GPU).
     slots_given: bool = field(default=True, compare=False, repr=False)
+
+
+def across_machines(hosts: Iterable[Host]) -> bool:
+    """Some host is named other than this machine's loopback names: the job may leave it."""
+    return any(h.name not in LOOPBACK for h in hosts)
 
 
 def _check_name(name: str, where: str) -> str:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from dtlaunch.agents import SSH_ARGS_ENV
 from dtlaunch.job.binding import binding_for, double_dash
-from dtlaunch.job.hosts import format_hosts
+from dtlaunch.job.hosts import across_machines, format_hosts
 from dtlaunch.mpi import (
     INSTALL_OMPI_HINT,
     MIN_OMPI,
@@ -23,7 +23,12 @@ from dtlaunch.mpi import (
     JobSpec,
     MpiImpl,
 )
-from dtlaunch.openmpi.mca import param_files_set_ssh, refuse_insecure, ssh_overrides
+from dtlaunch.openmpi.mca import (
+    foreign_launcher_choice,
+    param_files_set_ssh,
+    refuse_insecure,
+    ssh_overrides,
+)
 from dtlaunch.reach.ssh_options import check_rsh_arg
 
 if TYPE_CHECKING:  # imported when a job runs, not for a dry run
@@ -152,6 +157,14 @@ class OpenMpi(FamilyDefaults):
         # after a lost node, the stopped attempt's step lingers until slurmctld declares the
         # node down (minutes), and the next attempt's daemons must not wait for it.
         return {"OMPI_MCA_plm_slurm_args": "--overlap"}
+
+    def stray_launcher_env(self, spec: JobSpec, env: Mapping[str, str]) -> tuple[str, ...]:
+        """A launcher other than ssh's, chosen by the environment, for a job that dtlaunch
+        starts over ssh across machines (under Slurm, `--mca plm slurm` on the command line
+        wins over it anyway)."""
+        if spec.launcher != SSH or not across_machines(spec.hosts):
+            return ()
+        return foreign_launcher_choice(env)
 
     def refuse_insecure(self, extra_args: Sequence[str], environ: Mapping[str, str]) -> None:
         refuse_insecure(extra_args, environ)

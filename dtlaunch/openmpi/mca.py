@@ -27,6 +27,20 @@ _PARAM_FILE_NAMES = ("mca_base_param_files", "mca_base_envar_file_prefix")
 _PARAM_FILE_FLAGS = ("-am", "--am", "-tune", "--tune")
 _ENV_PREFIXES = ("OMPI_MCA_", "PRTE_MCA_", "PMIX_MCA_")
 
+# The variables that choose mpirun's launcher component (ORTE's plm, PRRTE's, 1.x's pls), and
+# the components that start daemons over ssh. Images built for one machine set
+# OMPI_MCA_plm=isolated; across hosts mpirun then maps every rank here and stops with "All
+# nodes which are allocated for this job are already filled".
+_LAUNCHER_CHOICE = ("OMPI_MCA_plm", "PRTE_MCA_plm", "OMPI_MCA_pls")
+_SSH_COMPONENTS = frozenset({"rsh", "ssh"})
+
+
+def foreign_launcher_choice(env: Mapping[str, str]) -> tuple[str, ...]:
+    """The variables in `env` that choose a launcher other than ssh's."""
+    return tuple(name for name in _LAUNCHER_CHOICE
+                 if name in env and env[name].strip() not in _SSH_COMPONENTS)
+
+
 def _is_override(name: str) -> bool:
     return bool(_AGENT_NAME.fullmatch(name)) or name in _PARAM_FILE_NAMES
 

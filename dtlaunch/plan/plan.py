@@ -66,6 +66,9 @@ class RunPlan:
     # What runs: `argv` with each rank started through dtlaunch.agents.rank_shim; () for a plan made
     # by hand, which then runs `argv` as it is.
     launch_argv: tuple[str, ...] = ()
+    # (name, value) set here but kept from the launcher: they would defeat how it starts the job
+    # (MpiFamily.stray_launcher_env).
+    left_out_env: tuple[tuple[str, str], ...] = ()
 
     def display(self) -> str:
         """Shell-quoted and pasteable; values of secrets never appear in it."""
@@ -179,6 +182,8 @@ def plan_run(
         launcher_env.update(slurm_launch_env(environ))
     for name, value in family.launcher_defaults(spec).items():
         launcher_env.setdefault(name, value)
+    left_out = tuple((name, launcher_env.pop(name))
+                     for name in family.stray_launcher_env(spec, launcher_env))
     return RunPlan(
         argv=argv,
         launch_argv=launch_argv,
@@ -189,4 +194,5 @@ def plan_run(
         family=family,
         shown_env=tuple(own.items()),
         support_files=family.support_files(spec),
+        left_out_env=left_out,
     )

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from dtlaunch.core.tracker import Tracker
+from dtlaunch.job.hosts import LOOPBACK
 
 if TYPE_CHECKING:
     from dtlaunch.check.facts import HostFacts
@@ -26,7 +27,6 @@ if TYPE_CHECKING:
     from dtlaunch.probe.command import ProbeArgs
 
 MAX_PARALLEL = 64
-LOCAL_NAMES = frozenset({"localhost", "127.0.0.1", "localhost.localdomain"})
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -62,7 +62,7 @@ class Reach:
 def local_names() -> frozenset[str]:
     """Names that mean this machine, which is probed directly rather than through a Prober."""
     name = socket.gethostname()
-    return LOCAL_NAMES | {name, name.split(".")[0]}
+    return LOOPBACK | {name, name.split(".")[0]}
 
 
 def fan_out(

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO, cast
 
 from dtlaunch.agents import HOST_KEY_PREFIX, LOST_PREFIX
 from dtlaunch.core.records import Event, Piece, RankExit, RankHost, RankNotStarted
+from dtlaunch.job.hosts import LOOPBACK
 from dtlaunch.openmpi.output import OpenMpiDemux
 from dtlaunch.run.failure_report import TAIL_BYTES, JobRanks, RankEnd, tail_lines
 from dtlaunch.run.progress import HOSTS_UP, RANKS_RUNNING, Progress
@@ -39,7 +40,6 @@ FRAGMENT = 64 * 1024  # an open line this long is printed without waiting for it
 LIVE_DELAY = 0.2  # seconds an open line waits for its end before it is printed as it is
 LOG_CHUNK = 64 * 1024  # per log file, written once this much has gathered
 LOG_BUFFER = 1024 * 1024  # all log files together
-_LOOPBACK = {"localhost", "127.0.0.1", "::1", "localhost.localdomain"}
 
 
 def _short(name: str) -> str:
@@ -50,7 +50,7 @@ def host_name(reported: str, predicted: str | None, given: Sequence[str]) -> str
     """The name to show for a rank's host: the user's own spelling (`-H` name) of the host the
     rank said it runs on, when one matches; else the name the rank reported."""
     if predicted is not None and (_short(reported) == _short(predicted) or (
-            predicted in _LOOPBACK and _short(reported) == _short(socket.gethostname()))):
+            predicted in LOOPBACK and _short(reported) == _short(socket.gethostname()))):
         return predicted
     for name in dict.fromkeys(given):
         if _short(name) == _short(reported):

@@ -159,6 +159,10 @@ def prepare(request: RunRequest, on_event: OnEvent, *, dry_run: bool = False,
     kept = kept_home_note(env, plan.env)
     if kept is not None:
         on_event(Event(EventLevel.NOTE, kept))
+    for name, value in plan.left_out_env:
+        on_event(Event(EventLevel.NOTE, f"{name}={value} (from the environment) picks a "
+                       f"launcher other than ssh for {family.launcher}; left out of its "
+                       "environment, as this job starts its daemons over ssh across hosts"))
     return Prepared(plan, program, request, placement.source, version, provisional)
 
 

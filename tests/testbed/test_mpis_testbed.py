@@ -30,11 +30,11 @@ VERSIONS = {"openmpi5": "Open MPI 5.0.11", "mpich": "MPICH 5.0.2"}
 
 
 def dtl(mpi: MpiEnv, bed: TestBed, *args: str, check: bool = False, timeout: float = 180,
-        ) -> subprocess.CompletedProcess[str]:
+        extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     argv = mpi.dtlaunch_argv(args[0], *(() if check else ("--no-check",)), "--ssh-config",
                              str(bed.ssh_config), *args[1:])
-    return subprocess.run(argv, capture_output=True, text=True, env=mpi.environ(),
-                          timeout=timeout)
+    return subprocess.run(argv, capture_output=True, text=True,
+                          env={**mpi.environ(), **(extra_env or {})}, timeout=timeout)
 
 
 def start_sleeping_job(mpi: MpiEnv, testbed: TestBed, out: Path) -> subprocess.Popen[str]:
@@ -106,6 +106,28 @@ def test_dry_run_line(run_mpi_env: MpiEnv, tmp_path: Path) -> None:
     btl = argv[argv.index("btl") + 1]
     assert btl == ("self,sm,tcp" if run_mpi_env.id == "openmpi5" else "self,vader,tcp")
     assert argv[-2:] == [run_mpi_env.python, str(script)]
+
+
+def test_a_one_machine_launcher_set_by_the_environment_is_left_out(
+        bed: TestBed, run_mpi_env: MpiEnv, tmp_path: Path) -> None:
+    """Images built for one machine set OMPI_MCA_plm=isolated. mpirun typed by hand then maps
+    every rank to this machine and stops; dtlaunch leaves the variable out, says so, and the
+    job runs on both hosts."""
+    stray = {"OMPI_MCA_plm": "isolated"}
+    if run_mpi_env.id == "openmpi4":
+        hand = subprocess.run(
+            [run_mpi_env.launcher, "--allow-run-as-root", "-np", "2", "-H", "h1:1,h2:1",
+             "--mca", "plm_rsh_args", f"-F {bed.ssh_config}", "hostname"],
+            capture_output=True, text=True, env={**run_mpi_env.environ(), **stray}, timeout=60)
+        assert hand.returncode != 0
+        assert "already filled" in hand.stdout + hand.stderr, hand.stdout + hand.stderr
+    result = dtl(run_mpi_env, bed, "run", "-H", "h1:1,h2:1", "--iface", bed.subnet, PROBE,
+                 "--out", str(tmp_path), extra_env=stray)
+    assert result.returncode == 0, result.stderr
+    assert [records(tmp_path)[r]["host"] for r in (0, 1)] == ["h1", "h2"]
+    assert ("OMPI_MCA_plm=isolated (from the environment) picks a launcher other than ssh for "
+            "mpirun; left out of its environment") in result.stderr, result.stderr
+    assert_no_strays(bed)
 
 
 def test_preflight_checks_the_venvs_mpi_on_every_host(bed: TestBed, run_mpi_env: MpiEnv,

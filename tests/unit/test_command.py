@@ -135,3 +135,44 @@ def test_plan_runs_the_program_with_dtlaunch_variables() -> None:
                                         extra_env=(("HOROVOD_CYCLE_TIME", "2.5"),)), {}, family=OPEN_MPI)
     assert "HOROVOD_CYCLE_TIME=2.5" in only_dtlaunch.argv
     assert plan_environment({}, (), dict(request.extra_env)).names() == ("HOROVOD_CYCLE_TIME",)
+
+
+# --- a launcher for one machine, chosen by the environment -----------------------------------
+
+
+@pytest.mark.parametrize("value, left_out", [
+    ("isolated", True), ("^rsh", True), ("slurm", True), ("rsh", False), (" ssh ", False)])
+def test_an_environment_choosing_a_non_ssh_launcher_is_left_out_across_hosts(
+        value: str, left_out: bool) -> None:
+    from dtlaunch.openmpi.mca import foreign_launcher_choice
+
+    environ = {"OMPI_MCA_plm": value, "OMPI_MCA_btl_vader_single_copy_mechanism": "none"}
+    assert foreign_launcher_choice(environ) == (("OMPI_MCA_plm",) if left_out else ())
+    request = RunRequest(hosts=(Host("h1"), Host("h2")), python=VENV,
+                         program=parse("bash", "run.sh"))
+    plan = plan_run(request, environ, family=OPEN_MPI)
+    assert ("OMPI_MCA_plm" not in plan.launcher_env) is left_out
+    assert plan.left_out_env == ((("OMPI_MCA_plm", value),) if left_out else ())
+    # Other MCA settings still reach mpirun.
+    assert plan.launcher_env["OMPI_MCA_btl_vader_single_copy_mechanism"] == "none"
+
+
+def test_a_one_machine_launcher_is_kept_for_a_job_on_this_machine_and_under_slurm() -> None:
+    from dtlaunch.hydra.family import HYDRA
+
+    environ = {"OMPI_MCA_plm": "isolated", "PRTE_MCA_plm": "isolated"}
+    program = parse("bash", "run.sh")
+    local = plan_run(RunRequest(hosts=(Host("localhost", 2),), python=VENV, program=program),
+                     environ, family=OPEN_MPI)
+    assert local.left_out_env == () and local.launcher_env["OMPI_MCA_plm"] == "isolated"
+    # `--mca plm slurm` on the command line wins over the environment there.
+    slurm = plan_run(RunRequest(hosts=(Host("n1"), Host("n2")), python=VENV, program=program,
+                                launcher="slurm"), environ, family=OPEN_MPI)
+    assert slurm.left_out_env == ()
+    across = plan_run(RunRequest(hosts=(Host("n1"), Host("n2")), python=VENV, program=program),
+                      environ, family=OPEN_MPI)
+    assert dict(across.left_out_env) == environ
+    # Hydra reads no Open MPI variable: nothing is taken from its environment.
+    hydra = plan_run(RunRequest(hosts=(Host("n1"), Host("n2")), python=VENV, program=program),
+                     environ, family=HYDRA)
+    assert hydra.left_out_env == ()
