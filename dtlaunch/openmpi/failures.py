@@ -40,6 +40,16 @@ _SSH_ERR = re.compile(r"^(ssh: .*|.*Permission denied.*|.*Host key verification 
 _UNKNOWN_OPTION = re.compile(r'unknown\s+option\s+"(?P<orte>[^"]+)"|unrecognized\s+option\s+was\s+'
                              r"included\s+on\s+the\s+\S+\s+command\s+line:\s*Option:\s*(?P<prte>\S+)")
 
+# ORTE's mapper found no free slot on the hosts it may use. With -H hosts that have slots, the
+# usual cause is a launcher for one machine (plm = isolated, an image's default) set where
+# dtlaunch does not look: in an MCA parameter file.
+_ALL_FILLED = re.compile(r"All\s+nodes\s+which\s+are\s+allocated\s+for\s+this\s+job\s+are\s+"
+                         r"already\s+filled")
+ALL_FILLED_REASON = (
+    "mpirun found every slot it may use already filled, probably because its launcher is set "
+    "to one for a single machine (plm = isolated); 'ompi_info --param plm base --level 2' shows "
+    "the value of \"plm\" and where it is set: remove it there")
+
 
 def analyze(lines: Sequence[str], rank_hosts: Sequence[str]) -> Failure | None:
     """Find the first failing rank in mpirun's untagged output.
@@ -51,6 +61,8 @@ def analyze(lines: Sequence[str], rank_hosts: Sequence[str]) -> Failure | None:
     unknown = _UNKNOWN_OPTION.search(text)
     if unknown:  # nothing started
         return unknown_option("mpirun", unknown.group("orte") or unknown.group("prte"))
+    if _ALL_FILLED.search(text):  # nothing started either
+        return Failure(reason=ALL_FILLED_REASON)
 
     def host_of(rank: int) -> str | None:
         return rank_hosts[rank] if 0 <= rank < len(rank_hosts) else None

@@ -263,3 +263,14 @@ def test_prrte_daemon_failed_to_report_back_names_the_remote_host() -> None:
     failure = analyze(lines, ("h1", "h2"))
     assert failure is not None and failure.host == "h2"
     assert failure.describe().startswith("mpirun could not start its daemon on host h2;")
+
+
+def test_every_slot_filled_points_to_the_launcher_setting() -> None:
+    """What mpirun says when plm = isolated (a single-machine launcher) is set in a parameter
+    file for a job across hosts: dtlaunch says what it probably is and how to find it."""
+    lines = ["-" * 74, "All nodes which are allocated for this job are already filled.", "-" * 74]
+    failure = analyze(lines, ["h1", "h2"])
+    assert failure is not None
+    assert failure.rank is None and failure.host is None
+    assert failure.describe().startswith("mpirun found every slot it may use already filled")
+    assert "ompi_info --param plm base --level 2" in failure.describe()
