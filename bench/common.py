@@ -35,11 +35,12 @@ SCRIPTS = BENCH / "scripts"
 PYTHON = sys.executable
 
 TINY_JOB = str(SCRIPTS / "tiny_job.py")  # a tiny Horovod job: init + one allreduce
-# Each MPI but the system's Open MPI 4 in a venv of its own (scripts/setup_mpis.sh).
-VENVS = Path(os.environ.get("DTLAUNCH_MPI_VENVS") or Path.home() / ".cache" / "dtlaunch" / "mpi-venvs")
 CACHE_REFRESH_S = 200.0  # a warm pre-flight cache older than this is refilled (it lives 300 s)
 
 sys.path.insert(0, str(ROOT / "tests"))  # the multi-host test bed lives with the tests
+# Each MPI but the system's Open MPI 4 in a venv of its own (scripts/setup_mpis.sh), where the
+# tests find them too.
+from helpers.mpi_envs import MPI_VENVS as VENVS  # noqa: E402
 
 
 def log(message: str) -> None:
