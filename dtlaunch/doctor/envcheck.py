@@ -25,6 +25,7 @@ from dtlaunch.check.mpi_checks import check_mpi
 from dtlaunch.check.report import FAIL, LAUNCHER, PASS, WARN, CheckResult, Status
 from dtlaunch.check.verdict import nccl_of
 from dtlaunch.core.bounded import run_bounded
+from dtlaunch.core.mpi_kinds import PREFERRED_MPI
 from dtlaunch.job.env import looks_secret
 
 STEERING_PREFIXES = ("OMPI_", "OPAL_", "PMIX_", "PRTE_", "ORTE_", "NCCL_", "HOROVOD_", "GLOO_",
@@ -187,10 +188,12 @@ def evaluate_env(facts: Mapping[str, Any], host: HostFacts) -> tuple[EnvItem, ..
     items += _judged("mpi", "mpirun", check_mpirun(host, LAUNCHER),
                      [("mpirun", str(mpi["mpirun"]))])
     if mpi["mpirun"]:
-        items += _judged("mpi", "version", check_mpi(host, None),
-                         [("implementation", mpi.get("implementation") or ""),
-                          ("version", mpi.get("version") or "")][
-                             0 if mpi.get("implementation") not in (None, "Open MPI") else 1:])
+        # The implementation is named when it is not the one dtlaunch assumes.
+        shown = [("implementation", mpi.get("implementation") or ""),
+                 ("version", mpi.get("version") or "")]
+        if mpi.get("implementation") in (None, PREFERRED_MPI):
+            shown = shown[1:]
+        items += _judged("mpi", "version", check_mpi(host, None), shown)
         if "btl" in mpi:
             add("mpi", "btl components", ",".join(mpi["btl"]) or "none")
             add("mpi", "tcp", "yes" if mpi["tcp"] else "missing",
