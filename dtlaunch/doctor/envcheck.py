@@ -27,6 +27,7 @@ from dtlaunch.check.verdict import nccl_of
 from dtlaunch.core.bounded import run_bounded
 from dtlaunch.core.mpi_kinds import PREFERRED_MPI
 from dtlaunch.job.env import looks_secret
+from dtlaunch.openmpi.mca import foreign_launcher_choice
 
 STEERING_PREFIXES = ("OMPI_", "OPAL_", "PMIX_", "PRTE_", "ORTE_", "NCCL_", "HOROVOD_", "GLOO_",
                      "UCX_", "I_MPI_", "MPICH_", "TORCH_")
@@ -246,8 +247,14 @@ def evaluate_env(facts: Mapping[str, Any], host: HostFacts) -> tuple[EnvItem, ..
             "'ssh-copy-id HOST'")
     else:
         add("ssh", "keys", ", ".join(ssh["keys"]) + (" + agent" if ssh["agent"] else ""))
+    stray = foreign_launcher_choice(facts["environment"])
     for name, value in facts["environment"].items():
-        add("environment", name, value)
+        if name in stray:  # an image's default for one machine (docs/run.md, "At scale")
+            add("environment", name, value, WARN,
+                "a hand-typed mpirun across hosts would run every rank here with it: unset it "
+                "(dtlaunch run leaves it out for a job across hosts)")
+        else:
+            add("environment", name, value)
     return tuple(items)
 
 

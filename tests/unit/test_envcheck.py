@@ -16,7 +16,7 @@ from helpers.suite import dtlaunch_argv
 
 from dtlaunch.check.host_checks import check_horovod
 from dtlaunch.check.mpi_checks import check_mpi
-from dtlaunch.check.report import FAIL, PASS
+from dtlaunch.check.report import FAIL, PASS, WARN
 from dtlaunch.console.render import env_to_dict
 from dtlaunch.doctor.envcheck import EnvReport, evaluate_env, gather_env
 from dtlaunch.mpi import MpiImpl
@@ -93,3 +93,18 @@ def test_env_check_ends_a_hung_tool_with_everything_it_started(tmp_path: Path) -
     doc = json.loads(result.stdout)
     assert doc["ssh"]["client"] == str(fake) and "timed out" in doc["ssh"]["version"]
     assert not sleeping("3002")
+
+
+def test_a_one_machine_launcher_in_the_environment_is_a_warning_with_its_fix(
+        facts: dict[str, Any]) -> None:
+    """An image's OMPI_MCA_plm=isolated: mpirun typed by hand across hosts would run every
+    rank here. Other MPI variables stay plain facts."""
+    mine = dict(facts, environment={"OMPI_MCA_plm": "isolated",
+                                    "OMPI_MCA_btl_vader_single_copy_mechanism": "none"})
+    items = {i.check.name: i.check for i in evaluate_env(mine, HOST) if i.section == "environment"}
+    assert items["OMPI_MCA_plm"].status == WARN
+    assert "unset it" in items["OMPI_MCA_plm"].hint
+    assert items["OMPI_MCA_btl_vader_single_copy_mechanism"].status == PASS
+    # A warning, not a failure: env-check's verdict is the same as without it.
+    assert (EnvReport(mine, evaluate_env(mine, HOST)).ok
+            == EnvReport(facts, evaluate_env(facts, HOST)).ok)
