@@ -29,10 +29,10 @@ done
 ldconfig
 id sshd >/dev/null 2>&1 || useradd -r -d /run/sshd -s /usr/sbin/nologin sshd
 mkdir -p /run/sshd && chmod 755 /run/sshd
-say "after: sshd=$(command -v sshd) $(ssh -V 2>&1) mpirun: $(mpirun --version 2>&1 | head -1)"
-
-# dtlaunch's own imports into this Python; MPICH goes beside it (below), not onto its PATH.
+# dtlaunch's own imports go into this Python; MPICH goes beside it (below), not onto its PATH,
+# where its mpirun would shadow Open MPI's.
 $python -m pip uninstall -y -q mpich >/dev/null 2>&1
+say "after: sshd=$(command -v sshd) $(ssh -V 2>&1) mpirun: $(mpirun --version 2>&1 | head -1)"
 $python -m pip install -q --no-index --no-deps --no-compile --ignore-installed \
   $(ls "$bundle"/whl/*.whl | grep -v /mpich-) 2>&1 | grep -v "^WARNING\|^\[notice\]" >&2
 export DTLAUNCH_MPI_VENVS=${DEVICE_MPI_VENVS:-/root/.cache/dtlaunch/mpi-venvs}  # tiny_mpich's RUNPATH
