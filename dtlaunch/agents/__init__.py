@@ -141,9 +141,10 @@ def _path(name: str) -> str:
 
 @functools.cache
 def _text(name: str) -> str:
-    from importlib import resources  # ~3 ms: only the agents that travel as text need it
-
-    return resources.files(__name__).joinpath(name).read_text(encoding="utf-8")
+    # A plain read, not importlib.resources: the local probe's thread reads agents while
+    # others connect, and a first import of importlib.resources there could race theirs.
+    with open(_path(name), encoding="utf-8") as f:
+        return f.read()
 
 
 class Shipment(collections.namedtuple("Shipment", ["name", "how"])):

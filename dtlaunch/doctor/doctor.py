@@ -7,6 +7,7 @@ overall deadline; Ctrl-C returns at once, and the prober ends whatever it still 
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -117,11 +118,25 @@ def doctor_and_network(request: DoctorRequest, progress: Progress | None = None,
     rank_launcher = bool(local_in_list) or not request.hosts
     prober = reach.prober()
     here_probe = Tracker()
+    # The hosts' threads wait for the prober's imports, made on this thread while this
+    # machine's probe (which imports nothing) runs: no two threads import at once.
+    prepared = threading.Event()
 
     def work(host: str | None) -> HostOutcome:
         if host is None:
             return _probe_launcher(request, launcher_name, rank_launcher, reach, here_probe)
+        prepared.wait()
         return prober.probe(host, probe_args(request, host), request.command_timeout)
+
+    def meanwhile() -> None:
+        try:
+            prober.prepare()
+        except Exception:  # each host's probe meets the same error and reports it
+            pass
+        finally:
+            prepared.set()
+        if while_waiting is not None:
+            while_waiting()
 
     # A connection may take the connect timeout twice (TCP and SSH handshake, then login).
     seconds = 2 * prober.connect_timeout + request.command_timeout + 5
@@ -137,7 +152,7 @@ def doctor_and_network(request: DoctorRequest, progress: Progress | None = None,
 
     hosts: list[str | None] = [None, *remote]
     try:
-        outcomes = fan_out(hosts, work, fallback, seconds, report, while_waiting)
+        outcomes = fan_out(hosts, work, fallback, seconds, report, meanwhile)
     finally:
         prober.close()
         here_probe.close_all()

@@ -52,6 +52,7 @@ def host_key_failures(hosts: tuple[str, ...], prober: Prober) -> dict[str, str]:
         return "timeout" if exc is None else "error"  # any crash counts as a failure
 
     try:
+        prober.prepare()  # the threads import nothing (see Prober.prepare)
         kinds = fan_out(remote, prober.verify, fallback, prober.connect_timeout + 1)
     finally:
         prober.close()

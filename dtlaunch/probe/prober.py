@@ -37,6 +37,12 @@ class Prober(Protocol):
 
     connect_timeout: float
 
+    def prepare(self) -> None:
+        """Import, on the calling thread, every module `probe` and `verify` need: the fan-out's
+        threads then import nothing. Python before 3.14 can raise _DeadlockError to two threads
+        that import nested modules at once (CPython gh-83065)."""
+        ...
+
     def probe(self, host: str, args: ProbeArgs, timeout: float) -> HostOutcome:
         """Run the probe on `host`; facts, or the problem that stopped it (never raises)."""
         ...

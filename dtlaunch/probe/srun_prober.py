@@ -53,6 +53,9 @@ class SrunProber:
         self.connect_timeout = CONNECT_TIMEOUT
         self._tracker = Tracker()
 
+    def prepare(self) -> None:
+        import dtlaunch.check.facts  # noqa: F401
+
     def probe(self, host: str, args: ProbeArgs, timeout: float) -> HostOutcome:
         from dtlaunch.check.facts import parse_probe_output
 

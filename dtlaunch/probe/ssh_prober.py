@@ -29,6 +29,18 @@ class SshProber:
         self._lock = threading.Lock()
         self._tracker = Tracker()
 
+    def prepare(self) -> None:
+        import encodings.idna  # noqa: F401  # a socket's connect to a host name encodes it
+        import pwd  # noqa: F401  # getpass.getuser's, for the default login name
+
+        import dtlaunch.check.facts
+        import dtlaunch.probe.command
+        import dtlaunch.reach.ssh_config
+        import dtlaunch.ssh  # noqa: F401  # with it dtlaunch.reach's modules
+        from dtlaunch.reach.target import import_paramiko
+
+        import_paramiko()
+
     def _target(self, host: str) -> Any:
         from dtlaunch.reach.ssh_config import load_ssh_config, resolve_target
 

@@ -51,6 +51,9 @@ class FakeProber:
             return HostOutcome(host, HOST, problem=answer)
         return HostOutcome(host, HOST, answer)
 
+    def prepare(self) -> None:
+        self.world.prepared += 1
+
     def verify(self, host: str) -> str | None:
         self.world.verified.append(host)
         return self.world.keys.get(host)
@@ -67,6 +70,7 @@ class FakeWorld:
         self.release = threading.Event()
         self.probed: list[str] = []
         self.verified: list[str] = []
+        self.prepared = 0
         self.probers: list[FakeProber] = []
 
     def here(self, args: ProbeArgs, timeout: float, tracker: Tracker) -> HostFacts:

@@ -319,3 +319,25 @@ def test_a_daemon_left_by_the_interpreter_does_not_hold_the_probe(dbed: tb.TestB
             assert check(doc, host, "python")["status"] == "pass", result.stdout
     finally:
         kill_all(sleeping("3175"))
+
+
+def test_no_worker_thread_imports_a_module(dbed: tb.TestBed, tmp_path: Path,
+                                           cache_home: Path) -> None:
+    """doctor, and run with its pre-flight full, cached and skipped: every module is imported
+    on the main thread. Two threads importing at once can fail with _DeadlockError (CPython
+    gh-83065, before 3.14): a host's probe would then fail for no reason of the host's."""
+    log = tmp_path / "thread_imports.txt"
+    env = {"PYTHONPATH": f"{ROOT / 'tests' / 'helpers' / 'thread_imports'}:{ROOT}",
+           "DTLAUNCH_TEST_THREAD_IMPORTS": str(log), "XDG_CACHE_HOME": str(cache_home)}
+    common = ("--ssh-config", str(dbed.ssh_config), "--iface", dbed.subnet)
+    probe = str(ROOT / "tests" / "scripts" / "rank_probe.py")
+    job = ("-H", "h1:1,h2:1", probe, "--out", str(tmp_path))
+    said = []
+    for args in (("doctor", *common, "-H", "h1,h2,h3"), ("run", "-v", *common, *job),
+                 ("run", "-v", *common, *job), ("run", *common, "--no-check", *job)):
+        result = subprocess.run([sys.executable, "-m", "dtlaunch", *args], capture_output=True,
+                                text=True, timeout=120, env={**os.environ, **env}, cwd=str(ROOT))
+        assert result.returncode == 0, result.stderr
+        said.append("passed recently (cached)" in result.stderr)
+    assert said == [False, False, True, False]  # the second run's pre-flight came from its cache
+    assert not log.exists(), log.read_text()
