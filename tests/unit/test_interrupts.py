@@ -46,10 +46,13 @@ def test_a_tracker_ends_a_proxy_still_in_its_handshake(tmp_path: Path) -> None:
 def start_until_proxy(argv: list[str], pidfile: Path) -> tuple[subprocess.Popen[str], int]:
     """dtlaunch started, and the pid its ProxyCommand wrote.
 
-    Once, in ~1,300 tests of a CI run, dtlaunch got no proxy started within 120 s and the
-    cause could not be reproduced (900 runs under load). So a first attempt that ends, or is
-    stuck, before its proxy starts is reported as a warning with dtlaunch's output and (stuck:
-    PYTHONFAULTHANDLER, on SIGABRT) its threads' stacks, and tried again; a second fails."""
+    Once, in ~1,300 tests of a CI run, dtlaunch got no proxy started within 120 s, and 900
+    runs under load did not do it again. The likely cause, threads importing at once
+    (_DeadlockError, CPython gh-83065), is fixed and tested on the test bed
+    (test_no_worker_thread_imports_a_module). Should it come back, a first attempt that ends,
+    or is stuck, before its proxy starts is reported as a warning with dtlaunch's output and
+    (stuck: PYTHONFAULTHANDLER, on SIGABRT) its threads' stacks, and tried again; a second
+    fails."""
     seen: list[str] = []
     for attempt in (1, 2):
         pidfile.unlink(missing_ok=True)
