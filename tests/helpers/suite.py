@@ -38,3 +38,10 @@ def require_horovod() -> None:
 
 def dtlaunch_argv(*args: str) -> list[str]:
     return [sys.executable, "-m", "dtlaunch", *args]
+
+
+def recording_thread_imports(log: Path) -> dict[str, str]:
+    """Variables for a dtlaunch whose worker threads' first imports of a module are written
+    to `log` (helpers/thread_imports/sitecustomize.py): the file must not exist afterwards."""
+    return {"PYTHONPATH": f"{REPO / 'tests' / 'helpers' / 'thread_imports'}:{REPO}",
+            "DTLAUNCH_TEST_THREAD_IMPORTS": str(log)}

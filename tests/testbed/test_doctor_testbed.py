@@ -15,7 +15,7 @@ import helpers.testbed as tb
 import psutil
 import pytest
 from helpers.procs import kill_all, sleeping, survivors, wait_for
-from helpers.suite import require_testbed
+from helpers.suite import recording_thread_imports, require_testbed
 
 pytestmark = pytest.mark.testbed
 ROOT = Path(__file__).resolve().parents[2]
@@ -327,8 +327,7 @@ def test_no_worker_thread_imports_a_module(dbed: tb.TestBed, tmp_path: Path,
     on the main thread. Two threads importing at once can fail with _DeadlockError (CPython
     gh-83065, before 3.14): a host's probe would then fail for no reason of the host's."""
     log = tmp_path / "thread_imports.txt"
-    env = {"PYTHONPATH": f"{ROOT / 'tests' / 'helpers' / 'thread_imports'}:{ROOT}",
-           "DTLAUNCH_TEST_THREAD_IMPORTS": str(log), "XDG_CACHE_HOME": str(cache_home)}
+    env = {**recording_thread_imports(log), "XDG_CACHE_HOME": str(cache_home)}
     common = ("--ssh-config", str(dbed.ssh_config), "--iface", dbed.subnet)
     probe = str(ROOT / "tests" / "scripts" / "rank_probe.py")
     job = ("-H", "h1:1,h2:1", probe, "--out", str(tmp_path))

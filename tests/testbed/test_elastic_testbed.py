@@ -5,6 +5,7 @@ drive theirs), and each epoch's rank, size and host recorded by the workers."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import time
@@ -15,7 +16,7 @@ from helpers.elastic import PROBE, discovery, epochs, every_epoch, last_pass, pr
 from helpers.jobs import assert_no_strays
 from helpers.procs import wait_for
 from helpers.ptb import PTB_DIR, needs_ptb
-from helpers.suite import dtlaunch_argv
+from helpers.suite import dtlaunch_argv, recording_thread_imports
 from helpers.testbed import TestBed
 
 pytestmark = pytest.mark.testbed
@@ -46,11 +47,14 @@ def test_hosts_added_then_removed_keep_training(ebed: TestBed, tmp_path: Path,
     schedule = [["h1:1", "h2:1"], ["h1:1", "h2:1"], ["h1:1", "h2:1", "h3:1"],
                 ["h1:1", "h2:1", "h3:1"], ["h1:1", "h3:1"]]
     script, hosts = discovery(tmp_path, schedule[0])
+    log = tmp_path / "thread_imports.txt"
     result = subprocess.run(
         elastic_argv(ebed, script, "--min-np", "2", "--max-np", "4",
                      *probe_args(tmp_path, hosts, schedule, "--epochs", "7")),
-        capture_output=True, text=True, timeout=JOB_LIMIT)
+        capture_output=True, text=True, timeout=JOB_LIMIT,
+        env={**os.environ, **recording_thread_imports(log)})
     assert result.returncode == 0, result.stderr
+    assert not log.exists(), log.read_text()  # no worker thread imported a module
     found = every_epoch(tmp_path, 7)
     sizes = [int(last_pass(found[e])[0]["size"]) for e in range(7)]  # type: ignore[call-overload]
     # Grew to 3 when h3 appeared, shrank to 2 when h2 left; rank 0 stayed on h1 throughout.

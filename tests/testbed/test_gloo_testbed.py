@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from helpers.jobs import assert_no_strays, assert_stopped_by, records, start_job
 from helpers.procs import HANG, cmdline, descendants, wait_for
-from helpers.suite import SCRIPTS, dtlaunch_argv, require_testbed
+from helpers.suite import SCRIPTS, dtlaunch_argv, recording_thread_imports, require_testbed
 from helpers.testbed import TestBed
 
 from dtlaunch.agents import gloo_host
@@ -49,9 +49,12 @@ def test_horovod_allreduce_over_gloo_with_every_place_right(gbed: TestBed, tmp_p
                                                            horovod: None) -> None:
     # -np 3 of 4 slots: exactly 3 ranks (horovodrun would start one per slot). The full
     # pre-flight runs, without MPI checks, and chooses the network.
+    log = tmp_path / "thread_imports.txt"
     result = run_gloo(gbed, "h1:2,h2:2", "-np", "3", PROBE, "--out", str(tmp_path),
-                      "--horovod", check=True)
+                      "--horovod", check=True,
+                      env={**os.environ, **recording_thread_imports(log)})
     assert result.returncode == 0, result.stderr
+    assert not log.exists(), log.read_text()  # no worker thread imported a module
     found = records(tmp_path)
     assert sorted(found) == [0, 1, 2]
     assert [found[r]["host"] for r in range(3)] == ["h1", "h1", "h2"]
