@@ -20,7 +20,7 @@ from helpers.elastic import discovery, every_epoch, last_pass, probe_args
 from helpers.jobs import records, start_job
 from helpers.procs import cmdline, survivors
 from helpers.slurm_bed import SlurmCluster
-from helpers.suite import SCRIPTS, dtlaunch_argv
+from helpers.suite import SCRIPTS, dtlaunch_argv, recording_thread_imports
 
 pytestmark = pytest.mark.testbed
 PROBE = str(SCRIPTS / "rank_probe.py")
@@ -192,8 +192,11 @@ def test_doctor_checks_exactly_the_allocated_nodes_through_srun(slurm_cluster: S
     with tempfile.TemporaryDirectory(prefix="dtl-doctor-") as where:
         script = Path(where) / "prog.py"
         script.write_text("print('hi')\n")
+        log = Path(where) / "thread_imports.txt"
         proc = slurm_cluster.run(*salloc(3, "dtl-doctor"), *dtlaunch_argv(
-            "doctor", "--json", "--timeout", "120", str(script)), timeout=300)
+            "doctor", "--json", "--timeout", "120", str(script)), timeout=300,
+            env={**os.environ, **recording_thread_imports(log)})
+        assert not log.exists(), log.read_text()  # the srun probes' threads import nothing
     assert proc.returncode == 1, proc.stderr
     report = json.loads(proc.stdout)
     assert report["reach"] == "srun"
