@@ -57,6 +57,10 @@ class JobSpec:
     launcher: str = SSH
     # --binding-args (checked by dtlaunch.job.binding); None: dtlaunch's default binding.
     binding: tuple[str, ...] | None = None
+    # "FILE: plm = VALUE" for each parameter file the launcher reads that chooses a launcher
+    # other than ssh's (MpiFamily.stray_launcher_files, read by the caller): the command line
+    # then names ssh's, which wins over any file.
+    launcher_set_in: tuple[str, ...] = ()
 
 
 def split_mpi_args(text: str) -> tuple[str, ...]:
@@ -133,6 +137,15 @@ class MpiFamily(Protocol):
         starting (a single-machine launcher chosen for a job across hosts): left out of it."""
         ...
 
+    def stray_launcher_files(self, launcher: str) -> tuple[str, ...]:
+        """"FILE: NAME = VALUE" for each parameter file that `launcher` reads by default and
+        that chooses a launcher other than ssh's (reads files: called at the edge)."""
+        ...
+
+    def overrides_launcher_files(self, spec: JobSpec) -> bool:
+        """The command line names ssh's launcher over `spec.launcher_set_in`'s choice."""
+        ...
+
     def refuse_insecure(self, extra_args: Sequence[str], environ: Mapping[str, str]) -> None:
         """Raise UsageError when the user's extra launcher arguments or the launcher's
         environment make its ssh accept any host key."""
@@ -175,6 +188,12 @@ class FamilyDefaults:
 
     def stray_launcher_env(self, spec: JobSpec, env: Mapping[str, str]) -> tuple[str, ...]:
         return ()
+
+    def stray_launcher_files(self, launcher: str) -> tuple[str, ...]:
+        return ()
+
+    def overrides_launcher_files(self, spec: JobSpec) -> bool:
+        return False
 
     def support_files(self, spec: JobSpec) -> tuple[tuple[str, str], ...]:
         return ()

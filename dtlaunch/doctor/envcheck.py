@@ -27,7 +27,7 @@ from dtlaunch.check.verdict import nccl_of
 from dtlaunch.core.bounded import run_bounded
 from dtlaunch.core.mpi_kinds import PREFERRED_MPI
 from dtlaunch.job.env import looks_secret
-from dtlaunch.openmpi.mca import foreign_launcher_choice
+from dtlaunch.openmpi.mca import foreign_launcher_choice, param_files_choose_launcher
 
 STEERING_PREFIXES = ("OMPI_", "OPAL_", "PMIX_", "PRTE_", "ORTE_", "NCCL_", "HOROVOD_", "GLOO_",
                      "UCX_", "I_MPI_", "MPICH_", "TORCH_")
@@ -114,6 +114,10 @@ def gather_env(environ: Mapping[str, str] | None = None,
         btl = components.get("btl", [])
         ompi.update({"ompi_info": ompi_info, "btl": btl, "pml": components.get("pml", []),
                      "tcp": "tcp" in btl, "shared_memory": any(c in btl for c in ("vader", "sm"))})
+    # Open MPI's parameter files that choose a launcher for one machine (plm = isolated). Only
+    # Open MPI reads them (they live in ~/.openmpi, ~/.prte and its prefix's etc/), so whatever
+    # the MPI first on PATH, a line there is about an Open MPI's mpirun typed by hand.
+    ompi["launcher_set_in"] = list(param_files_choose_launcher(mpirun)) if mpirun else []
     facts["openmpi"] = ompi
     py = host.python
     facts["horovod"] = {"version": py.horovod_imported or py.horovod_version,
@@ -255,6 +259,10 @@ def evaluate_env(facts: Mapping[str, Any], host: HostFacts) -> tuple[EnvItem, ..
                 "(dtlaunch run leaves it out for a job across hosts)")
         else:
             add("environment", name, value)
+    for where in facts["openmpi"].get("launcher_set_in", ()):
+        add("environment", "parameter file", where, WARN,
+            "a hand-typed mpirun across hosts fails with it: remove the line (dtlaunch run "
+            "names ssh's launcher on mpirun's command line for a job across hosts)")
     return tuple(items)
 
 

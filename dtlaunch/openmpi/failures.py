@@ -50,6 +50,18 @@ ALL_FILLED_REASON = (
     "to one for a single machine (plm = isolated); 'ompi_info --param plm base --level 2' shows "
     "the value of \"plm\" and where it is set: remove it there")
 
+# PRRTE's (Open MPI 5) words when the launcher it is told to use does not exist (plm = isolated
+# is ORTE's): the component it looked for is named a few lines before.
+_NO_AGENTS = re.compile(r"No\s+available\s+launching\s+agents\s+were\s+found")
+_MISSING_PLM = re.compile(r"Framework:\s*plm\s*\n\s*Component:\s*(?P<name>\S+)")
+
+
+def no_launcher_reason(component: str | None) -> str:
+    chosen = f" (plm = {component}, a component it does not have)" if component else ""
+    return (f"mpirun found no launcher it can use{chosen}; 'prte_info --all' shows the value "
+            "of \"plm\": unset it where it is set (--mpi-args, $PRTE_MCA_plm, "
+            "~/.prte/mca-params.conf or the installation's prte-mca-params.conf)")
+
 
 def analyze(lines: Sequence[str], rank_hosts: Sequence[str]) -> Failure | None:
     """Find the first failing rank in mpirun's untagged output.
@@ -63,6 +75,9 @@ def analyze(lines: Sequence[str], rank_hosts: Sequence[str]) -> Failure | None:
         return unknown_option("mpirun", unknown.group("orte") or unknown.group("prte"))
     if _ALL_FILLED.search(text):  # nothing started either
         return Failure(reason=ALL_FILLED_REASON)
+    if _NO_AGENTS.search(text):  # nor here
+        missing = _MISSING_PLM.search(text)
+        return Failure(reason=no_launcher_reason(missing.group("name") if missing else None))
 
     def host_of(rank: int) -> str | None:
         return rank_hosts[rank] if 0 <= rank < len(rank_hosts) else None

@@ -25,6 +25,8 @@ from dtlaunch.mpi import (
 )
 from dtlaunch.openmpi.mca import (
     foreign_launcher_choice,
+    names_launcher,
+    param_files_choose_launcher,
     param_files_set_ssh,
     refuse_insecure,
     ssh_overrides,
@@ -91,6 +93,18 @@ def agent_env(spec: JobSpec) -> dict[str, str]:
     return {SSH_ARGS_ENV: json.dumps(spec.ssh.launcher_ssh_args())} if uses_agent(spec) else {}
 
 
+def overrides_launcher_files(spec: JobSpec) -> bool:
+    """A job over ssh across machines, whose parameter files choose another launcher, and
+    whose --mpi-args do not choose one themselves."""
+    return (bool(spec.launcher_set_in) and spec.launcher == SSH and across_machines(spec.hosts)
+            and not names_launcher(spec.mpi_args))
+
+
+def ssh_component(release: tuple[int, ...]) -> str:
+    """The name of the launcher component that starts daemons over ssh."""
+    return "ssh" if (release[0] if release else DEFAULT_MAJOR) >= 5 else "rsh"
+
+
 def _rsh_args(spec: JobSpec) -> list[str]:
     args: list[str] = []
     # Keep each host's daemon attached to its ssh session (Open MPI detaches it by default):
@@ -108,6 +122,10 @@ def _rsh_args(spec: JobSpec) -> list[str]:
                 check_rsh_arg(value, option)
         args += ["--mca", "plm_rsh_agent", "ssh", "--mca", "plm_rsh_args",
                  " ".join(ssh.tree_ssh_args() if spec.tree_spawn else ssh.ssh_args())]
+    if overrides_launcher_files(spec):
+        # A parameter file names a launcher for one machine (an image's plm = isolated): the
+        # command line wins over it. ORTE calls ssh's component rsh, PRRTE (5.x) ssh.
+        args += ["--mca", "plm", ssh_component(spec.mpi_version)]
     if not spec.tree_spawn:
         # Only launcher-to-host SSH is needed (and checked by doctor); tree spawn would also
         # need every host to reach every other host over SSH.
@@ -165,6 +183,12 @@ class OpenMpi(FamilyDefaults):
         if spec.launcher != SSH or not across_machines(spec.hosts):
             return ()
         return foreign_launcher_choice(env)
+
+    def stray_launcher_files(self, launcher: str) -> tuple[str, ...]:
+        return param_files_choose_launcher(launcher)
+
+    def overrides_launcher_files(self, spec: JobSpec) -> bool:
+        return overrides_launcher_files(spec)
 
     def refuse_insecure(self, extra_args: Sequence[str], environ: Mapping[str, str]) -> None:
         refuse_insecure(extra_args, environ)

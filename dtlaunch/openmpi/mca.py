@@ -92,6 +92,40 @@ def param_file_overrides(text: str) -> list[str]:
     return names
 
 
+def launcher_choice_in(text: str) -> list[str]:
+    """`NAME = VALUE` for each line of a parameter file's text that chooses a launcher other
+    than ssh's (plm, or 1.x's pls)."""
+    found = []
+    for line in text.splitlines():
+        line = line.split("#", 1)[0]
+        if "=" in line:
+            name, value = (part.strip() for part in line.split("=", 1))
+            if name in ("plm", "pls") and value not in _SSH_COMPONENTS:
+                found.append(f"{name} = {value}")
+    return found
+
+
+def param_files_choose_launcher(launcher: str) -> tuple[str, ...]:
+    """"FILE: plm = VALUE" for each launcher choice other than ssh's in a parameter file that
+    Open MPI (or PRRTE) reads by default. An unreadable file is left to mpirun."""
+    found: list[str] = []
+    for path in default_param_files(launcher, os.path.expanduser("~")):
+        if not os.path.lexists(path):
+            continue
+        try:
+            text = read_small_text(path, "mca", 1 << 20, "an MCA parameter file")
+        except UsageError:
+            continue
+        found += [f"{path}: {choice}" for choice in launcher_choice_in(text)]
+    return tuple(found)
+
+
+def names_launcher(args: Sequence[str]) -> bool:
+    """The user's launcher arguments choose the launcher component themselves."""
+    return any(arg.lstrip("-") in ("plm", "pls") or arg.lstrip("-").startswith(("plm=", "pls="))
+               for arg in args)
+
+
 def param_files_set_ssh(launcher: str) -> list[str]:
     """`file: name` for each launch-agent parameter set in a parameter file Open MPI reads by
     default. An unreadable file counts as setting one: nothing is assumed about it."""

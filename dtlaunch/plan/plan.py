@@ -69,6 +69,9 @@ class RunPlan:
     # (name, value) set here but kept from the launcher: they would defeat how it starts the job
     # (MpiFamily.stray_launcher_env).
     left_out_env: tuple[tuple[str, str], ...] = ()
+    # "FILE: plm = VALUE" chosen in a parameter file and overridden on the command line
+    # (MpiFamily.overrides_launcher_files).
+    launcher_overridden: tuple[str, ...] = ()
 
     def display(self) -> str:
         """Shell-quoted and pasteable; values of secrets never appear in it."""
@@ -137,7 +140,10 @@ def plan_run(
     mpi_version: tuple[int, ...] = (),
     as_root: bool = False,
     cpu_count: int = 1,
+    launcher_set_in: tuple[str, ...] = (),
 ) -> RunPlan:
+    """`launcher_set_in`: the parameter files' launcher choices (MpiFamily.stray_launcher_files,
+    read by the caller)."""
     hosts = resolve_hosts(request.hosts, cpu_count)
     num_proc = choose_num_proc(hosts, request.num_proc, request.oversubscribe,
                                local=not request.hosts)
@@ -168,6 +174,7 @@ def plan_run(
         rsh_agent=request.rsh_agent,
         launcher=SSH if request.launcher == "auto" else request.launcher,
         binding=request.binding,
+        launcher_set_in=launcher_set_in,
     )
     argv = family.build_argv(spec, launcher or family.launcher)
     # What really runs: every rank through the rank shim, its argv one opaque word.
@@ -195,4 +202,5 @@ def plan_run(
         shown_env=tuple(own.items()),
         support_files=family.support_files(spec),
         left_out_env=left_out,
+        launcher_overridden=launcher_set_in if family.overrides_launcher_files(spec) else (),
     )

@@ -93,6 +93,7 @@ class Prepared:
     source: str = ""  # where the hosts came from
     mpi_version: tuple[int, ...] = ()
     provisional: bool = False  # planned before the GPUs decide the slots: plan again after
+    launcher_set_in: tuple[str, ...] = ()  # parameter files' launcher choices (plan_run's)
 
 
 def replan(request: RunRequest, prepared: Prepared, environ: Mapping[str, str] | None = None,
@@ -100,7 +101,8 @@ def replan(request: RunRequest, prepared: Prepared, environ: Mapping[str, str] |
     """The plan again for a changed request (the network the pre-flight chose)."""
     return plan_run(request, dict(os.environ) if environ is None else environ,
                     family=prepared.plan.family, mpi_version=prepared.mpi_version,
-                    as_root=os.geteuid() == 0, cpu_count=os.cpu_count() or 1)
+                    as_root=os.geteuid() == 0, cpu_count=os.cpu_count() or 1,
+                    launcher_set_in=prepared.launcher_set_in)
 
 
 def prepare(request: RunRequest, on_event: OnEvent, *, dry_run: bool = False,
@@ -145,9 +147,11 @@ def prepare(request: RunRequest, on_event: OnEvent, *, dry_run: bool = False,
     version = impl.release if impl is not None else ()
     pending = slots_pending(request.hosts)
     provisional = defer_slots and pending
+    # The launcher's parameter files are read here, at the edge; the plan says what wins.
+    set_in = family.stray_launcher_files(program) if program is not None else ()
     plan = plan_run(replace(request, oversubscribe=True) if provisional else request, env,
                     family=family, mpi_version=version, as_root=os.geteuid() == 0,
-                    cpu_count=os.cpu_count() or 1)
+                    cpu_count=os.cpu_count() or 1, launcher_set_in=set_in)
     if pending and not defer_slots:
         text = unchecked_slots_text(request.hosts, "a dry run does not probe the hosts"
                                     if dry_run else "planned without the pre-flight")
@@ -163,7 +167,11 @@ def prepare(request: RunRequest, on_event: OnEvent, *, dry_run: bool = False,
         on_event(Event(EventLevel.NOTE, f"{name}={value} (from the environment) picks a "
                        f"launcher other than ssh for {family.launcher}; left out of its "
                        "environment, as this job starts its daemons over ssh across hosts"))
-    return Prepared(plan, program, request, placement.source, version, provisional)
+    for where in plan.launcher_overridden:
+        on_event(Event(EventLevel.NOTE, f"{where} (a parameter file) picks a launcher other "
+                       f"than ssh for {family.launcher}; overridden on its command line, as "
+                       "this job starts its daemons over ssh across hosts"))
+    return Prepared(plan, program, request, placement.source, version, provisional, set_in)
 
 
 def local_gpus(counts: Mapping[str, int], environ: Mapping[str, str] | None = None,

@@ -130,6 +130,45 @@ def test_a_one_machine_launcher_set_by_the_environment_is_left_out(
     assert_no_strays(bed)
 
 
+def test_a_one_machine_launcher_in_a_parameter_file_is_overridden(
+        bed: TestBed, run_mpi_env: MpiEnv, tmp_path: Path) -> None:
+    """plm = isolated in the user's parameter file (ORTE's ~/.openmpi, PRRTE's ~/.prte): the
+    hand-typed mpirun fails; dtlaunch names ssh's launcher on the command line, says why, and
+    the job runs on both hosts. Named on the command line by the user (--mpi-args), the same
+    choice is kept, and mpirun's refusal becomes one line."""
+    five = run_mpi_env.id == "openmpi5"
+    home = tmp_path / "home"
+    (home / (".prte" if five else ".openmpi")).mkdir(parents=True)
+    (home / (".prte" if five else ".openmpi") / "mca-params.conf").write_text("plm = isolated\n")
+    env = {"HOME": str(home), "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    hand = subprocess.run(
+        [run_mpi_env.launcher, "--allow-run-as-root", "-np", "2", "-H", "h1:1,h2:1",
+         "--mca", "plm_rsh_args", f"-F {bed.ssh_config}", "hostname"],
+        capture_output=True, text=True, env={**run_mpi_env.environ(), **env}, timeout=60)
+    said = hand.stdout + hand.stderr
+    assert hand.returncode != 0
+    assert ("No available launching agents" if five else "already filled") in said, said
+    out, none = tmp_path / "out", tmp_path / "none"
+    out.mkdir()
+    none.mkdir()
+    result = dtl(run_mpi_env, bed, "run", "-H", "h1:1,h2:1", "--iface", bed.subnet, PROBE,
+                 "--out", str(out), extra_env=env)
+    assert result.returncode == 0, result.stderr
+    assert [records(out)[r]["host"] for r in (0, 1)] == ["h1", "h2"]
+    assert "plm = isolated (a parameter file) picks a launcher other than ssh for mpirun; " \
+        "overridden on its command line" in result.stderr, result.stderr
+    theirs = dtl(run_mpi_env, bed, "run", "-H", "h1:1,h2:1", "--iface", bed.subnet,
+                 "--mpi-args", "--mca plm isolated", PROBE, "--out", str(none),
+                 extra_env=env)
+    assert theirs.returncode != 0 and "Traceback" not in theirs.stderr
+    assert theirs.stderr.strip().splitlines()[-1].startswith(
+        "dtlaunch: job failed: mpirun found no launcher it can use (plm = isolated" if five
+        else "dtlaunch: job failed: mpirun found every slot it may use already filled"), \
+        theirs.stderr
+    assert not records(none)
+    assert_no_strays(bed)
+
+
 def test_preflight_checks_the_venvs_mpi_on_every_host(bed: TestBed, run_mpi_env: MpiEnv,
                                                       tmp_path: Path) -> None:
     """With the checks on, the job's own mpirun path is what each host is asked about."""

@@ -120,22 +120,3 @@ def test_preflight_names_a_dead_or_unreachable_host_within_its_timeout(
         assert f"pre-flight checks failed: {bad} (ssh)" in result.stderr
         assert "Traceback" not in result.stderr
         assert not list(tmp_path.glob("rank.*.json"))  # nothing was launched
-
-
-def test_a_one_machine_launcher_in_a_parameter_file_is_named_in_one_line(
-        bed: TestBed, tmp_path: Path) -> None:
-    """plm = isolated in the user's MCA parameter file (dtlaunch leaves only the environment's
-    out): mpirun's cryptic refusal becomes one line that says where to look."""
-    home = tmp_path / "home"
-    (home / ".openmpi").mkdir(parents=True)
-    (home / ".openmpi" / "mca-params.conf").write_text("plm = isolated\n")
-    argv = dtlaunch_argv("run", "--no-check", "-H", "h1:1,h2:1", "--iface", bed.subnet,
-                         "--ssh-config", str(bed.ssh_config), PROBE, "--out", str(tmp_path))
-    env = {**os.environ, "HOME": str(home), "XDG_CACHE_HOME": str(tmp_path / "cache")}
-    result = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
-    assert result.returncode == 1, result.stderr
-    assert "Traceback" not in result.stderr
-    assert result.stderr.strip().splitlines()[-1].startswith(
-        "dtlaunch: job failed: mpirun found every slot it may use already filled"), result.stderr
-    assert not records(tmp_path)
-    assert_no_strays(bed)

@@ -22,7 +22,7 @@ from dtlaunch.job.command import (
 from dtlaunch.job.env import plan_environment
 from dtlaunch.job.hosts import Host
 from dtlaunch.openmpi.family import OPEN_MPI
-from dtlaunch.plan.plan import RunRequest, plan_run
+from dtlaunch.plan.plan import RunPlan, RunRequest, plan_run
 
 VENV = "/venv/bin/python"
 FILES = {"train.py", "run.sh", "dir/train.py"}
@@ -155,6 +155,48 @@ def test_an_environment_choosing_a_non_ssh_launcher_is_left_out_across_hosts(
     assert plan.left_out_env == ((("OMPI_MCA_plm", value),) if left_out else ())
     # Other MCA settings still reach mpirun.
     assert plan.launcher_env["OMPI_MCA_btl_vader_single_copy_mechanism"] == "none"
+
+
+# --- a launcher for one machine, chosen in a parameter file ------------------------------------
+
+
+def test_a_parameter_files_launcher_choice_is_read_from_its_lines() -> None:
+    from dtlaunch.openmpi.mca import launcher_choice_in
+
+    text = ("# plm = isolated\nplm = isolated  # an image's default\npls=slurm\n"
+            "plm = rsh\nplm_rsh_agent = ssh\n  plm =  ssh \n")
+    assert launcher_choice_in(text) == ["plm = isolated", "pls = slurm"]
+
+
+def test_a_parameter_files_launcher_is_overridden_across_hosts_by_each_versions_name() -> None:
+    """ORTE (Open MPI 3-4) calls ssh's launcher rsh, PRRTE (5.x) ssh; the command line wins
+    over any parameter file. A job here, under Slurm, or with --mpi-args naming a launcher
+    keeps its command line."""
+    program = parse("bash", "run.sh")
+    where = ("/home/me/.prte/mca-params.conf: plm = isolated",)
+
+    def plan(hosts: tuple[Host, ...], version: tuple[int, ...] = (4, 1, 6),
+             **kw: object) -> RunPlan:
+        request = RunRequest(hosts=hosts, python=VENV, program=program, **kw)  # type: ignore[arg-type]
+        return plan_run(request, {}, family=OPEN_MPI, mpi_version=version, launcher_set_in=where)
+
+    def plm(argv: tuple[str, ...]) -> list[str]:
+        return [argv[i + 1] for i in range(len(argv) - 1) if argv[i] == "plm"]
+
+    across = (Host("h1"), Host("h2"))
+    four, five = plan(across), plan(across, (5, 0, 8))
+    assert plm(four.argv) == plm(four.launch_argv) == ["rsh"]
+    assert plm(five.argv) == ["ssh"]
+    assert four.launcher_overridden == five.launcher_overridden == where
+    here = plan((Host("localhost", 2),))
+    assert plm(here.argv) == [] and here.launcher_overridden == ()
+    slurm = plan(across, launcher="slurm")
+    assert plm(slurm.argv) == ["slurm"] and slurm.launcher_overridden == ()
+    theirs = plan(across, mpi_args=("--mca", "plm", "rsh"))
+    assert plm(theirs.argv) == ["rsh"] and theirs.launcher_overridden == ()
+    plain = plan_run(RunRequest(hosts=across, python=VENV, program=program), {},
+                     family=OPEN_MPI)
+    assert plm(plain.argv) == [] and plain.launcher_overridden == ()
 
 
 def test_a_one_machine_launcher_is_kept_for_a_job_on_this_machine_and_under_slurm() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -108,3 +109,28 @@ def test_a_one_machine_launcher_in_the_environment_is_a_warning_with_its_fix(
     # A warning, not a failure: env-check's verdict is the same as without it.
     assert (EnvReport(mine, evaluate_env(mine, HOST)).ok
             == EnvReport(facts, evaluate_env(facts, HOST)).ok)
+
+
+def test_a_one_machine_launcher_in_a_parameter_file_is_a_warning_with_its_fix(
+        facts: dict[str, Any]) -> None:
+    where = "/home/me/.prte/mca-params.conf: plm = isolated"
+    mine = dict(facts, openmpi=dict(facts["openmpi"], launcher_set_in=[where]))
+    items = [i.check for i in evaluate_env(mine, HOST) if i.section == "environment"
+             and i.check.name == "parameter file"]
+    assert [(c.status, c.detail) for c in items] == [(WARN, where)]
+    assert "remove the line" in items[0].hint
+    assert (EnvReport(mine, evaluate_env(mine, HOST)).ok
+            == EnvReport(facts, evaluate_env(facts, HOST)).ok)
+
+
+def test_gather_env_reads_the_parameter_files_launcher_choice(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On this machine's own Open MPI, with a real ~/.openmpi/mca-params.conf."""
+    if shutil.which("mpirun") is None:
+        pytest.skip("needs mpirun")
+    (tmp_path / ".openmpi").mkdir()
+    (tmp_path / ".openmpi" / "mca-params.conf").write_text("plm = isolated\n")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    facts, _ = gather_env()
+    assert facts["openmpi"]["launcher_set_in"] == [
+        f"{tmp_path}/.openmpi/mca-params.conf: plm = isolated"]

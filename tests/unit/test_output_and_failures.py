@@ -265,6 +265,29 @@ def test_prrte_daemon_failed_to_report_back_names_the_remote_host() -> None:
     assert failure.describe().startswith("mpirun could not start its daemon on host h2;")
 
 
+def test_no_launching_agent_names_the_missing_component() -> None:
+    """PRRTE (Open MPI 5) told to use a launcher it does not have (plm = isolated is ORTE's):
+    its two help blocks become one line that names the component and where to unset it."""
+    lines = ["-" * 74, "A requested component was not found, or was unable to be opened.  This",
+             "means that this component is either not installed or is unable to be",
+             "used on your system (e.g., sometimes this means that shared libraries",
+             "that the component requires are unable to be found/loaded).  Note that",
+             "PMIx stopped checking at the first component that it did not find.", "",
+             "Host:      vm", "Framework: plm", "Component: isolated", "-" * 74, "-" * 74,
+             "No available launching agents were found.", "",
+             "This is an unusual error; it means that PRTE was unable to find",
+             "any mechanism to launch proceses, and therefore is unable to start the",
+             "process(es) required by your application.", "-" * 74]
+    failure = analyze(lines, ["h1", "h2"])
+    assert failure is not None and failure.rank is None and failure.host is None
+    assert failure.describe().startswith(
+        "mpirun found no launcher it can use (plm = isolated, a component it does not have); "
+        "'prte_info --all' shows"), failure.describe()
+    assert "~/.prte/mca-params.conf" in failure.describe()
+    bare = analyze(["No available launching agents were found."], ["h1"])
+    assert bare is not None and bare.describe().startswith("mpirun found no launcher it can use;")
+
+
 def test_every_slot_filled_points_to_the_launcher_setting() -> None:
     """What mpirun says when plm = isolated (a single-machine launcher) is set in a parameter
     file for a job across hosts: dtlaunch says what it probably is and how to find it."""
