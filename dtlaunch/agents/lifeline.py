@@ -18,6 +18,7 @@ starts only when it has.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import select
 import sys
@@ -106,6 +107,10 @@ def guarded_argv(argv: list[str]) -> tuple[list[str], int, int]:
     the read end to the child (pass_fds) and close it here; keep the write end open (and
     never inherited: os.pipe's ends are close-on-exec) for as long as the job runs."""
     read_end, write_end = os.pipe()
+    # Clear of 0-2: Popen puts the child's standard streams there, over a pipe end that got
+    # one of those numbers (dtlaunch started with a standard stream closed).
+    low, read_end = read_end, fcntl.fcntl(read_end, fcntl.F_DUPFD_CLOEXEC, 10)
+    os.close(low)
     wrapper = [sys.executable, "-I", "-S", os.path.abspath(__file__)]
     return [*wrapper, str(read_end), str(os.getpid()), "--", *argv], read_end, write_end
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
 import shlex
 import shutil
@@ -24,6 +25,16 @@ from dtlaunch.agents import LOCAL_SHELL, ship
 from dtlaunch.core.tracker import Tracker
 from dtlaunch.reach.ssh_errors import PROXY, classify_os_error, fail
 from dtlaunch.reach.target import SshTarget
+
+FD_FLOOR = 10  # descriptors handed to a child script start here, clear of those it uses
+
+
+def above_the_scripts(fd: int) -> int:
+    """`fd` moved to a descriptor >= FD_FLOOR (still close-on-exec); the original is closed."""
+    try:
+        return fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, FD_FLOOR)
+    finally:
+        os.close(fd)
 
 
 class ProxySocket:
@@ -38,6 +49,10 @@ class ProxySocket:
             # The proxy's tie to this process (proxy_tied.sh): a pipe whose write end only we
             # hold, so a SIGKILLed dtlaunch still ends its proxies.
             tie_read, self._tie = os.pipe()
+            # proxy_tied.sh uses descriptors 0, 1 and 4 itself, and os.pipe takes the lowest
+            # free ones: a descriptor another thread just closed (4) would be overwritten
+            # there, the tie would read end of file at once and end the proxy as it starts.
+            tie_read = above_the_scripts(tie_read)
             try:
                 self.process = subprocess.Popen(
                     [*ship("proxy_tied.sh").shell(LOCAL_SHELL, "dtlaunch-proxy"), str(tie_read),

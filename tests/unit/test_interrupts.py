@@ -6,6 +6,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 import warnings
@@ -46,13 +47,12 @@ def test_a_tracker_ends_a_proxy_still_in_its_handshake(tmp_path: Path) -> None:
 def start_until_proxy(argv: list[str], pidfile: Path) -> tuple[subprocess.Popen[str], int]:
     """dtlaunch started, and the pid its ProxyCommand wrote.
 
-    Once, in ~1,300 tests of a CI run, dtlaunch got no proxy started within 120 s, and 900
-    runs under load did not do it again. The likely cause, threads importing at once
-    (_DeadlockError, CPython gh-83065), is fixed and tested on the test bed
-    (test_no_worker_thread_imports_a_module). Should it come back, a first attempt that ends,
-    or is stuck, before its proxy starts is reported as a warning with dtlaunch's output and
-    (stuck: PYTHONFAULTHANDLER, on SIGABRT) its threads' stacks, and tried again; a second
-    fails."""
+    Once in a CI run, and once more as a warning in the next, dtlaunch's proxy ended as it
+    started: its tie's descriptor got the number 4 (freed a moment before by the local probe's
+    thread), which proxy_tied.sh overwrites (test_a_proxy_tie_clear_of_the_scripts_descriptors
+    below). Should such a start come back, a first attempt that ends, or is stuck, before its
+    proxy starts is reported as a warning with dtlaunch's output and (stuck:
+    PYTHONFAULTHANDLER, on SIGABRT) its threads' stacks, and tried again; a second fails."""
     seen: list[str] = []
     for attempt in (1, 2):
         pidfile.unlink(missing_ok=True)
@@ -105,3 +105,37 @@ def test_stopped_during_a_proxy_handshake_leaves_no_proxy(
     assert not gone([pid]), f"the ProxyCommand outlived dtlaunch after {sig.name}"
 
 
+
+
+TIE_RACE = """
+import os, socket, sys, time
+from pathlib import Path
+from dtlaunch.reach import proxy
+pid = Path(sys.argv[1])
+os.closerange(3, 256)
+os.open("/dev/null", os.O_RDONLY)
+held = os.open("/dev/null", os.O_RDONLY)  # descriptors 3 and 4
+real = socket.socketpair
+def pair(*args):
+    ends = real(*args)
+    os.close(held)  # another thread frees descriptor 4 between the socket pair and the pipe
+    return ends
+proxy.socket.socketpair = pair
+started = proxy.ProxySocket(["sh", "-c", f"echo $$ > {pid}; exec sleep 30"])
+deadline = time.monotonic() + 10
+while not pid.exists() and started.process.poll() is None and time.monotonic() < deadline:
+    time.sleep(0.02)
+print(started.process.poll(), pid.exists())
+started.close()
+"""
+
+
+def test_a_proxy_tie_clear_of_the_scripts_descriptors(tmp_path: Path) -> None:
+    """os.pipe takes the lowest free descriptors; one freed by another thread at the wrong
+    moment (4) is one proxy_tied.sh uses itself. The tie is moved clear of them, so the proxy
+    starts (before: it was ended at once, status -15, and never ran)."""
+    done = subprocess.run([sys.executable, "-c", TIE_RACE, str(tmp_path / "pid")],
+                          capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["None", "True"], done.stdout + done.stderr
