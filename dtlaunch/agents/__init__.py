@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 _WORDS = {
     "gloo_host": ("AUTH_HEADER", "NONCE_HEADER", "MAX_BODY", "BadRequest", "read_request",
                   "response_bytes", "request_mac", "response_mac"),
-    "lifeline": ("guarded_argv", "session_members"),
+    "lifeline": ("guarded_argv", "moved_clear", "session_members"),
     "rank_shim": ("ESC", "EXIT", "HEADER_MAX", "HOST", "MAGIC", "NOSTART", "PIPE_BUF", "STDERR",
                   "STDOUT", "encode_argv", "unescape"),
     "rsh": ("HOST_KEY_PREFIX", "LOST_PREFIX", "SSH_ARGS_ENV"),
@@ -62,7 +62,7 @@ if TYPE_CHECKING:
         response_bytes,
         response_mac,
     )
-    from .lifeline import guarded_argv, session_members
+    from .lifeline import guarded_argv, moved_clear, session_members
     from .rank_shim import (
         ESC,
         EXIT,
@@ -106,6 +106,7 @@ __all__ = [
     "BadRequest",
     "encode_argv",
     "guarded_argv",
+    "moved_clear",
     "read_request",
     "request_mac",
     "response_bytes",

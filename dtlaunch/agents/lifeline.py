@@ -102,6 +102,18 @@ def _set_pdeathsig(signum: int) -> bool:
         return False
 
 
+FD_FLOOR = 10  # a descriptor handed to a child by number starts here, clear of those it uses
+
+
+def moved_clear(fd: int) -> int:
+    """`fd` moved to a descriptor >= FD_FLOOR (still close-on-exec); the original is closed.
+    os.pipe takes the lowest free numbers, which a child's own redirections may reuse."""
+    try:
+        return fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, FD_FLOOR)
+    finally:
+        os.close(fd)
+
+
 def guarded_argv(argv: list[str]) -> tuple[list[str], int, int]:
     """The command that starts ``argv`` under a guard, and the pipe's (read, write) ends: pass
     the read end to the child (pass_fds) and close it here; keep the write end open (and
@@ -109,8 +121,7 @@ def guarded_argv(argv: list[str]) -> tuple[list[str], int, int]:
     read_end, write_end = os.pipe()
     # Clear of 0-2: Popen puts the child's standard streams there, over a pipe end that got
     # one of those numbers (dtlaunch started with a standard stream closed).
-    low, read_end = read_end, fcntl.fcntl(read_end, fcntl.F_DUPFD_CLOEXEC, 10)
-    os.close(low)
+    read_end = moved_clear(read_end)
     wrapper = [sys.executable, "-I", "-S", os.path.abspath(__file__)]
     return [*wrapper, str(read_end), str(os.getpid()), "--", *argv], read_end, write_end
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 from dtlaunch.core.errors import UsageError
 from dtlaunch.core.textfile import read_small_text
@@ -79,45 +79,44 @@ def default_param_files(launcher: str, home: str) -> tuple[str, ...]:
     return user + system
 
 
-def param_file_overrides(text: str) -> list[str]:
-    """The names that may change how ssh is run, set in one parameter file's text
-    (`name = value` lines, `#` comments)."""
-    names = []
+def _settings(text: str) -> Iterator[tuple[str, str]]:
+    """(name, value) for each `name = value` line of a parameter file's text (`#` comments)."""
     for line in text.splitlines():
         line = line.split("#", 1)[0]
         if "=" in line:
-            name = line.split("=", 1)[0].strip()
-            if _is_override(name):
-                names.append(name)
-    return names
+            name, value = (part.strip() for part in line.split("=", 1))
+            yield name, value
+
+
+def param_file_overrides(text: str) -> list[str]:
+    """The names that may change how ssh is run, set in one parameter file's text."""
+    return [name for name, _ in _settings(text) if _is_override(name)]
 
 
 def launcher_choice_in(text: str) -> list[str]:
     """`NAME = VALUE` for each line of a parameter file's text that chooses a launcher other
     than ssh's (plm, or 1.x's pls)."""
-    found = []
-    for line in text.splitlines():
-        line = line.split("#", 1)[0]
-        if "=" in line:
-            name, value = (part.strip() for part in line.split("=", 1))
-            if name in ("plm", "pls") and value not in _SSH_COMPONENTS:
-                found.append(f"{name} = {value}")
-    return found
+    return [f"{name} = {value}" for name, value in _settings(text)
+            if name in ("plm", "pls") and value not in _SSH_COMPONENTS]
+
+
+def _default_param_texts(launcher: str) -> Iterator[tuple[str, str | None]]:
+    """(path, text) of each parameter file Open MPI reads by default that exists; text None:
+    it could not be read."""
+    for path in default_param_files(launcher, os.path.expanduser("~")):
+        if not os.path.lexists(path):
+            continue
+        try:
+            yield path, read_small_text(path, "mca", 1 << 20, "an MCA parameter file")
+        except UsageError:
+            yield path, None
 
 
 def param_files_choose_launcher(launcher: str) -> tuple[str, ...]:
     """"FILE: plm = VALUE" for each launcher choice other than ssh's in a parameter file that
     Open MPI (or PRRTE) reads by default. An unreadable file is left to mpirun."""
-    found: list[str] = []
-    for path in default_param_files(launcher, os.path.expanduser("~")):
-        if not os.path.lexists(path):
-            continue
-        try:
-            text = read_small_text(path, "mca", 1 << 20, "an MCA parameter file")
-        except UsageError:
-            continue
-        found += [f"{path}: {choice}" for choice in launcher_choice_in(text)]
-    return tuple(found)
+    return tuple(f"{path}: {choice}" for path, text in _default_param_texts(launcher)
+                 if text is not None for choice in launcher_choice_in(text))
 
 
 def names_launcher(args: Sequence[str]) -> bool:
@@ -130,13 +129,9 @@ def param_files_set_ssh(launcher: str) -> list[str]:
     """`file: name` for each launch-agent parameter set in a parameter file Open MPI reads by
     default. An unreadable file counts as setting one: nothing is assumed about it."""
     found = []
-    for path in default_param_files(launcher, os.path.expanduser("~")):
-        if not os.path.lexists(path):
-            continue
-        try:
-            text = read_small_text(path, "mca", 1 << 20, "an MCA parameter file")
-        except UsageError:
+    for path, text in _default_param_texts(launcher):
+        if text is None:
             found.append(f"{path}: unreadable")
-            continue
-        found += [f"{path}: {name}" for name in param_file_overrides(text)]
+        else:
+            found += [f"{path}: {name}" for name in param_file_overrides(text)]
     return found

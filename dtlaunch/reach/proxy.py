@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import os
 import shlex
 import shutil
@@ -21,20 +20,10 @@ import socket
 import subprocess
 from collections.abc import Sequence
 
-from dtlaunch.agents import LOCAL_SHELL, ship
+from dtlaunch.agents import LOCAL_SHELL, moved_clear, ship
 from dtlaunch.core.tracker import Tracker
 from dtlaunch.reach.ssh_errors import PROXY, classify_os_error, fail
 from dtlaunch.reach.target import SshTarget
-
-FD_FLOOR = 10  # descriptors handed to a child script start here, clear of those it uses
-
-
-def above_the_scripts(fd: int) -> int:
-    """`fd` moved to a descriptor >= FD_FLOOR (still close-on-exec); the original is closed."""
-    try:
-        return fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, FD_FLOOR)
-    finally:
-        os.close(fd)
 
 
 class ProxySocket:
@@ -52,7 +41,7 @@ class ProxySocket:
             # proxy_tied.sh uses descriptors 0, 1 and 4 itself, and os.pipe takes the lowest
             # free ones: a descriptor another thread just closed (4) would be overwritten
             # there, the tie would read end of file at once and end the proxy as it starts.
-            tie_read = above_the_scripts(tie_read)
+            tie_read = moved_clear(tie_read)
             try:
                 self.process = subprocess.Popen(
                     [*ship("proxy_tied.sh").shell(LOCAL_SHELL, "dtlaunch-proxy"), str(tie_read),
