@@ -174,10 +174,6 @@ def run(ctx: click.Context, /, hosts: str | None, hostfile: str | None, iface: s
             shown = ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
             _note(f"--output-dir {setup.output_dir} has logs from an earlier run ({shown}): "
                   "this run's output is appended after a '--- dtlaunch: ...' line in each")
-    if policy is None and isinstance(ctx.obj, dict) and ctx.obj.get("program"):
-        from dtlaunch.run import early_start
-
-        early_start.arm(sys.argv[1:])  # this launch may start early when typed again
     launch_request = session.LaunchRequest(
         request, check=not no_check, timeout=timeout, output_dir=setup.output_dir,
         use_cache=not hvd.disable_cache, prefix_timestamp=hvd.prefix_timestamp,

@@ -104,9 +104,6 @@ class PreflightOutcome:
     message: str = ""  # what happened, for --verbose
     gpus: dict[str, int] | None = None  # NVIDIA GPUs per host (None: not known)
     warnings: tuple[str, ...] = ()  # one line each (a cache that could not be used)
-    # A cache hit that left the host keys to the launcher's ssh: its cache key (a job that is
-    # run again may start before its plan, run.early_start; no check stands in its way).
-    cache_key: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -186,8 +183,7 @@ def run_preflight(request: RunRequest, plan: RunPlan, job_started: bool = False,
         if may_overlap(request, plan.family, plan.launcher_env, launcher):
             return PreflightOutcome(keys=DeferredKeyCheck(hosts, reach.prober), network=network,
                                     message=("pre-flight: passed recently (cached); ssh "
-                                             "checks the host keys as the job starts"), gpus=gpus,
-                                    cache_key=key)
+                                             "checks the host keys as the job starts"), gpus=gpus)
         if not host_key_failures(hosts, reach.prober()):
             return PreflightOutcome(network=network, message=(
                 "pre-flight: passed recently (cached); host keys verified"), gpus=gpus)

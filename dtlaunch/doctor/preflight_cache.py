@@ -21,6 +21,7 @@ from dtlaunch.core.private_files import (
     remove_private,
     write_cached,
 )
+from dtlaunch.job.command import EXECUTABLE
 
 if TYPE_CHECKING:
     from dtlaunch.plan.plan import RunRequest
@@ -55,8 +56,6 @@ def checked_program(request: RunRequest) -> tuple[str | None, str | None, str | 
 
 def checked_executable(request: RunRequest) -> str | None:
     """The executable the command starts when it is not the interpreter (`bash run.sh`)."""
-    from dtlaunch.job.command import EXECUTABLE  # here: the early start reads this module
-
     program = request.program
     if program is None or program.form != EXECUTABLE:
         return None

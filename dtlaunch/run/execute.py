@@ -23,11 +23,10 @@ from dtlaunch.core.errors import EXIT_TIMEOUT, DtlaunchError, exit_for_signal
 from dtlaunch.core.failure import Failure
 from dtlaunch.core.private_files import NotPrivate, write_private_program
 from dtlaunch.mpi import MpiFamily, OutputDemux
-from dtlaunch.run import early_start
-from dtlaunch.run.early_start import kill_session
 from dtlaunch.run.failure_report import JobRanks, first_in_time
 from dtlaunch.run.job_output import JobOutput
 from dtlaunch.run.progress import RANKS_RUNNING, Progress
+from dtlaunch.run.spool import Spool
 
 # After forwarding a signal, how long mpirun gets to take its ranks down before we kill it.
 GRACE_SECONDS = 6.0
@@ -40,7 +39,49 @@ class LaunchResult:
     interrupted_by: int | None = None  # signal number dtlaunch received
     timed_out: bool = False
     ranks: JobRanks = field(default_factory=JobRanks)  # what the ranks' records told
-    started_early: bool = False  # the launcher was started before the plan (run.early_start)
+
+
+def spawn(argv: Sequence[str], env: Mapping[str, str], stdin_pipe: bool = False,
+          ) -> tuple[subprocess.Popen[bytes], tuple[Spool, Spool], int]:
+    """Start the launcher under the lifeline, its output to spool files, in a session of its
+    own: (process, (stdout spool, stderr spool), the lifeline's write end, to keep open for as
+    long as the job runs)."""
+    from dtlaunch.agents import guarded_argv
+
+    spools = (Spool(), Spool())
+    command, lifeline_read, lifeline_write = guarded_argv(list(argv))
+    try:
+        proc = subprocess.Popen(
+            command,
+            env=dict(env),
+            stdin=subprocess.PIPE if stdin_pipe else subprocess.DEVNULL,
+            stdout=spools[0].fd,
+            stderr=spools[1].fd,
+            start_new_session=True,
+            pass_fds=(lifeline_read,),
+        )
+    except BaseException:
+        os.close(lifeline_write)
+        for spool in spools:
+            spool.close()
+        raise
+    finally:
+        os.close(lifeline_read)
+    return proc, spools, lifeline_write
+
+
+def kill_session(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the launcher's whole session (local ranks included); remote daemons lose their
+    lifeline when the launcher's ssh links close and take their ranks down. Not just its
+    process group: Open MPI's plm slurm puts its srun in a group of its own, and after a lost
+    node that srun would wait for the node (minutes) after everything else is gone."""
+    from dtlaunch.agents import session_members
+
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    for pid in session_members(proc.pid):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def _signal(proc: subprocess.Popen[bytes], signum: int) -> None:
@@ -110,16 +151,8 @@ def execute(
     stop_on_rank_failure = not family.ends_job_on_rank_failure
     rank_failed: Failure | None = None
     received: list[int] = []
-    # mpirun's stdout and stderr go to files, not pipes (see spool.py). A launcher started
-    # early for this very job (run.early_start) is adopted; any other is stopped there.
-    early = early_start.adopt(argv, env, support_files) if stdin_data is None else None
-    if early is None:
-        if stdin_data is not None:
-            early_start.abandon()
-        proc, spools, lifeline_write = early_start.spawn(argv, env,
-                                                         stdin_pipe=stdin_data is not None)
-    else:
-        proc, spools, lifeline_write = early.proc, early.spools, early.lifeline_write
+    # mpirun's stdout and stderr go to files, not pipes (see spool.py).
+    proc, spools, lifeline_write = spawn(argv, env, stdin_pipe=stdin_data is not None)
     if stdin_data is not None:
         threading.Thread(target=_feed, args=(proc, stdin_data), daemon=True).start()
     # Set when mpirun has ended: then the pumps read what is left and stop.
@@ -206,8 +239,7 @@ def execute(
             spool.close()
         out.close()
     return replace(_ended(proc.returncode, out, family, received, timed_out, stopped_for,
-                          key_refused, lost_host, rank_failed), ranks=out.job_ranks(),
-                   started_early=early is not None)
+                          key_refused, lost_host, rank_failed), ranks=out.job_ranks())
 
 
 def _ended(code: int, out: JobOutput, family: MpiFamily, received: list[int], timed_out: bool,

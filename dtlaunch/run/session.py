@@ -250,8 +250,6 @@ def launch(request: LaunchRequest, on_event: OnEvent, *, executor: Executor | No
     `executor` runs the job (default: launch.execute); `reach`: how the checks reach the
     hosts (default: dtlaunch.probe.reach_for, by the request's launcher)."""
     from dtlaunch.doctor.preflight import preflight_failure, run_preflight
-    from dtlaunch.doctor.preflight_cache import watched_files
-    from dtlaunch.run import early_start
 
     discover = None
     if request.run.elastic is not None:
@@ -267,7 +265,6 @@ def launch(request: LaunchRequest, on_event: OnEvent, *, executor: Executor | No
         reach = reach_for(run_request.launcher, run_request.ssh)
     keys = None
     network = None
-    preflight_key: str | None = None  # a cache hit that leaves nothing to check before the job
     if request.check:
         with signals_raise():
             checked = run_preflight(run_request, plan, reach=reach, use_cache=request.use_cache,
@@ -282,9 +279,6 @@ def launch(request: LaunchRequest, on_event: OnEvent, *, executor: Executor | No
             return RunOutcome(plan, checked.report, None, EXIT_FAILURE,
                               preflight_failure(checked.report, job_started=False))
         keys = checked.keys
-        preflight_key = checked.cache_key
-        if preflight_key is None:  # checks ran (or a key check): no launcher may have started
-            early_start.abandon()
         choice = network = checked.network
         run = run_request
         if choice is not None and choice.iface is not None and run_request.iface is None:
@@ -331,13 +325,6 @@ def launch(request: LaunchRequest, on_event: OnEvent, *, executor: Executor | No
     elif run_request.controller == "gloo":
         gloo = gloo_job_for(run_request, plan, network)
         command, command_env, extra = gloo.argv, gloo.env, {"stdin_data": gloo.stdin}
-    memo = None  # what the next identical command may start early (run.early_start)
-    if not extra and nodes is None and request.log_label is None and (
-            not request.check or preflight_key is not None):
-        watched = [*watched_files(run_request, prepared.mpirun or ""), shutil.which("ssh"),
-                   "/etc/ssh/ssh_config"]
-        memo = early_start.memo_of(command, command_env, plan.support_files,
-                                   [p for p in watched if p], preflight_key)
     try:
         result = executor(
             command,
@@ -363,11 +350,6 @@ def launch(request: LaunchRequest, on_event: OnEvent, *, executor: Executor | No
             nodes.close()
         if gloo is not None:
             gloo.store.close()  # the rendezvous lives exactly as long as the job
-    if result.started_early:  # its memo served, and still holds
-        on_event(Event(EventLevel.DETAIL, "started early: the same command as last time, so "
-                       "its launcher started before dtlaunch had planned it (and matched the plan)"))
-    elif memo is not None:
-        early_start.keep(memo)  # written now the job is over: no I/O on the way to its start
     if run_request.elastic is not None and gloo is not None:
         from dtlaunch.elastic.driver import Outcome
         from dtlaunch.elastic.job import ElasticJob

@@ -9,8 +9,7 @@ import sys
 from helpers.procs import HANG
 
 from dtlaunch.openmpi.family import OPEN_MPI
-from dtlaunch.run.early_start import kill_session
-from dtlaunch.run.execute import _signal
+from dtlaunch.run.execute import _signal, kill_session
 
 
 def test_signalling_a_reaped_job_is_harmless() -> None:
