@@ -156,6 +156,13 @@ class MpiFamily(Protocol):
         change how ssh is run."""
         ...
 
+    def refuse_insecure_files(self, launcher: str, extra_args: Sequence[str],
+                              environ: Mapping[str, str]) -> None:
+        """Raise UsageError when a file `launcher` will read (by default, or named by the
+        extra arguments or the environment) makes its ssh accept any host key, or is one the
+        launcher cannot use (reads files: called at the edge)."""
+        ...
+
     def support_files(self, spec: JobSpec) -> tuple[tuple[str, str], ...]:
         """Files (path, text) the launcher needs written before it starts (mode 0700)."""
         ...
@@ -200,6 +207,10 @@ class FamilyDefaults:
 
     def ssh_setting_files(self, launcher: str) -> list[str]:
         return []
+
+    def refuse_insecure_files(self, launcher: str, extra_args: Sequence[str],
+                              environ: Mapping[str, str]) -> None:
+        return None
 
     def job_iface(self, chosen: Interfaces, common_name: str | None) -> Interfaces | None:
         return chosen

@@ -10,11 +10,12 @@ died, or lost the link) ends every rank here; SIGTERM, SIGINT or SIGHUP do the s
 
 The ranks' rendezvous: Horovod's Gloo context talks plain HTTP (GET, PUT, DELETE on
 /SCOPE/KEY) and sends no credentials. So each rank is pointed at a forwarder here on
-127.0.0.1, which serves only this user's processes (the connecting socket's owner is read from
-/proc/net/tcp), bounds every request, signs it with the job's secret (HMAC-SHA256 over the
-method, path, a fresh nonce and the body's digest) and passes it to dtlaunch's store, whose
-signed answer it checks before the rank sees it. The secret never leaves this process's memory
-(it is not in any rank's environment).
+127.0.0.1, which serves only the job's own processes (before any byte of a request is read,
+the connecting socket, found in /proc/net/tcp by its exact four-tuple, must be open in this
+agent or its descendants, as this user), bounds every request, signs it with the job's
+secret (HMAC-SHA256 over the method, path, a fresh nonce and the body's digest) and passes it
+to dtlaunch's store, whose signed answer it checks before the rank sees it. The secret never
+leaves this process's memory (it is not in any rank's environment).
 
 Each rank runs under the rank shim, whose records (each at most PIPE_BUF bytes, one atomic
 write) go straight to this process's stdout, the ssh channel. This agent's own lines go to
@@ -173,24 +174,104 @@ def read_response(conn: socket.socket, max_body: int = MAX_BODY,
 # --- the forwarder ---------------------------------------------------------------------------
 
 
-def _hex_port(port: int) -> str:
-    return "%04X" % port
+def _proc_address(address: str, port: int, six: bool) -> str:
+    """`address:port` as /proc/net/tcp (or tcp6, IPv4-mapped) writes it: each 32-bit word of
+    the address in the host's byte order, in hex."""
+    if six:
+        packed = socket.inet_pton(socket.AF_INET6, "::ffff:" + address)
+        words = struct.unpack("=4I", packed)
+    else:
+        words = struct.unpack("=I", socket.inet_aton(address))
+    return "".join("%08X" % word for word in words) + ":%04X" % port
 
 
-def socket_owner(peer_port: int, own_port: int) -> Optional[int]:
-    """The uid that owns the loopback socket connected from `peer_port` to `own_port`, from
-    /proc/net/tcp; None when it cannot be told (not Linux)."""
-    want_local = "0100007F:" + _hex_port(peer_port)
-    want_remote = "0100007F:" + _hex_port(own_port)
+def socket_inode(peer: Tuple[str, int], own_port: int) -> int:
+    """The inode of the connecting end of the loopback connection from `peer` to `own_port`
+    (matched by its exact four-tuple in /proc/net/tcp and tcp6); 0 when it is not there or its
+    socket is closed already (FIN_WAIT2, TIME_WAIT: no process holds it)."""
+    for table, six in (("/proc/net/tcp", False), ("/proc/net/tcp6", True)):
+        try:
+            local = _proc_address(peer[0], peer[1], six)
+            remote = _proc_address("127.0.0.1", own_port, six)
+            with open(table) as handle:
+                for line in handle:
+                    fields = line.split()
+                    if len(fields) > 9 and fields[1] == local and fields[2] == remote:
+                        return int(fields[9])
+        except (OSError, ValueError):
+            continue
+    return 0
+
+
+def _children_map() -> Dict[int, List[int]]:
+    """Parent pid -> its children's pids, from /proc."""
+    children: Dict[int, List[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % entry, "rb") as handle:
+                fields = handle.read().rsplit(b")", 1)[-1].split()
+            children.setdefault(int(fields[1]), []).append(int(entry))
+        except (OSError, ValueError, IndexError):
+            continue
+    return children
+
+
+def own_processes() -> List[int]:
+    """This agent and every process descended from it (its ranks and theirs)."""
+    children = _children_map()
+    found = [os.getpid()]
+    for pid in found:  # grows as it goes: breadth first
+        found.extend(children.get(pid, ()))
+    return found
+
+
+def process_uids(pid: int) -> Tuple[int, ...]:
+    """The real, effective, saved and file-system uids of process `pid` (empty if gone)."""
     try:
-        with open("/proc/net/tcp") as handle:
+        with open("/proc/%d/status" % pid) as handle:
             for line in handle:
-                fields = line.split()
-                if len(fields) > 7 and fields[1] == want_local and fields[2] == want_remote:
-                    return int(fields[7])
+                if line.startswith("Uid:"):
+                    return tuple(int(v) for v in line.split()[1:])
     except (OSError, ValueError):
-        return None
-    return -1  # a /proc/net/tcp without the socket: refuse
+        pass
+    return ()
+
+
+def holds_socket(pids: Sequence[int], inode: int) -> bool:
+    """Some of `pids` have the socket `inode` open, each running as this agent's user (a
+    descendant that became another user is that user's, not the job's)."""
+    target = "socket:[%d]" % inode
+    own = os.geteuid()
+    found = False
+    for pid in pids:
+        base = "/proc/%d/fd" % pid
+        try:
+            fds = os.listdir(base)
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                held = os.readlink(base + "/" + fd) == target
+            except OSError:
+                continue
+            if held:
+                uids = process_uids(pid)
+                if not uids or any(uid != own for uid in uids):
+                    return False
+                found = True
+                break
+    return found
+
+
+def from_own_process(peer: Tuple[str, int], own_port: int) -> bool:
+    """The connection from `peer` was opened, and is still held, by this agent or one of its
+    descendants: its socket's inode (0 once closed) is open in one of them. Not the uid of
+    /proc/net/tcp, which a socket closed at once (FIN_WAIT2) reports as root's. The processes
+    are found afresh each time (a remembered pid could be another user's by now)."""
+    inode = socket_inode(peer, own_port)
+    return inode != 0 and holds_socket(own_processes(), inode)
 
 
 class Forwarder:
@@ -237,8 +318,8 @@ class Forwarder:
     def _serve(self, conn: socket.socket, peer: Tuple[str, int]) -> None:
         try:
             conn.settimeout(IO_TIMEOUT)
-            owner = socket_owner(peer[1], self.port)
-            if owner is not None and owner != os.getuid():
+            # Before any byte is read: only the job's own processes may speak here.
+            if not from_own_process(peer, self.port):
                 conn.sendall(response_bytes(403, close=True))
                 return
             buf = b""

@@ -53,3 +53,31 @@ def read_small_text(path: str, option: str, limit: int, noun: str) -> str:
     if "\x00" in text:
         raise UsageError(f"{option}: {path} is a binary file, not {noun}")
     return text
+
+
+LAUNCHER_FILE_LIMIT = 1 << 20
+
+
+def read_launcher_file(path: str, noun: str) -> str | None:
+    """The text of a file the launcher reads by itself; None when it does not exist or this
+    user cannot read it (nor can the launcher, run as this user). One-line UsageError when it
+    is not a regular file (a FIFO the launcher would wait on for ever, a directory) or over
+    1 MiB (the launcher stops with no hint why)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise UsageError(f"{path} ({noun}) is {file_kind(info.st_mode)}; the MPI launcher "
+                             "cannot use it: remove it or make it a regular file")
+        if info.st_size > LAUNCHER_FILE_LIMIT:
+            raise UsageError(f"{path} ({noun}) is larger than {LAUNCHER_FILE_LIMIT >> 20} MiB; "
+                             "the MPI launcher cannot use it")
+        data = os.read(fd, LAUNCHER_FILE_LIMIT + 1)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return data.decode("utf-8", errors="replace")

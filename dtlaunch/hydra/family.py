@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from dtlaunch.agents import PIPE_BUF
 from dtlaunch.core.errors import UsageError
 from dtlaunch.core.mpi_kinds import INSTALL_MPICH_HINT
+from dtlaunch.core.textfile import read_launcher_file
 from dtlaunch.job.binding import intel_pinning
 from dtlaunch.job.hosts import Host, format_hosts
 from dtlaunch.mpi import (
@@ -44,6 +45,15 @@ HYDRA_IMPLS = tuple(name for name, family in MPI_FAMILIES.items() if family == H
 LAUNCHER_ARGS = ("-launcher", "-launcher-exec", "-bootstrap", "-bootstrap-exec", "-rsh", "-ssh")
 LAUNCHER_VARIABLES = ("HYDRA_LAUNCHER", "HYDRA_LAUNCHER_EXEC", "HYDRA_BOOTSTRAP",
                       "HYDRA_BOOTSTRAP_EXEC", "I_MPI_HYDRA_BOOTSTRAP", "I_MPI_HYDRA_BOOTSTRAP_EXEC")
+
+def config_files(launcher: str, environ: Mapping[str, str]) -> tuple[str, ...]:
+    """The configuration files Hydra's mpiexec may read: HYDRA_CONFIG_FILE's, and the
+    installation's (its sysconfdir: beside the launcher's prefix, or /etc)."""
+    prefix = os.path.dirname(os.path.dirname(launcher)) if launcher else ""
+    named = (environ["HYDRA_CONFIG_FILE"],) if environ.get("HYDRA_CONFIG_FILE") else ()
+    beside = (os.path.join(prefix, "etc", "mpiexec.hydra.conf"),) if prefix else ()
+    return named + beside + ("/etc/mpiexec.hydra.conf",)
+
 
 SupportFile = tuple[str, str]  # (path, text) written (mode 0700) before the job starts
 
@@ -215,6 +225,15 @@ class Hydra(FamilyDefaults):
         for name in LAUNCHER_VARIABLES:
             if name in environ:
                 refuse_any_host_key(f"the environment's {name}", environ[name])
+
+    def refuse_insecure_files(self, launcher: str, extra_args: Sequence[str],
+                              environ: Mapping[str, str]) -> None:
+        """Hydra's configuration file (mpiexec options read before the command line's):
+        HYDRA_CONFIG_FILE, else the installation's mpiexec.hydra.conf."""
+        for path in config_files(launcher, environ):
+            text = read_launcher_file(path, "Hydra's configuration file")
+            if text is not None:
+                refuse_any_host_key(f"Hydra's configuration file {path}", text)
 
     def ssh_left_to_dtlaunch(self, extra_args: Sequence[str], environ: Mapping[str, str]) -> bool:
         """--mpi-args or HYDRA_*/I_MPI_HYDRA_* variables that pick another launcher could

@@ -7,6 +7,7 @@ mpirun (prterun) rejects the single-dash ones, and Open MPI 3 and 4 accept both.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
@@ -29,6 +30,7 @@ from dtlaunch.openmpi.mca import (
     param_files_choose_launcher,
     param_files_set_ssh,
     refuse_insecure,
+    refuse_insecure_files,
     ssh_overrides,
 )
 from dtlaunch.reach.ssh_options import check_rsh_arg
@@ -200,5 +202,10 @@ class OpenMpi(FamilyDefaults):
 
     def ssh_setting_files(self, launcher: str) -> list[str]:
         return param_files_set_ssh(launcher)
+
+    def refuse_insecure_files(self, launcher: str, extra_args: Sequence[str],
+                              environ: Mapping[str, str]) -> None:
+        refuse_insecure_files(launcher, extra_args, environ,
+                              environ.get("HOME") or os.path.expanduser("~"))
 
 OPEN_MPI = OpenMpi()

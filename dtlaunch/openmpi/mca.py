@@ -15,7 +15,7 @@ import re
 from collections.abc import Iterator, Mapping, Sequence
 
 from dtlaunch.core.errors import UsageError
-from dtlaunch.core.textfile import read_small_text
+from dtlaunch.core.textfile import read_launcher_file, read_small_text
 from dtlaunch.reach.ssh_options import refuse_any_host_key
 
 # The launch agent and its arguments under every name Open MPI 1.x-5.x and PRRTE have used:
@@ -135,3 +135,86 @@ def param_files_set_ssh(launcher: str) -> list[str]:
         else:
             found += [f"{path}: {name}" for name in param_file_overrides(text)]
     return found
+
+
+# --- every parameter file mpirun will read, checked for an insecure agent ---------------------
+
+_MAX_CHAIN = 8  # parameter files naming more parameter files (mca_base_param_files), deep
+
+
+def _split_files(value: str) -> list[str]:
+    return [part.strip() for part in re.split(r"[:,]", value) if part.strip()]
+
+
+def _arg_values(args: Sequence[str], flags: Sequence[str]) -> list[str]:
+    """The value after each of `flags` in `args` (`-am FILE` or `-am=FILE`)."""
+    found = []
+    for i, arg in enumerate(args):
+        name, eq, value = arg.partition("=")
+        if name in flags:
+            if eq:
+                found.append(value)
+            elif i + 1 < len(args):
+                found.append(args[i + 1])
+    return found
+
+
+def _mca_values(args: Sequence[str], environ: Mapping[str, str], wanted: str) -> list[str]:
+    """Every value given to the MCA parameter `wanted` on the command line (`--mca NAME
+    VALUE`, `--mca=NAME=VALUE`, any of mpirun's MCA flags) or in the environment."""
+    found = [environ[prefix + wanted] for prefix in _ENV_PREFIXES if prefix + wanted in environ]
+    for i, arg in enumerate(args):
+        parts = arg.lstrip("-").split("=", 2)
+        if len(parts) == 3 and parts[1] == wanted:
+            found.append(parts[2])
+        elif len(parts) == 2 and parts[0] == wanted:
+            found.append(parts[1])
+        elif arg.lstrip("-") == wanted and i + 1 < len(args):
+            found.append(args[i + 1])
+    return found
+
+
+def _check_param_file(path: str, seen: set[str], depth: int = 0) -> None:
+    """Refuse an insecure agent set in the parameter file at `path`, or in a parameter file it
+    names in turn."""
+    real = os.path.realpath(path)
+    if real in seen or depth > _MAX_CHAIN:
+        return
+    seen.add(real)
+    text = read_launcher_file(path, "an MCA parameter file")
+    if text is None:
+        return
+    for name, value in _settings(text):
+        if _is_override(name):
+            refuse_any_host_key(f"the MCA parameter file {path} ({name})", value)
+        if name == "mca_base_param_files":
+            for more in _split_files(value):
+                _check_param_file(os.path.expanduser(more), seen, depth + 1)
+
+
+def refuse_insecure_files(launcher: str, args: Sequence[str], environ: Mapping[str, str],
+                          home: str) -> None:
+    """Refuse a launch agent or ssh arguments that accept any host key, set in any parameter
+    file mpirun (Open MPI 1.x-5.x, PRRTE, PMIx) will read: the user's and the installation's,
+    those named by mca_base_param_files (command line, environment, or another file), by -am
+    (aggregate parameter sets) and by --tune (files of command-line options). Reads files:
+    called at the edge. A file that is not a small regular one is named (UsageError)."""
+    seen: set[str] = set()
+    for path in default_param_files(launcher, home):
+        _check_param_file(path, seen)
+    for value in _mca_values(args, environ, "mca_base_param_files"):
+        for path in _split_files(value):
+            _check_param_file(os.path.expanduser(path), seen)
+    prefix = os.path.dirname(os.path.dirname(launcher)) if launcher else ""
+    sets = os.path.join(prefix, "share", "openmpi", "amca-param-sets") if prefix else ""
+    for value in _arg_values(args, ("-am", "--am")):
+        for name in value.split(","):
+            name = name.strip()
+            beside = os.path.join(sets, name) if sets else ""
+            where = name if os.path.exists(name) or not beside else beside
+            _check_param_file(os.path.expanduser(where), seen)
+    for value in _arg_values(args, ("-tune", "--tune")):
+        for path in value.split(","):
+            text = read_launcher_file(path.strip(), "a --tune file")
+            if text is not None:
+                refuse_any_host_key(f"the --tune file {path.strip()}", text)

@@ -149,6 +149,7 @@ def prepare(request: RunRequest, on_event: OnEvent, *, dry_run: bool = False,
     provisional = defer_slots and pending
     # The launcher's parameter files are read here, at the edge; the plan says what wins.
     set_in = family.stray_launcher_files(program) if program is not None else ()
+    family.refuse_insecure_files(program or "", request.mpi_args, env)
     plan = plan_run(replace(request, oversubscribe=True) if provisional else request, env,
                     family=family, mpi_version=version, as_root=os.geteuid() == 0,
                     cpu_count=os.cpu_count() or 1, launcher_set_in=set_in)
