@@ -95,7 +95,7 @@ class MpiFamily(Protocol):
     """One way to start a job (Open MPI's mpirun; Hydra's mpiexec for MPICH and Intel MPI).
 
     Everything is pure: the argv comes from a JobSpec, and output, failures and versions are
-    read from text. Running it is launch.execute's business."""
+    read from text. Running it is run.execute's business."""
 
     name: str  # "Open MPI"
     launcher: str  # the program that starts a job: "mpirun"

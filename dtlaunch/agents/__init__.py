@@ -8,14 +8,13 @@
 - probe.sh, remote_probe.py, import_probe.py: the probe doctor and the pre-flight run on each host
 - tied.sh, proxy_tied.sh: a remote command, or a ProxyCommand, tied to the life of its connection
 
-They run under whatever interpreter and shell the host has: the Python files keep to
-Python >= 3.6 (no `from __future__ import annotations`, typing's generic aliases) and the
-standard library, and import nothing from dtlaunch; the shell files keep to POSIX sh
-(tests/unit/test_layers.py holds them to it).
+They run under whatever interpreter and shell the host has: the Python files keep to the
+oldest Python each runs under and the standard library, and import nothing from dtlaunch;
+the shell files keep to POSIX sh (tests/unit/test_layers.py holds them to it, OLDEST_PYTHON).
 
 How each travels is said once, in SHIPPING, and `ship(name)` is the one way the rest of
 dtlaunch starts or sends an agent (tests/unit/test_layers.py: no other), besides the few words
-(record kinds, environment names) each agent defines for itself:
+(record kinds, environment names) each agent defines for itself and lists in its `__all__`:
 
 - HERE: run on this machine from its file, `python -I -S FILE` (beside mpirun: rsh, lifeline,
   the Gloo fan-out);
@@ -35,85 +34,31 @@ import importlib
 import os
 import sys
 
-# The checkers' name for it, without importing `typing` (~15 ms).
-TYPE_CHECKING = False
+TYPE_CHECKING = False  # the checkers' name for it, without importing `typing` (~15 ms)
 if TYPE_CHECKING:
     from typing import Any, List, Sequence, Tuple
 
-# The words dtlaunch shares with its agents, defined once in the agent that speaks them. Loaded
-# on first use, not here: `python -m dtlaunch.agents.rsh` must find its module not yet imported.
-_WORDS = {
-    "gloo_host": ("AUTH_HEADER", "NONCE_HEADER", "MAX_BODY", "BadRequest", "read_request",
-                  "response_bytes", "request_mac", "response_mac"),
-    "lifeline": ("guarded_argv", "moved_clear", "session_members"),
-    "rank_shim": ("ESC", "EXIT", "HEADER_MAX", "HOST", "MAGIC", "NOSTART", "PIPE_BUF", "STDERR",
-                  "STDOUT", "encode_argv", "unescape"),
-    "rsh": ("HOST_KEY_PREFIX", "LOST_PREFIX", "SSH_ARGS_ENV"),
-}
-if TYPE_CHECKING:
-    from .gloo_host import (
-        AUTH_HEADER,
-        MAX_BODY,
-        NONCE_HEADER,
-        BadRequest,
-        read_request,
-        request_mac,
-        response_bytes,
-        response_mac,
-    )
-    from .lifeline import guarded_argv, moved_clear, session_members
-    from .rank_shim import (
-        ESC,
-        EXIT,
-        HEADER_MAX,
-        HOST,
-        MAGIC,
-        NOSTART,
-        PIPE_BUF,
-        STDERR,
-        STDOUT,
-        encode_argv,
-        unescape,
-    )
-    from .rsh import HOST_KEY_PREFIX, LOST_PREFIX, SSH_ARGS_ENV
+    # What the checkers see: each agent's words (its `__all__`), with their types.
+    from .gloo_host import *  # noqa: F403
+    from .lifeline import *  # noqa: F403
+    from .rank_shim import *  # noqa: F403
+    from .rsh import *  # noqa: F403
+
+# The agents whose words (each one's `__all__`) the rest of dtlaunch imports from here, the
+# lightest first: gloo_host (tens of ms) is read only for its own words. Each is loaded on first
+# use, not here: `python -m dtlaunch.agents.rsh` must find its module not yet imported.
+_SPEAKERS = ("lifeline", "rank_shim", "rsh", "gloo_host")
 
 
-def __getattr__(name: str) -> Any:
-    for agent, words in _WORDS.items():
-        if name in words:
-            return getattr(importlib.import_module(f"{__name__}.{agent}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+if not TYPE_CHECKING:  # hidden from the checkers, who would let any name through it
 
+    def __getattr__(name: str) -> Any:
+        for agent in _SPEAKERS:
+            module = importlib.import_module(f"{__name__}.{agent}")
+            if name in module.__all__:
+                return getattr(module, name)
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
-__all__ = [
-    "AUTH_HEADER",
-    "ESC",
-    "EXIT",
-    "HEADER_MAX",
-    "HOST",
-    "HOST_KEY_PREFIX",
-    "LOCAL_SHELL",
-    "LOST_PREFIX",
-    "MAGIC",
-    "MAX_BODY",
-    "NONCE_HEADER",
-    "NOSTART",
-    "PIPE_BUF",
-    "SSH_ARGS_ENV",
-    "STDERR",
-    "STDOUT",
-    "BadRequest",
-    "encode_argv",
-    "guarded_argv",
-    "moved_clear",
-    "read_request",
-    "request_mac",
-    "response_bytes",
-    "response_mac",
-    "session_members",
-    "ship",
-    "unescape",
-]
 
 # The shell that runs a shell agent on this machine.
 LOCAL_SHELL = "/bin/sh" if os.path.exists("/bin/sh") else (__import__("shutil").which("sh") or "sh")

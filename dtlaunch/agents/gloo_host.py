@@ -42,6 +42,10 @@ import sys
 import threading
 import time
 
+# The words the rest of dtlaunch shares with this agent (through dtlaunch.agents).
+__all__ = ["AUTH_HEADER", "MAX_BODY", "NONCE_HEADER", "BadRequest", "read_request", "request_mac",
+           "response_bytes", "response_mac"]
+
 TYPE_CHECKING = False  # the checkers' name for it: the typing module is never imported here
 if TYPE_CHECKING:
     from typing import Any, BinaryIO, Dict, List, NoReturn, Optional, Sequence, Tuple

@@ -29,6 +29,9 @@ try:  # the C module itself: `signal` adds enums, ~9 ms before mpirun can start
 except ImportError:  # not CPython
     import signal  # type: ignore[no-redef]
 
+# The words the rest of dtlaunch shares with this agent (through dtlaunch.agents).
+__all__ = ["guarded_argv", "moved_clear", "session_members"]
+
 GRACE_SECONDS = 5.0  # mpirun's time to take its ranks down after dtlaunch died
 _PR_SET_PDEATHSIG = 1
 
@@ -114,16 +117,16 @@ def moved_clear(fd: int) -> int:
         os.close(fd)
 
 
-def guarded_argv(argv: list[str]) -> tuple[list[str], int, int]:
-    """The command that starts ``argv`` under a guard, and the pipe's (read, write) ends: pass
+def guarded_argv(guard: list[str], argv: list[str]) -> tuple[list[str], int, int]:
+    """The command that starts ``argv`` under this guard (``guard``: the argv that runs this
+    file, `ship("lifeline.py").here()`), and the pipe's (read, write) ends: pass
     the read end to the child (pass_fds) and close it here; keep the write end open (and
     never inherited: os.pipe's ends are close-on-exec) for as long as the job runs."""
     read_end, write_end = os.pipe()
     # Clear of 0-2: Popen puts the child's standard streams there, over a pipe end that got
     # one of those numbers (dtlaunch started with a standard stream closed).
     read_end = moved_clear(read_end)
-    wrapper = [sys.executable, "-I", "-S", os.path.abspath(__file__)]
-    return [*wrapper, str(read_end), str(os.getpid()), "--", *argv], read_end, write_end
+    return [*guard, str(read_end), str(os.getpid()), "--", *argv], read_end, write_end
 
 
 def main(argv: list[str]) -> int:

@@ -51,6 +51,10 @@ TYPE_CHECKING = False  # the checkers' name for it: the typing module is never i
 if TYPE_CHECKING:
     from typing import Dict, List, NoReturn, Optional, Sequence, Tuple
 
+# The words the rest of dtlaunch shares with this agent (through dtlaunch.agents).
+__all__ = ["ESC", "EXIT", "HEADER_MAX", "HOST", "MAGIC", "NOSTART", "PIPE_BUF", "STDERR", "STDOUT",
+           "encode_argv", "unescape"]
+
 MAGIC = b"\x1edtl2 "
 PIPE_BUF = 4096  # Linux's; POSIX guarantees 512, and every record here fits Linux's
 HEADER_MAX = 40  # MAGIC, a rank, a kind and the spaces

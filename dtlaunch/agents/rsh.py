@@ -34,6 +34,9 @@ TYPE_CHECKING = False  # the checkers' name for it: the typing module is never i
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
+# The words the rest of dtlaunch shares with this agent (through dtlaunch.agents).
+__all__ = ["HOST_KEY_PREFIX", "LOST_PREFIX", "SSH_ARGS_ENV"]
+
 LOST_PREFIX = "dtlaunch-rsh: lost the SSH connection to host "
 # ssh refused the host's key (changed, or unknown under StrictHostKeyChecking=yes): the link
 # was never made, so the host is not lost, and a restart would be refused the same way.

@@ -18,7 +18,7 @@ LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL")
 
 # Horovod reads its whole-number variables into a C int: more would wrap around there.
 C_INT_MAX = 2**31 - 1
-# A year and a day, as for dtlaunch's own seconds (cli_options.MAX_SECONDS).
+# A year and a day, as for dtlaunch's own seconds (console.options.MAX_SECONDS; horovod/ sits below console/).
 MAX_SECONDS = 366 * 86400
 
 

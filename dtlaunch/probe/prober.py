@@ -1,7 +1,7 @@
 """How hosts are reached for checks (the seam), and one fan-out with an overall deadline.
 
-A `Prober` runs the probe on one host and returns what it found; SSH is the implementation
-today (dtlaunch.probe.ssh_prober), `srun` inside a Slurm allocation comes next; a `Tracker` holds
+A `Prober` runs the probe on one host and returns what it found: over SSH
+(dtlaunch.probe.ssh_prober), or `srun` inside a Slurm allocation (srun_prober); a `Tracker` holds
 what a prober has open, for `close()` (dtlaunch.core.tracker). `fan_out` runs one
 piece of work per host on daemon threads, bounded in number, and returns by a deadline
 whatever happens: a host that has not answered by then gets the caller's fallback result.

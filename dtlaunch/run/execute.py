@@ -46,10 +46,10 @@ def spawn(argv: Sequence[str], env: Mapping[str, str], stdin_pipe: bool = False,
     """Start the launcher under the lifeline, its output to spool files, in a session of its
     own: (process, (stdout spool, stderr spool), the lifeline's write end, to keep open for as
     long as the job runs)."""
-    from dtlaunch.agents import guarded_argv
+    from dtlaunch.agents import guarded_argv, ship
 
     spools = (Spool(), Spool())
-    command, lifeline_read, lifeline_write = guarded_argv(list(argv))
+    command, lifeline_read, lifeline_write = guarded_argv(ship("lifeline.py").here(), list(argv))
     try:
         proc = subprocess.Popen(
             command,
