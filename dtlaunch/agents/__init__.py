@@ -5,6 +5,8 @@
 - lifeline.py: ends the job when dtlaunch dies, even by SIGKILL
 - gloo_start.py: a Gloo job's launcher beside dtlaunch (one agent per host, their output joined)
 - gloo_host.py: a Gloo job's agent on each host: starts its ranks, signs their rendezvous requests
+- c10d_store.py: a torch job's c10d store (a TCPStore server that admits only the job's
+  processes) and, on the other hosts, the agent side that vouches for their sockets
 - probe.sh, remote_probe.py, import_probe.py: the probe doctor and the pre-flight run on each host
 - tied.sh, proxy_tied.sh: a remote command, or a ProxyCommand, tied to the life of its connection
 
@@ -71,6 +73,7 @@ SHIPPING = {
     "lifeline.py": HERE,
     "gloo_start.py": HERE,
     "gloo_host.py": STDIN,
+    "c10d_store.py": TEXT,  # its text, joined to the torch host agent's on that agent's stdin
     "rank_shim.py": INLINE,
     "probe.sh": TEXT,
     "tied.sh": TEXT,

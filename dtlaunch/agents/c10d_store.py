@@ -1,0 +1,1087 @@
+"""The job's c10d store: a TCPStore server that serves the job's processes and no one else.
+
+`torch.distributed` ranks started with `TORCHELASTIC_USE_AGENT_STORE=True` connect as TCPStore
+clients to MASTER_ADDR:MASTER_PORT. PyTorch's own TCPStore server takes anyone who connects
+(no authentication, and since 2.4 on every interface), so host 0's agent serves the store
+itself, here, speaking the same wire protocol (c10d's QueryType requests, little-endian
+integers, u64-length-prefixed keys and values) to the unmodified torch client.
+
+Every accepted connection is admitted before any of its requests is read:
+- a peer on this host: the connecting socket (found by its exact 4-tuple in /proc/net/tcp or
+  tcp6) must have a non-zero inode that is open in one of the job's processes (their
+  /proc/PID/fd links); never by uid (a socket closed at once shows uid 0 and inode 0);
+- a peer on another host: the job's agent on that host must vouch for it. Each such agent
+  holds one control connection to the store's port, told apart by its first bytes (a TCPStore
+  client's first byte is VALIDATE, 0), authenticated both ways by HMAC-SHA256 challenge and
+  response with the job's secret (fresh nonces each way, so nothing replays), then each frame
+  MAC'd with a session key and a sequence number. The store asks "is (ip, port) -> (store ip,
+  store port) yours?"; the agent answers after the same /proc check against its own processes.
+  Only the first byte of a remote connection is looked at (MSG_PEEK, left in the stream) to
+  tell a control connection from a client; no request is parsed before admission.
+
+One thread runs a selector loop: requests are parsed whole as their bytes arrive, each bounded
+(key and value sizes, a request's total size, the time from its first byte to its last), with
+a limit on connections and on the store's total size. `close()` ends everything promptly.
+
+Standard library only, no dtlaunch imports, Python >= 3.7 (the ranks' interpreter). Shipped
+beside the torch host agent in one text: module-level names carry a c10d prefix, and importing
+this module does nothing.
+"""
+
+from __future__ import annotations  # no annotation is evaluated at run time
+
+import collections
+import contextlib
+import hashlib
+import hmac
+import ipaddress
+import json
+import os
+import selectors
+import socket
+import struct
+import threading
+import time
+
+TYPE_CHECKING = False  # the checkers' name for it: the typing module is never imported here
+if TYPE_CHECKING:
+    from typing import (
+        Any,
+        Callable,
+        Collection,
+        Deque,
+        Dict,
+        Iterable,
+        List,
+        Optional,
+        Set,
+        Tuple,
+        Union,
+    )
+
+    C10dJob = Union[Collection[int], Callable[[int], bool]]  # the job's pids, or a test on a pid
+
+# c10d's wire words (torch/csrc/distributed/c10d/TCPStoreBackend.hpp).
+C10D_VALIDATION_MAGIC = 0x3C85F7CE
+(C10D_VALIDATE, C10D_SET, C10D_COMPARE_SET, C10D_GET, C10D_ADD, C10D_CHECK, C10D_WAIT,
+ C10D_GETNUMKEYS, C10D_DELETE_KEY, C10D_APPEND, C10D_MULTI_GET, C10D_MULTI_SET,
+ C10D_CANCEL_WAIT, C10D_PING, C10D_QUEUE_PUSH, C10D_QUEUE_POP, C10D_QUEUE_LEN,
+ C10D_LIST_KEYS, C10D_BARRIER) = range(19)
+C10D_READY, C10D_NOT_READY = 0, 1  # CHECK's answer
+C10D_STOP_WAITING, C10D_WAIT_CANCELED = 0, 1  # WAIT's and CANCEL_WAIT's answers
+
+# The bounds (PyTorch's libuv store takes keys up to 8 KiB and values up to 8 MiB).
+C10D_MAX_KEY = 8 * 1024
+C10D_MAX_VALUE = 8 * 1024 * 1024
+C10D_MAX_KEYS_PER_REQUEST = 128 * 1024
+C10D_MAX_REQUEST = 16 * 1024 * 1024  # one request, all its parts
+C10D_MAX_STORE_BYTES = 256 * 1024 * 1024  # keys, values and queued items together
+C10D_MAX_CONNECTIONS = 1024
+C10D_MAX_PENDING_PER_ADDRESS = 64  # not yet admitted, from one address: no host fills the rest
+C10D_REQUEST_TIMEOUT = 30.0  # seconds from a request's first byte to its last
+C10D_ADMIT_TIMEOUT = 30.0  # seconds a connection may wait to be admitted
+C10D_MAX_OUTBOX = 32 * 1024 * 1024  # answers not yet taken: stop reading that client
+
+# The agents' control connection.
+C10D_CONTROL_MAGIC = b"DTLC10D1"  # first byte 'D', never VALIDATE's 0
+C10D_NONCE = 32
+C10D_MAC = 32
+C10D_MAX_FRAME = 4096
+
+
+# --- the job's sockets, from /proc ------------------------------------------------------------
+
+
+def _c10d_norm_ip(ip: str) -> str:
+    """One spelling per address: IPv4-mapped IPv6 as IPv4, IPv6 compressed, no zone."""
+    addr = ipaddress.ip_address(ip.split("%", 1)[0])
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        return str(addr.ipv4_mapped)
+    return str(addr)
+
+
+def _c10d_proc_addr(text: str) -> Tuple[str, int]:
+    """An address of /proc/net/tcp[6] (32-bit words in host order, little-endian here)."""
+    hexip, _, hexport = text.partition(":")
+    raw = bytes.fromhex(hexip)
+    packed = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+    if len(packed) == 4:
+        ip = socket.inet_ntop(socket.AF_INET, packed)
+    else:
+        ip = socket.inet_ntop(socket.AF_INET6, packed)
+    return _c10d_norm_ip(ip), int(hexport, 16)
+
+
+def c10d_socket_inode(local: Tuple[str, int], remote: Tuple[str, int],
+                      proc_net: str = "/proc/net") -> int:
+    """The inode of this network namespace's TCP socket bound to `local` and connected to
+    `remote` (exact 4-tuple, either table); 0 when there is none, or when the socket has no
+    inode any more (closed: FIN_WAIT2 and TIME_WAIT show 0)."""
+    want = ((_c10d_norm_ip(local[0]), local[1]), (_c10d_norm_ip(remote[0]), remote[1]))
+    for name in ("tcp", "tcp6"):
+        try:
+            with open(os.path.join(proc_net, name)) as handle:
+                next(handle, None)  # the header
+                for line in handle:
+                    fields = line.split()
+                    if len(fields) < 10:
+                        continue
+                    try:
+                        if (_c10d_proc_addr(fields[1]), _c10d_proc_addr(fields[2])) != want:
+                            continue
+                        inode = int(fields[9])
+                    except ValueError:
+                        continue
+                    if inode:
+                        return inode
+        except OSError:
+            continue
+    return 0
+
+
+def _c10d_pids(job: C10dJob) -> Iterable[int]:
+    if callable(job):
+        for entry in os.listdir("/proc"):
+            if entry.isdigit() and job(int(entry)):
+                yield int(entry)
+    else:
+        yield from job
+
+
+def c10d_inode_in_job(inode: int, job: C10dJob) -> bool:
+    """Whether socket `inode` is open in one of the job's processes (`job`: their pids, or a
+    test on a pid). Inode 0 never is."""
+    if inode <= 0:
+        return False
+    want = f"socket:[{inode}]"
+    for pid in _c10d_pids(job):
+        fd_dir = f"/proc/{pid}/fd"
+        try:
+            fds = os.listdir(fd_dir)
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(os.path.join(fd_dir, fd)) == want:
+                    return True
+            except OSError:
+                continue
+    return False
+
+
+def c10d_descendants(root: int) -> Set[int]:
+    """`root` and every process below it now (from /proc/PID/stat's parent field)."""
+    children: Dict[int, List[int]] = collections.defaultdict(list)
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as handle:
+                stat = handle.read()
+        except OSError:
+            continue
+        rest = stat[stat.rfind(b")") + 2:].split()  # the name may hold spaces and ')'
+        if len(rest) > 1:
+            children[int(rest[1])].append(int(entry))
+    found, todo = set(), [root]
+    while todo:
+        pid = todo.pop()
+        if pid not in found:
+            found.add(pid)
+            todo.extend(children.get(pid, ()))
+    return found
+
+
+class C10dDescendants:
+    """The job's processes as `root` and every process below it, read afresh on each look
+    (a rank started after the store still counts)."""
+
+    def __init__(self, root: int) -> None:
+        self.root = root
+
+    def __iter__(self) -> Any:
+        return iter(c10d_descendants(self.root))
+
+    def __contains__(self, pid: object) -> bool:
+        return pid in c10d_descendants(self.root)
+
+    def __len__(self) -> int:
+        return len(c10d_descendants(self.root))
+
+
+def c10d_job_owns(job: C10dJob, local: Tuple[str, int], remote: Tuple[str, int]) -> bool:
+    """Whether the socket here from `local` to `remote` is one of the job's processes'."""
+    return c10d_inode_in_job(c10d_socket_inode(local, remote), job)
+
+
+def c10d_host_addresses() -> Set[str]:
+    """This host's own addresses (IPv4 from /proc/net/fib_trie's LOCAL routes, IPv6 from
+    /proc/net/if_inet6), loopback included."""
+    found = {"127.0.0.1", "::1"}
+    try:
+        with open("/proc/net/fib_trie") as handle:
+            last = None
+            for line in handle:
+                words = line.split()
+                if len(words) == 2 and words[0] == "|--":
+                    last = words[1]
+                elif last and "/32 host LOCAL" in line:
+                    found.add(last)
+    except OSError:
+        pass
+    try:
+        with open("/proc/net/if_inet6") as handle:
+            for line in handle:
+                word = line.split()[0] if line.split() else ""
+                if len(word) == 32:
+                    found.add(_c10d_norm_ip(":".join(word[i:i + 4] for i in range(0, 32, 4))))
+    except (OSError, ValueError):
+        pass
+    return found
+
+
+def c10d_is_local(ip: str, addresses: Optional[Set[str]] = None) -> bool:
+    """Whether `ip` is this host's: loopback, or one of `addresses` (this host's, by default)."""
+    addr = ipaddress.ip_address(_c10d_norm_ip(ip))
+    if addr.is_loopback:
+        return True
+    return str(addr) in (addresses if addresses is not None else c10d_host_addresses())
+
+
+def c10d_job_admission(job: C10dJob, is_local: Optional[Callable[[str], bool]] = None,
+                       ) -> Callable[[socket.socket, Tuple[str, int]], Optional[bool]]:
+    """The torch mode's `admit`: a peer on this host is the job's if its socket is open in
+    one of the job's processes (True or False); another host's peer is left to that host's
+    agent to vouch for (None)."""
+    local_test = is_local or c10d_is_local
+
+    def admit(conn: socket.socket, peer: Tuple[str, int]) -> Optional[bool]:
+        if not local_test(peer[0]):
+            return None
+        here = conn.getsockname()
+        return c10d_job_owns(job, (peer[0], peer[1]), (here[0], here[1]))
+
+    return admit
+
+
+# --- the control connection: both sides ---------------------------------------------------------
+
+
+def c10d_mac(key: bytes, *parts: bytes) -> bytes:
+    """HMAC-SHA256 over `parts`, each length-prefixed (no two part lists sign alike)."""
+    text = b"".join(struct.pack("<I", len(p)) + p for p in parts)
+    return hmac.new(key, text, hashlib.sha256).digest()
+
+
+def _c10d_session_key(secret: bytes, client_nonce: bytes, server_nonce: bytes) -> bytes:
+    return c10d_mac(secret, b"dtlaunch-c10d session", client_nonce, server_nonce)
+
+
+def _c10d_frame(key: bytes, direction: bytes, seq: int, payload: bytes) -> bytes:
+    tag = c10d_mac(key, direction, struct.pack("<Q", seq), payload)
+    return struct.pack("<I", len(payload)) + payload + tag
+
+
+class C10dFrameError(Exception):
+    """A control frame that is malformed, too large, or not signed by the session."""
+
+
+def _c10d_unframe(buf: bytearray, key: bytes, direction: bytes, seq: int,
+                  ) -> Optional[Tuple[bytes, int]]:
+    """(payload, bytes used) of the first whole frame in `buf`, None if not all there yet."""
+    if len(buf) < 4:
+        return None
+    (size,) = struct.unpack_from("<I", buf, 0)
+    if size > C10D_MAX_FRAME:
+        raise C10dFrameError("control frame too large")
+    if len(buf) < 4 + size + C10D_MAC:
+        return None
+    payload = bytes(buf[4:4 + size])
+    tag = bytes(buf[4 + size:4 + size + C10D_MAC])
+    if not hmac.compare_digest(tag, c10d_mac(key, direction, struct.pack("<Q", seq), payload)):
+        raise C10dFrameError("control frame not signed by the session")
+    return payload, 4 + size + C10D_MAC
+
+
+_C10D_TO_AGENT, _C10D_TO_STORE = b"store->agent", b"agent->store"
+
+
+# --- the store ----------------------------------------------------------------------------------
+
+
+class _C10dIncomplete(Exception):
+    """The request's bytes are not all there yet; `need`: at least this many in all."""
+
+    def __init__(self, need: int) -> None:
+        Exception.__init__(self, need)
+        self.need = need
+
+
+class C10dProtocolError(Exception):
+    """A request the store does not take (unknown type, over a bound): its connection ends."""
+
+
+class _C10dReader:
+    """Reads one request's parts from a buffer; raises _C10dIncomplete when it runs out."""
+
+    def __init__(self, buf: bytearray) -> None:
+        self.buf = buf
+        self.pos = 0
+
+    def take(self, n: int) -> bytes:
+        end = self.pos + n
+        if end > len(self.buf):
+            raise _C10dIncomplete(end)
+        data = bytes(self.buf[self.pos:end])
+        self.pos = end
+        return data
+
+    def u32(self) -> int:
+        return int(struct.unpack("<I", self.take(4))[0])
+
+    def u64(self) -> int:
+        return int(struct.unpack("<Q", self.take(8))[0])
+
+    def i64(self) -> int:
+        return int(struct.unpack("<q", self.take(8))[0])
+
+    def count(self) -> int:
+        n = self.u64()
+        if n > C10D_MAX_KEYS_PER_REQUEST:
+            raise C10dProtocolError("too many keys in one request")
+        return n
+
+    def key(self) -> bytes:
+        n = self.u64()
+        if n > C10D_MAX_KEY:
+            raise C10dProtocolError("key too long")
+        return self.take(n)
+
+    def value(self) -> bytes:
+        n = self.u64()
+        if n > C10D_MAX_VALUE:
+            raise C10dProtocolError("value too large")
+        return self.take(n)
+
+
+def _c10d_vec(data: bytes) -> bytes:
+    return struct.pack("<Q", len(data)) + data
+
+
+def _c10d_i64(n: int) -> bytes:
+    return struct.pack("<q", n)
+
+
+# A connection's phases.
+_C10D_PEEK, _C10D_VOUCH, _C10D_HANDSHAKE, _C10D_CONTROL, _C10D_CLIENT = range(5)
+
+
+class _C10dConn:
+    __slots__ = (
+        "asked",
+        "closing",
+        "deadline",
+        "here",
+        "inbox",
+        "key",
+        "nonces",
+        "outbox",
+        "peer",
+        "pending",
+        "phase",
+        "seq_in",
+        "seq_out",
+        "serial",
+        "sock",
+        "validated",
+        "waiting",
+    )
+
+    def __init__(self, sock: socket.socket, peer: Tuple[str, int], here: Tuple[str, int],
+                 serial: int) -> None:
+        self.serial = serial
+        self.sock = sock
+        self.peer = peer
+        self.here = here
+        self.phase = _C10D_PEEK
+        self.inbox = bytearray()
+        self.outbox = bytearray()
+        self.deadline: Optional[float] = None
+        self.validated = False
+        self.waiting: Set[bytes] = set()
+        self.nonces = (b"", b"")  # a control connection's (client, server) nonces
+        self.key = b""  # a control connection's session key
+        self.seq_in = 0
+        self.seq_out = 0
+        self.asked: Set[int] = set()  # a client: the control connections asked
+        self.pending: Set[int] = set()  # a client: the questions not yet answered
+        self.closing = False
+
+
+class C10dStoreServer:
+    """A TCPStore server on `listener` (bound and listening; the caller holds the port).
+
+    `admit(conn, peer)` decides each accepted connection before any byte is read: True serves
+    it, False closes it, None asks the job's agents (control connections authenticated with
+    `secret`; without a secret None refuses). The default admits every peer (tests, and
+    torch's own behaviour); the torch mode passes `c10d_job_admission(...)`."""
+
+    def __init__(self, listener: socket.socket,
+                 admit: Optional[Callable[[socket.socket, Tuple[str, int]], Optional[bool]]] = None,
+                 secret: Optional[bytes] = None,
+                 admit_timeout: float = C10D_ADMIT_TIMEOUT,
+                 request_timeout: float = C10D_REQUEST_TIMEOUT,
+                 max_connections: int = C10D_MAX_CONNECTIONS,
+                 max_store_bytes: int = C10D_MAX_STORE_BYTES,
+                 log: Optional[Callable[[str], None]] = None) -> None:
+        if secret is not None and len(secret) < 16:
+            raise ValueError("the job's secret is too short")
+        self._listener = listener
+        self._admit = admit if admit is not None else (lambda conn, peer: True)
+        self._secret = secret
+        self._admit_timeout = admit_timeout
+        self._request_timeout = request_timeout
+        self._max_connections = max_connections
+        self._max_store_bytes = max_store_bytes
+        self._log = log
+        self._data: Dict[bytes, bytes] = {}
+        self._queues: Dict[bytes, Deque[bytes]] = {}
+        self._size = 0
+        self._waiters: Dict[bytes, List[_C10dConn]] = {}
+        self._conns: Dict[int, _C10dConn] = {}
+        self._controls: Dict[int, _C10dConn] = {}  # by serial
+        self._questions: Dict[int, _C10dConn] = {}  # a question's id: whom it is about
+        self._next_question = 1
+        self._serial = 0
+        self._sel = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        self.refused = 0  # connections closed unadmitted (tests and the agent's report)
+        self.admitted = 0
+
+    # --- life ---
+
+    @property
+    def address(self) -> Tuple[str, int]:
+        here = self._listener.getsockname()
+        return here[0], here[1]
+
+    def start(self) -> C10dStoreServer:
+        self._listener.setblocking(False)
+        self._wake_r.setblocking(False)
+        self._sel.register(self._listener, selectors.EVENT_READ, None)
+        self._sel.register(self._wake_r, selectors.EVENT_READ, None)
+        self._thread = threading.Thread(target=self._loop, name="c10d-store", daemon=True)
+        self._thread.start()
+        return self
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Ends the loop, every connection and the listener; returns within `timeout`."""
+        self._stop.set()
+        with contextlib.suppress(OSError):
+            self._wake_w.send(b"x")
+        if self._thread is not None:
+            self._thread.join(timeout)
+        for c in list(self._conns.values()):
+            self._drop(c, None)
+        for s in (self._listener, self._wake_r, self._wake_w):
+            with contextlib.suppress(OSError):
+                s.close()
+        with contextlib.suppress(OSError, ValueError):
+            self._sel.close()
+
+    def __enter__(self) -> C10dStoreServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _say(self, text: str) -> None:
+        if self._log is not None:
+            self._log(text)
+
+    # --- the loop ---
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            timeout = self._next_timeout()
+            try:
+                events = self._sel.select(timeout)
+            except (OSError, ValueError):
+                if self._stop.is_set():
+                    return
+                raise
+            for sk, mask in events:
+                if sk.fileobj is self._listener:
+                    self._accept()
+                elif sk.fileobj is self._wake_r:
+                    with contextlib.suppress(OSError):
+                        self._wake_r.recv(64)
+                else:
+                    c: _C10dConn = sk.data
+                    if c.sock.fileno() < 0 or c.closing:
+                        continue
+                    if mask & selectors.EVENT_WRITE:
+                        self._flush(c)
+                    if mask & selectors.EVENT_READ and not c.closing:
+                        self._readable(c)
+            self._expire()
+
+    def _next_timeout(self) -> Optional[float]:
+        deadlines = [c.deadline for c in self._conns.values() if c.deadline is not None]
+        if not deadlines:
+            return None
+        return max(0.0, min(deadlines) - time.monotonic()) + 0.001
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        for c in list(self._conns.values()):
+            if c.deadline is not None and now >= c.deadline:
+                unadmitted = c.phase in (_C10D_PEEK, _C10D_VOUCH, _C10D_HANDSHAKE)
+                self._drop(c, "timed out ({})".format("admission" if unadmitted else "request"),
+                           refused=unadmitted)
+
+    def _accept(self) -> None:
+        for _ in range(64):  # a burst, then back to the others
+            try:
+                sock, addr = self._listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                return
+            if len(self._conns) >= self._max_connections:
+                self.refused += 1
+                sock.close()
+                continue
+            try:
+                peer = (_c10d_norm_ip(addr[0]), int(addr[1]))
+                here_raw = sock.getsockname()
+                here = (_c10d_norm_ip(here_raw[0]), int(here_raw[1]))
+                verdict = self._admit(sock, peer)
+            except (OSError, ValueError) as err:
+                self._say(f"c10d store: refused a connection ({err})")
+                self.refused += 1
+                sock.close()
+                continue
+            if verdict is None and self._pending_from(peer[0]) >= C10D_MAX_PENDING_PER_ADDRESS:
+                verdict = False
+            if verdict is False or (verdict is None and self._secret is None):
+                self.refused += 1
+                sock.close()
+                continue
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._serial += 1
+            c = _C10dConn(sock, peer, here, self._serial)
+            self._conns[sock.fileno()] = c
+            if verdict:
+                self._admitted(c)
+            else:
+                c.deadline = time.monotonic() + self._admit_timeout
+                self._sel.register(sock, selectors.EVENT_READ, c)
+
+    def _pending_from(self, ip: str) -> int:
+        return sum(1 for c in self._conns.values()
+                   if c.peer[0] == ip and c.phase in (_C10D_PEEK, _C10D_VOUCH, _C10D_HANDSHAKE))
+
+    def _admitted(self, c: _C10dConn) -> None:
+        self.admitted += 1
+        c.phase = _C10D_CLIENT
+        c.deadline = None
+        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if c.outbox else 0)
+        try:
+            self._sel.modify(c.sock, events, c)
+        except KeyError:
+            self._sel.register(c.sock, events, c)
+        if c.inbox:  # nothing has been read yet; kept for symmetry
+            self._serve(c)
+
+    def _events(self, c: _C10dConn) -> None:
+        if c.closing:
+            return
+        reading = c.phase != _C10D_VOUCH and len(c.outbox) < C10D_MAX_OUTBOX
+        events = (selectors.EVENT_READ if reading else 0) | (
+            selectors.EVENT_WRITE if c.outbox else 0)
+        try:
+            if events:
+                self._sel.modify(c.sock, events, c)
+            else:
+                self._sel.unregister(c.sock)
+        except KeyError:
+            if events:
+                self._sel.register(c.sock, events, c)
+        except (OSError, ValueError):
+            pass
+
+    def _drop(self, c: _C10dConn, why: Optional[str], refused: bool = False) -> None:
+        if c.closing:
+            return
+        c.closing = True
+        if refused:
+            self.refused += 1
+        if why:
+            self._say(f"c10d store: closed {c.peer[0]}:{c.peer[1]}: {why}")
+        self._clear_wait(c)
+        self._conns.pop(c.sock.fileno(), None)
+        if self._controls.pop(c.serial, None) is not None:
+            self._control_lost(c)
+        self._forget_questions(c)
+        with contextlib.suppress(KeyError, OSError, ValueError):
+            self._sel.unregister(c.sock)
+        with contextlib.suppress(OSError):
+            c.sock.close()
+
+    def _send(self, c: _C10dConn, data: bytes) -> None:
+        if c.closing:
+            return
+        c.outbox += data
+        self._flush(c)
+
+    def _flush(self, c: _C10dConn) -> None:
+        while c.outbox:
+            try:
+                n = c.sock.send(c.outbox)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError as err:
+                self._drop(c, f"send failed ({err})")
+                return
+            del c.outbox[:n]
+        self._events(c)
+
+    def _readable(self, c: _C10dConn) -> None:
+        if c.phase == _C10D_PEEK:
+            self._peek(c)
+            return
+        try:
+            data = c.sock.recv(262144)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as err:
+            self._drop(c, f"receive failed ({err})")
+            return
+        if not data:
+            self._drop(c, None, refused=c.phase != _C10D_CLIENT and c.phase != _C10D_CONTROL)
+            return
+        if not c.inbox and c.phase == _C10D_CLIENT:
+            c.deadline = time.monotonic() + self._request_timeout  # a request starts
+        c.inbox += data
+        if c.phase == _C10D_CLIENT:
+            self._serve(c)
+        elif c.phase == _C10D_HANDSHAKE:
+            self._handshake(c)
+        elif c.phase == _C10D_CONTROL:
+            self._control(c)
+
+    # --- admission of another host's peers ---
+
+    def _peek(self, c: _C10dConn) -> None:
+        try:
+            first = c.sock.recv(1, socket.MSG_PEEK)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as err:
+            self._drop(c, f"receive failed ({err})", refused=True)
+            return
+        if not first:
+            self._drop(c, None, refused=True)
+        elif first == C10D_CONTROL_MAGIC[:1]:
+            c.phase = _C10D_HANDSHAKE  # the deadline runs on: the whole handshake is bounded
+        else:
+            c.phase = _C10D_VOUCH
+            self._events(c)  # read nothing more until it is vouched for
+            self._ask(c)
+
+    def _ask(self, c: _C10dConn) -> None:
+        """Asks each control connection from the peer's address whether `c` is its job's."""
+        for control in list(self._controls.values()):
+            if control.peer[0] != c.peer[0] or control.serial in c.asked:
+                continue
+            c.asked.add(control.serial)
+            qid = self._next_question
+            self._next_question += 1
+            self._questions[qid] = c
+            c.pending.add(qid)
+            body = json.dumps({"q": qid, "peer": list(c.peer), "store": list(c.here)})
+            self._control_send(control, body.encode("utf-8"))
+
+    def _answer(self, qid: int, yes: bool) -> None:
+        c = self._questions.pop(qid, None)
+        if c is None:
+            return
+        c.pending.discard(qid)
+        if c.closing or c.phase != _C10D_VOUCH:
+            return
+        if yes:
+            self._forget_questions(c)
+            self._admitted(c)
+        elif not c.pending:
+            self._drop(c, "no agent of the job vouched for it", refused=True)
+
+    def _forget_questions(self, c: _C10dConn) -> None:
+        for qid in c.pending:
+            self._questions.pop(qid, None)
+        c.pending = set()
+
+    def _control_lost(self, control: _C10dConn) -> None:
+        self._say(f"c10d store: lost the agent's control connection from {control.peer[0]}")
+
+    def _control_send(self, control: _C10dConn, payload: bytes) -> None:
+        self._send(control, _c10d_frame(control.key, _C10D_TO_AGENT, control.seq_out, payload))
+        control.seq_out += 1
+
+    def _handshake(self, c: _C10dConn) -> None:
+        secret = self._secret
+        assert secret is not None
+        need = len(C10D_CONTROL_MAGIC) + C10D_NONCE
+        if not c.nonces[1]:
+            if len(c.inbox) < need:
+                return
+            if bytes(c.inbox[:len(C10D_CONTROL_MAGIC)]) != C10D_CONTROL_MAGIC:
+                self._drop(c, "not a control connection", refused=True)
+                return
+            client_nonce = bytes(c.inbox[len(C10D_CONTROL_MAGIC):need])
+            del c.inbox[:need]
+            server_nonce = os.urandom(C10D_NONCE)
+            c.nonces = (client_nonce, server_nonce)
+            self._send(c, server_nonce + c10d_mac(secret, b"dtlaunch-c10d store", client_nonce,
+                                                  server_nonce))
+        if len(c.inbox) < C10D_MAC:
+            return
+        proof = bytes(c.inbox[:C10D_MAC])
+        del c.inbox[:C10D_MAC]
+        client_nonce, server_nonce = c.nonces
+        if not hmac.compare_digest(proof, c10d_mac(secret, b"dtlaunch-c10d agent", server_nonce,
+                                                   client_nonce)):
+            self._drop(c, "an agent's proof did not match the job's secret", refused=True)
+            return
+        c.key = _c10d_session_key(secret, client_nonce, server_nonce)
+        c.phase = _C10D_CONTROL
+        c.deadline = None
+        self._controls[c.serial] = c
+        self._say(f"c10d store: the agent at {c.peer[0]} is connected")
+        for waiting in list(self._conns.values()):
+            if waiting.phase == _C10D_VOUCH and waiting.peer[0] == c.peer[0]:
+                self._ask(waiting)
+        if c.inbox:
+            self._control(c)
+
+    def _control(self, c: _C10dConn) -> None:
+        while not c.closing:
+            try:
+                got = _c10d_unframe(c.inbox, c.key, _C10D_TO_STORE, c.seq_in)
+                if got is None:
+                    return
+                payload, used = got
+                del c.inbox[:used]
+                c.seq_in += 1
+                message = json.loads(payload.decode("utf-8"))
+                qid, yes = int(message["a"]), message["yes"] is True
+            except (C10dFrameError, ValueError, KeyError, TypeError) as err:
+                self._drop(c, f"bad control frame ({err})")
+                return
+            self._answer(qid, yes)
+
+    # --- the TCPStore protocol ---
+
+    def _serve(self, c: _C10dConn) -> None:
+        while c.inbox and not c.closing:
+            if len(c.outbox) >= C10D_MAX_OUTBOX:
+                self._events(c)  # stop reading until the client takes its answers
+                return
+            reader = _C10dReader(c.inbox)
+            try:
+                answer = self._request(c, reader)
+            except _C10dIncomplete as more:
+                if more.need > C10D_MAX_REQUEST:
+                    self._drop(c, "request too large")
+                return
+            except (C10dProtocolError, ValueError) as err:
+                self._drop(c, str(err))
+                return
+            del c.inbox[:reader.pos]
+            c.deadline = time.monotonic() + self._request_timeout if c.inbox else None
+            if answer:
+                self._send(c, answer)
+
+    def _request(self, c: _C10dConn, r: _C10dReader) -> bytes:
+        """One whole request's answer (b"" for none); changes nothing until it is whole."""
+        kind = r.take(1)[0]
+        if not c.validated:
+            if kind != C10D_VALIDATE or r.u32() != C10D_VALIDATION_MAGIC:
+                raise C10dProtocolError("the first request is not VALIDATE with c10d's magic")
+            c.validated = True
+            return b""
+        if kind == C10D_PING:
+            return struct.pack("<I", r.u32())
+        if kind == C10D_SET:
+            key, value = r.key(), r.value()
+            self._set(key, value)
+            return b""
+        if kind == C10D_COMPARE_SET:
+            key, expected, desired = r.key(), r.value(), r.value()
+            current = self._data.get(key)
+            if current is None:
+                if expected:
+                    self._wake(key)
+                    return _c10d_vec(expected)
+                self._set(key, desired)
+                return _c10d_vec(desired)
+            if current == expected:
+                self._set(key, desired)
+            else:
+                self._wake(key)
+            return _c10d_vec(self._data[key])
+        if kind == C10D_GET:
+            return _c10d_vec(self._data.get(r.key(), b""))
+        if kind == C10D_ADD:
+            key, delta = r.key(), r.i64()
+            total = self._number(key) + delta
+            self._set(key, str(total).encode("ascii"))
+            return _c10d_i64(total)
+        if kind == C10D_CHECK:
+            keys = [r.key() for _ in range(r.count())]
+            return bytes([C10D_READY if self._present(keys) else C10D_NOT_READY])
+        if kind == C10D_WAIT:
+            keys = [r.key() for _ in range(r.count())]
+            if self._present(keys):
+                return bytes([C10D_STOP_WAITING])
+            self._clear_wait(c)
+            for key in keys:
+                if not self._present([key]):
+                    c.waiting.add(key)
+                    self._waiters.setdefault(key, []).append(c)
+            return b""
+        if kind == C10D_GETNUMKEYS:
+            return _c10d_i64(len(self._data))
+        if kind == C10D_DELETE_KEY:
+            key = r.key()
+            if key not in self._data:
+                return _c10d_i64(0)
+            self._size -= len(key) + len(self._data.pop(key))
+            return _c10d_i64(1)
+        if kind == C10D_APPEND:
+            key, value = r.key(), r.value()
+            self._set(key, self._data.get(key, b"") + value)
+            return b""
+        if kind == C10D_MULTI_GET:
+            keys = [r.key() for _ in range(r.count())]
+            return b"".join(_c10d_vec(self._data.get(key, b"")) for key in keys)
+        if kind == C10D_MULTI_SET:
+            pairs = [(r.key(), r.value()) for _ in range(r.count())]
+            for key, value in pairs:
+                self._set(key, value)
+            return b""
+        if kind == C10D_CANCEL_WAIT:
+            self._clear_wait(c)
+            return bytes([C10D_WAIT_CANCELED])
+        if kind == C10D_QUEUE_PUSH:
+            key, value = r.key(), r.value()
+            self._grow(len(key) + len(value))
+            self._queues.setdefault(key, collections.deque()).append(value)
+            self._wake(key, one=True)
+            return b""
+        if kind == C10D_QUEUE_POP:
+            queue = self._queues.get(r.key())
+            if not queue:
+                return _c10d_i64(0)
+            length = len(queue)
+            value = queue.popleft()
+            self._size -= len(value)
+            return _c10d_i64(length) + _c10d_vec(value)
+        if kind == C10D_QUEUE_LEN:
+            queue = self._queues.get(r.key())
+            return _c10d_i64(len(queue) if queue else 0)
+        if kind == C10D_LIST_KEYS:
+            return _c10d_i64(len(self._data)) + b"".join(_c10d_vec(k) for k in self._data)
+        if kind == C10D_BARRIER:
+            key, world = r.key(), r.i64()
+            count = self._number(key) + 1
+            self._set(key, str(count).encode("ascii"))  # wakes the ones waiting
+            if count >= world:
+                return bytes([C10D_STOP_WAITING])
+            self._clear_wait(c)
+            c.waiting.add(key)
+            self._waiters.setdefault(key, []).append(c)
+            return b""
+        raise C10dProtocolError(f"unknown request type {kind}")
+
+    def _number(self, key: bytes) -> int:
+        value = self._data.get(key)
+        if value is None:
+            return 0
+        try:
+            return int(value.decode("ascii").strip())
+        except (UnicodeDecodeError, ValueError):
+            raise C10dProtocolError("ADD on a value that is not a number") from None
+
+    def _present(self, keys: List[bytes]) -> bool:
+        return all(k in self._data or bool(self._queues.get(k)) for k in keys)
+
+    def _grow(self, n: int) -> None:
+        if self._size + n > self._max_store_bytes:
+            raise C10dProtocolError("the store is full")
+        self._size += n
+
+    def _set(self, key: bytes, value: bytes) -> None:
+        old = self._data.get(key)
+        old_size = 0 if old is None else len(key) + len(old)
+        self._grow(len(key) + len(value) - old_size)
+        self._data[key] = value
+        self._wake(key)
+
+    def _wake(self, key: bytes, one: bool = False) -> None:
+        waiting = self._waiters.get(key)
+        if not waiting:
+            return
+        for c in list(waiting):
+            waiting.remove(c)
+            c.waiting.discard(key)
+            if not c.waiting:
+                self._send(c, bytes([C10D_STOP_WAITING]))
+                if one:
+                    break
+        if not waiting:
+            self._waiters.pop(key, None)
+
+    def _clear_wait(self, c: _C10dConn) -> None:
+        for key in c.waiting:
+            waiting = self._waiters.get(key)
+            if waiting and c in waiting:
+                waiting.remove(c)
+                if not waiting:
+                    del self._waiters[key]
+        c.waiting = set()
+
+
+# --- the agent on another host: vouches for its job's sockets ---------------------------------
+
+
+class C10dVoucher:
+    """The job's agent on another host: holds the control connection to the store at `store`,
+    proves it knows `secret` (and checks the store does), then answers each "is this socket
+    yours?" with `owns(local, remote)` (by default: open in one of `job`'s processes).
+    Reconnects after a loss until closed; `on_lost(reason)` hears each loss, `lost` is set
+    while it has none."""
+
+    def __init__(self, store: Tuple[str, int], secret: bytes,
+                 job: Optional[C10dJob] = None,
+                 owns: Optional[Callable[[Tuple[str, int], Tuple[str, int]], bool]] = None,
+                 timeout: float = C10D_REQUEST_TIMEOUT,
+                 retry: float = 1.0,
+                 on_lost: Optional[Callable[[str], None]] = None,
+                 source: Optional[Tuple[str, int]] = None) -> None:
+        if owns is None:
+            if job is None:
+                raise ValueError("a voucher needs the job's processes or an `owns` test")
+            job_ = job
+            owns = lambda local, remote: c10d_job_owns(job_, local, remote)  # noqa: E731
+        self.store = store
+        self._source = source  # the address to connect from (this host's on the job's network)
+        self._secret = secret
+        self._owns = owns
+        self._timeout = timeout
+        self._retry = retry
+        self._on_lost = on_lost
+        self._stop = threading.Event()
+        self.connected = threading.Event()
+        self._sock: Optional[socket.socket] = None
+        self._thread: Optional[threading.Thread] = None
+
+    def start(self) -> C10dVoucher:
+        self._thread = threading.Thread(target=self._run, name="c10d-voucher", daemon=True)
+        self._thread.start()
+        return self
+
+    def close(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        sock = self._sock
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def __enter__(self) -> C10dVoucher:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._session()
+                reason = "the store closed the control connection"
+            except (OSError, C10dFrameError, ValueError, KeyError, TypeError) as err:
+                reason = f"control connection lost: {err}"
+            self.connected.clear()
+            if self._stop.is_set():
+                return
+            if self._on_lost is not None:
+                self._on_lost(reason)
+            self._stop.wait(self._retry)
+
+    def _session(self) -> None:
+        sock = socket.create_connection(self.store, timeout=self._timeout,
+                                        source_address=self._source)
+        self._sock = sock
+        try:
+            if self._stop.is_set():
+                return
+            key = self._authenticate(sock)
+            sock.settimeout(None)  # idle between questions; close() shuts it down
+            self.connected.set()
+            buf = bytearray()
+            seq_in = seq_out = 0
+            while not self._stop.is_set():
+                got = _c10d_unframe(buf, key, _C10D_TO_AGENT, seq_in)
+                if got is None:
+                    data = sock.recv(65536)
+                    if not data:
+                        return
+                    buf += data
+                    continue
+                payload, used = got
+                del buf[:used]
+                seq_in += 1
+                question = json.loads(payload.decode("utf-8"))
+                peer, store = question["peer"], question["store"]
+                try:
+                    yes = bool(self._owns((str(peer[0]), int(peer[1])),
+                                          (str(store[0]), int(store[1]))))
+                except (OSError, ValueError):
+                    yes = False
+                answer = json.dumps({"a": int(question["q"]), "yes": yes}).encode("utf-8")
+                sock.sendall(_c10d_frame(key, _C10D_TO_STORE, seq_out, answer))
+                seq_out += 1
+        finally:
+            self._sock = None
+            sock.close()
+
+    def _authenticate(self, sock: socket.socket) -> bytes:
+        deadline = time.monotonic() + self._timeout
+        client_nonce = os.urandom(C10D_NONCE)
+        sock.sendall(C10D_CONTROL_MAGIC + client_nonce)
+        reply = _c10d_recv_exact(sock, C10D_NONCE + C10D_MAC, deadline)
+        server_nonce, proof = reply[:C10D_NONCE], reply[C10D_NONCE:]
+        if not hmac.compare_digest(proof, c10d_mac(self._secret, b"dtlaunch-c10d store",
+                                                   client_nonce, server_nonce)):
+            raise C10dFrameError("the store did not prove it knows the job's secret")
+        sock.sendall(c10d_mac(self._secret, b"dtlaunch-c10d agent", server_nonce, client_nonce))
+        return _c10d_session_key(self._secret, client_nonce, server_nonce)
+
+
+def _c10d_recv_exact(sock: socket.socket, n: int, deadline: float) -> bytes:
+    buf = b""
+    while len(buf) < n:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise socket.timeout("timed out")
+        sock.settimeout(left)
+        data = sock.recv(n - len(buf))
+        if not data:
+            raise ConnectionError("closed during the handshake")
+        buf += data
+    return buf
