@@ -118,13 +118,15 @@ def c10d_socket_inode(local: Tuple[str, int], remote: Tuple[str, int],
     `remote` (exact 4-tuple, either table); 0 when there is none, or when the socket has no
     inode any more (closed: FIN_WAIT2 and TIME_WAIT show 0)."""
     want = ((_c10d_norm_ip(local[0]), local[1]), (_c10d_norm_ip(remote[0]), remote[1]))
+    ports = (f":{local[1]:04X}", f":{remote[1]:04X}")  # a cheap look first: a busy host has many
     for name in ("tcp", "tcp6"):
         try:
             with open(os.path.join(proc_net, name)) as handle:
                 next(handle, None)  # the header
                 for line in handle:
                     fields = line.split()
-                    if len(fields) < 10:
+                    if (len(fields) < 10 or not fields[1].endswith(ports[0])
+                            or not fields[2].endswith(ports[1])):
                         continue
                     try:
                         if (_c10d_proc_addr(fields[1]), _c10d_proc_addr(fields[2])) != want:
