@@ -38,8 +38,8 @@ UI_ROOMS = {"cli", "__main__", "console"}  # the only users of click and rich
 # later), the rank shim under the ranks' (3.7, see its docstring), rsh and lifeline under
 # dtlaunch's own interpreter beside mpirun (requires-python).
 OLDEST_PYTHON = {"remote_probe.py": (3, 6), "import_probe.py": (3, 6), "rank_shim.py": (3, 7),
-                 "rsh.py": (3, 9), "lifeline.py": (3, 9), "gloo_host.py": (3, 7), "c10d_store.py": (3, 7),
-                 "gloo_start.py": (3, 9)}
+                 "rsh.py": (3, 9), "lifeline.py": (3, 9), "gloo_host.py": (3, 7),
+                 "c10d_store.py": (3, 7), "gloo_start.py": (3, 9)}
 
 
 def modules() -> dict[str, Path]:
