@@ -273,9 +273,9 @@ def read_run(ctx: click.Context, params: Mapping[str, Any], hvd: HorovodArgs) ->
     from dtlaunch.console.hostfile import read_hosts
     from dtlaunch.console.run_args import RunArgs, build_run_request, resolve_output_dir
     from dtlaunch.job.command import suggest_option
+    from dtlaunch.mpijob import launcher_choice
     from dtlaunch.plan.rank_filter import parse_rank_filter
     from dtlaunch.reach.ssh_options import ssh_options_from
-    from dtlaunch.run import launcher_choice
 
     p = params
     known = [o for q in ctx.command.params if isinstance(q, click.Option) and not q.hidden
@@ -387,8 +387,8 @@ def check_submitted_run(run_args: Sequence[str], workdir: str | None) -> None:
     carry it."""
     from dtlaunch.job.env import looks_secret
     from dtlaunch.job.hosts import Host
+    from dtlaunch.mpijob.launcher_choice import family_to_check
     from dtlaunch.plan.plan import plan_run
-    from dtlaunch.run.launcher_choice import family_to_check
 
     ctx = run.make_context("dtlaunch submit [SBATCH OPTIONS] --", list(run_args))
     for item in ctx.params["env_items"]:

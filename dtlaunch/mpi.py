@@ -1,6 +1,7 @@
 """What every way of starting a job shares: the job's spec, `--iface`, versions, and the
 `MpiFamily` interface that each MPI implementation's launcher fills in (dtlaunch.openmpi.family,
-dtlaunch.hydra.family). Pure."""
+dtlaunch.hydra.family). Pure, but for `local_mpi`, the one place a launcher is asked what it
+is."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-from dtlaunch.core.errors import UsageError
+from dtlaunch.core.errors import DtlaunchError, UsageError
 
 # The MPI's identity is part of this face (defined lower, where reading facts needs it).
 from dtlaunch.core.mpi_kinds import HYDRA_FAMILY as HYDRA_FAMILY
@@ -214,3 +215,20 @@ class FamilyDefaults:
 
     def job_iface(self, chosen: Interfaces, common_name: str | None) -> Interfaces | None:
         return chosen
+
+
+def local_mpi(family: MpiFamily, program: str, refuse: bool = True) -> MpiImpl:
+    """Ask the local launcher what it is; refuse one that this family cannot drive."""
+    import subprocess
+
+    from dtlaunch.core.version_cache import version_output
+
+    try:
+        _, out = version_output([program, "--version"], timeout=20)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise DtlaunchError(f"cannot run {program} --version: {exc}") from None
+    impl = family.parse_version(out)
+    why = family.unsupported(impl, program) if refuse else None
+    if why is not None:
+        raise UsageError(f"{why}; {family.install_hint}")
+    return impl

@@ -23,11 +23,11 @@ from dtlaunch.doctor.doctor import (
 )
 from dtlaunch.job.hosts import Host
 from dtlaunch.mpi import parse_iface
+from dtlaunch.mpijob.launcher_choice import job_launcher
 from dtlaunch.plan.plan import RunRequest, check_module_name
 from dtlaunch.probe import reach_for
 from dtlaunch.probe.prober import Reach
 from dtlaunch.reach.ssh_options import SshOptions, ssh_options_from
-from dtlaunch.run.launcher_choice import job_launcher
 
 
 @dataclass(frozen=True)

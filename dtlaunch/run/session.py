@@ -11,7 +11,7 @@ import functools
 import os
 import shutil
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,7 +21,8 @@ from dtlaunch.core.errors import EXIT_FAILURE, UsageError
 from dtlaunch.core.interrupts import signals_raise
 from dtlaunch.job.env import kept_home_note
 from dtlaunch.job.hosts import Host
-from dtlaunch.mpi import SLURM, MpiFamily, MpiImpl
+from dtlaunch.jobkind import JobContext, JobEnd, JobKind, Say, StartedJob, kind_for
+from dtlaunch.mpi import SLURM, MpiFamily, local_mpi
 from dtlaunch.plan.plan import RunPlan, RunRequest, plan_run
 from dtlaunch.probe import reach_for
 from dtlaunch.run.events import Event as Event  # the run's events, named here for its callers
@@ -29,15 +30,12 @@ from dtlaunch.run.events import EventLevel as EventLevel
 from dtlaunch.run.events import OnEvent as OnEvent
 from dtlaunch.run.events import progress_event
 from dtlaunch.run.failure_report import JobReport, build_report
-from dtlaunch.run.launcher_choice import launcher_family, local_mpi
 from dtlaunch.run.progress import HOSTS_CHECKED, Progress
 
 if TYPE_CHECKING:
     from dtlaunch.check.network import NetworkChoice
     from dtlaunch.check.report import DoctorReport
-    from dtlaunch.doctor.preflight import PreflightFailure
-    from dtlaunch.elastic.job import ElasticJob
-    from dtlaunch.gloo.start import GlooJob
+    from dtlaunch.doctor.preflight import DeferredKeyCheck, PreflightFailure
     from dtlaunch.plan.rank_filter import RankFilter
     from dtlaunch.probe.prober import Reach
     from dtlaunch.run.execute import LaunchResult
@@ -68,6 +66,8 @@ class LaunchRequest:
     ranks_to_stderr: bool = False  # --json: stdout is the report's
     # --max-restarts: `start` runs the attempts under it (`launch` itself runs one attempt).
     restarts: RestartPolicy | None = None
+    attempt: int = 0  # which attempt of the job this run is (0: the first)
+    max_restarts: int = 0  # how many restarts the job may have in all
 
 
 @dataclass(frozen=True)
@@ -107,8 +107,9 @@ def replan(request: RunRequest, prepared: Prepared, environ: Mapping[str, str] |
 
 def prepare(request: RunRequest, on_event: OnEvent, *, dry_run: bool = False,
             family: MpiFamily | None = None, environ: Mapping[str, str] | None = None,
-            defer_slots: bool = False) -> Prepared:
-    """Find and ask the local launcher, then build the plan. A dry run needs no launcher.
+            defer_slots: bool = False, kind: JobKind | None = None) -> Prepared:
+    """Find and ask the local launcher (the request's kind says which), then build the plan.
+    A dry run needs no launcher.
 
     Inside a scheduler's allocation the hosts come from it unless given (see cluster.py).
     ``defer_slots``: the pre-flight will run, and hosts without written slots get one per
@@ -125,17 +126,10 @@ def prepare(request: RunRequest, on_event: OnEvent, *, dry_run: bool = False,
         request = replace(request, ssh=for_local_ssh(request.ssh, env))
     if placement.allocation is not None:  # outside one, the hosts are what was typed
         on_event(Event(EventLevel.NOTE if dry_run else EventLevel.DETAIL, placement.source))
-    impl: MpiImpl | None = None
-    program: str | None
-    if request.controller == "gloo":
-        from dtlaunch.gloo.family import GLOO
-
-        # No MPI: dtlaunch starts the ranks itself; there is no launcher to ask.
-        family, program, impl = GLOO, GLOO.launcher, MpiImpl("none", "")
-    elif family is None:
-        family, program, impl = launcher_family(env)
+    if family is None:
+        family, program, impl = (kind or kind_for(request)).family(env)
     else:
-        program = shutil.which(family.launcher)
+        program, impl = shutil.which(family.launcher), None
     if program is None and not dry_run:
         raise UsageError(f"{family.launcher} not found on PATH; {family.install_hint}")
     if program is not None and impl is None:
@@ -246,62 +240,134 @@ def recheck(request: LaunchRequest, hosts: tuple[Host, ...], left: float | None,
 
 def launch(request: LaunchRequest, on_event: OnEvent, *, executor: Executor | None = None,
            reach: Reach | None = None) -> RunOutcome:
-    """Pre-flight, execute, and when a job started on a cached pre-flight fails because a
-    host key went bad, check again.
-    `executor` runs the job (default: launch.execute); `reach`: how the checks reach the
-    hosts (default: dtlaunch.probe.reach_for, by the request's launcher)."""
-    from dtlaunch.doctor.preflight import preflight_failure, run_preflight
-
-    discover = None
-    if request.run.elastic is not None:
-        from dtlaunch.run.elastic_run import discovery_for, first_hosts
-
-        discover = discovery_for(request.run)
-        request = replace(request, run=first_hosts(
-            request.run, discover, lambda text: on_event(Event(EventLevel.NOTE, text))))
-    prepared = prepare(request.run, on_event, defer_slots=request.check)
-    plan = prepared.plan
+    """One run, in a straight line: the request's kind, the plan, the pre-flight, the job the
+    kind starts, its end; and when a job started on a cached pre-flight fails because a host
+    key went bad, the checks again.
+    `executor` runs the job (default: run.execute); `reach`: how the checks reach the hosts
+    (default: dtlaunch.probe.reach_for, by the request's launcher)."""
+    kind = kind_for(request.run)
+    say = _say(on_event)
+    prepared = prepare(kind.first_request(request.run, say), on_event, kind=kind,
+                       defer_slots=request.check)
     run_request = prepared.request or request.run
     if reach is None:
         reach = reach_for(run_request.launcher, run_request.ssh)
-    keys = None
-    network = None
-    if request.check:
-        with signals_raise():
-            checked = run_preflight(run_request, plan, reach=reach, use_cache=request.use_cache,
-                                    command_timeout=request.start_timeout,
-                                    progress=lambda done, total, _host: on_event(progress_event(
-                                        Progress(HOSTS_CHECKED, done, total))))
-        if checked.message:
-            on_event(Event(EventLevel.DETAIL, checked.message))
-        for warning in checked.warnings:
-            on_event(Event(EventLevel.WARNING, warning))
-        if not checked.ok:
-            return RunOutcome(plan, checked.report, None, EXIT_FAILURE,
-                              preflight_failure(checked.report, job_started=False))
-        keys = checked.keys
-        choice = network = checked.network
-        run = run_request
-        if choice is not None and choice.iface is not None and run_request.iface is None:
-            iface = plan.family.job_iface(choice.iface, choice.gloo_iface)
-            run = replace(run_request, iface=iface,
-                          extra_env=(*choice.env(), *run_request.extra_env))
-            on_event(Event(EventLevel.NOTE, choice.describe()))
-        if prepared.provisional:
-            slots = choose_slots(run.hosts, local_gpus(checked.gpus or {}), run.num_proc)
-            run = replace(run, hosts=slots.hosts) if slots.changed else run
-            on_event(Event(EventLevel.NOTE if slots.changed else EventLevel.DETAIL, slots.text))
-        if run is not run_request or prepared.provisional:
-            plan = replan(run, prepared)
+    checked = _preflight(request, prepared, run_request, reach, on_event)
+    if isinstance(checked, RunOutcome):
+        return checked
+    plan, run, network, keys = checked
     on_event(Event(EventLevel.DETAIL, "running: " + plan.display()))
+    job = kind.start(_context(request, prepared, plan, run, network, reach, say))
+    result = _execute(request, plan, run_request, job, prepared, on_event, executor)
+    end = job.finish(JobEnd(result.exit_code, result.failure,
+                            stopped=result.interrupted_by is not None or result.timed_out))
+    if (end.exit_code, end.failure) != (result.exit_code, result.failure):
+        result = replace(result, exit_code=end.exit_code, failure=end.failure)
+    result = _blamed(result, run_request)
+    failed_itself = (result.exit_code != 0 and result.interrupted_by is None
+                     and not result.timed_out)
+    if keys is not None and failed_itself and keys.failed():
+        from dtlaunch.doctor.preflight import preflight_failure, run_preflight
+
+        with signals_raise():
+            # A host key changed (or vanished) since the cached pre-flight, and ssh refused
+            # the host: the full checks name it and the fix.
+            again = run_preflight(run_request, plan, job_started=True, reach=reach,
+                                  command_timeout=request.start_timeout)
+        if not again.ok:
+            return RunOutcome(plan, again.report, result, EXIT_FAILURE,
+                              preflight_failure(again.report, job_started=True),
+                              report=job_report(result, request.timeout))
+    return RunOutcome(plan, None, result, result.exit_code,
+                      report=job_report(result, request.timeout))
+
+
+def _say(on_event: OnEvent) -> Say:
+    levels = {"note": EventLevel.NOTE, "warning": EventLevel.WARNING,
+              "detail": EventLevel.DETAIL}
+    return lambda level, text: on_event(Event(levels.get(level, EventLevel.NOTE), text))
+
+
+Checked = tuple[RunPlan, RunRequest, "NetworkChoice | None", "DeferredKeyCheck | None"]
+
+
+def _preflight(request: LaunchRequest, prepared: Prepared, run_request: RunRequest,
+               reach: Reach, on_event: OnEvent) -> Checked | RunOutcome:
+    """The pre-flight (unless --no-check), and the plan again for what it chose: the network,
+    and the slots of hosts given without them (one per GPU). A refusal is the run's outcome."""
+    plan = prepared.plan
+    if not request.check:
+        return plan, run_request, None, None
+    from dtlaunch.doctor.preflight import preflight_failure, run_preflight
+
+    with signals_raise():
+        checked = run_preflight(run_request, plan, reach=reach, use_cache=request.use_cache,
+                                command_timeout=request.start_timeout,
+                                progress=lambda done, total, _host: on_event(progress_event(
+                                    Progress(HOSTS_CHECKED, done, total))))
+    if checked.message:
+        on_event(Event(EventLevel.DETAIL, checked.message))
+    for warning in checked.warnings:
+        on_event(Event(EventLevel.WARNING, warning))
+    if not checked.ok:
+        return RunOutcome(plan, checked.report, None, EXIT_FAILURE,
+                          preflight_failure(checked.report, job_started=False))
+    choice = checked.network
+    run = run_request
+    if choice is not None and choice.iface is not None and run_request.iface is None:
+        iface = plan.family.job_iface(choice.iface, choice.gloo_iface)
+        run = replace(run_request, iface=iface, extra_env=(*choice.env(), *run_request.extra_env))
+        on_event(Event(EventLevel.NOTE, choice.describe()))
+    if prepared.provisional:
+        slots = choose_slots(run.hosts, local_gpus(checked.gpus or {}), run.num_proc)
+        run = replace(run, hosts=slots.hosts) if slots.changed else run
+        on_event(Event(EventLevel.NOTE if slots.changed else EventLevel.DETAIL, slots.text))
+    if run is not run_request or prepared.provisional:
+        plan = replan(run, prepared)
+    return plan, run, choice, checked.keys
+
+
+def _context(request: LaunchRequest, prepared: Prepared, plan: RunPlan, run: RunRequest,
+             network: NetworkChoice | None, reach: Reach, say: Say) -> JobContext:
+    """What the request's kind needs to start its job, the run's services among it."""
+    from dtlaunch.agents import PIPE_BUF, ship
+    from dtlaunch.plan.plan import build_program, shim_python
+
+    def node_addresses(hosts: Sequence[str]) -> Mapping[str, str]:
+        from dtlaunch.cluster.slurm import node_addresses
+
+        return node_addresses(hosts)  # scontrol: asked only inside a Slurm allocation
+
+    def admit(host: str) -> str | None:
+        """A host that joins later passes the same pre-flight first (unless --no-check)."""
+        if not request.check:
+            return None
+        from dtlaunch.doctor.preflight import failure_message, run_preflight
+
+        one = replace(run, hosts=(Host(host, 1),), num_proc=1, elastic=None)
+        checked = run_preflight(one, plan_run(one, dict(os.environ), family=plan.family,
+                                              as_root=os.geteuid() == 0,
+                                              cpu_count=os.cpu_count() or 1),
+                                reach=reach, use_cache=request.use_cache,
+                                command_timeout=request.start_timeout)
+        return None if checked.ok else failure_message(checked.report, job_started=False)
+
+    program = ship("rank_shim.py").inline(build_program(run), shim_python(run), PIPE_BUF)
+    return JobContext(run, plan, prepared.mpirun, prepared.mpi_version, network, program,
+                      shim_python(run), say=say, admit=admit, node_addresses=node_addresses,
+                      attempt=request.attempt, max_restarts=request.max_restarts)
+
+
+def _execute(request: LaunchRequest, plan: RunPlan, run_request: RunRequest, job: StartedJob,
+             prepared: Prepared, on_event: OnEvent, executor: Executor | None) -> LaunchResult:
+    """Run the kind's job to its end (run.execute), watching Slurm's nodes inside a Slurm
+    allocation (no ssh link there shows a lost node); the kind closes what it opened."""
+    from dtlaunch.run.slurm_watch import blame, node_watch_for
+
     if executor is None:
         from dtlaunch.run.execute import execute
 
         executor = execute
-    from dtlaunch.run.slurm_watch import blame, node_watch_for
-
-    argv = plan.launch_argv or plan.argv
-    # Through Slurm no ssh link shows a lost node: a heartbeat step watches them instead.
     nodes = node_watch_for(run_request.launcher, plan.rank_hosts, run_request.python)
     shown = None
     if request.ranks is not None:
@@ -312,56 +378,34 @@ def launch(request: LaunchRequest, on_event: OnEvent, *, executor: Executor | No
     timeout, total = request.timeout, None
     if request.deadline is not None:
         timeout, total = max(request.deadline - time.time(), 0.001), request.timeout
-    command, command_env = (prepared.mpirun or plan.family.launcher, *argv[1:]), plan.launcher_env
-    gloo: GlooJob | ElasticJob | None = None
     extra: dict[str, Any] = {}
-    family = plan.family
-    if run_request.elastic is not None and discover is not None:
-        from dtlaunch.gloo.family import ELASTIC_GLOO
-
-        gloo = elastic_job_for(run_request, plan, network, discover, on_event, request, reach)
-        command, command_env, extra = gloo.argv, gloo.env, {
-            "stdin_data": gloo.feed, "on_lost_host": gloo.driver.host_lost}
-        family = ELASTIC_GLOO
-    elif run_request.controller == "gloo":
-        gloo = gloo_job_for(run_request, plan, network)
-        command, command_env, extra = gloo.argv, gloo.env, {"stdin_data": gloo.stdin}
+    if job.stdin is not None:
+        extra["stdin_data"] = job.stdin
+    if job.on_lost_host is not None:
+        extra["on_lost_host"] = job.on_lost_host
     try:
         result = executor(
-            command,
-            command_env,
-            plan.rank_hosts,
-            timeout=timeout,
-            timeout_total=total,
+            job.argv, job.env, plan.rank_hosts, timeout=timeout, timeout_total=total,
             log_label=request.log_label,
             output_dir=Path(request.output_dir) if request.output_dir else None,
             announce=lambda text: on_event(Event(EventLevel.NOTE, text)),
             stop_when=nodes.stop_reason if nodes is not None else None,
-            family=family,
-            support_files=plan.support_files,
+            family=job.family, support_files=plan.support_files,
             new_demux=functools.partial(plan.family.new_demux, release=prepared.mpi_version),
-            prefix_timestamp=request.prefix_timestamp,
-            shown_ranks=shown,
+            prefix_timestamp=request.prefix_timestamp, shown_ranks=shown,
             ranks_to_stderr=request.ranks_to_stderr,
-            on_progress=lambda progress: on_event(progress_event(progress)),
-            **extra,
-        )
+            on_progress=lambda progress: on_event(progress_event(progress)), **extra)
     finally:
         if nodes is not None:
             nodes.close()
-        if gloo is not None:
-            gloo.store.close()  # the rendezvous lives exactly as long as the job
-    if run_request.elastic is not None and gloo is not None:
-        from dtlaunch.elastic.driver import Outcome
-        from dtlaunch.elastic.job import ElasticJob
-        from dtlaunch.run.elastic_run import elastic_result
+        job.close()  # the kind's rendezvous lives exactly as long as the job
+    return blame(result, nodes)
 
-        assert isinstance(gloo, ElasticJob)
 
-        gloo.driver.stop(Outcome(result.exit_code or 1, "the job was stopped"))
-        result = elastic_result(result, gloo.driver.outcome)
-    result = blame(result, nodes)
-    if run_request.launcher == "slurm":
+def _blamed(result: LaunchResult, run_request: RunRequest) -> LaunchResult:
+    """The failure named as the user can act on it: a Slurm allocation's end, an option of
+    --mpi-args the launcher refused."""
+    if run_request.launcher == SLURM:
         from dtlaunch.run.slurm_watch import blame_allocation
 
         result = blame_allocation(result, os.environ.get("SLURM_JOB_ID"))
@@ -369,21 +413,7 @@ def launch(request: LaunchRequest, on_event: OnEvent, *, executor: Executor | No
         from dtlaunch.core.failure import blame_mpi_args
 
         result = replace(result, failure=blame_mpi_args(result.failure, run_request.mpi_args))
-    failed_itself = (result.exit_code != 0 and result.interrupted_by is None
-                     and not result.timed_out)
-    if keys is not None and failed_itself:
-        with signals_raise():
-            # A host key changed (or vanished) since the cached pre-flight, and ssh refused
-            # the host: the full checks name it and the fix.
-            again = run_preflight(run_request, plan, job_started=True, reach=reach,
-                                  command_timeout=request.start_timeout) \
-                if keys.failed() else None
-        if again is not None and not again.ok:
-            return RunOutcome(plan, again.report, result, EXIT_FAILURE,
-                              preflight_failure(again.report, job_started=True),
-                              report=job_report(result, request.timeout))
-    return RunOutcome(plan, None, result, result.exit_code,
-                      report=job_report(result, request.timeout))
+    return result
 
 
 def job_report(result: LaunchResult, timeout: float | None) -> JobReport:
@@ -391,74 +421,3 @@ def job_report(result: LaunchResult, timeout: float | None) -> JobReport:
     return build_report(result.exit_code, result.failure, result.ranks,
                         interrupted_by=result.interrupted_by, timed_out=result.timed_out,
                         timeout=timeout)
-
-
-def elastic_job_for(request: RunRequest, plan: RunPlan, network: NetworkChoice | None,
-                    discover: Callable[[], dict[str, int]], on_event: OnEvent,
-                    launch_request: LaunchRequest, reach: Reach) -> ElasticJob:
-    """An elastic run's job: its driver on the hosts the pre-flight passed, each later host
-    checked by the same pre-flight before it joins."""
-    from dtlaunch.agents import PIPE_BUF, ship
-    from dtlaunch.cluster.slurm import node_addresses
-    from dtlaunch.doctor.preflight import failure_message, run_preflight
-    from dtlaunch.elastic.job import prepare_elastic_job
-    from dtlaunch.gloo.ranks import host_ifaces
-    from dtlaunch.job.hosts import Host
-    from dtlaunch.plan.plan import build_program, shim_python
-
-    assert request.elastic is not None
-    program = ship("rank_shim.py").inline(build_program(request), shim_python(request),
-                                          PIPE_BUF)
-    common = {v.name: v.value for v in plan.env.variables}
-    names = network.names if network is not None else ()
-    common_iface = network.gloo_iface if network is not None else None
-    cidrs = request.iface.cidrs if request.iface is not None else ()
-    via_srun = request.launcher == "slurm"
-
-    def host_iface(host: str) -> str | None:
-        return host_ifaces(names, common_iface, [host]).get(host)
-
-    def node_address(host: str) -> str | None:
-        return node_addresses([host]).get(host) if via_srun else None
-
-    def admit(host: str) -> str | None:
-        if not launch_request.check:
-            return None
-        one = replace(request, hosts=(Host(host, 1),), num_proc=1, elastic=None)
-        checked = run_preflight(one, plan_run(one, dict(os.environ), family=plan.family,
-                                              as_root=os.geteuid() == 0,
-                                              cpu_count=os.cpu_count() or 1),
-                                reach=reach, use_cache=launch_request.use_cache,
-                                command_timeout=launch_request.start_timeout)
-        return None if checked.ok else failure_message(checked.report, job_started=False)
-
-    levels = {"note": EventLevel.NOTE, "warning": EventLevel.WARNING,
-              "detail": EventLevel.DETAIL}
-    initial = {h.name: h.slots for h in request.hosts}
-    return prepare_elastic_job(
-        request.elastic, initial, discover, common, program, shim_python(request), request.ssh,
-        plan.launcher_env, host_iface=host_iface, iface_cidrs=cidrs, via_srun=via_srun,
-        node_address=node_address, admit=admit,
-        say=lambda level, text: on_event(Event(levels.get(level, EventLevel.NOTE), text)))
-
-
-def gloo_job_for(request: RunRequest, plan: RunPlan, network: NetworkChoice | None) -> GlooJob:
-    """A --gloo run's job (its rendezvous store started): the planned variables for every
-    rank, each rank's Gloo contract, and each host's interface on the chosen network."""
-    from dtlaunch.agents import PIPE_BUF, ship
-    from dtlaunch.cluster.slurm import node_addresses
-    from dtlaunch.gloo.ranks import host_ifaces
-    from dtlaunch.gloo.start import prepare_gloo_job
-    from dtlaunch.plan.plan import build_program, shim_python
-
-    program = ship("rank_shim.py").inline(build_program(request), shim_python(request),
-                                          PIPE_BUF)
-    common = {v.name: v.value for v in plan.env.variables}
-    hosts = list(dict.fromkeys(plan.rank_hosts))
-    ifaces = host_ifaces(network.names, network.gloo_iface, hosts) if network is not None else {}
-    cidrs = request.iface.cidrs if request.iface is not None else ()
-    return prepare_gloo_job(plan.rank_hosts, common, program, shim_python(request), request.ssh,
-                            {}, plan.launcher_env, host_iface=ifaces, iface_cidrs=cidrs,
-                            via_srun=request.launcher == "slurm",
-                            node_addresses=node_addresses(hosts) if request.launcher == "slurm"
-                            else None)

@@ -29,10 +29,11 @@ from dtlaunch.hydra.output import HydraDemux, analyze_hydra
 from dtlaunch.job.env import EnvPlan, is_allowed
 from dtlaunch.job.hosts import Host
 from dtlaunch.mpi import Interfaces, MpiImpl, parse_mpirun_version
+from dtlaunch.mpijob import launcher_choice
 from dtlaunch.openmpi.family import OPEN_MPI
 from dtlaunch.plan.plan import RunRequest
 from dtlaunch.reach.ssh_options import SshOptions
-from dtlaunch.run import launcher_choice, session
+from dtlaunch.run import session
 from dtlaunch.run.execute import LaunchResult, first_failed_rank, write_private_executable
 
 MPICH_5 = """HYDRA build details:

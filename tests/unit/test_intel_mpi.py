@@ -19,8 +19,8 @@ from dtlaunch.hydra.output import analyze_hydra
 from dtlaunch.job.binding import intel_pinning
 from dtlaunch.job.env import EnvPlan, EnvVar
 from dtlaunch.job.hosts import Host
+from dtlaunch.mpijob import launcher_choice
 from dtlaunch.reach.ssh_options import SshOptions
-from dtlaunch.run import launcher_choice
 from dtlaunch.run.execute import write_private_executable
 
 INTEL_MPI = Hydra("/cache/bin", "/venv/bin/python", "/pkg/dtlaunch/agents/rsh.py", "Intel MPI")

@@ -21,13 +21,14 @@ DOCS = PACKAGE.parent / "docs"
 # Each room of the package (a subpackage, or one of the three files that face their layer) and
 # its floor. examples/ is the bundled training script: it imports nothing from dtlaunch.
 LAYERS: dict[str, int] = {
-    "__main__": 11, "cli": 10,
-    "console": 9,
-    "run": 8,
-    "doctor": 7,
-    "probe": 6,
-    "check": 5, "cluster": 5, "elastic": 5,
-    "plan": 4, "openmpi": 4, "hydra": 4, "gloo": 4, "horovod": 4,
+    "__main__": 12, "cli": 11,
+    "console": 10,
+    "run": 9,
+    "elastic": 8,
+    "doctor": 7, "gloo": 7, "mpijob": 7,
+    "probe": 6, "jobkind": 6,
+    "check": 5, "cluster": 5,
+    "plan": 4, "openmpi": 4, "hydra": 4, "horovod": 4,
     "mpi": 3, "ssh": 3,
     "job": 2, "reach": 2,
     "core": 1,
@@ -204,7 +205,7 @@ def test_nothing_outside_the_families_asks_which_family_it_holds() -> None:
 
 # Where a family may be named: its own rooms, the table that classifies MPIs into families
 # (with each family's host rule) and the one registry that maps a family to its object.
-FAMILY_NAMERS = {"core.mpi_kinds", "run.launcher_choice"}
+FAMILY_NAMERS = {"core.mpi_kinds", "mpijob.launcher_choice"}
 
 
 def test_nothing_outside_the_families_names_one() -> None:

@@ -5,30 +5,22 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import sys
 from collections.abc import Callable, Mapping
 
 from dtlaunch import agents
-from dtlaunch.core.errors import DtlaunchError, UsageError
+from dtlaunch.core.errors import DtlaunchError
 from dtlaunch.hydra.family import Hydra
-from dtlaunch.mpi import HYDRA_FAMILY, MPI_KINDS, OPEN_MPI_FAMILY, PREFERRED_MPI, MpiFamily, MpiImpl
+from dtlaunch.mpi import (
+    HYDRA_FAMILY,
+    MPI_KINDS,
+    OPEN_MPI_FAMILY,
+    PREFERRED_MPI,
+    MpiFamily,
+    MpiImpl,
+    local_mpi,
+)
 from dtlaunch.openmpi.family import OPEN_MPI
-
-
-def local_mpi(family: MpiFamily, program: str, refuse: bool = True) -> MpiImpl:
-    """Ask the local launcher what it is; refuse one that this family cannot drive."""
-    from dtlaunch.core.version_cache import version_output
-
-    try:
-        _, out = version_output([program, "--version"], timeout=20)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise DtlaunchError(f"cannot run {program} --version: {exc}") from None
-    impl = family.parse_version(out)
-    why = family.unsupported(impl, program) if refuse else None
-    if why is not None:
-        raise UsageError(f"{why}; {family.install_hint}")
-    return impl
 
 
 def launcher_family(environ: Mapping[str, str] | None = None,

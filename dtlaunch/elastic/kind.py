@@ -1,0 +1,116 @@
+"""The elastic job kind (Horovod's elastic mode): its first hosts found before the plan, its
+driver on the hosts the pre-flight passed, each later host checked by the same pre-flight
+before it joins (the run's `admit`), the driver's end turned into the run's result."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+
+from dtlaunch.core.failure import Failure
+from dtlaunch.elastic.discovery import DiscoveryError, FixedDiscovery, ScriptDiscovery
+from dtlaunch.elastic.driver import Outcome
+from dtlaunch.elastic.hosts import assign
+from dtlaunch.elastic.job import prepare_elastic_job
+from dtlaunch.gloo.family import ELASTIC_GLOO
+from dtlaunch.gloo.ranks import host_ifaces
+from dtlaunch.job.elastic import ElasticSpec
+from dtlaunch.job.hosts import Host
+from dtlaunch.jobkind import JobContext, JobEnd, Say, StartedJob
+from dtlaunch.mpi import SLURM, MpiFamily, MpiImpl
+from dtlaunch.plan.plan import RunRequest
+
+Discover = Callable[[], dict[str, int]]
+
+
+def discovery_for(request: RunRequest) -> Discover:
+    spec = request.elastic
+    assert spec is not None
+    if spec.discovery_script is not None:
+        return ScriptDiscovery(spec.discovery_script, spec.slots_per_host, spec.discovery_timeout)
+    return FixedDiscovery({h.name: h.slots for h in request.hosts})
+
+
+def first_hosts(request: RunRequest, discover: Discover,
+                say: Callable[[str], None] = lambda text: None,
+                clock: Callable[[], float] = time.monotonic) -> RunRequest:
+    """The request on the hosts discovery lists now, once they have --min-np (or -np) slots,
+    waiting up to --elastic-timeout; a script that fails the first time ends the run."""
+    spec: ElasticSpec = request.elastic  # type: ignore[assignment]
+    deadline = clock() + spec.timeout
+    told = False
+    while True:
+        try:
+            found = discover()
+        except DiscoveryError as exc:
+            raise DiscoveryError(f"--host-discovery-script: {exc}") from None
+        if sum(found.values()) >= spec.start_np:
+            break
+        if clock() >= deadline:
+            listed = ", ".join(f"{h}:{n}" for h, n in found.items()) or "no host"
+            raise DiscoveryError(f"elastic: {sum(found.values())} slot(s) ({listed}) after "
+                                 f"waiting {spec.timeout:g} s for {spec.start_np}")
+        if not told:
+            say(f"elastic: waiting up to {spec.timeout:g} s for {spec.start_np} slot(s)")
+            told = True
+        time.sleep(1.0)
+    ranks = assign(found, spec.max_np)
+    hosts = tuple(Host(h, n) for h, n in found.items())
+    return replace(request, hosts=hosts, num_proc=len(ranks))
+
+
+def elastic_end(end: JobEnd, outcome: Outcome | None) -> JobEnd:
+    """The run's end as the driver saw it: recovered failures are not the job's; a worker's
+    failure that ended it is named by its worker number (the output's tag) and host."""
+    if outcome is None or end.stopped:
+        return end
+    if outcome.code == 0:
+        return replace(end, exit_code=0, failure=None)
+    worker = outcome.worker
+    if worker is not None:
+        code = outcome.code
+        failure = Failure(worker.id, worker.slot.host, exit_code=code if code < 128 else None,
+                          signal=code - 128 if code > 128 else None)
+        return replace(end, exit_code=code, failure=failure)
+    why = outcome.message or "elastic: the job failed"
+    return replace(end, exit_code=outcome.code or 1, failure=Failure(reason=why))
+
+
+class ElasticJobKind:
+    name = "elastic"
+
+    def family(self, environ: Mapping[str, str]) -> tuple[MpiFamily, str | None, MpiImpl | None]:
+        return ELASTIC_GLOO, ELASTIC_GLOO.launcher, MpiImpl("none", "")  # no launcher to ask
+
+    def first_request(self, request: RunRequest, say: Say) -> RunRequest:
+        return first_hosts(request, discovery_for(request), lambda text: say("note", text))
+
+    def start(self, context: JobContext) -> StartedJob:
+        request, plan, network = context.request, context.plan, context.network
+        assert request.elastic is not None
+        names = network.names if network is not None else ()
+        common_iface = network.gloo_iface if network is not None else None
+        via_srun = request.launcher == SLURM
+
+        def node_address(host: str) -> str | None:
+            return context.node_addresses([host]).get(host) if via_srun else None
+
+        job = prepare_elastic_job(
+            request.elastic, {h.name: h.slots for h in request.hosts}, discovery_for(request),
+            {v.name: v.value for v in plan.env.variables}, context.rank_program,
+            context.python, request.ssh, plan.launcher_env,
+            host_iface=lambda host: host_ifaces(names, common_iface, [host]).get(host),
+            iface_cidrs=request.iface.cidrs if request.iface is not None else (),
+            via_srun=via_srun, node_address=node_address, admit=context.admit, say=context.say)
+
+        def finish(end: JobEnd) -> JobEnd:
+            job.driver.stop(Outcome(end.exit_code or 1, "the job was stopped"))
+            return elastic_end(end, job.driver.outcome)
+
+        return StartedJob(job.argv, job.env, ELASTIC_GLOO, stdin=job.feed,
+                          on_lost_host=job.driver.host_lost, close=job.store.close,
+                          finish=finish)
+
+
+ELASTIC_JOB = ElasticJobKind()

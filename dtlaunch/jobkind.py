@@ -1,0 +1,116 @@
+"""How a kind of job starts and ends: the JobKind seam, and beside it the one registry that maps
+a request to its kind.
+
+A kind is one way the ranks of a job are started and meet: an MPI launcher (Open MPI's
+mpirun, Hydra's mpiexec; over ssh or srun), Horovod's Gloo controller with dtlaunch's own
+rendezvous, Horovod's elastic mode, and torch.distributed with torchrun's worker contract.
+`run/` knows the seam only: it plans, checks the hosts, asks the request's kind for the job
+(`JobKind.start`), runs what it returns and hands the result back to it (`StartedJob.finish`).
+Each kind lives in its own folder and is named here by its module path, resolved on first use,
+as a plugin registry is: adding a kind is a folder and one line of KINDS.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import IO, TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from dtlaunch.check.network import NetworkChoice
+    from dtlaunch.core.failure import Failure
+    from dtlaunch.mpi import MpiFamily, MpiImpl
+    from dtlaunch.plan.plan import RunPlan, RunRequest
+
+# (level, text): "note", "warning" or "detail", as the run's events say them.
+Say = Callable[[str, str], None]
+
+
+@dataclass(frozen=True)
+class JobContext:
+    """What a kind is given to start its job, once the job is planned and its hosts checked.
+
+    The callbacks are the run's own services, so that no kind reaches above its floor: the
+    pre-flight of a host that joins later (`admit`: None when it passed, else why not) and
+    where the scheduler reaches nodes (`node_addresses`, inside a Slurm allocation)."""
+
+    request: RunRequest  # hosts, -np and the launcher resolved; the network chosen
+    plan: RunPlan
+    program: str | None  # the local launcher's path (an MPI job's), else None
+    release: tuple[int, ...]  # the local launcher's version; (): none or unknown
+    network: NetworkChoice | None  # the pre-flight's choice of network, when it made one
+    rank_program: tuple[str, ...]  # one rank's argv through the rank shim (PIPE_BUF records)
+    python: str  # the interpreter the rank shim runs with on the hosts
+    say: Say = lambda level, text: None
+    admit: Callable[[str], str | None] = lambda host: None
+    node_addresses: Callable[[Sequence[str]], Mapping[str, str]] = lambda hosts: {}
+    attempt: int = 0  # 0 for the first run of a job, n for its n-th restart
+    max_restarts: int = 0
+
+
+@dataclass(frozen=True)
+class JobEnd:
+    """How the job's program ended, as the kind may restate it (an elastic job's driver knows
+    which failures it recovered from)."""
+
+    exit_code: int
+    failure: Failure | None
+    stopped: bool  # dtlaunch stopped it (a signal, --timeout): its word stands
+
+
+def _unchanged(end: JobEnd) -> JobEnd:
+    return end
+
+
+@dataclass(frozen=True)
+class StartedJob:
+    """What runs (argv, its environment, its standard input), how its output and failures
+    are read (`family`), and the kind's part of its end: a lost host handed to it instead of
+    ending the job, what it closes when the job is over, and the result as the kind saw it."""
+
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    family: MpiFamily
+    stdin: bytes | Callable[[IO[bytes]], None] | None = None
+    on_lost_host: Callable[[str], None] | None = None
+    close: Callable[[], None] = lambda: None
+    finish: Callable[[JobEnd], JobEnd] = field(default=_unchanged)
+
+
+class JobKind(Protocol):
+    """One way a job's ranks are started and meet."""
+
+    name: str  # the registry's key
+
+    def family(self, environ: Mapping[str, str]) -> tuple[MpiFamily, str | None, MpiImpl | None]:
+        """Who starts the job, asked on this machine: (family, its program or None when it is
+        not found, what the program says it is or None when not asked)."""
+        ...
+
+    def first_request(self, request: RunRequest, say: Say) -> RunRequest:
+        """The request the job is planned for (an elastic job's first hosts)."""
+        ...
+
+    def start(self, context: JobContext) -> StartedJob:
+        """Make the job ready to run (its rendezvous started); nothing of the user's runs yet."""
+        ...
+
+
+# The registry: a request's kind -> "module:object" of its implementation.
+KINDS: dict[str, str] = {
+    "mpi": "dtlaunch.mpijob.kind:MPI_JOB",
+    "gloo": "dtlaunch.gloo.kind:GLOO_JOB",
+    "elastic": "dtlaunch.elastic.kind:ELASTIC_JOB",
+}
+
+
+def kind_name(request: RunRequest) -> str:
+    """Which kind runs `request`: Horovod's elastic mode, else its `controller`."""
+    return "elastic" if request.elastic is not None else request.controller
+
+
+def kind_for(request: RunRequest) -> JobKind:
+    module, _, name = KINDS[kind_name(request)].partition(":")
+    kind: JobKind = getattr(importlib.import_module(module), name)
+    return kind
