@@ -84,15 +84,36 @@ class BadRequest(Exception):
         self.status = status
 
 
+def is_number(text: str) -> bool:
+    """ASCII digits only: str.isdigit() is also true of '²', which int() refuses."""
+    return text.isascii() and text.isdigit()
+
+
+def _recv(conn: socket.socket, size: int, deadline: Optional[float]) -> bytes:
+    """conn.recv, but never past `deadline` (time.monotonic()): the whole request has that
+    long, however slowly its bytes come."""
+    if deadline is not None:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise BadRequest(408, "request not complete in time")
+        conn.settimeout(min(left, IO_TIMEOUT))
+    try:
+        return conn.recv(size)
+    except socket.timeout:
+        raise BadRequest(408, "request not complete in time") from None
+
+
 def read_request(conn: socket.socket, buf: bytes, max_body: int = MAX_BODY,
+                 deadline: Optional[float] = None,
                  ) -> Optional[Tuple[bytes, bytes, Dict[str, str], bytes, bytes]]:
     """One HTTP/1.x request from `conn` (bytes already read first in `buf`): (method, path,
     headers with lower-case names, body, what was read beyond it). None: the peer closed
-    between requests. Raises BadRequest for anything malformed or too large."""
+    between requests. Raises BadRequest for anything malformed or too large, or not complete
+    by `deadline`."""
     while b"\r\n\r\n" not in buf:
         if len(buf) > MAX_HEAD:
             raise BadRequest(431, "request head too large")
-        data = conn.recv(65536)
+        data = _recv(conn, 65536, deadline)
         if not data:
             if buf:
                 raise BadRequest(400, "request cut short")
@@ -114,13 +135,13 @@ def read_request(conn: socket.socket, buf: bytes, max_body: int = MAX_BODY,
     if "transfer-encoding" in headers:
         raise BadRequest(501, "chunked bodies are not taken")
     length_text = headers.get("content-length", "0")
-    if not length_text.isdigit():
+    if not is_number(length_text):
         raise BadRequest(400, "bad Content-Length")
     length = int(length_text)
     if length > max_body:
         raise BadRequest(413, "body too large")
     while len(rest) < length:
-        data = conn.recv(min(65536, length - len(rest)))
+        data = _recv(conn, min(65536, length - len(rest)), deadline)
         if not data:
             raise BadRequest(400, "body cut short")
         rest += data
@@ -157,14 +178,14 @@ def read_response(conn: socket.socket, max_body: int = MAX_BODY,
     head, _, body = buf.partition(b"\r\n\r\n")
     lines = head.split(b"\r\n")
     parts = lines[0].split(b" ", 2)
-    if len(parts) < 2 or not parts[1].isdigit():
+    if len(parts) < 2 or not is_number(parts[1].decode("latin-1")):
         raise BadRequest(502, "store answer unreadable")
     headers = {}
     for line in lines[1:]:
         name, _, value = line.partition(b":")
         headers[name.strip().lower().decode("latin-1")] = value.strip().decode("latin-1")
     length_text = headers.get("content-length", "0")
-    if not length_text.isdigit() or int(length_text) > max_body:
+    if not is_number(length_text) or int(length_text) > max_body:
         raise BadRequest(502, "store answer too large")
     length = int(length_text)
     while len(body) < length:

@@ -8,7 +8,9 @@
   signed back, so nobody on the network can feed a rank a forged address either.
 - Values are bytes kept as bytes: nothing is ever decoded, let alone unpickled.
 - Bounded: the request head, the body (MAX_BODY), the keys per scope, the connections served
-  at once; every read and write has a timeout.
+  at once (those of addresses not yet proven by a signed request apart, and each such address
+  its share: strangers holding connections open leave the job's hosts room); each whole
+  request has a deadline, every read and write a timeout.
 
 DELETE keeps horovodrun's meaning for the scopes the job's layout defines (`global`,
 `local_HOST`, `cross_N`): once every member of a scope has deleted its key, the scope is
@@ -40,7 +42,15 @@ MAX_NONCES = 1_000_000  # remembered against replays; beyond it the store refuse
 NONCE_MAX_AGE = 3600.0
 NONCE_FORGET = 7200.0
 IO_TIMEOUT = 10.0
+# A whole request (head and body) has this long, however slowly its bytes come (slowloris).
+REQUEST_DEADLINE = 10.0
+# Connections served at once: from addresses that have sent a signed request (the job's
+# hosts), and apart from them, from addresses that have not yet (a host's first requests, or
+# a stranger), each such address holding at most MAX_UNPROVEN_PER_PEER: strangers holding
+# connections open never take the job's.
 MAX_CLIENTS = 512
+MAX_UNPROVEN = 256
+MAX_UNPROVEN_PER_PEER = 128
 _NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-:")
 MAX_NAME = 255
 
@@ -89,8 +99,9 @@ class Store:
     _pruned_at: float = 0.0
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _socks: list[socket.socket] = field(default_factory=list)
-    _slots: threading.BoundedSemaphore = field(
-        default_factory=lambda: threading.BoundedSemaphore(MAX_CLIENTS))
+    _proven: set[str] = field(default_factory=set)  # addresses that sent a signed request
+    _held: dict[str, int] = field(default_factory=dict)  # connections served, by address
+    _held_unproven: dict[str, int] = field(default_factory=dict)
     _closed: bool = False
 
     def start(self) -> None:
@@ -167,21 +178,45 @@ class Store:
                 conn, peer = sock.accept()
             except OSError:
                 return
-            if not self._slots.acquire(blocking=False):
+            address = str(peer[0])
+            slot = self._take_slot(address)
+            if slot is None:
                 conn.close()
                 continue
-            threading.Thread(target=self._serve, args=(conn, str(peer[0])), daemon=True).start()
+            threading.Thread(target=self._serve, args=(conn, address, slot),
+                             daemon=True).start()
+
+    def _take_slot(self, address: str) -> dict[str, int] | None:
+        """A place for one more connection from `address`: the count it was entered in (to
+        release), or None when there is none."""
+        with self._lock:
+            if address in self._proven:
+                counts, limit, per_peer = self._held, MAX_CLIENTS, MAX_CLIENTS
+            else:
+                counts, limit, per_peer = (self._held_unproven, MAX_UNPROVEN,
+                                           MAX_UNPROVEN_PER_PEER)
+            if sum(counts.values()) >= limit or counts.get(address, 0) >= per_peer:
+                return None
+            counts[address] = counts.get(address, 0) + 1
+            return counts
+
+    def _release_slot(self, counts: dict[str, int], address: str) -> None:
+        with self._lock:
+            counts[address] -= 1
+            if not counts[address]:
+                del counts[address]
 
     def _refuse(self, peer: str, why: str) -> None:
         with self._lock:
             if len(self.refusals) < 1000:
                 self.refusals.append(Refusal(peer, why))
 
-    def _serve(self, conn: socket.socket, peer: str) -> None:
+    def _serve(self, conn: socket.socket, peer: str, slot: dict[str, int]) -> None:
         try:
             conn.settimeout(IO_TIMEOUT)
             try:
-                got = agents.read_request(conn, b"", max_body=MAX_BODY)
+                got = agents.read_request(conn, b"", max_body=MAX_BODY,
+                                          deadline=time.monotonic() + REQUEST_DEADLINE)
             except agents.BadRequest as exc:
                 self._refuse(peer, str(exc))
                 conn.sendall(agents.response_bytes(exc.status, close=True))
@@ -195,15 +230,17 @@ class Store:
                 self._refuse(peer, "unsigned, wrongly signed or replayed request")
                 conn.sendall(agents.response_bytes(401, close=True))
                 return
+            with self._lock:
+                self._proven.add(peer)
             status, answer = self.handle(method, path, body)
             signed = agents.response_mac(self.secret, nonce, status, answer)
             conn.sendall(agents.response_bytes(
                 status, answer, headers=((agents.AUTH_HEADER, signed),), close=True))
-        except OSError:
+        except (OSError, ValueError):  # the peer went away; or bytes no request has
             return
         finally:
             conn.close()
-            self._slots.release()
+            self._release_slot(slot, peer)
 
     def _authentic(self, method: bytes, path: bytes, nonce: bytes, body: bytes,
                    mac: str) -> bool:

@@ -89,3 +89,97 @@ def test_another_local_user_cannot_write_into_a_root_jobs_store(
     # Before: "200 evil" (every time on the test bed with 400 tries).
     assert (tmp_path / "answer.0").read_text() == "404 ", err
     assert_no_strays(gbed)
+
+
+def listening_ports(pid: int) -> list[tuple[str, int]]:
+    """The TCP addresses process `pid` listens on (its sockets, in /proc/net/tcp)."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    found = []
+    with open("/proc/net/tcp") as handle:
+        for line in list(handle)[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in inodes:
+                addr, port = fields[1].split(":")
+                ip = ".".join(str(int(addr[i:i + 2], 16)) for i in (6, 4, 2, 0))
+                found.append((ip, int(port, 16)))
+    return found
+
+
+# A host outside the job holds many connections to the store, each sending one byte every
+# 5 s (each read well within the store's timeout); it prints "ready" once they are open, then
+# after `seconds` how many the store has closed.
+SLOWLORIS = r"""
+import socket, sys, time
+host, port, count, seconds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+held = []
+for _ in range(count):
+    try:
+        c = socket.create_connection((host, port), timeout=10)
+        c.sendall(b"G")
+        c.setblocking(False)
+        held.append(c)
+    except OSError:
+        pass
+print("ready", len(held), flush=True)
+closed = set()
+end = time.monotonic() + seconds
+while time.monotonic() < end:
+    for i, c in enumerate(held):
+        if i in closed:
+            continue
+        try:
+            if c.recv(100) == b"":
+                closed.add(i)
+                continue
+            closed.add(i)  # an answer (408): the store is done with it
+        except BlockingIOError:
+            try:
+                c.send(b"E")
+            except OSError:
+                closed.add(i)
+        except OSError:
+            closed.add(i)
+    time.sleep(5)
+print("closed", len(closed), "of", len(held), flush=True)
+"""
+
+
+def test_a_slowloris_from_outside_the_job_neither_starves_nor_outlives_the_store(
+        gbed: TestBed, tmp_path: Path) -> None:
+    proc = subprocess.Popen(gloo_argv(gbed, "h1:1,h2:1", sys.executable, READER,
+                                      str(tmp_path), "/probe/key"),
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    attacker = None
+    try:
+        wait_for(lambda: len(list(tmp_path.glob("port.*"))) >= 2 or proc.poll() is not None,
+                 "2 ranks to start")
+        assert proc.poll() is None, proc.communicate()
+        (host, port), = listening_ports(proc.pid)
+        attacker = subprocess.Popen(gbed.nsenter_argv("h3", [
+            sys.executable, "-I", "-S", "-c", SLOWLORIS, host, str(port), "600", "25"]),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert attacker.stdout is not None
+        ready = attacker.stdout.readline().split()
+        assert ready[0] == "ready" and int(ready[1]) > 0, (ready, attacker.stderr)
+        (tmp_path / "go").touch()  # the ranks read through the store now, under attack
+        _, err = proc.communicate(timeout=HANG)
+        report, attack_err = attacker.communicate(timeout=HANG)
+    finally:
+        proc.kill()
+        if attacker is not None:
+            attacker.kill()
+    assert proc.returncode == 0, err
+    # Before: "503 " (every slot held by the stranger; Horovod's ranks aborted).
+    assert sorted(p.read_text() for p in tmp_path.glob("answer.*")) == ["404 ", "404 "], err
+    # Each of the stranger's connections was cut at its request's deadline (10 s).
+    closed = report.split()
+    assert closed[0] == "closed" and closed[1] == closed[3], (report, attack_err)
+    assert_no_strays(gbed)
