@@ -29,17 +29,34 @@ def run_bounded(argv: Sequence[str], timeout: float) -> tuple[int, str]:
 
 
 def run_bounded_apart(argv: Sequence[str], timeout: float, *, env: Mapping[str, str] | None = None,
-                      cwd: str | None = None) -> tuple[int, bytes, bytes]:
+                      cwd: str | None = None, tied: bool = False) -> tuple[int, bytes, bytes]:
     """run_bounded with stdout and stderr kept apart (a program whose output is data), in
-    `env` (else this process's environment) and `cwd` (else this process's folder)."""
-    return _run(argv, timeout, subprocess.PIPE, env, cwd)
+    `env` (else this process's environment) and `cwd` (else this process's folder).
+    `tied`: under the lifeline (dtlaunch.agents.lifeline), as a job's launcher is, so that its
+    session ends with dtlaunch however dtlaunch ends (SIGKILL too), not only at the deadline:
+    for a user's program that may hang (a discovery script)."""
+    return _run(argv, timeout, subprocess.PIPE, env, cwd, tied)
 
 
 def _run(argv: Sequence[str], timeout: float, stderr: int, env: Mapping[str, str] | None = None,
-         cwd: str | None = None) -> tuple[int, bytes, bytes]:
-    proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=stderr,
-                            stdin=subprocess.DEVNULL, start_new_session=True,
-                            env=None if env is None else dict(env), cwd=cwd)
+         cwd: str | None = None, tied: bool = False) -> tuple[int, bytes, bytes]:
+    command, keep = list(argv), -1
+    if tied:
+        from dtlaunch.agents import guarded_argv
+
+        command, lifeline_read, keep = guarded_argv(command)
+    try:
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr,
+                                stdin=subprocess.DEVNULL, start_new_session=True,
+                                env=None if env is None else dict(env), cwd=cwd,
+                                pass_fds=(lifeline_read,) if tied else ())
+    except BaseException:
+        if tied:
+            os.close(keep)
+        raise
+    finally:
+        if tied:
+            os.close(lifeline_read)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -51,4 +68,6 @@ def _run(argv: Sequence[str], timeout: float, stderr: int, env: Mapping[str, str
         for stream in (proc.stdout, proc.stderr):
             if stream is not None:
                 stream.close()
+        if tied:
+            os.close(keep)  # the lifeline's guard ends whatever is left of its session
     return proc.returncode, out, err or b""

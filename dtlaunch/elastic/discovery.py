@@ -14,6 +14,7 @@ from collections.abc import Mapping
 
 from dtlaunch.core.bounded import run_bounded_apart
 from dtlaunch.core.errors import DtlaunchError
+from dtlaunch.job.hosts import MAX_SLOTS
 
 MAX_OUTPUT = 1 << 20
 _HOST_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-")
@@ -35,9 +36,14 @@ def parse_hosts(text: str, slots_per_host: int | None) -> dict[str, int]:
             raise DiscoveryError(f"line {number} is not a host: {_shown(line)} (expected "
                                  "HOST:SLOTS or HOST, one a line)")
         if sep:
-            if not slots_text.isdigit() or int(slots_text) < 1:
+            # ASCII digits only: isdigit() is also true of '²', which int() refuses.
+            if not (slots_text.isascii() and slots_text.isdigit()) \
+                    or not slots_text.strip("0"):
                 raise DiscoveryError(f"line {number}: {_shown(line)}: the slots after ':' must "
                                      "be a whole number of at least 1")
+            if len(slots_text.lstrip("0")) > len(str(MAX_SLOTS)) or int(slots_text) > MAX_SLOTS:
+                raise DiscoveryError(f"line {number}: {_shown(line)}: {_shown_number(slots_text)} "
+                                     f"slots is more than the {MAX_SLOTS} dtlaunch accepts")
             slots = int(slots_text)
         elif slots_per_host is None:
             raise DiscoveryError(f"line {number}: host {host} has no slots: print HOST:SLOTS, "
@@ -46,6 +52,11 @@ def parse_hosts(text: str, slots_per_host: int | None) -> dict[str, int]:
             slots = slots_per_host
         found[host] = slots
     return found
+
+
+def _shown_number(digits: str) -> str:
+    digits = digits.lstrip("0")
+    return digits if len(digits) <= 20 else f"{digits[:8]}...({len(digits)} digits)"
 
 
 def _shown(line: str) -> str:
@@ -62,7 +73,9 @@ def run_script(script: str, timeout: float) -> str:
     if not argv:
         raise DiscoveryError("the script's command is empty")
     try:
-        code, out, err = run_bounded_apart(argv, timeout)
+        # Tied to dtlaunch's life: a script hung when dtlaunch is stopped (SIGTERM, SIGINT,
+        # even SIGKILL) is ended with its whole session, not left to PID 1.
+        code, out, err = run_bounded_apart(argv, timeout, tied=True)
     except OSError as exc:
         raise DiscoveryError(f"cannot run {argv[0]}: {exc.strerror or exc}") from None
     except subprocess.TimeoutExpired:

@@ -324,6 +324,10 @@ class ElasticDriver:
                 self.say("warning", f"elastic: host discovery failed, keeping the last hosts: "
                                     f"{exc}")
                 continue
+            except Exception as exc:  # whatever one call met, discovery goes on
+                self.say("warning", f"elastic: host discovery failed, keeping the last hosts: "
+                                    f"{type(exc).__name__}: {exc}")
+                continue
             self._take_discovery(found)
 
     def _take_discovery(self, found: Mapping[str, int], first: bool = False) -> None:

@@ -16,6 +16,8 @@ import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from dtlaunch.job.hosts import MAX_NUM_PROC
+
 NO_UPDATE, REMOVED, ADDED = 0, 1, 2  # Horovod's HostUpdateResult flags
 
 
@@ -94,10 +96,13 @@ class HostManager:
 def assign(available: Mapping[str, int], max_np: int | None) -> list[str]:
     """Each rank's host, rank order: hosts filled one after another (as horovodrun does, so a
     host's ranks are neighbours), at most `max_np`."""
+    # Without --max-np, no more than one past what any plan takes (which then says so in
+    # one line): thousands of hosts with thousands of slots never build a list of millions.
+    limit = max_np if max_np is not None else MAX_NUM_PROC + 1
     out: list[str] = []
     for host, count in available.items():
         for _ in range(count):
-            if max_np is not None and len(out) >= max_np:
+            if len(out) >= limit:
                 return out
             out.append(host)
     return out

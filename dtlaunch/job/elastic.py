@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dtlaunch.core.errors import UsageError
+from dtlaunch.job.hosts import MAX_NUM_PROC, MAX_SLOTS
 
 ELASTIC_TIMEOUT = 600.0  # horovodrun's default: how long to wait for --min-np slots
 DISCOVERY_TIMEOUT = 30.0  # one run of the discovery script
@@ -44,14 +45,20 @@ def elastic_spec(min_np: int | None, max_np: int | None, num_proc: int | None,
     if discovery_script is not None and has_hosts:
         raise UsageError("--host-discovery-script and -H/--hostfile cannot be combined: the "
                          "script lists the hosts")
+    # Each size on its own first: --max-np 0 is that, not a missing --min-np.
+    for name, value in (("--min-np", min_np), ("--max-np", max_np), ("-np", num_proc),
+                        ("--slots-per-host", slots_per_host)):
+        if value is not None and value < 1:
+            raise UsageError(f"{name}: must be at least 1, got {value}")
+        slots = name == "--slots-per-host"
+        limit = MAX_SLOTS if slots else MAX_NUM_PROC
+        if value is not None and value > limit:
+            raise UsageError(f"{name}: {value} {'slots' if slots else 'processes'} is more than "
+                             f"the {limit} dtlaunch {'accepts' if slots else 'starts'}")
     low = min_np if min_np is not None else num_proc
     if low is None:
         raise UsageError("elastic mode needs --min-np N (or -np N) to know how many processes "
                          "it may run on")
-    for name, value in (("--min-np", low), ("--max-np", max_np), ("-np", num_proc),
-                        ("--slots-per-host", slots_per_host)):
-        if value is not None and value < 1:
-            raise UsageError(f"{name}: must be at least 1, got {value}")
     if max_np is not None and max_np < low:
         raise UsageError(f"--max-np {max_np} is less than --min-np {low}")
     if num_proc is not None and (num_proc < low or (max_np is not None and num_proc > max_np)):

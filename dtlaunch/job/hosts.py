@@ -12,6 +12,8 @@ from dtlaunch.core.errors import UsageError
 
 # Slots per host beyond this are certainly a typo (no machine has a million cores).
 MAX_SLOTS = 4096
+# More processes than this is a typo, not a job (and would cost gigabytes to plan).
+MAX_NUM_PROC = 1_000_000
 
 # RFC 1123 host names (labels of letters, digits, '-' and '_'). `user@host` is not accepted:
 # users belong in ssh config, which OpenSSH, mpirun and dtlaunch all read.

@@ -11,7 +11,7 @@ from dtlaunch.job.command import Program
 from dtlaunch.job.command import check_module_name as check_module_name  # re-exported for the CLI
 from dtlaunch.job.elastic import ElasticSpec
 from dtlaunch.job.env import EnvPlan, build_launcher_env, plan_environment, slurm_launch_env
-from dtlaunch.job.hosts import Host, assign_ranks, total_slots
+from dtlaunch.job.hosts import MAX_NUM_PROC, Host, assign_ranks, total_slots
 from dtlaunch.mpi import SLURM, SSH, Interfaces, JobSpec, MpiFamily, format_command
 from dtlaunch.reach.ssh_options import SshOptions
 
@@ -76,10 +76,6 @@ class RunPlan:
     def display(self) -> str:
         """Shell-quoted and pasteable; values of secrets never appear in it."""
         return format_command(self.argv, self.shown_env)
-
-
-# More processes than this is a typo, not a job (and would cost gigabytes to plan).
-MAX_NUM_PROC = 1_000_000
 
 
 def resolve_hosts(hosts: tuple[Host, ...], cpu_count: int) -> tuple[Host, ...]:
