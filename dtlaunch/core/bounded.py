@@ -42,9 +42,9 @@ def _run(argv: Sequence[str], timeout: float, stderr: int, env: Mapping[str, str
          cwd: str | None = None, tied: bool = False) -> tuple[int, bytes, bytes]:
     command, keep = list(argv), -1
     if tied:
-        from dtlaunch.agents import guarded_argv
+        from dtlaunch.agents import guarded_argv, ship
 
-        command, lifeline_read, keep = guarded_argv(command)
+        command, lifeline_read, keep = guarded_argv(ship("lifeline.py").here(), command)
     try:
         proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr,
                                 stdin=subprocess.DEVNULL, start_new_session=True,
