@@ -1,17 +1,21 @@
 """The command line's option helpers: single-valued options that catch repeats, seconds that
-must be finite, the host options shared by run and doctor, and horovodrun's options generated
-from dtlaunch.horovod.options' table. Part of the CLI layer: only it and cli.py import click."""
+must be finite, the host options shared by run and doctor, horovodrun's options generated
+from dtlaunch.horovod.options' table, and run's --help in sections (`option_group`). Part of
+the CLI layer: only it and cli.py import click."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 from dtlaunch.core.errors import UsageError
 from dtlaunch.job.command import OptionTable, split_program
+
+if TYPE_CHECKING:
+    from dtlaunch.horovod.options import HorovodOption
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -51,34 +55,103 @@ def single_option(*decls: str, **kwargs: Any) -> Callable[[F], F]:
     return click.option(*decls, multiple=True, **kwargs)
 
 
+def _host_option_decls() -> dict[str, Callable[[Any], Any]]:
+    return {
+        "hosts": single_option("-H", "--hosts", "hosts", metavar="HOST[:SLOTS],...",
+                               help="Hosts and slots, e.g. host1:2,host2:4 (slots default to 1)."),
+        "hostfile": single_option("-hostfile", "--hostfile", "hostfile", metavar="FILE",
+                                  help="Open MPI style hostfile: 'host slots=N' or 'host:N' lines."),
+        "iface": single_option("--iface", metavar="NAMES|CIDR",
+                               help="Network to use: interface names (eth0,ib0) or a subnet "
+                                    "(10.0.0.0/24)."),
+        "python": single_option("--python", metavar="PATH",
+                                help="Interpreter for the ranks (default: the one running dtlaunch)."),
+        "ssh_port": single_option("-p", "--ssh-port", "ssh_port", type=click.IntRange(1, 65535),
+                                  help="SSH port on every host."),
+        "ssh_identity_file": single_option("-i", "--ssh-identity-file", "ssh_identity_file",
+                                           metavar="FILE", help="SSH private key to use."),
+        "ssh_config": single_option("--ssh-config", metavar="FILE",
+                                    help="OpenSSH config file (default ~/.ssh/config)."),
+        "connect_timeout": single_option("--connect-timeout", type=click.IntRange(1, 600),
+                                         default=(10,), show_default="10",
+                                         help="Seconds to wait for each SSH connection."),
+        "accept_new_host_keys": click.option(
+            "--accept-new-host-keys", is_flag=True,
+            help="Trust host keys seen for the first time (changed keys still fail)."),
+        "launcher": single_option("--launcher", type=click.Choice(["auto", "ssh", "slurm"]),
+                                  default=("auto",), show_default="auto",
+                                  help="How hosts are reached: ssh, or slurm (srun, inside a Slurm "
+                                       "job; auto picks it there)."),
+    }
+
+
+def host_option(name: str) -> Callable[[F], F]:
+    """One of the options run and doctor share (which hosts, how to reach them), by parameter
+    name, declared afresh for the command it decorates."""
+    decorator: Callable[[F], F] = _host_option_decls()[name]
+    return decorator
+
+
 def host_options(func: F) -> F:
-    """Options shared by run and doctor: which hosts and how to reach them."""
-    decorators = [
-        single_option("-H", "--hosts", "hosts", metavar="HOST[:SLOTS],...",
-                      help="Hosts and slots, e.g. host1:2,host2:4 (slots default to 1)."),
-        single_option("-hostfile", "--hostfile", "hostfile", metavar="FILE",
-                      help="Open MPI style hostfile: 'host slots=N' or 'host:N' lines."),
-        single_option("--iface", metavar="NAMES|CIDR",
-                      help="Network to use: interface names (eth0,ib0) or a subnet (10.0.0.0/24)."),
-        single_option("--python", metavar="PATH",
-                      help="Interpreter for the ranks (default: the one running dtlaunch)."),
-        single_option("-p", "--ssh-port", "ssh_port", type=click.IntRange(1, 65535),
-                      help="SSH port on every host."),
-        single_option("-i", "--ssh-identity-file", "ssh_identity_file", metavar="FILE",
-                      help="SSH private key to use."),
-        single_option("--ssh-config", metavar="FILE", help="OpenSSH config file (default ~/.ssh/config)."),
-        single_option("--connect-timeout", type=click.IntRange(1, 600), default=(10,),
-                      show_default="10", help="Seconds to wait for each SSH connection."),
-        click.option("--accept-new-host-keys", is_flag=True,
-                     help="Trust host keys seen for the first time (changed keys still fail)."),
-        single_option("--launcher", type=click.Choice(["auto", "ssh", "slurm"]),
-                      default=("auto",), show_default="auto",
-                      help="How hosts are reached: ssh, or slurm (srun, inside a Slurm job; "
-                      "auto picks it there)."),
-    ]
-    for decorator in reversed(decorators):
+    """Options shared by run and doctor: which hosts and how to reach them (doctor's, in order)."""
+    for decorator in reversed(_host_option_decls().values()):
         func = decorator(func)
     return func
+
+
+# `dtlaunch run --help`'s sections, in the order shown: click-option-group's idea in plain click.
+# Each of run's options is declared inside its section's `option_group`; horovodrun's generated
+# ones are placed by `horovod_section`. A section without options is not shown.
+HOSTS = "Hosts and slots"
+PROGRAM = "Program and environment"
+SSH = "SSH"
+NETWORK = "Network"
+MPI = "MPI (or Gloo, no MPI)"
+CHECKS = "Pre-flight checks"
+OUTPUT = "Output"
+RESTARTS = "Time limit, failures and restarts"
+ELASTIC = "Elastic (Horovod's elastic mode, with --min-np; docs/elastic.md)"
+TORCH = "torch.distributed"  # the torch.distributed mode's options
+KNOBS = "Horovod's knobs (variables for the ranks; docs/horovodrun.md)"
+EXIT = "Print and exit"
+OTHER = "Other options"  # an option declared without a section (a test keeps it empty)
+RUN_SECTIONS = (HOSTS, PROGRAM, SSH, NETWORK, MPI, CHECKS, OUTPUT, RESTARTS, ELASTIC, TORCH,
+                KNOBS, EXIT)
+# The attribute a click parameter's section is kept in (click.Option has no field for it).
+_SECTION = "dtlaunch_section"
+
+
+def _declared(func: Callable[..., Any]) -> list[click.Parameter]:
+    """The parameters click's decorators have put on `func` so far (its `__click_params__`)."""
+    return list(getattr(func, "__click_params__", ()))
+
+
+def option_group(title: str, *options: Callable[[F], F]) -> Callable[[F], F]:
+    """Declare `options` (click option decorators, in the order shown) under the help section
+    `title`; what they parse is unchanged."""
+
+    def decorate(func: F) -> F:
+        before = len(_declared(func))
+        for option in reversed(options):
+            func = option(func)
+        for param in _declared(func)[before:]:
+            setattr(param, _SECTION, title)
+        return func
+
+    return decorate
+
+
+def horovod_section(option: HorovodOption) -> str:
+    """The help section of one of horovodrun's options: a knob's, else by what it changes."""
+    from dtlaunch.horovod.options import ELASTIC_DESTS, SETTING
+
+    if option.kind == SETTING or option.dest is None:
+        return KNOBS
+    if option.dest in ELASTIC_DESTS:
+        return ELASTIC
+    return {"network_interfaces": NETWORK, "output_filename": OUTPUT, "prefix_timestamp": OUTPUT,
+            "check_build": EXIT, "disable_cache": CHECKS, "start_timeout": CHECKS,
+            "config_file": KNOBS, "binding_args": MPI, "gloo": MPI}.get(option.dest, OTHER)
 
 
 def horovod_click_options(exclude_flags: tuple[str, ...] = ()) -> Callable[[F], F]:
@@ -98,6 +171,7 @@ def horovod_click_options(exclude_flags: tuple[str, ...] = ()) -> Callable[[F], 
                 kind = {INT: int, FLOAT: float}.get(option.value, str)
                 func = click.option(*option.flags, option.param, type=kind, nargs=option.nargs,
                                     metavar=option.metavar or None, **common)(func)
+            setattr(_declared(func)[-1], _SECTION, horovod_section(option))
         return func
 
     return decorate
@@ -107,7 +181,28 @@ def horovod_click_options(exclude_flags: tuple[str, ...] = ()) -> Callable[[F], 
 RUN_OWN_FLAGS = ("--min-np",)
 
 
-class RunCommand(click.Command):
+class SectionedCommand(click.Command):
+    """A command whose --help shows its options under their sections' headings (`option_group`),
+    in `sections`' order; -h/--help itself is shown under EXIT."""
+
+    sections: tuple[str, ...] = RUN_SECTIONS
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows: dict[str, list[tuple[str, str]]] = {title: [] for title in self.sections}
+        help_names = set(self.get_help_option_names(ctx))
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx)
+            if record is None or not isinstance(param, click.Option):
+                continue
+            title = EXIT if set(param.opts) <= help_names else getattr(param, _SECTION, OTHER)
+            rows.setdefault(title, []).append(record)
+        for title, found in rows.items():
+            if found:
+                with formatter.section(title):
+                    formatter.write_dl(found)
+
+
+class RunCommand(SectionedCommand):
     """`dtlaunch run`: click reads only the words before the program; the program's words
     (dtlaunch.job.command.split_program) reach the command as `program`, untouched, so an option
     after `-m MODULE` or after the script (`-p`, `-H`, `--`) is the program's, never dtlaunch's.

@@ -31,43 +31,18 @@ from dtlaunch.run.events import OnEvent as OnEvent
 from dtlaunch.run.events import progress_event
 from dtlaunch.run.failure_report import JobReport, build_report
 from dtlaunch.run.progress import HOSTS_CHECKED, Progress
+from dtlaunch.run.request import LaunchRequest as LaunchRequest  # named here for its callers
 
 if TYPE_CHECKING:
     from dtlaunch.check.network import NetworkChoice
     from dtlaunch.check.report import DoctorReport
     from dtlaunch.doctor.preflight import DeferredKeyCheck, PreflightFailure
-    from dtlaunch.plan.rank_filter import RankFilter
     from dtlaunch.probe.prober import Reach
     from dtlaunch.run.execute import LaunchResult
-    from dtlaunch.run.restarts import RestartPolicy, RestartReport
+    from dtlaunch.run.restarts import RestartReport
 
 
 Executor = Callable[..., "LaunchResult"]
-
-
-@dataclass(frozen=True)
-class LaunchRequest:
-    """A run: the plan's input, plus how to run it."""
-
-    run: RunRequest
-    check: bool = True  # run the pre-flight checks first
-    timeout: float | None = None  # stop the whole job after this many seconds
-    # When the job must be over (time.time()), where attempts share one --timeout (restarts):
-    # the job then gets what is left of it when it starts, after the pre-flight.
-    deadline: float | None = None
-    # Under --max-restarts, "attempt 2 (DTLAUNCH_RESTART_COUNT=1)": each --output-dir log's
-    # part of this attempt starts with a marker line naming it and the rank's host.
-    log_label: str | None = None
-    output_dir: str | None = None  # also write each rank's output to DIR/rank.N.log
-    use_cache: bool = True  # False (--disable-cache): the full pre-flight checks every time
-    start_timeout: float | None = None  # seconds each host's pre-flight checks may run
-    prefix_timestamp: bool = False  # start each output line with the time it arrived
-    ranks: RankFilter | None = None  # --ranks: the ranks the console shows (None: all)
-    ranks_to_stderr: bool = False  # --json: stdout is the report's
-    # --max-restarts: `start` runs the attempts under it (`launch` itself runs one attempt).
-    restarts: RestartPolicy | None = None
-    attempt: int = 0  # which attempt of the job this run is (0: the first)
-    max_restarts: int = 0  # how many restarts the job may have in all
 
 
 @dataclass(frozen=True)
@@ -167,6 +142,21 @@ def prepare(request: RunRequest, on_event: OnEvent, *, dry_run: bool = False,
                        f"than ssh for {family.launcher}; overridden on its command line, as "
                        "this job starts its daemons over ssh across hosts"))
     return Prepared(plan, program, request, placement.source, version, provisional, set_in)
+
+
+def dry_run(request: LaunchRequest, on_event: OnEvent) -> RunPlan:
+    """`--dry-run`: the plan `start` would run for the same request, with no launcher needed, no
+    host reached and nothing started. What the real run refuses before it starts (the restart
+    policy against the planned ranks) the dry run refuses too, before any event is told."""
+    told: list[Event] = []
+    prepared = prepare(request.run, told.append, dry_run=True)
+    if request.restarts is not None:
+        from dtlaunch.run.restarts import check_policy
+
+        check_policy(request.restarts, len(prepared.plan.rank_hosts))
+    for event in told:
+        on_event(event)
+    return prepared.plan
 
 
 def local_gpus(counts: Mapping[str, int], environ: Mapping[str, str] | None = None,
