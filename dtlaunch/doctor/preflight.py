@@ -136,8 +136,20 @@ def preflight_failure(report: DoctorReport | None, job_started: bool) -> Preflig
 
 
 def failure_message(report: DoctorReport | None, job_started: bool) -> str:
-    """`preflight_failure(report, job_started).describe()`: elastic mode's admission."""
+    """`preflight_failure(report, job_started).describe()`."""
     return preflight_failure(report, job_started).describe()
+
+
+def left_out_reason(report: DoctorReport | None) -> str:
+    """Why elastic mode left a host out, in its one line (no report is printed above it):
+    each failed check with what it found and its fix, so a changed host key reads as the
+    possible man-in-the-middle it is, not as any ssh failure."""
+    parts = []
+    for _host, check in report.failures() if report is not None else ():
+        assert report is not None
+        text = f"{report.label(check.name)} check failed: {check.detail}"
+        parts.append(f"{text} ({check.hint})" if check.hint else text)
+    return "; ".join(parts) or "its pre-flight checks failed"
 
 
 def run_preflight(request: RunRequest, plan: RunPlan, job_started: bool = False, *,

@@ -332,7 +332,7 @@ def _context(request: LaunchRequest, prepared: Prepared, plan: RunPlan, run: Run
         """A host that joins later passes the same pre-flight first (unless --no-check)."""
         if not request.check:
             return None
-        from dtlaunch.doctor.preflight import failure_message, run_preflight
+        from dtlaunch.doctor.preflight import left_out_reason, run_preflight
 
         one = replace(run, hosts=(Host(host, 1),), num_proc=1, elastic=None)
         checked = run_preflight(one, plan_run(one, dict(os.environ), family=plan.family,
@@ -340,7 +340,7 @@ def _context(request: LaunchRequest, prepared: Prepared, plan: RunPlan, run: Run
                                               cpu_count=os.cpu_count() or 1),
                                 reach=reach, use_cache=request.use_cache,
                                 command_timeout=request.start_timeout)
-        return None if checked.ok else failure_message(checked.report, job_started=False)
+        return None if checked.ok else left_out_reason(checked.report)
 
     program = ship("rank_shim.py").inline(build_program(run), shim_python(run), PIPE_BUF)
     return JobContext(run, plan, prepared.mpirun, prepared.mpi_version, network, program,

@@ -106,3 +106,25 @@ def test_elastic_sizes_out_of_range_are_one_precise_line(kwargs: dict[str, objec
     given.update(kwargs)
     with pytest.raises(UsageError, match=said):
         elastic_spec(**given)  # type: ignore[arg-type]
+
+
+def _report(detail: str, hint: str) -> object:
+    from dtlaunch.check.report import FAIL, CheckResult, DoctorReport, HostReport, Role
+
+    return DoctorReport((HostReport("pb4", next(iter(Role)),
+                                    (CheckResult("ssh", FAIL, detail, hint),)),))
+
+
+def test_a_host_left_out_mid_job_is_named_with_its_reason() -> None:
+    from dtlaunch.doctor.preflight import left_out_reason as failure_message
+
+    why = failure_message(_report("cannot resolve pb4: Name or service not known",
+                                  "check the name"))  # type: ignore[arg-type]
+    # Before: "pre-flight checks failed: pb4 (ssh); not launching (fix the problems above...)"
+    # with no problem printed above.
+    assert "cannot resolve pb4" in why and "above" not in why and "not launching" not in why
+    changed = failure_message(_report(
+        "the host key of pb4 has CHANGED since it was recorded in known_hosts",
+        "POSSIBLE MAN-IN-THE-MIDDLE ATTACK: do not connect until you know why the key changed"),
+    )  # type: ignore[arg-type]
+    assert "CHANGED" in changed and "MAN-IN-THE-MIDDLE" in changed.upper(), changed
