@@ -23,6 +23,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -77,11 +78,40 @@ class BuildKey:
 
 def _private_dir(path: Path) -> Path:
     """Create (or tighten) a directory only its owner can read: built wheels are code that
-    will be installed and run, so no one else may see or swap them."""
+    will be installed and run, so no one else may see or swap them. A link, another user's
+    directory or one writable by others is refused, as the run's caches refuse it
+    (core.private_files): never a wheel from someone else's world-writable folder."""
+    from dtlaunch.core.private_files import NotPrivate, open_private_dir
+
+    if path.is_symlink():
+        raise DtlaunchError(f"wheel cache not used: {path} is a symbolic link (dtlaunch does "
+                            "not follow it); remove it or set XDG_CACHE_HOME")
     path.mkdir(mode=0o700, exist_ok=True)
-    if path.stat().st_uid == os.getuid() and path.stat().st_mode & 0o077:
+    info = path.lstat()
+    if info.st_uid == os.getuid() and info.st_mode & 0o077:
         path.chmod(0o700)
+    try:
+        os.close(open_private_dir(str(path), create=False))
+    except NotPrivate as exc:
+        raise DtlaunchError(f"wheel cache not used: {exc}") from None
+    except OSError as exc:
+        raise DtlaunchError(f"wheel cache not used: {path}: {exc.strerror or exc}") from None
     return path
+
+
+def cached_wheels(folder: Path) -> list[Path]:
+    """The Horovod wheels in `folder` that this user built: regular files of ours, not links,
+    writable by nobody else."""
+    found = []
+    for path in sorted(folder.glob("horovod-*.whl")):
+        try:
+            info = path.lstat()
+        except OSError:
+            continue
+        if (stat.S_ISREG(info.st_mode) and info.st_uid == os.getuid()
+                and not info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)):
+            found.append(path)
+    return found
 
 
 def cache_dir() -> Path:
@@ -296,7 +326,7 @@ def install_horovod(force: bool = False, mpi: str | None = None, say: Say = _sil
     if not force and horovod_problem(key) is None:
         return f"Horovod is already installed for {found.impl.name} {found.impl.version} ({found.launcher})"
     dest = cache_dir() / key.tag()
-    wheels = sorted(dest.glob("horovod-*.whl"))
+    wheels = cached_wheels(_private_dir(dest)) if dest.exists() else []
     if force or not wheels:
         wheels = [build_wheel(key, dest, say)]
     install_wheel(wheels[0], key.torch, say)

@@ -219,3 +219,36 @@ def test_launcher_asked_by_the_name_it_was_found_as(tmp_path: Path) -> None:
     found = find_mpi(path=str(bin_dir))
     assert (found.impl.name, found.impl.version) == ("Open MPI", "4.1.4")
     assert found.launcher == str(bin_dir / "mpirun") and found.prefix == str(tmp_path / "usr")
+
+
+def test_a_wheel_cache_that_is_a_link_or_not_private_is_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """install-horovod installs what it finds there: another user's world-writable directory
+    behind a link must never be it (the run's caches refuse it the same way)."""
+    shared = tmp_path / "shared"
+    (shared / "wheels").mkdir(parents=True)
+    os.chmod(shared, 0o777)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "dtlaunch").symlink_to(shared)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    with pytest.raises(DtlaunchError, match=r"wheel cache.*symbolic link"):
+        cache_dir()  # before: the shared directory, wheels and all
+    (cache / "dtlaunch").unlink()
+    (cache / "dtlaunch").mkdir(mode=0o700)
+    (cache / "dtlaunch" / "wheels").symlink_to(shared / "wheels")
+    with pytest.raises(DtlaunchError, match=r"wheel cache.*symbolic link"):
+        cache_dir()
+
+
+def test_only_private_wheels_of_ours_are_taken_from_the_cache(tmp_path: Path) -> None:
+    from dtlaunch.horovod.build import cached_wheels
+
+    good = tmp_path / "horovod-0.28.1-cp311-linux_x86_64.whl"
+    good.write_bytes(b"w")
+    os.chmod(good, 0o600)
+    loose = tmp_path / "horovod-0.28.0-cp311-linux_x86_64.whl"
+    loose.write_bytes(b"w")
+    os.chmod(loose, 0o666)
+    (tmp_path / "horovod-0.27.0-cp311-linux_x86_64.whl").symlink_to(good)
+    assert cached_wheels(tmp_path) == [good]
