@@ -27,7 +27,11 @@ from dtlaunch.check.verdict import nccl_of
 from dtlaunch.core.bounded import run_bounded
 from dtlaunch.core.mpi_kinds import PREFERRED_MPI
 from dtlaunch.job.env import looks_secret
-from dtlaunch.openmpi.mca import foreign_launcher_choice, param_files_choose_launcher
+from dtlaunch.openmpi.mca import (
+    foreign_launcher_choice,
+    param_files_choose_launcher,
+    unusable_param_files,
+)
 
 STEERING_PREFIXES = ("OMPI_", "OPAL_", "PMIX_", "PRTE_", "ORTE_", "NCCL_", "HOROVOD_", "GLOO_",
                      "UCX_", "I_MPI_", "MPICH_", "TORCH_")
@@ -118,6 +122,7 @@ def gather_env(environ: Mapping[str, str] | None = None,
     # Open MPI reads them (they live in ~/.openmpi, ~/.prte and its prefix's etc/), so whatever
     # the MPI first on PATH, a line there is about an Open MPI's mpirun typed by hand.
     ompi["launcher_set_in"] = list(param_files_choose_launcher(mpirun)) if mpirun else []
+    ompi["unusable_files"] = unusable_param_files(mpirun or "")
     facts["openmpi"] = ompi
     py = host.python
     facts["horovod"] = {"version": py.horovod_imported or py.horovod_version,
@@ -263,6 +268,10 @@ def evaluate_env(facts: Mapping[str, Any], host: HostFacts) -> tuple[EnvItem, ..
         add("environment", "parameter file", where, WARN,
             "a hand-typed mpirun across hosts fails with it: remove the line (dtlaunch run "
             "names ssh's launcher on mpirun's command line for a job across hosts)")
+    for problem in facts["openmpi"].get("unusable_files", ()):
+        add("environment", "parameter file", problem, WARN,
+            "mpirun would hang on it or stop without saying why, and dtlaunch run refuses it: "
+            "remove it or make it a regular file")
     return tuple(items)
 
 

@@ -218,3 +218,16 @@ def refuse_insecure_files(launcher: str, args: Sequence[str], environ: Mapping[s
             text = read_launcher_file(path.strip(), "a --tune file")
             if text is not None:
                 refuse_any_host_key(f"the --tune file {path.strip()}", text)
+
+
+def unusable_param_files(launcher: str) -> list[str]:
+    """One line for each parameter file Open MPI reads by default that it cannot use (a FIFO
+    it would wait on for ever, a directory, a file over 1 MiB): what `run` refuses, for
+    env-check to name."""
+    found = []
+    for path in default_param_files(launcher, os.path.expanduser("~")):
+        try:
+            read_launcher_file(path, "an MCA parameter file")
+        except UsageError as exc:
+            found.append(str(exc))
+    return found

@@ -134,3 +134,27 @@ def test_gather_env_reads_the_parameter_files_launcher_choice(
     facts, _ = gather_env()
     assert facts["openmpi"]["launcher_set_in"] == [
         f"{tmp_path}/.openmpi/mca-params.conf: plm = isolated"]
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dir"])
+def test_a_parameter_file_that_is_not_a_regular_file_is_named(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, facts: dict[str, Any], kind: str) -> None:
+    """mpirun would hang on a FIFO there, or stop with status 2 on a directory, without a
+    word about it: env-check names the file (as run refuses it, in one line)."""
+    conf = tmp_path / ".openmpi" / "mca-params.conf"
+    conf.parent.mkdir()
+    if kind == "fifo":
+        os.mkfifo(conf)
+    else:
+        conf.mkdir()
+    monkeypatch.setenv("HOME", str(tmp_path))
+    from dtlaunch.openmpi.mca import unusable_param_files
+
+    found = unusable_param_files("")
+    assert len(found) == 1 and str(conf) in found[0], found
+    assert ("FIFO" if kind == "fifo" else "directory") in found[0]
+    mine = dict(facts, openmpi=dict(facts["openmpi"], unusable_files=found))
+    items = [i.check for i in evaluate_env(mine, HOST) if i.section == "environment"
+             and i.check.name == "parameter file"]
+    assert [(c.status, c.detail) for c in items] == [(WARN, found[0])]
+    assert "regular file" in items[0].hint
