@@ -21,7 +21,7 @@ from dtlaunch import agents
 from dtlaunch.core.errors import DtlaunchError
 from dtlaunch.gloo.ranks import place_ranks, scope_sizes
 from dtlaunch.gloo.rendezvous import Store, new_secret
-from dtlaunch.job.hosts import LOOPBACK
+from dtlaunch.job.hosts import local_names
 from dtlaunch.reach.ssh_options import SshOptions
 
 
@@ -36,7 +36,9 @@ class GlooJob:
 
 
 def is_local(host: str) -> bool:
-    return host in LOOPBACK
+    """This machine, by any of its names (as the prober takes them): its agent runs here,
+    without ssh to itself."""
+    return host in local_names()
 
 
 def source_address(host: str, ssh: SshOptions, known: str | None = None) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import socket
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -22,6 +23,13 @@ _HOSTNAME_RE = re.compile(rf"^{_LABEL}(\.{_LABEL})*\.?$")
 
 # Names that always mean this machine (its own hostname does too, but only a probe knows it).
 LOOPBACK = frozenset({"localhost", "127.0.0.1", "::1", "localhost.localdomain"})
+
+
+def local_names() -> frozenset[str]:
+    """Names that mean this machine: the loopback ones, and its host name, short and full."""
+    name = socket.gethostname()
+    return LOOPBACK | {name, name.split(".")[0]}
+
 HOSTS_FORMAT = "expected HOST[:SLOTS][,HOST[:SLOTS]...], e.g. host1:2,host2:4"
 HOSTFILE_FORMAT = "expected 'HOST', 'HOST slots=N' or 'HOST:N' per line ('#' starts a comment)"
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import queue
-import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -19,7 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from dtlaunch.core.tracker import Tracker
-from dtlaunch.job.hosts import LOOPBACK
+from dtlaunch.job.hosts import local_names as this_machine_names
 
 if TYPE_CHECKING:
     from dtlaunch.check.facts import HostFacts
@@ -67,8 +66,7 @@ class Reach:
 
 def local_names() -> frozenset[str]:
     """Names that mean this machine, which is probed directly rather than through a Prober."""
-    name = socket.gethostname()
-    return LOOPBACK | {name, name.split(".")[0]}
+    return this_machine_names()
 
 
 def fan_out(

@@ -257,3 +257,19 @@ def test_ranks_cannot_reach_the_drivers_scopes_and_their_notice_address_stays_he
     # The agent itself signs and reaches them.
     assert forwarder._forward(b"GET", b"/_dtlaunch_plan/h1:1:-1", b"") == (200, b"{}")
     assert seen == [(b"GET", "h1:1:-1")]
+
+
+@pytest.mark.parametrize("name", ["node7", "node7.cluster"])
+def test_this_machines_own_name_is_local_for_gloo_as_for_the_prober(
+        monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    """-H <this machine's hostname>,h2: doctor (the prober) took it as this machine while the
+    Gloo agent ssh-ed to itself ("lost the SSH connection")."""
+    from dtlaunch.gloo import start
+    from dtlaunch.probe.prober import local_names
+    from dtlaunch.reach.ssh_options import SshOptions
+
+    monkeypatch.setattr(socket, "gethostname", lambda: "node7.cluster")
+    assert name in local_names()
+    entry = start.host_entry(name, {"host": name}, sys.executable, via_srun=False)
+    assert not any("rsh" in word for word in entry["argv"]), entry["argv"]
+    assert start.store_address(name, SshOptions()) == "127.0.0.1"
