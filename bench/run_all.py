@@ -124,8 +124,6 @@ def write_results(header: list[str], sections: list[str]) -> None:
     notes = RESULTS.parent / "profiling.md"
     if notes.exists():
         extra.append(notes.read_text())
-    for path in sorted(RESULTS.glob("before_after_*.md")):  # bench/before_after.sh
-        extra.append(path.read_text().replace("## ", "### Before/after: ", 1))
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "RESULTS.md").write_text("\n".join([*header, *sections, *[e for e in extra if e]]))
 
