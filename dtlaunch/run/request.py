@@ -34,5 +34,7 @@ class LaunchRequest:
     ranks_to_stderr: bool = False  # --json: stdout is the report's
     # --max-restarts: `start` runs the attempts under it (`launch` itself runs one attempt).
     restarts: RestartPolicy | None = None
-    attempt: int = 0  # which attempt of the job this run is (0: the first)
+    # Which attempt of the job this run is (0: the first; --max-restarts): DTLAUNCH_RESTART_COUNT,
+    # and the count a kind of job that numbers its own restarts gives its ranks.
+    attempt: int = 0
     max_restarts: int = 0  # how many restarts the job may have in all

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from dtlaunch.doctor.preflight import DeferredKeyCheck, PreflightFailure
     from dtlaunch.probe.prober import Reach
     from dtlaunch.run.execute import LaunchResult
-    from dtlaunch.run.restarts import RestartReport
+    from dtlaunch.run.restarts import Attempt, AttemptOutcome, RestartReport
 
 
 Executor = Callable[..., "LaunchResult"]
@@ -185,18 +185,54 @@ class JobOutcome:
 
 def start(request: LaunchRequest, on_event: OnEvent) -> JobOutcome:
     """The library's one entry for running a job: one run (`launch`), or under the request's
-    restart policy (--max-restarts) the attempts of the restart loop. The caller renders what
-    comes back (console/render.py)."""
+    restart policy (--max-restarts) the attempts of the restart loop, each `launch_attempt`.
+    The caller renders what comes back (console/render.py)."""
     policy = request.restarts
     if policy is None:
         outcome = launch(request, on_event)
         return JobOutcome(outcome.exit_code, single=outcome)
-    from dtlaunch.run.restart_session import launch_with_restarts
+    from dtlaunch.run.restart_loop import run_attempts
+    from dtlaunch.run.restarts import Attempt, check_policy
 
-    # Each attempt is a single run: the policy stays with the loop.
-    done = launch_with_restarts(replace(request, restarts=None), policy, on_event,
-                                launch=launch, prepare=prepare, recheck=recheck)
-    return JobOutcome(done.exit_code, restarts=done.report)
+    # Each attempt is a single run: the policy stays with the loop. The attempts keep the slots
+    # planned here: one per GPU needs the pre-flight first, which the loop does not run before
+    # it starts, so hosts without written slots keep 1.
+    request = replace(request, restarts=None, max_restarts=policy.max_restarts, run=replace(
+        request.run, hosts=tuple(Host(h.name, h.slots) for h in request.run.hosts)))
+    plan = prepare(request.run, on_event).plan
+    check_policy(policy, len(plan.rank_hosts))
+    # --timeout is the whole job's: each attempt gets what is left of it.
+    deadline = time.time() + request.timeout if request.timeout is not None else None
+    report = run_attempts(Attempt(0, plan.hosts, len(plan.rank_hosts), deadline), policy,
+                          functools.partial(launch_attempt, request, on_event=on_event),
+                          functools.partial(recheck, request) if request.check else None,
+                          on_event)
+    return JobOutcome(report.exit_code, restarts=report)
+
+
+def launch_attempt(request: LaunchRequest, attempt: Attempt, on_event: OnEvent,
+                   ) -> AttemptOutcome:
+    """One attempt of a --max-restarts job: a single run on the attempt's hosts, its ranks told
+    its number. The first runs the ordinary pre-flight; later ones were re-checked just before."""
+    from dtlaunch.core.failure import Failure
+    from dtlaunch.run.restarts import AttemptOutcome, with_restart_count
+
+    n = attempt.number
+    run = replace(request.run, hosts=attempt.hosts, num_proc=attempt.num_proc,
+                  env_items=with_restart_count(request.run.env_items, n))
+    outcome = launch(replace(request, run=run, check=request.check and n == 0, attempt=n,
+                             deadline=attempt.deadline,
+                             log_label=f"attempt {n + 1} (DTLAUNCH_RESTART_COUNT={n})"),
+                     on_event)
+    if outcome.result is None:
+        for line in (outcome.error or "pre-flight checks failed").splitlines():
+            on_event(Event(EventLevel.NOTE, line))
+        return AttemptOutcome(outcome.exit_code, Failure(reason=outcome.error or "pre-flight"))
+    if outcome.report is not None and outcome.exit_code != 0:
+        # Each failed attempt's root cause, as a single run reports it.
+        on_event(Event(EventLevel.REPORT, f"attempt {n + 1} ended", report=outcome.report))
+    ended = outcome.result
+    return AttemptOutcome(ended.exit_code, ended.failure, ended.interrupted_by, ended.timed_out)
 
 
 def recheck(request: LaunchRequest, hosts: tuple[Host, ...], left: float | None,

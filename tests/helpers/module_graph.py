@@ -2,7 +2,9 @@
 
 A module's floor is the number of modules on the longest import chain that starts at it (a
 module that imports nothing from dtlaunch is on floor 1). Every import counts, the lazy ones
-inside functions included; only those under `if TYPE_CHECKING:` do not, since they never run.
+inside functions included; only those under `if TYPE_CHECKING:` do not, since they never run
+(`module_graph(typed=True)` counts them too: two modules that name each other's types are
+still a circle to a reader).
 The bundled example (`examples/`) is its own program and is left out.
 
     python tests/helpers/module_graph.py     # the numbers and the longest chain
@@ -32,13 +34,13 @@ def package_modules(package: Path = PACKAGE) -> dict[str, Path]:
     return found
 
 
-def _runtime_nodes(tree: ast.AST) -> list[ast.AST]:
-    """Every node but those under `if TYPE_CHECKING:`."""
+def _runtime_nodes(tree: ast.AST, typed: bool = False) -> list[ast.AST]:
+    """Every node but those under `if TYPE_CHECKING:` (unless `typed`)."""
     nodes: list[ast.AST] = []
     stack = [tree]
     while stack:
         node = stack.pop()
-        if (isinstance(node, ast.If) and isinstance(node.test, ast.Name)
+        if not typed and (isinstance(node, ast.If) and isinstance(node.test, ast.Name)
                 and node.test.id == "TYPE_CHECKING"):
             stack.extend(node.orelse)
             continue
@@ -47,11 +49,11 @@ def _runtime_nodes(tree: ast.AST) -> list[ast.AST]:
     return nodes
 
 
-def _imported(module: str, path: Path, known: dict[str, Path]) -> set[str]:
-    """The dtlaunch modules `module` imports when it runs."""
+def _imported(module: str, path: Path, known: dict[str, Path], typed: bool = False) -> set[str]:
+    """The dtlaunch modules `module` imports when it runs (`typed`: or when it is type-checked)."""
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     found = set()
-    for node in _runtime_nodes(ast.parse(path.read_text(encoding="utf-8"))):
+    for node in _runtime_nodes(ast.parse(path.read_text(encoding="utf-8")), typed):
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -125,9 +127,9 @@ class ModuleGraph:
         return max((self.longest_chain(node) for node in sorted(self.edges)), key=len)
 
 
-def module_graph(package: Path = PACKAGE) -> ModuleGraph:
+def module_graph(package: Path = PACKAGE, typed: bool = False) -> ModuleGraph:
     known = package_modules(package)
-    return ModuleGraph({name: frozenset(_imported(name, path, known))
+    return ModuleGraph({name: frozenset(_imported(name, path, known, typed))
                         for name, path in known.items()})
 
 
@@ -135,7 +137,11 @@ def main() -> int:
     sys.setrecursionlimit(10_000)
     graph = module_graph()
     cycles = graph.cycles()
-    print(f"modules {len(graph.edges)}, rooms {len(graph.rooms)}, cycles {len(cycles)}")
+    typed = module_graph(typed=True).cycles()
+    print(f"modules {len(graph.edges)}, rooms {len(graph.rooms)}, cycles {len(cycles)} "
+          f"({len(typed)} with the imports for types)")
+    for part in typed:
+        print("  cycle through types:", " ↔ ".join(part))
     for part in cycles:
         print("  cycle:", " ↔ ".join(part))
     if not cycles:

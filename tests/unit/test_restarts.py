@@ -16,19 +16,22 @@ from dtlaunch.console.render import restart_report_json, restart_report_lines
 from dtlaunch.core.errors import DtlaunchError, UsageError
 from dtlaunch.core.failure import Failure
 from dtlaunch.job.hosts import Host
+from dtlaunch.run.events import Event
+from dtlaunch.run.restart_loop import run_attempts
 from dtlaunch.run.restarts import (
     RESTART_COUNT_ENV,
+    Attempt,
     AttemptOutcome,
     RestartPolicy,
     RestartReport,
+    Stop,
     blame_hosts,
     check_policy,
-    check_stop,
+    decide,
     is_lost_host,
-    plan_next,
     restart_env,
-    run_with_restarts,
     with_restart_count,
+    without,
 )
 
 OK = AttemptOutcome(0)
@@ -60,13 +63,15 @@ class Cluster:
     attempts: list[tuple[tuple[str, ...], int, int]] = field(default_factory=list)
     rechecked: list[tuple[str, ...]] = field(default_factory=list)
     slept: list[float] = field(default_factory=list)
+    told: list[str] = field(default_factory=list)  # the loop's lines
 
-    def run_attempt(self, hosts: tuple[Host, ...], np: int, count: int) -> AttemptOutcome:
-        self.attempts.append((tuple(h.name for h in hosts), np, count))
+    def run_attempt(self, attempt: Attempt) -> AttemptOutcome:
+        self.attempts.append((tuple(h.name for h in attempt.hosts), attempt.num_proc,
+                              attempt.number))
         self.now += 10.0
         return self.outcomes[len(self.attempts) - 1]
 
-    def recheck(self, hosts: tuple[Host, ...]) -> Mapping[str, str]:
+    def recheck(self, hosts: tuple[Host, ...], _left: float | None) -> Mapping[str, str]:
         self.rechecked.append(tuple(h.name for h in hosts))
         if self.recheck_interrupts:
             raise KeyboardInterrupt
@@ -85,10 +90,15 @@ class Cluster:
     def clock(self) -> float:
         return self.now
 
-    def run(self, hosts: Sequence[Host] = H3, np: int | None = None, **policy: object) -> RestartReport:
-        return run_with_restarts(hosts, np if np is not None else len(hosts),
-                                 RestartPolicy(**policy),  # type: ignore[arg-type]
-                                 self.run_attempt, self.recheck, self.sleep, self.clock)
+    def tell(self, event: Event) -> None:
+        self.told.append(event.text.split("] ", 1)[1])
+
+    def run(self, hosts: Sequence[Host] = H3, np: int | None = None, deadline: float | None = None,
+            check: bool = True, **policy: object) -> RestartReport:
+        first = Attempt(0, tuple(hosts), np if np is not None else len(hosts), deadline)
+        return run_attempts(first, RestartPolicy(**policy),  # type: ignore[arg-type]
+                            self.run_attempt, self.recheck if check else None, self.tell,
+                            wait=self.sleep, clock=self.clock)
 
 
 # ---------------------------------------------------------------- the loop, scenario by scenario
@@ -200,8 +210,7 @@ def test_timeout_bounds_the_whole_job_across_restarts(delay: float, attempts: in
                                                       slept: list[float]) -> None:
     """--timeout 25 with attempts of 10 s: the limit is the whole job's (issue 27)."""
     fake = Cluster([exited(3 + i) for i in range(6)])
-    report = run_with_restarts(H3, 3, RestartPolicy(5, delay=delay), fake.run_attempt,
-                               fake.recheck, fake.sleep, fake.clock, deadline=fake.now + 25)
+    report = fake.run(H3, 3, deadline=fake.now + 25, max_restarts=5, delay=delay)
     assert report.exit_code == 124 and report.stop.kind == "timeout"
     assert len(fake.attempts) == attempts and fake.slept == slept
 
@@ -321,17 +330,129 @@ def test_loop_invariants(script: list[AttemptOutcome], max_restarts: int, min_np
 @given(outcomes, outcomes)
 def test_a_repeat_never_restarts_and_luck_is_never_a_repeat(first: AttemptOutcome,
                                                            second: AttemptOutcome) -> None:
-    stop = check_stop(second, first, 0, RestartPolicy(max_restarts=5))
-    if stop is not None and stop.kind == "repeated":
+    stop = decide(second, Attempt(0, H3, 3, after=first), RestartPolicy(max_restarts=5))
+    if isinstance(stop, Stop) and stop.kind == "repeated":
         assert second.exit_code != 0 and second.failure is not None
         assert not (second.failure.rank is None and second.failure.signal is None
                     and second.failure.exit_code is None)  # a lost host is bad luck
     if second == first and second.exit_code != 0 and not second.timed_out \
             and second.interrupted_by is None and second.failure is not None \
             and second.failure.rank is not None:
-        assert stop is not None and stop.kind == "repeated"
+        assert isinstance(stop, Stop) and stop.kind == "repeated"
 
 
-def test_plan_next_keeps_np_with_oversubscribe() -> None:
-    decision = plan_next((Host("h1"),), 4, RestartPolicy(max_restarts=1, oversubscribe=True))
+def test_without_keeps_np_with_oversubscribe() -> None:
+    decision = without(Attempt(1, (Host("h1"), Host("h2")), 4), {"h2": "lost"},
+                       RestartPolicy(max_restarts=1, oversubscribe=True))
     assert decision.num_proc == 4  # type: ignore[union-attr]
+
+
+# ---------------------------------------------------------------- decide, rule by rule
+
+H2x2 = (Host("h1", 2), Host("h2", 2))
+
+
+@pytest.mark.parametrize(("outcome", "attempt", "policy", "kind"), [
+    (OK, Attempt(0, H3, 3), RestartPolicy(5), "finished"),
+    (AttemptOutcome(130, interrupted_by=2), Attempt(0, H3, 3), RestartPolicy(5), "interrupted"),
+    (AttemptOutcome(124, timed_out=True), Attempt(0, H3, 3), RestartPolicy(5), "timeout"),
+    (AttemptOutcome(255, Failure(host="h2", final="host-key", reason="refused")),
+     Attempt(0, H3, 3), RestartPolicy(5), "host-key"),
+    (AttemptOutcome(1, Failure(host="h2", final="allocation", reason="cancelled")),
+     Attempt(0, H3, 3), RestartPolicy(5), "allocation"),
+    (AttemptOutcome(213, Failure(option="--foo", reason="refused --foo")),
+     Attempt(0, H3, 3), RestartPolicy(5), "refused-option"),
+    (exited(3), Attempt(2, H3, 3), RestartPolicy(2), "no-restarts-left"),
+    (exited(3), Attempt(1, H3, 3, after=exited(3)), RestartPolicy(5), "repeated"),
+    (killed(9, host="h2"), Attempt(1, H3, 3, after=exited(3)), RestartPolicy(5), None),
+    (lost("h1"), Attempt(0, (Host("h1"),), 1), RestartPolicy(5), "no-hosts"),
+    (lost("h2"), Attempt(0, H2x2, 4), RestartPolicy(5, min_np=3), "min-np"),
+    (lost("h2"), Attempt(0, H2x2, 4), RestartPolicy(5, min_np=2), None),
+])
+def test_decide_stops_for_each_reason_and_restarts_otherwise(
+        outcome: AttemptOutcome, attempt: Attempt, policy: RestartPolicy, kind: str | None) -> None:
+    decision = decide(outcome, attempt, policy)
+    assert decision == decide(outcome, attempt, policy)  # pure: the same answer every time
+    if kind is None:
+        assert isinstance(decision, Attempt) and decision.number == attempt.number + 1
+        assert decision.after == outcome
+    else:
+        assert isinstance(decision, Stop) and decision.kind == kind, decision
+
+
+def test_decide_hands_the_next_attempt_its_number_hosts_np_and_the_deadline() -> None:
+    first = Attempt(0, (Host("h1", 2), Host("h2", 2), Host("h3", 2)), 6, deadline=99.0)
+    second = decide(lost("h3"), first, RestartPolicy(3))
+    assert second == Attempt(1, (Host("h1", 2), Host("h2", 2)), 4, deadline=99.0,
+                             dropped=(("h3", "lost the SSH connection to host h3"),),
+                             after=lost("h3"))
+    third = without(second, {"h1": "ssh: refused"}, RestartPolicy(3))
+    assert isinstance(third, Attempt) and third.hosts == (Host("h2", 2),) and third.num_proc == 2
+    assert third.dropped == (("h3", "lost the SSH connection to host h3"), ("h1", "ssh: refused"))
+    gone = without(third, {"h2": "ssh: refused"}, RestartPolicy(3))
+    assert isinstance(gone, Stop) and gone.kind == "no-hosts" and len(gone.dropped) == 3
+
+
+attempts_strategy = st.builds(
+    Attempt, st.integers(0, 6),
+    st.lists(st.sampled_from([Host("h1", 2), Host("h2", 1), Host("h3", 1)]), min_size=1,
+             max_size=3, unique=True).map(tuple),
+    st.integers(1, 6), st.one_of(st.none(), st.floats(0, 1e9)),
+    after=st.one_of(st.none(), outcomes))
+
+
+@settings(max_examples=500)
+@given(outcomes, attempts_strategy, st.integers(0, 6), st.integers(1, 3), st.booleans())
+def test_decide_invariants(outcome: AttemptOutcome, attempt: Attempt, max_restarts: int,
+                           min_np: int, oversubscribe: bool) -> None:
+    policy = RestartPolicy(max_restarts, min_np, oversubscribe=oversubscribe)
+    decision = decide(outcome, attempt, policy)
+    if isinstance(decision, Stop):
+        assert decision.kind in {"finished", "interrupted", "timeout", "no-restarts-left",
+                                 "repeated", "no-hosts", "min-np"}
+        if outcome.exit_code == 0 or outcome.timed_out or outcome.interrupted_by is not None:
+            assert decision.dropped == ()  # nothing is blamed for an ending that is no failure
+        return
+    # A restart: only after a failure, with restarts left, on fewer or the same hosts.
+    assert outcome.exit_code != 0 and not outcome.timed_out and outcome.interrupted_by is None
+    assert attempt.number < max_restarts
+    assert decision.number == attempt.number + 1 and decision.deadline == attempt.deadline
+    assert decision.after == outcome
+    assert set(decision.hosts) <= set(attempt.hosts) and decision.hosts
+    assert {h for h, _ in decision.dropped} == {h.name for h in attempt.hosts} - {
+        h.name for h in decision.hosts}
+    assert min_np <= decision.num_proc <= attempt.num_proc
+    if oversubscribe:
+        assert decision.num_proc == attempt.num_proc
+    else:
+        assert decision.num_proc == min(attempt.num_proc, sum(h.slots for h in decision.hosts))
+    if is_lost_host(outcome.failure):
+        assert outcome.failure is not None and outcome.failure.host not in {
+            h.name for h in decision.hosts}
+
+
+# ---------------------------------------------------------------- the loop's own steps
+
+
+def test_a_stop_for_too_few_hosts_is_told_its_drops_and_rechecks_nothing() -> None:
+    """The hosts left after the failure are already too few: no re-check would change that."""
+    fake = Cluster([lost("h2"), OK])
+    report = fake.run(hosts=H2x2, np=4, max_restarts=3, min_np=3)
+    assert report.stop.kind == "min-np" and fake.rechecked == []
+    assert "dropping h2: lost the SSH connection to host h2" in fake.told
+    assert fake.told[-1] == "only 2 slot(s) left (h1), fewer than --min-np 3"
+
+
+def test_without_checks_no_host_is_rechecked_or_said_to_be() -> None:
+    fake = Cluster([exited(3), OK], failing={"h2": "would fail"})
+    report = fake.run(max_restarts=1, check=False)
+    assert report.exit_code == 0 and fake.rechecked == [] and fake.attempts[1][0] == ("h1", "h2", "h3")
+    assert not any(line.startswith("re-check") for line in fake.told)
+
+
+def test_the_recheck_is_given_what_is_left_of_the_timeout() -> None:
+    left: list[float | None] = []
+    fake = Cluster([exited(3), OK])
+    fake.recheck = lambda hosts, seconds: left.append(seconds) or {}  # type: ignore[method-assign]
+    fake.run(deadline=fake.now + 25, max_restarts=1)
+    assert left == [15.0]  # the first attempt took 10 s of 25
