@@ -194,7 +194,8 @@ def resume(job: Job, path: str, mode: str | None) -> tuple[Position, dict[str, A
     fields = {f.name for f in dataclasses.fields(Position)}
     pos = Position(**{k: v for k, v in record.items() if k in fields})
     if record["hidden"] is not None:
-        pos.hidden = shard_state(record["hidden"], job.streams)
+        h, c = shard_state(record["hidden"], job.streams)  # read onto the CPU
+        pos.hidden = h.to(job.device), c.to(job.device)
     if comm.rank() != 0:  # the saved interval sums are global: count them once
         pos.interval_loss, pos.interval_tokens = 0.0, 0
     return pos, {"ranks_before": record["ranks_before"], "load_s": record["load_s"]}
@@ -220,6 +221,11 @@ def restart_count() -> int | None:
         return None
 
 
+def backend_name(comm: Any) -> str:
+    """'horovod', 'ddp', or 'single process' (Horovod not installed)."""
+    return str(getattr(comm, "label", "horovod"))
+
+
 def start(args: argparse.Namespace, job: Job, timing: dict[str, Any] | None = None) -> Position:
     """Resume or start afresh, then give every rank rank 0's weights and optimizer state.
     ``timing`` (when the ranks came up, how long the data took) goes into the start record."""
@@ -231,11 +237,12 @@ def start(args: argparse.Namespace, job: Job, timing: dict[str, Any] | None = No
     restarts = restart_count()
     niced = sorted(set(communication_threads().values()))
     job.report.emit(
-        f"config {cfg.name}: {comm.size()} rank(s), global batch {cfg.batch_size}, "
-        f"{torch.get_num_threads()} thread(s) per rank"
+        f"config {cfg.name}: {comm.size()} rank(s) ({backend_name(comm)}) on {job.device.type}, "
+        f"global batch {cfg.batch_size}, {torch.get_num_threads()} thread(s) per rank"
         + (f", communication threads at nice {'/'.join(map(str, niced))}" if niced else "")
         + (f", restart {restarts}" if restarts else ""),
         {"event": "start", "config": cfg.name, "ranks": comm.size(),
+         "backend": backend_name(comm), "device": str(job.device),
          "batch_size": cfg.batch_size, "threads": torch.get_num_threads(),
          "comm_nice": niced, "restart_count": restarts, **(timing or {})})
     if resumed is None:

@@ -11,6 +11,7 @@ class SingleProcess:
     """The few ``horovod.torch`` calls the example uses, for a world of one process."""
 
     Sum = "sum"
+    label = "single process"
 
     def init(self) -> None:
         pass
@@ -76,16 +77,18 @@ DEFAULTS = {
 _lowered: list[int] = []  # the threads get_comm lowered, for the start report
 
 
-def get_comm(nice: int = COMM_NICE) -> Any:
-    """``horovod.torch`` (initialised) or the single-process stand-in. The threads that
-    Horovod's init starts (its background loop, the MPI library's) run at ``nice``."""
-    apply_defaults(os.environ)
-    try:
-        import horovod.torch as hvd
-    except ImportError:
-        comm: Any = SingleProcess()
-    else:
-        comm = hvd
+def get_comm(nice: int = COMM_NICE, comm: Any = None) -> Any:
+    """``comm`` initialised; by default ``horovod.torch``, or the single-process stand-in where
+    Horovod is not installed. The threads that the init starts (Horovod's background loop, the
+    MPI library's; Gloo's and NCCL's under ``--backend ddp``) run at ``nice``."""
+    if comm is None:
+        apply_defaults(os.environ)
+        try:
+            import horovod.torch as hvd
+        except ImportError:
+            comm = SingleProcess()
+        else:
+            comm = hvd
     before = thread_ids()
     comm.init()
     # On CPU training the ranks' compute threads fill every core. Horovod's background thread

@@ -16,6 +16,8 @@ import torch
 from .config import Config
 from .model import PTBModel
 
+CPU = torch.device("cpu")
+
 
 @dataclass
 class Job:
@@ -30,6 +32,12 @@ class Job:
     loss_scale: float
     report: Reporter
     seed: int = 0
+    # What a training step calls: the model itself, or DDP's wrapper (--backend ddp).
+    net: torch.nn.Module | None = None
+    device: torch.device = CPU
+
+    def forward_module(self) -> torch.nn.Module:
+        return self.net if self.net is not None else self.model
 
 
 class Reporter:

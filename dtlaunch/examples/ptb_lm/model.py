@@ -27,10 +27,15 @@ class StreamNoise:
     streams: range  # this rank's streams
     global_batch: int
 
-    def mask(self, site: int, shape: torch.Size, keep: float) -> torch.Tensor:
+    def mask(self, site: int, shape: torch.Size, keep: float,
+             device: torch.device | None = None) -> torch.Tensor:
+        """On ``device``'s own generator: on a GPU, drawing on the CPU and copying would cost
+        more than the step's LSTM. (So a GPU run's masks differ from a CPU run's.)"""
         key = ((self.seed * 1_000_003 + self.step) * 64 + site) % (1 << 63)
-        generator = torch.Generator().manual_seed(key)
-        full = torch.rand((shape[0], self.global_batch, *shape[2:]), generator=generator)
+        where = device if device is not None else torch.device("cpu")
+        generator = torch.Generator(device=where).manual_seed(key)
+        full = torch.rand((shape[0], self.global_batch, *shape[2:]), generator=generator,
+                          device=where)
         mine = full[:, self.streams.start : self.streams.stop]
         return (mine < keep).to(torch.float32) / keep
 
@@ -69,7 +74,7 @@ class PTBModel(nn.Module):
             return x
         if noise is None:  # callers outside the training loop: ordinary dropout
             return F.dropout(x, 1.0 - self.keep_prob, training=True)
-        return x * noise.mask(site, x.shape, self.keep_prob)
+        return x * noise.mask(site, x.shape, self.keep_prob, x.device)
 
     def forward(self, inputs: torch.Tensor, state: State,
                 noise: StreamNoise | None = None) -> tuple[torch.Tensor, State]:

@@ -1,6 +1,7 @@
-"""Train the PTB LSTM language model, one process or many under Horovod.
+"""Train the PTB LSTM language model, one process or many under Horovod or torch.distributed.
 
-Plain Horovod script: ``mpirun -np 2 python -m dtlaunch.examples.ptb_lm --config small``.
+Plain Horovod script: ``mpirun -np 2 python -m dtlaunch.examples.ptb_lm --config small``; with
+``--backend ddp``, a plain DistributedDataParallel script for ``torchrun``.
 ``--batch-size`` (default from the config) is the GLOBAL number of streams; each rank trains
 on its contiguous share (see ``data.py``) and Horovod sums the gradients each rank scaled by
 1 / global batch, so the update equals the single-process update on the whole batch. The
@@ -45,6 +46,8 @@ from .data import (
     steps_per_epoch,
     stream_matrix,
 )
+from .ddp import TorchDistributed
+from .device import SetupError, choose_device, torchrun_placement
 from .job import Job, Reporter
 from .memory import keep_freed_memory
 from .model import PTBModel, State, StreamNoise
@@ -55,6 +58,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m dtlaunch.examples.ptb_lm", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", choices=sorted(CONFIGS), default="small")
+    p.add_argument("--backend", choices=("horovod", "ddp"), default="horovod",
+                   help="horovod (default; one plain process without Horovod) or ddp: "
+                        "DistributedDataParallel over Gloo on CPUs, NCCL on GPUs, ranks from "
+                        "torchrun's environment (torchrun, dtlaunch run --torch)")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                   help="cuda: one GPU per local rank; auto (default): cuda where PyTorch sees "
+                        "a GPU, else cpu")
+    p.add_argument("--time-limit", type=float, metavar="SECONDS",
+                   help="start no epoch that would end after SECONDS from the start (judged by "
+                        "the longest epoch so far); the test perplexity is still computed")
     p.add_argument("--data-path", default="./data/ptb",
                    help="directory with ptb.{train,valid,test}.txt (downloaded if absent)")
     p.add_argument("--max-epochs", type=int, help="epochs to train (default: the config's)")
@@ -108,6 +121,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--hidden-size must be at least 1")
     if args.commit_every < 1:
         p.error("--commit-every must be at least 1")
+    if args.elastic and args.backend == "ddp":
+        p.error("--elastic is Horovod's elastic mode; it needs --backend horovod")
+    if args.time_limit is not None and args.time_limit <= 0:
+        p.error("--time-limit must be positive")
     if args.elastic and args.checkpoint:
         p.error("--elastic keeps the training state in memory across resets; --checkpoint is "
                 "for restarts of a fixed-size job")
@@ -157,10 +174,11 @@ def detach(state: State) -> State:
     return state[0].detach(), state[1].detach()
 
 
-def clip_grad_norm(params: Sequence[torch.Tensor], max_norm: float) -> float:
+def clip_grad_norm(params: Sequence[torch.Tensor], max_norm: float) -> float | torch.Tensor:
     """Scale gradients to a global norm of at most ``max_norm`` (as ``clip_grad_norm_``, which
     rejects sparse gradients). Sparse ones are coalesced first: Horovod's allgather lists a
-    row once per rank that touched it, and the norm must be taken over the summed rows."""
+    row once per rank that touched it, and the norm must be taken over the summed rows.
+    Returns the norm before clipping (a tensor on a GPU, which is not waited for)."""
     grads = []
     for p in params:
         if p.grad is not None and p.grad.is_sparse:
@@ -169,6 +187,14 @@ def clip_grad_norm(params: Sequence[torch.Tensor], max_norm: float) -> float:
         elif p.grad is not None:
             grads.append(p.grad)
     norms = torch.stack([torch.linalg.vector_norm(g) for g in grads])
+    if norms.is_cuda:
+        # The same scaling without reading the norm back: a read would wait for the GPU every
+        # step, so the CPU could not queue the next step's kernels meanwhile.
+        total_t: torch.Tensor = torch.linalg.vector_norm(norms)
+        scale = (max_norm / (total_t + 1e-6)).clamp(max=1.0)
+        for g in grads:
+            g.mul_(scale)
+        return total_t
     total = float(torch.linalg.vector_norm(norms))
     if total > max_norm:
         for g in grads:
@@ -202,9 +228,10 @@ def train_epoch(job: Job, pos: Position, lr: float, args: argparse.Namespace,
     """Train ``pos.epoch`` from ``pos.epoch_step`` to its end (or until --max-steps),
     updating ``pos`` as it goes; returns whether the epoch was completed."""
     cfg, model, T = job.config, job.model, job.config.num_steps
+    net = job.forward_module()
     for group in job.optimizer.param_groups:
         group["lr"] = lr
-    model.train()
+    net.train()  # DDP passes it on to the model
     params = list(model.parameters())
     n_steps = steps_per_epoch(job.train.shape[0], T)
     interval = args.log_interval or max(1, n_steps // 10)
@@ -213,6 +240,9 @@ def train_epoch(job: Job, pos: Position, lr: float, args: argparse.Namespace,
     start = tick = time.perf_counter()
     ticked_at = pos.epoch_step
     completed = True
+    # This rank's loss since the last log line, summed where it is computed (in float64, as
+    # the float it replaces): reading it every step would make a GPU step wait for the last.
+    pending = torch.tensor(pos.interval_loss, dtype=torch.float64, device=job.device)
     for i in range(pos.epoch_step, n_steps):
         if args.max_steps is not None and pos.step >= args.max_steps:
             completed = False
@@ -220,16 +250,21 @@ def train_epoch(job: Job, pos: Position, lr: float, args: argparse.Namespace,
         inputs = job.train[i * T : (i + 1) * T]
         targets = job.train[i * T + 1 : (i + 1) * T + 1].reshape(-1)
         noise = StreamNoise(job.seed, pos.step, job.streams, global_batch)
-        logits, state = model(inputs, detach(state), noise)
+        logits, state = net(inputs, detach(state), noise)
         loss_sum = F.cross_entropy(logits, targets, reduction="sum")
         job.optimizer.zero_grad()
         (loss_sum * job.loss_scale).backward()
         clipped_step(job.optimizer, params, cfg.max_grad_norm)
-        pos.interval_loss += loss_sum.item()
+        pending += loss_sum.detach()
         pos.interval_tokens += targets.numel()
         pos.step, pos.epoch_step, pos.hidden = pos.step + 1, i + 1, detach(state)
         progress.words += global_batch * T
-        if (i + 1) % interval == 0:
+        report = (i + 1) % interval == 0
+        save = bool(args.checkpoint_every) and pos.step % args.checkpoint_every == 0
+        if not (report or save or on_step is not None):
+            continue
+        pos.interval_loss = float(pending)
+        if report:
             loss, tokens = allreduce_sum(job.comm, [pos.interval_loss, pos.interval_tokens])
             now = time.perf_counter()
             words_per_sec = (i + 1 - ticked_at) * global_batch * T / (now - tick)
@@ -242,10 +277,12 @@ def train_epoch(job: Job, pos: Position, lr: float, args: argparse.Namespace,
             )
             pos.epoch_loss, pos.epoch_tokens = pos.epoch_loss + loss, pos.epoch_tokens + int(tokens)
             pos.interval_loss, pos.interval_tokens, tick, ticked_at = 0.0, 0, now, i + 1
-        if args.checkpoint_every and pos.step % args.checkpoint_every == 0:
+        if save:
             checkpoint(job, pos, args.checkpoint)
         if on_step is not None:
             on_step(pos)
+        pending.fill_(pos.interval_loss)  # the report and an elastic commit clear it
+    pos.interval_loss = float(pending)
     loss, tokens = allreduce_sum(job.comm, [pos.interval_loss, pos.interval_tokens])
     pos.train_ppl = math.exp((pos.epoch_loss + loss) / max(pos.epoch_tokens + tokens, 1))
     if completed:
@@ -260,18 +297,19 @@ def evaluate(job: Job, ids: np.ndarray, num_streams: int) -> float:
     """Perplexity over every target of ``ids``; streams are shared out over the ranks."""
     inputs, targets = eval_streams(ids, num_streams)
     mine = shard_range(num_streams, job.comm.rank(), job.comm.size(), allow_empty=True)
-    x = torch.from_numpy(np.ascontiguousarray(inputs[:, mine.start : mine.stop]))
-    y = torch.from_numpy(np.ascontiguousarray(targets[:, mine.start : mine.stop]))
+    x = torch.from_numpy(np.ascontiguousarray(inputs[:, mine.start : mine.stop])).to(job.device)
+    y = torch.from_numpy(np.ascontiguousarray(targets[:, mine.start : mine.stop])).to(job.device)
     job.model.eval()
-    loss, T = 0.0, job.config.num_steps
+    T = job.config.num_steps
+    loss = torch.zeros((), dtype=torch.float64, device=job.device)  # float64, as a float sum
     if len(mine) > 0:
         state = job.model.initial_state(len(mine))
         for t in range(0, x.shape[0], T):
             logits, state = job.model(x[t : t + T], state)
             loss += F.cross_entropy(logits, y[t : t + T].reshape(-1), reduction="sum",
-                                    ignore_index=IGNORE_INDEX).item()
+                                    ignore_index=IGNORE_INDEX)
     tokens = int((y != IGNORE_INDEX).sum())
-    total_loss, total_tokens = allreduce_sum(job.comm, [loss, tokens])
+    total_loss, total_tokens = allreduce_sum(job.comm, [float(loss), tokens])
     return math.exp(total_loss / total_tokens)
 
 
@@ -281,7 +319,7 @@ def write_rank_file(prefix: str, rank: int, record: dict[str, Any]) -> None:
 
 def dump_params(prefix: str, rank: int, model: PTBModel) -> None:
     """``PREFIX.rank<r>``: digest of the flat parameters; ``PREFIX.rank<r>.pt``: the tensor."""
-    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).cpu()
     torch.save(flat, f"{prefix}.rank{rank}.pt")
     write_rank_file(prefix, rank, {"sha256": hashlib.sha256(flat.numpy().tobytes()).hexdigest(),
             "numel": flat.numel(), "sum": float(flat.double().sum())})
@@ -295,12 +333,18 @@ def build_config(args: argparse.Namespace, vocab_size: int) -> Config:
     return replace(config, vocab_size=vocab_size)
 
 
-def build_job(args: argparse.Namespace, comm: Any, corpus: Corpus) -> Job:
+def build_job(args: argparse.Namespace, comm: Any, corpus: Corpus,
+              device: torch.device | None = None) -> Job:
+    device = device or torch.device("cpu")
     config = build_config(args, len(corpus.words))
     streams = shard_range(config.batch_size, comm.rank(), comm.size())
     matrix = stream_matrix(corpus.train, config.batch_size)[:, streams.start : streams.stop]
     torch.manual_seed(args.seed)
-    model = PTBModel(config, sparse=not args.dense_grads)
+    # Sparse embedding gradients pay on CPUs (see model.py); on a GPU the dense 10,000-row
+    # update is one cheap kernel, and NCCL reduces no sparse tensors.
+    sparse = not args.dense_grads and device.type == "cpu"
+    model = PTBModel(config, sparse=sparse).to(device)  # initialised on the CPU: same weights
+    net = comm.wrap(model) if hasattr(comm, "wrap") else None
     # Horovod SUMS the ranks' gradients: each rank has already scaled its own by 1 / global
     # batch (below), so the sum is the global average. Horovod's average would cost one more
     # pass over the 10.5 MB of dense gradients every step: about 1 % of a step on 2 ranks.
@@ -312,21 +356,27 @@ def build_job(args: argparse.Namespace, comm: Any, corpus: Corpus) -> Job:
     # the num_steps time steps and averaged over the batch. Each rank sums its own token losses
     # and scales by 1 / global batch: the sum over ranks then equals that global cost even
     # when the ranks' shares of streams differ.
+    # DDP AVERAGES over the ranks instead of summing: scaling by size / global batch makes
+    # its average the same global cost.
     loss_scale = 1.0 / config.batch_size
+    if getattr(comm, "averages_gradients", False):
+        loss_scale = comm.size() / config.batch_size
     return Job(comm=comm, config=config, model=model, optimizer=optimizer,
-               train=torch.from_numpy(np.ascontiguousarray(matrix)), streams=streams,
+               train=torch.from_numpy(np.ascontiguousarray(matrix)).to(device), streams=streams,
                loss_scale=loss_scale, report=Reporter(comm.rank() == 0, args.metrics),
-               seed=args.seed)
+               seed=args.seed, net=net, device=device)
 
 
-def run(args: argparse.Namespace, comm: Any, up_at: float | None = None) -> None:
+def run(args: argparse.Namespace, comm: Any, up_at: float | None = None,
+        device: torch.device | None = None) -> None:
+    began = time.perf_counter()
     torch.set_num_threads(args.threads or default_threads(comm))
     loading = time.perf_counter()
     # Elastic: a worker that joins later runs this alone, so nothing here may wait for the
     # others (each reads the data itself; the state comes from rank 0 at the first sync).
     corpus = load_corpus(args.data_path) if args.elastic else shared_corpus(comm, args.data_path)
     timing = {"up_at": up_at, "data_s": time.perf_counter() - loading}
-    job = build_job(args, comm, corpus)
+    job = build_job(args, comm, corpus, device)
     rank, cfg = comm.rank(), job.config
     if args.dump_shard:
         write_rank_file(args.dump_shard, rank, {
@@ -342,11 +392,17 @@ def run(args: argparse.Namespace, comm: Any, up_at: float | None = None) -> None
         pos = start(args, job, timing)
 
     progress, epoch_times = Progress(), []
+    epoch_walls: list[float] = []  # whole epochs with their validation, for --time-limit
     max_epochs = args.max_epochs if args.max_epochs is not None else cfg.max_max_epoch
 
     def epochs(pos: Position, on_step: Callable[[Position], None] | None = None) -> Position:
         while pos.epoch < max_epochs:
             if args.max_steps is not None and pos.step >= args.max_steps:
+                break
+            if out_of_time(args.time_limit, time.perf_counter() - began, epoch_walls):
+                job.report.emit(
+                    f"time limit: {pos.epoch} epoch(s) done; the next would end after "
+                    f"{args.time_limit:.0f}s", {"event": "time_limit", "epochs": pos.epoch})
                 break
             lr = learning_rate(cfg, pos.epoch)
             whole, started = pos.epoch_step == 0, time.perf_counter()
@@ -365,6 +421,7 @@ def run(args: argparse.Namespace, comm: Any, up_at: float | None = None) -> None
                 f"valid ppl {pos.valid_ppl:.2f} time {epoch_time:.1f}s",
                 {"event": "epoch", "epoch": pos.epoch + 1, "lr": lr, "train_ppl": pos.train_ppl,
                  "valid_ppl": pos.valid_ppl, "epoch_time_s": epoch_time})
+            epoch_walls.append(time.perf_counter() - started)  # with the validation
             pos = next_epoch(pos)
             if args.checkpoint:
                 checkpoint(job, pos, args.checkpoint)
@@ -394,6 +451,11 @@ def run(args: argparse.Namespace, comm: Any, up_at: float | None = None) -> None
          "words_per_sec": words_per_sec})
 
 
+def out_of_time(limit: float | None, elapsed: float, epoch_walls: Sequence[float]) -> bool:
+    """Whether another epoch, as long as the longest so far, would end after ``limit``."""
+    return limit is not None and bool(epoch_walls) and elapsed + max(epoch_walls) > limit
+
+
 def shown(value: float, digits: int = 2, unit: str = "") -> str:
     """A number for the summary line; '-' where nothing was measured (e.g. no full epoch)."""
     return "-" if math.isnan(value) else f"{value:.{digits}f}{unit}"
@@ -403,15 +465,39 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if not args.default_malloc:
         keep_freed_memory()  # before anything large is allocated
-    comm = get_comm(args.comm_nice)
+    try:
+        comm, device = connect(args)
+    except SetupError as exc:  # every rank meets it alike, before any collective
+        print(f"ptb_lm: error: {exc}", file=sys.stderr, flush=True)
+        return 2
     if args.elastic and not hasattr(comm, "elastic"):
         print("ptb_lm: error: --elastic needs Horovod (horovod.torch)", file=sys.stderr)
         return 2
     up_at = time.time()  # modules imported and Horovod initialised: for recovery timings
     try:
-        run(args, comm, up_at)
+        run(args, comm, up_at, device)
     except DataError as exc:
         if comm.rank() == 0:
             print(f"ptb_lm: error: {exc}", file=sys.stderr, flush=True)
         return 2
+    finally:
+        if isinstance(comm, TorchDistributed):
+            comm.shutdown()
     return 0
+
+
+def connect(args: argparse.Namespace) -> tuple[Any, torch.device]:
+    """The initialised communication (Horovod, its stand-in, or torch.distributed) and this
+    rank's device: one GPU per local rank."""
+    if args.backend == "ddp":
+        _, _, local_rank, local_size = torchrun_placement(os.environ)
+        device = choose_device(args.device, torch.cuda.is_available(), torch.cuda.device_count(),
+                               local_rank, local_size)
+        comm = get_comm(args.comm_nice, TorchDistributed(device, local_rank, local_size))
+    else:
+        comm = get_comm(args.comm_nice)
+        device = choose_device(args.device, torch.cuda.is_available(), torch.cuda.device_count(),
+                               comm.local_rank(), comm.local_size())
+        if device.startswith("cuda"):
+            torch.cuda.set_device(torch.device(device))
+    return comm, torch.device(device)
