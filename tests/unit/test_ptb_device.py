@@ -153,7 +153,7 @@ def test_ddp_unequal_shares_give_the_single_process_update(tmp_path: Path) -> No
 
 def interval_ppl(path: Path) -> list[float]:
     records = [json.loads(line) for line in path.read_text().splitlines()]
-    return [r["train_ppl"] for r in records if r["event"] == "progress"]
+    return [float(r["train_ppl"]) for r in records if r["event"] == "progress"]
 
 
 @pytest.mark.slow
@@ -162,17 +162,28 @@ def interval_ppl(path: Path) -> list[float]:
 @pytest.mark.usefixtures("horovod")
 def test_ddp_and_horovod_train_alike(tmp_path: Path) -> None:
     """The same data split and seed under Horovod (mpirun, 2 ranks) and DDP (torchrun, 2
-    ranks): the same training curve. The two sum the gradients in another order (Horovod
-    gathers the sparse embedding rows and sums in MPI; DDP averages through Gloo), which
-    changes the last bits; over the first steps at learning rate 1 that grows to the tenths of
-    a percent that 1 rank and 2 Horovod ranks differ by too (docs/ptb-example.md)."""
+    ranks): the same training curve within the rounding of the sums' order. Horovod gathers
+    the sparse embedding rows and sums in MPI, DDP averages through Gloo: the last bits differ,
+    and at learning rate 1 that grows within some 40 steps to the percent that Horovod's 2
+    ranks and 1 process differ by as well (measured over 200 steps, docs/ptb-example.md:
+    20-step intervals up to 4.1 % apart for DDP against Horovod and 3.3 % for 1 process
+    against Horovod; the whole run's perplexity 0.34 % and 0.09 %)."""
     common = ["--data-path", str(PTB_DIR), "--max-steps", "120", "--log-interval", "20",
               "--no-eval", "--threads", "1"]
-    run([*mpirun_command(2), *common, "--metrics", str(tmp_path / "hvd.jsonl")])
-    run([*torchrun_command(2), *common, "--metrics", str(tmp_path / "ddp.jsonl")])
+    run([*mpirun_command(2), *common, "--metrics", str(tmp_path / "hvd.jsonl")], timeout=600)
+    ddp_run = run([*torchrun_command(2), *common, "--metrics", str(tmp_path / "ddp.jsonl")],
+                  timeout=600)
+    assert "2 rank(s) (ddp) on cpu" in ddp_run.stdout
     hvd, ddp = interval_ppl(tmp_path / "hvd.jsonl"), interval_ppl(tmp_path / "ddp.jsonl")
     assert len(hvd) == len(ddp) == 6
-    assert hvd[0] == pytest.approx(ddp[0], rel=1e-5)  # the first 20 steps: rounding only
+    assert hvd[0] == pytest.approx(ddp[0], rel=1e-4)  # the first 20 steps: rounding only
     for a, b in zip(hvd, ddp):
-        assert a == pytest.approx(b, rel=0.02)
+        assert a == pytest.approx(b, rel=0.08)  # twice the largest gap measured
+    assert final_ppl(tmp_path / "hvd.jsonl") == pytest.approx(final_ppl(tmp_path / "ddp.jsonl"),
+                                                             rel=0.01)
     assert ddp[-1] < 0.5 * ddp[0]  # and both are training
+
+
+def final_ppl(path: Path) -> float:
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    return float(next(r["train_ppl"] for r in records if r["event"] == "final"))
