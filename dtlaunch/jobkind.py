@@ -102,6 +102,7 @@ KINDS: dict[str, str] = {
     "mpi": "dtlaunch.mpijob.kind:MPI_JOB",
     "gloo": "dtlaunch.gloo.kind:GLOO_JOB",
     "elastic": "dtlaunch.elastic.kind:ELASTIC_JOB",
+    "torch": "dtlaunch.torchrun.kind:TORCH_JOB",
 }
 
 

@@ -73,6 +73,7 @@ SHIPPING = {
     "lifeline.py": HERE,
     "gloo_start.py": HERE,
     "gloo_host.py": STDIN,
+    "torch_host.py": STDIN,
     "c10d_store.py": TEXT,  # its text, joined to the torch host agent's on that agent's stdin
     "rank_shim.py": INLINE,
     "probe.sh": TEXT,
@@ -81,6 +82,11 @@ SHIPPING = {
     "remote_probe.py": TEXT,
     "import_probe.py": TEXT,
 }
+
+
+# A STDIN agent that builds on others travels as one text, theirs first.
+JOINED = {"torch_host.py": ("gloo_host.py", "c10d_store.py")}
+FUTURE = "from __future__ import annotations"
 
 
 def _path(name: str) -> str:
@@ -126,10 +132,21 @@ class Shipment(collections.namedtuple("Shipment", ["name", "how"])):
         return [shell, "-c", self.text, label]
 
     def stdin(self, python: str) -> Tuple[List[str], bytes]:
-        """STDIN: the bootstrap argv, and the first line of its standard input (its text)."""
+        """STDIN: the bootstrap argv, and the first line of its standard input: its text (after
+        the texts it builds on, JOINED), compressed, as one line of base64."""
         self._only(STDIN)
-        agent = importlib.import_module(f"{__name__}.gloo_host")  # loaded on first use
-        return agent.gloo_boot_command(python), agent.gloo_packed_text()
+        import binascii
+        import zlib
+
+        parts = [_text(part) for part in (*JOINED.get(self.name, ()), self.name)]
+        # One module: the later texts' own `from __future__` line may only come first.
+        text = parts[0] + "".join(p.replace(FUTURE, "", 1) for p in parts[1:])
+        module = "dtlaunch_" + self.name.rsplit(".", 1)[0]
+        boot = ("import sys,zlib,binascii;s=sys.stdin.buffer;"
+                "exec(compile(zlib.decompress(binascii.a2b_base64(s.readline())),"
+                f"'{module}','exec'),{{'__name__':'{module}','STREAM':s}})")
+        packed = binascii.b2a_base64(zlib.compress(text.encode("utf-8"), 9))
+        return [python, "-I", "-S", "-c", boot], packed
 
     def inline(self, program: Sequence[str], python: str, record_limit: int) -> Tuple[str, ...]:
         """INLINE: the argv that runs `program` under it, all on the command line."""

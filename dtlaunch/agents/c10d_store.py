@@ -469,6 +469,12 @@ class C10dStoreServer:
         here = self._listener.getsockname()
         return here[0], here[1]
 
+    @property
+    def connections(self) -> int:
+        """Connections open now: the clients' and the agents' control connections (host 0's
+        agent serves until the other hosts' are gone)."""
+        return len(self._conns)
+
     def start(self) -> C10dStoreServer:
         self._listener.setblocking(False)
         self._wake_r.setblocking(False)

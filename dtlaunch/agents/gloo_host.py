@@ -48,7 +48,7 @@ __all__ = ["AUTH_HEADER", "MAX_BODY", "NONCE_HEADER", "BadRequest", "read_reques
 
 TYPE_CHECKING = False  # the checkers' name for it: the typing module is never imported here
 if TYPE_CHECKING:
-    from typing import Any, BinaryIO, Dict, List, NoReturn, Optional, Sequence, Tuple
+    from typing import Any, BinaryIO, Callable, Dict, List, NoReturn, Optional, Sequence, Tuple
 
 PROTOCOL = b"dtlaunch-gloo-1"
 NONCE_HEADER = "X-Dtlaunch-Nonce"
@@ -533,7 +533,7 @@ class Agent:
         for name in self.job.get("unset") or ():
             base.pop(name, None)  # srun's one-task identity, which no rank has
         base.update(self.job["env"])
-        if "HOROVOD_GLOO_IFACE" not in base:
+        if "HOROVOD_GLOO_IFACE" not in base and "store" in self.job:
             iface = gloo_iface(self.job.get("iface_cidrs") or [],
                                (self.job["store"]["host"], int(self.job["store"]["port"])))
             if iface is not None:
@@ -541,19 +541,30 @@ class Agent:
         return base
 
     def start_ranks(self, port: int) -> Optional[int]:
+        return self.start_with({"HOROVOD_GLOO_RENDEZVOUS_ADDR": "127.0.0.1",
+                                "HOROVOD_GLOO_RENDEZVOUS_PORT": str(port)})
+
+    def start_with(self, extra: Dict[str, str],
+                   each: Optional[Callable[[Dict[str, Any]], Dict[str, str]]] = None,
+                   ) -> Optional[int]:
+        """Every rank of this host under the rank shim: the job's variables, the rank's,
+        `extra` and `each(rank)`'s. A rank may carry an argv of its own (a torch job's
+        per-local-rank arguments)."""
         cwd = self.cwd()
         base = self.base_env()
         for rank in self.job["ranks"]:
             env = dict(base)
             env.update(rank["env"])
-            env["HOROVOD_GLOO_RENDEZVOUS_ADDR"] = "127.0.0.1"
-            env["HOROVOD_GLOO_RENDEZVOUS_PORT"] = str(port)
+            env.update(extra)
+            if each is not None:
+                env.update(each(rank))
             try:
-                proc = subprocess.Popen(self.job["shim"], env=env, cwd=cwd,
+                proc = subprocess.Popen(rank.get("argv") or self.job["shim"], env=env, cwd=cwd,
                                         stdin=subprocess.DEVNULL)
             except OSError as exc:
                 sys.stderr.write(PREFIX + "cannot start rank %s: %s\n"
-                                 % (rank["env"].get("HOROVOD_RANK"), exc.strerror or exc))
+                                 % (rank["env"].get("HOROVOD_RANK", rank["env"].get("RANK")),
+                                    exc.strerror or exc))
                 return 127
             self.procs.append(proc)
         return None
@@ -817,26 +828,6 @@ def main(stream: BinaryIO) -> int:
     finally:
         forwarder.close()
         sys.stderr.flush()
-
-
-def gloo_boot_command(python: str) -> List[str]:
-    """The argv that runs this agent from its text sent on standard input."""
-    boot = ("import sys,zlib,binascii;s=sys.stdin.buffer;"
-            "exec(compile(zlib.decompress(binascii.a2b_base64(s.readline())),'gloo_host','exec'),"
-            "{'__name__':'dtlaunch_gloo_host','STREAM':s})")
-    return [python, "-I", "-S", "-c", boot]
-
-
-def gloo_packed_text() -> bytes:
-    """This file as the first line BOOT reads."""
-    with open(__file__, "rb") as handle:
-        return binascii.b2a_base64(zlib_compress(handle.read())).rstrip(b"\n") + b"\n"
-
-
-def zlib_compress(data: bytes) -> bytes:
-    import zlib
-
-    return zlib.compress(data, 9)
 
 
 def run(stream: BinaryIO) -> NoReturn:

@@ -17,6 +17,11 @@ Each agent's stdout (the ranks' records, each one line of at most PIPE_BUF bytes
 (its own and ssh's lines) are read line by line and written here whole, so lines of different
 hosts never mix.
 
+A torch.distributed job (dtlaunch.torchrun) starts the same way, with one step more: its
+store is held by host 0's agent, which binds the master address and port and says so on its
+stderr (MASTER_LINE); the other hosts' inputs name them as placeholders and are written once
+that line has come (their ssh connections open meanwhile).
+
 Standard library only, no dtlaunch imports: it starts with -I -S, once per job.
 """
 
@@ -35,6 +40,8 @@ import time
 RANK_STOP = 4.0  # seconds the agents get to stop their ranks before they are signalled
 LINE_LIMIT = 64 * 1024  # a line longer than this is passed on in pieces
 STOPPING = "dtlaunch-gloo: "
+MASTER_LINE = b"dtlaunch-torch: master "  # ADDR PORT, from host 0's agent of a torch job
+MASTER_ADDR, MASTER_PORT = b"@DTLAUNCH_MASTER_ADDR@", b"@DTLAUNCH_MASTER_PORT@"
 
 
 class Host:
@@ -46,6 +53,14 @@ class Host:
         self.input_lock = threading.Lock()
         self.input_closed = False
         self.partial = {1: b"", 2: b""}
+        # A torch job's host other than host 0: its input waits for the master's address.
+        self.held = MASTER_PORT in payload
+
+    def release(self, addr: bytes, port: bytes) -> None:
+        """The master's address is known: the held input, completed, is written."""
+        self.payload = self.payload.replace(MASTER_ADDR, addr).replace(MASTER_PORT, port)
+        self.held = False
+        threading.Thread(target=self.feed_input, daemon=True).start()
 
     def feed_input(self) -> None:
         """The agent's code and job; its input then stays open (in a thread: a long job
@@ -97,12 +112,30 @@ def read_additions(added: list[tuple[str, list[str], bytes]], lock: threading.Lo
     stop.set()
 
 
+def master_line(lines: bytes, hosts: list[Host]) -> bytes:
+    """Host 0's report of the master address, taken out of its stderr: every held host's
+    input is released with it. The other lines are returned."""
+    kept = []
+    for line in lines.splitlines(keepends=True):
+        if line.startswith(MASTER_LINE):
+            words = line[len(MASTER_LINE):].split()
+            if len(words) == 2 and words[1].isdigit():
+                for other in hosts:
+                    if other.held:
+                        other.release(words[0], words[1])
+                continue
+        kept.append(line)
+    return b"".join(kept)
+
+
 def main() -> int:
+    global STOPPING
     try:
         job = json.loads(sys.stdin.buffer.readline().decode("utf-8"))
         specs = [host_spec(h) for h in job["hosts"]]
+        STOPPING = str(job.get("prefix") or STOPPING)
     except (ValueError, KeyError, TypeError):
-        sys.stderr.write("dtlaunch-gloo: expected the job on standard input\n")
+        sys.stderr.write(STOPPING + "expected the job on standard input\n")
         return 2
     # Elastic: hosts come and go. A host's agent ending is the driver's business (it sees the
     # agent fall silent), not a reason to stop the others; the job ends when dtlaunch closes
@@ -128,7 +161,7 @@ def main() -> int:
         try:
             hosts.append(Host(name, argv, payload))
         except OSError as exc:
-            sys.stderr.write(f"dtlaunch-gloo: cannot start the agent for host {name}: "
+            sys.stderr.write(f"{STOPPING}cannot start the agent for host {name}: "
                              f"{argv[0]}: {exc.strerror}\n")
             code = 127
             stop.set()
@@ -136,7 +169,8 @@ def main() -> int:
     selector = selectors.DefaultSelector()
 
     def follow(host: Host) -> None:
-        threading.Thread(target=host.feed_input, daemon=True).start()
+        if not host.held:
+            threading.Thread(target=host.feed_input, daemon=True).start()
         for fd_out, stream in ((1, host.proc.stdout), (2, host.proc.stderr)):
             assert stream is not None
             os.set_blocking(stream.fileno(), False)
@@ -156,7 +190,7 @@ def main() -> int:
             try:
                 host = Host(name, argv, payload)
             except OSError as exc:
-                write_all(2, f"dtlaunch-gloo: cannot start the agent for host {name}: "
+                write_all(2, f"{STOPPING}cannot start the agent for host {name}: "
                              f"{argv[0]}: {exc.strerror}\n".encode())
                 continue
             hosts.append(host)
@@ -182,7 +216,10 @@ def main() -> int:
             if cut == 0 and len(buf) > LINE_LIMIT:
                 cut = len(buf)
             if cut:
-                write_all(fd_out, buf[:cut])
+                whole = buf[:cut]
+                if fd_out == 2 and MASTER_LINE in whole:
+                    whole = master_line(whole, hosts)
+                write_all(fd_out, whole)
             host.partial[fd_out] = buf[cut:]
         for host in hosts:
             status = host.proc.poll()

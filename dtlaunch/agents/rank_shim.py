@@ -66,7 +66,7 @@ _ESCAPES = ((ESC, ESC + b"0"), (b"\n", ESC + b"1"), (b"[", ESC + b"2"))
 HOST, STDOUT, STDERR, EXIT, NOSTART = "h", "o", "e", "x", "n"
 # DTLAUNCH_WORKER: an elastic job's worker number, which outlives its changing rank.
 RANK_VARIABLES = ("DTLAUNCH_WORKER", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID",
-                  "HOROVOD_RANK")
+                  "HOROVOD_RANK", "RANK")
 GRACE = 0.8  # seconds a signalled rank gets before SIGKILL (Open MPI's own SIGKILL comes at 1 s)
 LEFTOVER_GRACE = 1.0  # seconds a process left behind by an exited rank gets before SIGKILL
 DRAIN = 0.3  # seconds to read what is left in the pipes once nothing holds them
@@ -521,6 +521,22 @@ def _die_like(status: int) -> NoReturn:
     os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1)
 
 
+def recorded_error(path: Optional[str]) -> Optional[str]:
+    """What torch's `@record` wrote for a failed worker (TORCHELASTIC_ERROR_FILE), one line."""
+    if not path:
+        return None
+    import json
+
+    try:
+        with open(path, "rb") as f:
+            data = json.loads(f.read(1 << 20).decode("utf-8", "replace"))
+        message = data["message"]
+        text = message.get("message") if isinstance(message, dict) else message
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return " ".join(str(text).split()) or None
+
+
 def main(argv: List[str]) -> None:
     try:
         program = decode_argv(argv[-1])
@@ -543,6 +559,11 @@ def main(argv: List[str]) -> None:
         shim.send(EXIT, b"exit %d @%.3f" % (code, time.time()))
         os._exit(code)
     status = shim.run()
+    failed = os.WIFSIGNALED(status) or (os.WIFEXITED(status) and os.WEXITSTATUS(status))
+    recorded = recorded_error(os.environ.get("TORCHELASTIC_ERROR_FILE")) if failed else None
+    if recorded:  # a torch worker's @record: its exception, as its last line
+        shim.send(STDERR, b"torch.distributed.elastic's error file (@record): %s\n"
+                  % recorded.encode("utf-8", "replace")[:4096])
     # The time the program ended, not the time its output was drained: what orders the
     # failures of a job ("the first in time").
     when = b" @%.3f" % (shim.ended_at or time.time())

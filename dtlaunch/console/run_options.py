@@ -21,6 +21,7 @@ from dtlaunch.console.options import (
     RUN_OWN_FLAGS,
     SECONDS,
     SSH,
+    TORCH,
     horovod_click_options,
     host_option,
     option_group,
@@ -84,7 +85,20 @@ _GROUPS = (
                            "mode's fewest (docs/elastic.md)."),
         single_option("--restart-delay", type=SECONDS, metavar="SECONDS",
                       help="With --max-restarts: wait this long before each restart.")),
-    # The torch.distributed mode's options go here: option_group(TORCH, ...).
+    option_group(
+        TORCH,
+        click.option("--torch", is_flag=True,
+                     help="Run a torch.distributed script with torchrun's worker environment "
+                          "(RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, ...; docs/torch.md)."),
+        single_option("--nproc-per-node", "--nproc_per_node", "nproc_per_node",
+                      metavar="N|gpu", help="With --torch: workers on every host (gpu: one "
+                                            "per GPU the pre-flight finds)."),
+        single_option("--local-rank-arg", metavar="OPTION",
+                      help="With --torch: append OPTION=<local rank> to the script's arguments "
+                           "(torch.distributed.launch's --local-rank)."),
+        single_option("--master-port", "--master_port", "master_port", type=int,
+                      metavar="PORT", help="With --torch: the port host 0 holds for the job's "
+                                           "store (default: any free one).")),
     option_group(EXIT, click.option("--dry-run", is_flag=True,
                                      help="Print the mpirun command and exit.")),
 )

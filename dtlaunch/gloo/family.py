@@ -30,6 +30,8 @@ class Gloo(FamilyDefaults):
 
     name = "Gloo"
     launcher = LAUNCHER
+    prefix = "dtlaunch-gloo: "  # what the fan-out and its agents start their own lines with
+    no_mpi = "--gloo"  # the option that runs no MPI launcher
     install_hint = "the Gloo controller needs Horovod built with Gloo on every host"
     # The host agents' output joins whole lines only, and each record is one atomic write.
     record_limit = PIPE_BUF
@@ -47,10 +49,10 @@ class Gloo(FamilyDefaults):
         for given, option in ((spec.mpi_args, "--mpi-args"), (spec.binding, "--binding-args"),
                               (spec.tree_spawn, "--tree-spawn")):
             if given:
-                raise UsageError(f"{option}: no MPI launcher runs under --gloo; drop it")
+                raise UsageError(f"{option}: no MPI launcher runs under {self.no_mpi}; drop it")
         # The variables by name only: their values go to the hosts on ssh's standard input.
         names = [w for var in spec.env.variables for w in ("-x", var.name)]
-        return (LAUNCHER, "-np", str(spec.num_proc), "-H", format_hosts(spec.hosts), *names,
+        return (self.launcher, "-np", str(spec.num_proc), "-H", format_hosts(spec.hosts), *names,
                 *spec.program)
 
     def new_demux(self, stream: str, release: tuple[int, ...] = ()) -> RecordDemux:
@@ -65,19 +67,20 @@ class Gloo(FamilyDefaults):
 
         from dtlaunch.core.failure import Failure
 
+        prefix = self.prefix
         for line in lines:  # the agent's own reason first: it names what to fix
-            if line.startswith("dtlaunch-gloo: host "):
+            if line.startswith(prefix + "host "):
                 return Failure(host=line.split()[2].rstrip(":"),
-                               reason=line[len("dtlaunch-gloo: "):].strip())
+                               reason=line[len(prefix):].strip())
         for line in lines:
-            found = re.match(r"dtlaunch-gloo: the agent on host (\S+) ended with status (\d+)",
-                             line)
+            found = re.match(re.escape(prefix) + r"the agent on host (\S+) ended with status "
+                             r"(\d+)", line)
             if found:
                 return Failure(host=found.group(1), reason=(
-                    f"dtlaunch's Gloo agent on host {found.group(1)} ended with status "
+                    f"dtlaunch's {self.name} agent on host {found.group(1)} ended with status "
                     f"{found.group(2)} (see its lines above)"))
-            if line.startswith("dtlaunch-gloo: "):
-                return Failure(reason=line[len("dtlaunch-gloo: "):].strip())
+            if line.startswith(prefix):
+                return Failure(reason=line[len(prefix):].strip())
         return None
 
     def launcher_env(self, spec: JobSpec) -> dict[str, str]:

@@ -108,9 +108,9 @@ def agent_job(host: str, store_host: str, port: int, secret: bytes, env: Mapping
 
 
 def host_entry(host: str, job: Mapping[str, object], python: str, via_srun: bool,
-               ) -> dict[str, str | list[str]]:
+               agent: str = "gloo_host.py") -> dict[str, str | list[str]]:
     """The fan-out's line for one host: how to reach it and the bytes its agent reads."""
-    boot, code = agents.ship("gloo_host.py").stdin(python)
+    boot, code = agents.ship(agent).stdin(python)
     payload = code + json.dumps(job).encode("utf-8") + b"\n"
     if is_local(host):
         argv = boot

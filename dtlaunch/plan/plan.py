@@ -12,6 +12,7 @@ from dtlaunch.job.command import check_module_name as check_module_name  # re-ex
 from dtlaunch.job.elastic import ElasticSpec
 from dtlaunch.job.env import EnvPlan, build_launcher_env, plan_environment, slurm_launch_env
 from dtlaunch.job.hosts import MAX_NUM_PROC, Host, assign_ranks, total_slots
+from dtlaunch.job.torchrun import TorchSpec
 from dtlaunch.mpi import SLURM, SSH, Interfaces, JobSpec, MpiFamily, format_command
 from dtlaunch.reach.ssh_options import SshOptions
 
@@ -45,11 +46,13 @@ class RunRequest:
     # Names whose -x NAME=VALUE was typed on dtlaunch's command line (a secret's value there
     # deserves a warning: it stays in dtlaunch's process entry while the job runs).
     typed_env: tuple[str, ...] = ()
-    # Horovod's controller: "mpi" (an MPI launcher starts the ranks) or "gloo" (dtlaunch
-    # starts them itself, see dtlaunch.gloo).
+    # How the ranks are started and meet (dtlaunch.jobkind's registry): "mpi" (an MPI
+    # launcher starts them), "gloo" (Horovod's Gloo controller; dtlaunch starts them itself)
+    # or "torch" (torch.distributed with torchrun's contract, see dtlaunch.torchrun).
     controller: str = "mpi"
     # Horovod's elastic mode (always with controller "gloo"): None for a fixed-size job.
     elastic: ElasticSpec | None = None
+    torch: TorchSpec | None = None  # --torch's own options
 
 
 @dataclass(frozen=True)

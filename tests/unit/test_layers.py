@@ -24,7 +24,7 @@ LAYERS: dict[str, int] = {
     "__main__": 12, "cli": 11,
     "console": 10,
     "run": 9,
-    "elastic": 8,
+    "elastic": 8, "torchrun": 8,
     "doctor": 7, "gloo": 7, "mpijob": 7,
     "probe": 6, "jobkind": 6,
     "check": 5, "cluster": 5,
@@ -40,7 +40,7 @@ UI_ROOMS = {"cli", "__main__", "console"}  # the only users of click and rich
 # dtlaunch's own interpreter beside mpirun (requires-python).
 OLDEST_PYTHON = {"remote_probe.py": (3, 6), "import_probe.py": (3, 6), "rank_shim.py": (3, 7),
                  "rsh.py": (3, 9), "lifeline.py": (3, 9), "gloo_host.py": (3, 7),
-                 "c10d_store.py": (3, 7), "gloo_start.py": (3, 9)}
+                 "c10d_store.py": (3, 7), "gloo_start.py": (3, 9), "torch_host.py": (3, 7)}
 
 
 def modules() -> dict[str, Path]:

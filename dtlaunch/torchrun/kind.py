@@ -1,0 +1,106 @@
+"""The torch.distributed job kind (`dtlaunch run --torch`): one agent per host
+(dtlaunch.agents.torch_host, over ssh or a one-task srun step), started by the same fan-out as
+a Gloo job's, gives each worker torchrun's contract (ranks.py); host 0's agent holds the master
+address and port and serves the job's c10d store, which admits the job's processes only; a
+new attempt (--max-restarts) gets a new store, a new secret and TORCHELASTIC_RESTART_COUNT + 1.
+"""
+
+from __future__ import annotations
+
+import binascii
+import json
+import os
+import secrets
+from collections.abc import Mapping, Sequence
+
+from dtlaunch import agents
+from dtlaunch.gloo.start import SRUN_TASK_VARIABLES, host_entry, is_local, source_address
+from dtlaunch.jobkind import JobContext, Say, StartedJob
+from dtlaunch.mpi import SLURM, MpiFamily, MpiImpl
+from dtlaunch.plan.plan import RunRequest, build_program, shim_python
+from dtlaunch.reach.ssh_options import SshOptions
+from dtlaunch.torchrun.family import TORCH
+from dtlaunch.torchrun.ranks import place_workers, program_for, worker_env
+
+# Placeholders the fan-out fills once host 0's agent has bound the master address and port
+# (agents/gloo_start.py).
+MASTER_ADDR, MASTER_PORT = "@DTLAUNCH_MASTER_ADDR@", "@DTLAUNCH_MASTER_PORT@"
+
+
+def master_hint(hosts: Sequence[str], ssh: SshOptions, node_address: str | None) -> str:
+    """Where host 0's agent binds the master when no subnet of the job's says: the address
+    dtlaunch reaches host 0 at (this machine's towards the next host when host 0 is this
+    machine; loopback when every host is)."""
+    first = hosts[0]
+    if is_local(first):
+        others = [h for h in hosts if not is_local(h)]
+        return "127.0.0.1" if not others else source_address(others[0], ssh)
+    from dtlaunch.reach.ssh_config import load_ssh_config, resolve_target
+
+    target = resolve_target(first, ssh, load_ssh_config(ssh.config_file))
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(node_address or target.hostname, None, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError) as exc:
+        from dtlaunch.core.errors import DtlaunchError
+
+        raise DtlaunchError(f"--torch: cannot resolve host {first} ({target.hostname}), "
+                            f"where the job's store is held: {exc}") from None
+    ipv4 = [i for i in infos if i[0] == socket.AF_INET]
+    return str((ipv4 or infos)[0][4][0])
+
+
+class TorchJobKind:
+    name = "torch"
+
+    def family(self, environ: Mapping[str, str]) -> tuple[MpiFamily, str | None, MpiImpl | None]:
+        return TORCH, TORCH.launcher, MpiImpl("none", "")  # no launcher to ask
+
+    def first_request(self, request: RunRequest, say: Say) -> RunRequest:
+        return request
+
+    def start(self, context: JobContext) -> StartedJob:
+        request, plan, network = context.request, context.plan, context.network
+        spec = request.torch
+        via_srun = request.launcher == SLURM
+        hosts = list(dict.fromkeys(plan.rank_hosts))
+        nodes = dict(context.node_addresses(hosts)) if via_srun else {}
+        common = {v.name: v.value for v in plan.env.variables}
+        names = dict(network.names) if network is not None else {}
+        workers = place_workers(plan.rank_hosts)
+        run_id = "dtlaunch-" + secrets.token_hex(6)
+        secret = binascii.hexlify(os.urandom(32)).decode("ascii")
+        program = build_program(request)
+        python = shim_python(request)
+        arg = spec.local_rank_arg if spec is not None else None
+        entries = []
+        for index, host in enumerate(hosts):
+            env = dict(common)
+            for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+                if host in names and name not in common:
+                    env[name] = ",".join(names[host]) if name[0] == "N" else names[host][0]
+            ranks = [{"env": worker_env(w, len(workers), len(hosts), attempt=context.attempt,
+                                        max_restarts=context.max_restarts, run_id=run_id,
+                                        user_env=common),
+                      "argv": list(agents.ship("rank_shim.py").inline(
+                          program_for(program, w.local_rank, arg), python, agents.PIPE_BUF))}
+                     for w in workers if w.host == host]
+            serve = index == 0
+            c10d = {"serve": serve, "secret": secret,
+                    "addr": master_hint(hosts, request.ssh, nodes.get(host)) if serve
+                    else MASTER_ADDR,
+                    "port": (spec.master_port if spec is not None else None) or 0 if serve
+                    else MASTER_PORT,
+                    "cidrs": list(network.cidrs if network is not None else
+                                  request.iface.cidrs if request.iface is not None else ())}
+            job = {"host": host, "env": env, "ranks": ranks, "shim": list(context.rank_program),
+                   "cwd": os.getcwd(), "sweep": not is_local(host), "c10d": c10d,
+                   "unset": list(SRUN_TASK_VARIABLES) if via_srun else []}
+            entries.append(host_entry(host, job, context.python, via_srun, "torch_host.py"))
+        stdin = json.dumps({"hosts": entries, "prefix": TORCH.prefix}).encode("utf-8")
+        env = dict(plan.launcher_env)
+        return StartedJob(tuple(agents.ship("gloo_start.py").here()), env, TORCH, stdin=stdin)
+
+
+TORCH_JOB = TorchJobKind()

@@ -1,0 +1,84 @@
+"""Each worker's torchrun contract, from the plan's rank placement. Pure.
+
+torchrun's agent (torch/distributed/elastic/agent/server/local_elastic_agent.py) gives every
+worker RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK (its node's index),
+GROUP_WORLD_SIZE, ROLE_RANK, ROLE_WORLD_SIZE, ROLE_NAME, MASTER_ADDR, MASTER_PORT,
+TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_MAX_RESTARTS, TORCHELASTIC_RUN_ID,
+TORCHELASTIC_USE_AGENT_STORE, TORCHELASTIC_ERROR_FILE and TORCH_NCCL_ASYNC_ERROR_HANDLING, and
+OMP_NUM_THREADS=1 where a node runs more than one worker and the user set none. Ranks fill the
+hosts in order; a host's first rank is the sum of the workers before it.
+
+MASTER_ADDR and MASTER_PORT come from host 0's agent, which holds the store (the address and
+port are known once it has bound them); TORCHELASTIC_ERROR_FILE from each host's agent (a
+private directory there). The rest is here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+ROLE = "default"  # torchrun's only role
+# The user's own value wins for these, as under torchrun.
+USER_FIRST = ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "OMP_NUM_THREADS")
+
+
+@dataclass(frozen=True)
+class Worker:
+    rank: int
+    host: str
+    local_rank: int
+    local_world_size: int
+    group_rank: int  # the host's index in the job
+
+
+def place_workers(rank_hosts: Sequence[str]) -> tuple[Worker, ...]:
+    """Every worker's place, from the host of each rank (in rank order)."""
+    order = list(dict.fromkeys(rank_hosts))
+    sizes = {h: rank_hosts.count(h) for h in order}
+    seen: dict[str, int] = {}
+    out = []
+    for rank, host in enumerate(rank_hosts):
+        local = seen.get(host, 0)
+        seen[host] = local + 1
+        out.append(Worker(rank, host, local, sizes[host], order.index(host)))
+    return tuple(out)
+
+
+def worker_env(worker: Worker, world_size: int, group_world_size: int, *, attempt: int,
+               max_restarts: int, run_id: str, user_env: Mapping[str, str]) -> dict[str, str]:
+    """One worker's variables (without MASTER_ADDR, MASTER_PORT and TORCHELASTIC_ERROR_FILE,
+    which its host's agent sets). `user_env`: what the job's environment already sets."""
+    env = {
+        "RANK": str(worker.rank),
+        "LOCAL_RANK": str(worker.local_rank),
+        "WORLD_SIZE": str(world_size),
+        "LOCAL_WORLD_SIZE": str(worker.local_world_size),
+        "GROUP_RANK": str(worker.group_rank),
+        "GROUP_WORLD_SIZE": str(group_world_size),
+        "ROLE_RANK": str(worker.rank),
+        "ROLE_WORLD_SIZE": str(world_size),
+        "ROLE_NAME": ROLE,
+        "TORCHELASTIC_RESTART_COUNT": str(attempt),
+        "TORCHELASTIC_MAX_RESTARTS": str(max_restarts),
+        "TORCHELASTIC_RUN_ID": run_id,
+        "TORCHELASTIC_USE_AGENT_STORE": "True",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+    }
+    if worker.local_world_size > 1:
+        env["OMP_NUM_THREADS"] = "1"
+    for name in USER_FIRST:
+        if name in user_env:
+            env.pop(name, None)  # the job's environment carries the user's value
+    return env
+
+
+def program_for(program: Sequence[str], local_rank: int, local_rank_arg: str | None,
+                ) -> tuple[str, ...]:
+    """The worker's argv: `${local_rank}` in an argument replaced by its local rank (torchrun's
+    macro), and `OPTION=<local rank>` appended for --local-rank-arg (torch.distributed.launch's
+    `--local-rank`, spelled `--local_rank` before PyTorch 2.0)."""
+    argv = [word.replace("${local_rank}", str(local_rank)) for word in program]
+    if local_rank_arg:
+        argv.append(f"{local_rank_arg}={local_rank}")
+    return tuple(argv)
