@@ -35,10 +35,10 @@ def main() -> int:
     record.update(host=socket.gethostname(), pid=os.getpid(), sum=value.item(),
                   local_rank_arg=args.local_rank, launched=dist.is_torchelastic_launched(),
                   argv=sys.argv[1:])
-    with open(os.path.join(args.out, "rank%d.json" % rank), "w") as f:
+    with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
         json.dump(record, f)
     if rank == args.fail_rank:
-        print("rank %d fails on purpose" % rank, file=sys.stderr, flush=True)
+        print(f"rank {rank} fails on purpose", file=sys.stderr, flush=True)
         return args.exit_code
     time.sleep(args.sleep)
     dist.barrier()
