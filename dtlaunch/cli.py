@@ -271,11 +271,14 @@ def install_horovod_cmd(force: bool, mpi: str | None) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 @click.option("--gloo", is_flag=True,
               help="Check for a --gloo job: no MPI checks; Horovod must have Gloo.")
+@click.option("--torch", is_flag=True,
+              help="Check for a --torch job: no MPI or Horovod checks; the same PyTorch "
+                   "everywhere.")
 @click.argument("script", required=False)
 def doctor(hosts: str | None, hostfile: str | None, iface: str | None, python: str | None,
            ssh_port: int | None, ssh_identity_file: str | None, ssh_config: str | None,
            connect_timeout: int, accept_new_host_keys: bool, launcher: str, timeout: float | None,
-           module: str | None, pairwise: bool, as_json: bool, gloo: bool,
+           module: str | None, pairwise: bool, as_json: bool, gloo: bool, torch: bool,
            script: str | None) -> None:
     """Check every host (and this one) before a job: SSH, Open MPI, Python, Horovod, network."""
     from dtlaunch.console.doctor_args import DoctorArgs, read_doctor
@@ -283,7 +286,7 @@ def doctor(hosts: str | None, hostfile: str | None, iface: str | None, python: s
 
     setup = read_doctor(DoctorArgs(
         hosts, hostfile, iface, python, ssh_port, ssh_identity_file, ssh_config, connect_timeout,
-        accept_new_host_keys, launcher, timeout, module, pairwise, script, gloo))
+        accept_new_host_keys, launcher, timeout, module, pairwise, script, gloo, torch))
     if setup.source and not as_json:
         _note(setup.source)
     request, reach = setup.request, setup.reach

@@ -41,6 +41,13 @@ class Expectations:
     # --gloo: Horovod's Gloo controller, no MPI: the MPI checks are skipped and Horovod must
     # have been built with Gloo.
     gloo: bool = False
+    # --torch: torch.distributed, no MPI and no Horovod: the same PyTorch everywhere.
+    torch: bool = False
+
+    @property
+    def no_mpi(self) -> str | None:
+        """The option whose job runs no MPI launcher, or None."""
+        return "--gloo" if self.gloo else "--torch" if self.torch else None
 
 
 def _path_hint(what: str) -> str:

@@ -40,8 +40,13 @@ def check_host(facts: HostFacts, role: Role, expect: Expectations, launcher: Hos
                peers: Sequence[str] = (), path: str = "") -> tuple[CheckResult, ...]:
     launcher_mpi = launcher.mpi if launcher is not None else None
     launcher_py = launcher.python if launcher is not None else None
-    if expect.check_python and expect.gloo:
-        python: tuple[CheckResult, ...] = (check_python(facts.python, expect, launcher_py),
+    python: tuple[CheckResult, ...]
+    if expect.check_python and expect.torch:
+        python = (check_python(facts.python, expect, launcher_py),
+                  check_torch(facts.python, launcher_py),
+                  CheckResult("horovod", SKIP, "not needed (--torch)"))
+    elif expect.check_python and expect.gloo:
+        python = (check_python(facts.python, expect, launcher_py),
                                            check_torch(facts.python, launcher_py),
                                            check_horovod(facts.python, launcher_py, "Gloo"))
     elif expect.check_python:
@@ -52,9 +57,10 @@ def check_host(facts: HostFacts, role: Role, expect: Expectations, launcher: Hos
     else:  # an executable that names no interpreter: nothing Python to check
         python = tuple(CheckResult(name, SKIP, "not a Python command")
                        for name in ("python", "torch", "horovod"))
-    if expect.gloo:  # no MPI in the job
-        mpi: tuple[CheckResult, ...] = (CheckResult("mpirun", SKIP, "not needed (--gloo)"),
-                                        CheckResult("mpi", SKIP, "not needed (--gloo)"))
+    if expect.no_mpi is not None:  # no MPI in the job
+        mpi: tuple[CheckResult, ...] = (
+            CheckResult("mpirun", SKIP, f"not needed ({expect.no_mpi})"),
+            CheckResult("mpi", SKIP, f"not needed ({expect.no_mpi})"))
     else:
         mpi = (check_mpirun(facts, role, needs_orted=bool(host_daemon(launcher_mpi))),
                check_mpi(facts, launcher_mpi))

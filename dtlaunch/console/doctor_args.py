@@ -49,6 +49,7 @@ class DoctorArgs:
     pairwise: bool
     script: str | None
     gloo: bool = False  # --gloo: a Gloo job's checks (no MPI)
+    torch: bool = False  # --torch: a torch.distributed job's (no MPI, no Horovod)
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,9 @@ def read_doctor(args: DoctorArgs) -> DoctorSetup:
                            args.connect_timeout, args.accept_new_host_keys)
     host_names, reach, source = doctor_placement(read_hosts(args.hosts, args.hostfile),
                                                  args.launcher, ssh)
+    if args.gloo and args.torch:
+        raise UsageError("doctor: --gloo checks for a Horovod job, --torch for a "
+                         "torch.distributed one: give one")
     if args.script is not None and args.module is not None:
         raise UsageError("doctor: give either SCRIPT or -m MODULE, not both")
     if args.module is not None:
@@ -84,12 +88,12 @@ def read_doctor(args: DoctorArgs) -> DoctorSetup:
     request = DoctorRequest(
         hosts=host_names,
         expect=build_expectations(args.python or sys.executable, args.script, args.module,
-                                  iface, args.pairwise, gloo=args.gloo),
+                                  iface, args.pairwise, gloo=args.gloo, torch=args.torch),
         ssh=ssh,
         cwd=os.getcwd(),
         command_timeout=args.timeout if args.timeout is not None else COMMAND_TIMEOUT,
         choose_network=network_to_choose(iface, host_names),
-        mpi_launcher="" if args.gloo else job_launcher(),
+        mpi_launcher="" if args.gloo or args.torch else job_launcher(),
         job_path=os.environ.get("PATH", ""),  # what run exports to the ranks
     )
     return DoctorSetup(request, reach, source)

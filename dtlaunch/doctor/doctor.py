@@ -167,7 +167,8 @@ def doctor_and_network(request: DoctorRequest, progress: Progress | None = None,
 
 
 def build_expectations(python: str, script: str | None, module: str | None,
-                       iface: object, pairwise: bool, gloo: bool = False) -> Expectations:
+                       iface: object, pairwise: bool, gloo: bool = False,
+                       torch: bool = False) -> Expectations:
     from dtlaunch.mpi import Interfaces
 
     return Expectations(
@@ -177,4 +178,5 @@ def build_expectations(python: str, script: str | None, module: str | None,
         iface=iface if isinstance(iface, Interfaces) else None,
         pairwise=pairwise,
         gloo=gloo,
+        torch=torch,
     )

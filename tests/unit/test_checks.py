@@ -252,6 +252,22 @@ def test_a_gloo_job_needs_no_mpi_but_horovod_with_gloo():
     assert check is not None and check.status == FAIL and "without Gloo" in check.detail
 
 
+def test_a_torch_job_needs_neither_mpi_nor_horovod_but_the_same_torch():
+    torch = Expectations(python="/venv/bin/python", script="/job/train.py", torch=True)
+    bare = facts(mpirun=None, orted=None, mpi=None,
+                 python=PythonFacts(**{**PY.__dict__, "horovod_version": None,
+                                       "horovod_imported": None, "controllers": ()}))
+    rep = report(bare, torch, launcher=facts(hostname="launch", mpirun=None, orted=None, mpi=None))
+    assert rep.ok
+    assert status(rep, "h1", "mpirun") == status(rep, "h1", "mpi") == SKIP
+    assert status(rep, "h1", "horovod") == SKIP
+    assert status(rep, "h1", "torch") == PASS
+    other = facts(python=PythonFacts(**{**PY.__dict__, "torch_version": "2.0.1",
+                                        "torch_imported": "2.0.1"}))
+    check = report(other, torch).hosts[1].check("torch")
+    assert check is not None and check.status == FAIL
+
+
 def test_pairwise_logins_start_after_each_host():
     # Every host logs in to its peers a few at a time; in one shared order, all would log in
     # to the first few hosts at once, past sshd's MaxStartups.

@@ -1,0 +1,159 @@
+"""dtlaunch run --torch on the real test bed: real sshd, real torch.distributed workers (Gloo
+on CPU), no MPI, no Horovod: torchrun's contract on every worker, a store that is the job's
+alone, a failed worker that ends the job at once, nothing left behind."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers.jobs import assert_no_strays, assert_stopped_by, records, start_job
+from helpers.procs import HANG
+from helpers.suite import SCRIPTS, dtlaunch_argv
+from helpers.testbed import TestBed
+
+pytestmark = pytest.mark.testbed
+PROBE = str(SCRIPTS / "torch_probe.py")
+
+
+def torch_argv(bed: TestBed, hosts: str, *args: str, check: bool = False) -> list[str]:
+    return dtlaunch_argv("run", "--torch", *([] if check else ["--no-check", "--iface", bed.subnet]),
+                         "-H", hosts, "--ssh-config", str(bed.ssh_config), *args)
+
+
+def run_torch(bed: TestBed, hosts: str, *args: str, check: bool = False,
+              ) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(torch_argv(bed, hosts, *args, check=check), capture_output=True,
+                          text=True, timeout=HANG)
+
+
+def test_torchruns_contract_on_every_worker_after_the_preflight(bed: TestBed,
+                                                                tmp_path: Path) -> None:
+    result = run_torch(bed, "h1:2,h2:1,h3:1", PROBE, "--out", str(tmp_path),
+                       "--local-rank-arg", "--local-rank", check=True)
+    assert result.returncode == 0, result.stderr
+    found = records(tmp_path)
+    assert sorted(found) == [0, 1, 2, 3]
+    assert [found[r]["host"] for r in range(4)] == ["h1", "h1", "h2", "h3"]
+    assert all(r["sum"] == 10.0 and r["launched"] for r in found.values())  # 1 + 2 + 3 + 4
+    env = {r: found[r] for r in range(4)}
+    assert [env[r]["LOCAL_RANK"] for r in range(4)] == ["0", "1", "0", "0"]
+    assert [env[r]["LOCAL_WORLD_SIZE"] for r in range(4)] == ["2", "2", "1", "1"]
+    assert [env[r]["GROUP_RANK"] for r in range(4)] == ["0", "0", "1", "2"]
+    assert [found[r]["local_rank_arg"] for r in range(4)] == [0, 1, 0, 0]
+    assert found[1]["argv"][-1] == "--local-rank=1"
+    for r, e in env.items():
+        assert (e["RANK"], e["ROLE_RANK"], e["WORLD_SIZE"], e["ROLE_WORLD_SIZE"],
+                e["GROUP_WORLD_SIZE"], e["ROLE_NAME"]) == (str(r), str(r), "4", "4", "3",
+                                                           "default")
+        # MASTER_ADDR: host 0's address on the job's network, never a name.
+        assert e["MASTER_ADDR"] == bed.host("h1").address
+        assert e["MASTER_PORT"] == env[0]["MASTER_PORT"]
+        assert e["TORCHELASTIC_RUN_ID"] == env[0]["TORCHELASTIC_RUN_ID"] != "none"
+        assert (e["TORCHELASTIC_USE_AGENT_STORE"], e["TORCHELASTIC_RESTART_COUNT"],
+                e["TORCHELASTIC_MAX_RESTARTS"], e["TORCH_NCCL_ASYNC_ERROR_HANDLING"]) == (
+                    "True", "0", "0", "1")
+        assert e["GLOO_SOCKET_IFNAME"] == e["NCCL_SOCKET_IFNAME"] == "eth0"
+    assert env[0]["OMP_NUM_THREADS"] == "1" and env[2]["OMP_NUM_THREADS"] is None
+    assert len({e["TORCHELASTIC_ERROR_FILE"] for e in env.values()}) == 4
+    assert "[3@h3]" in result.stdout or result.stdout == ""
+    assert_no_strays(bed)
+
+
+def test_a_failed_worker_ends_the_job_at_once_with_its_recorded_error(
+        bed: TestBed, tmp_path: Path) -> None:
+    # The others would wait ten minutes in a barrier; the job ends on rank 2's exit, and the
+    # root cause carries what torch's @record wrote to TORCHELASTIC_ERROR_FILE.
+    result = run_torch(bed, "h1:1,h2:1,h3:1", PROBE, "--out", str(tmp_path), "--raise-rank",
+                       "2", "--sleep", "600")
+    assert result.returncode == 1, result.stderr
+    assert "(@record): RuntimeError: boom on rank 2" in result.stderr, result.stderr
+    assert "rank 2 on host h3 exited with code 1" in result.stderr.strip().splitlines()[-1]
+    assert_no_strays(bed)
+
+
+def test_sigint_and_sigkill_leave_nothing_on_any_host(bed: TestBed, tmp_path: Path) -> None:
+    first = tmp_path / "int"
+    first.mkdir()
+    proc = start_job(torch_argv(bed, "h1:1,h2:1,h3:1", PROBE, "--out", str(first), "--sleep",
+                                "600"), first, 3)
+    try:
+        assert_stopped_by(proc, signal.SIGINT)
+    finally:
+        proc.kill()
+    assert_no_strays(bed, pids=tuple(r["pid"] for r in records(first).values()))
+    second = tmp_path / "kill"
+    second.mkdir()
+    proc = start_job(torch_argv(bed, "h1:2,h2:1", PROBE, "--out", str(second), "--sleep",
+                                "600"), second, 3)
+    pids = tuple(r["pid"] for r in records(second).values())
+    proc.kill()
+    proc.communicate(timeout=HANG)
+    assert_no_strays(bed, pids=pids)
+
+
+# A raw TCPStore client (c10d's wire format: VALIDATE with its magic, then PING): prints what
+# the store answered, "" when it closed the connection unanswered.
+KNOCK = r"""
+import socket, struct, sys
+try:
+    with socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=60) as c:
+        c.sendall(b"\x00" + struct.pack("<I", 0x3C85F7CE) + bytes([13]) + struct.pack("<I", 77))
+        c.settimeout(60)
+        print(repr(c.recv(16)))
+except OSError as exc:
+    print(repr(b""), exc)
+"""
+
+
+def test_the_store_serves_the_job_alone(bed: TestBed, tmp_path: Path) -> None:
+    proc = start_job(torch_argv(bed, "h1:1,h2:1", PROBE, "--out", str(tmp_path), "--sleep",
+                                "600"), tmp_path, 2)
+    try:
+        master = records(tmp_path)[0]
+        where = [master["MASTER_ADDR"], master["MASTER_PORT"]]
+        assert where[0] == bed.host("h1").address
+        # Another machine on the network (h3), root on the store's own host outside the job,
+        # and another user there: each connection is closed before any answer.
+        for host, prefix in (("h3", []), ("h1", []),
+                             ("h1", ["setpriv", "--reuid=nobody", "--regid=nogroup",
+                                     "--clear-groups"])):
+            done = bed.exec_in(host, [*prefix, "/usr/bin/python3", "-I", "-c", KNOCK, *where])
+            assert done.stdout.split()[0] == "b''", (host, prefix, done.stdout, done.stderr)
+        assert_stopped_by(proc, signal.SIGTERM)
+    finally:
+        proc.kill()
+    assert_no_strays(bed)
+
+
+def test_doctor_for_torch_skips_mpi_and_horovod(bed: TestBed) -> None:
+    done = subprocess.run(dtlaunch_argv("doctor", "--torch", "--json", "-H", "h1,h2",
+                                        "--ssh-config", str(bed.ssh_config), PROBE),
+                          capture_output=True, text=True, timeout=HANG)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    for host in report["hosts"]:
+        checks = {c["name"]: c["status"] for c in host["checks"]}
+        assert checks["mpirun"] == checks["horovod"] == "skip", host
+        assert checks["torch"] == "pass", host
+
+
+def test_a_master_port_in_use_is_one_line(bed: TestBed, tmp_path: Path) -> None:
+    holder = bed.spawn_in("h1", [sys.executable, "-c", "import socket,time;s=socket.socket();"
+                                 f"s.bind(('{bed.host('h1').address}',29577));s.listen();"
+                                 "time.sleep(600)"])
+    try:
+        result = run_torch(bed, "h1:1,h2:1", "--master-port", "29577", PROBE, "--out",
+                           str(tmp_path))
+    finally:
+        holder.kill()
+        holder.wait()
+    assert result.returncode != 0
+    last = result.stderr.strip().splitlines()[-1]
+    assert "cannot hold the master port 29577" in last and "Address already in use" in last, \
+        result.stderr
+    assert_no_strays(bed)
