@@ -33,8 +33,8 @@ def run_torch(bed: TestBed, hosts: str, *args: str, check: bool = False,
 
 def test_torchruns_contract_on_every_worker_after_the_preflight(bed: TestBed,
                                                                 tmp_path: Path) -> None:
-    result = run_torch(bed, "h1:2,h2:1,h3:1", PROBE, "--out", str(tmp_path),
-                       "--local-rank-arg", "--local-rank", check=True)
+    result = run_torch(bed, "h1:2,h2:1,h3:1", "--local-rank-arg=--local-rank", PROBE, "--out",
+                       str(tmp_path), check=True)
     assert result.returncode == 0, result.stderr
     found = records(tmp_path)
     assert sorted(found) == [0, 1, 2, 3]
