@@ -92,6 +92,30 @@ def test_gloo_ranks_start_through_srun_on_the_allocated_nodes(
     slurm_cluster.wait_idle(60)
 
 
+def test_torch_workers_start_through_srun_with_torchruns_contract(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    """--torch inside an allocation: each node's agent is a one-task srun step (no ssh), host
+    0's agent holds the store on its node's address, and every worker gets torchrun's contract
+    and none of srun's one-task identity."""
+    proc = slurm_cluster.run(*salloc(2, "dtl-torch"), *dtlaunch_argv(
+        "run", "--torch", "--iface", slurm_cluster.bed.subnet, "-np", "4",
+        str(SCRIPTS / "torch_probe.py"), "--out", str(tmp_path)), timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    found = records(tmp_path)
+    assert sorted(found) == [0, 1, 2, 3]
+    assert {r["sum"] for r in found.values()} == {10.0}
+    hosts = [str(found[r]["host"]) for r in range(4)]
+    assert socket.gethostname() not in hosts and set(hosts) <= set(slurm_cluster.nodes)
+    first = slurm_cluster.bed.host(hosts[0]).address
+    for rank, r in found.items():
+        assert r["RANK"] == str(rank) and r["WORLD_SIZE"] == "4" and r["launched"]
+        assert r["MASTER_ADDR"] == first and r["TORCHELASTIC_USE_AGENT_STORE"] == "True"
+        assert r["GROUP_RANK"] == str(sorted(set(hosts), key=hosts.index).index(r["host"]))
+        assert r["SLURM_STEP_ID"] is not None and r["SLURM_PROCID"] is None  # srun, not ssh
+    slurm_cluster.wait_idle(60)
+
+
 def test_elastic_job_grows_and_shrinks_through_srun(
     slurm_cluster: SlurmCluster, tmp_path: Path, horovod: None
 ) -> None:

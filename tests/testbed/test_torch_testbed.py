@@ -16,6 +16,8 @@ from helpers.procs import HANG
 from helpers.suite import SCRIPTS, dtlaunch_argv
 from helpers.testbed import TestBed
 
+from dtlaunch.core.errors import EXIT_TIMEOUT
+
 pytestmark = pytest.mark.testbed
 PROBE = str(SCRIPTS / "torch_probe.py")
 
@@ -156,4 +158,23 @@ def test_a_master_port_in_use_is_one_line(bed: TestBed, tmp_path: Path) -> None:
     last = result.stderr.strip().splitlines()[-1]
     assert "cannot hold the master port 29577" in last and "Address already in use" in last, \
         result.stderr
+    assert_no_strays(bed)
+
+
+def test_timeout_and_a_restart_with_a_new_store_and_count(bed: TestBed, tmp_path: Path) -> None:
+    timed = run_torch(bed, "h1:1,h2:1", "--timeout", "5", PROBE, "--out", str(tmp_path),
+                      "--sleep", "600")
+    assert timed.returncode == EXIT_TIMEOUT, timed.stderr
+    assert_no_strays(bed)
+    out = tmp_path / "restarts"
+    out.mkdir()
+    again = run_torch(bed, "h1:1,h2:1", "--max-restarts", "1", PROBE, "--out", str(out),
+                      "--fail-rank", "1", "--fail-attempt", "0")
+    assert again.returncode == 0, again.stderr
+    found = records(out)  # the second attempt's, which wrote last
+    assert all(r["TORCHELASTIC_RESTART_COUNT"] == "1" and r["TORCHELASTIC_MAX_RESTARTS"] == "1"
+               for r in found.values()), found
+    first = (out / "attempt0.rank1").read_text().split()
+    second = (out / "attempt1.rank1").read_text().split()
+    assert first[0] == second[0] == "h2" and first[1] != second[1]  # a new run id
     assert_no_strays(bed)
