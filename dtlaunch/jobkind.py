@@ -97,6 +97,22 @@ class JobKind(Protocol):
         ...
 
 
+class OwnFanout:
+    """What a kind whose ranks dtlaunch starts itself (its fan-out, no MPI launcher) does where
+    it says nothing else: its family (`FAMILY`) has no program to ask, and the job is planned
+    for the request as given."""
+
+    FAMILY: MpiFamily
+
+    def family(self, environ: Mapping[str, str]) -> tuple[MpiFamily, str | None, MpiImpl | None]:
+        from dtlaunch.mpi import MpiImpl
+
+        return self.FAMILY, self.FAMILY.launcher, MpiImpl("none", "")
+
+    def first_request(self, request: RunRequest, say: Say) -> RunRequest:
+        return request
+
+
 # The registry: a request's kind -> "module:object" of its implementation.
 KINDS: dict[str, str] = {
     "mpi": "dtlaunch.mpijob.kind:MPI_JOB",

@@ -830,11 +830,12 @@ def main(stream: BinaryIO) -> int:
         sys.stderr.flush()
 
 
-def run(stream: BinaryIO) -> NoReturn:
-    """main, then out at once: threads blocked in reads must not hold up the exit."""
+def run(stream: BinaryIO, entry: Optional[Callable[[BinaryIO], int]] = None) -> NoReturn:
+    """main (or the agent's `entry` that builds on this one), then out at once: threads
+    blocked in reads must not hold up the exit."""
     code = 1
     try:
-        code = main(stream)
+        code = (entry or main)(stream)
     finally:
         for handle in (sys.stdout, sys.stderr):
             with contextlib.suppress(OSError, ValueError):

@@ -27,7 +27,6 @@ Standard library only, no dtlaunch imports, Python >= 3.7 (the ranks' interprete
 from __future__ import annotations  # no annotation is evaluated at run time
 
 import binascii
-import contextlib
 import json
 import os
 import shutil
@@ -40,12 +39,12 @@ import time
 
 TYPE_CHECKING = False  # the checkers' name for it: the typing module is never imported here
 if TYPE_CHECKING:
-    from typing import Any, BinaryIO, Dict, NoReturn, Optional, Tuple
+    from typing import Any, BinaryIO, Dict, Optional, Tuple
 if TYPE_CHECKING or __name__ != "dtlaunch_torch_host":
     # Shipped, this text follows gloo_host's and c10d_store's in one module; imported as a
     # module (tests, the checkers), it takes their names from its package.
     from .c10d_store import C10dDescendants, C10dStoreServer, C10dVoucher, c10d_job_admission
-    from .gloo_host import Agent, _in_cidr, _watch_stdin, gloo_iface, ipv4_ifaces
+    from .gloo_host import Agent, _in_cidr, _watch_stdin, gloo_iface, ipv4_ifaces, run
 
 TORCH_PREFIX = "dtlaunch-torch: "
 PREFIX = TORCH_PREFIX  # the Gloo agent's words (a rank that cannot start) say it too
@@ -175,17 +174,5 @@ def torch_main(stream: BinaryIO) -> int:
         sys.stderr.flush()
 
 
-def torch_run(stream: BinaryIO) -> NoReturn:
-    """torch_main, then out at once: threads blocked in reads must not hold up the exit."""
-    code = 1
-    try:
-        code = torch_main(stream)
-    finally:
-        for handle in (sys.stdout, sys.stderr):
-            with contextlib.suppress(OSError, ValueError):
-                handle.flush()
-        os._exit(code)
-
-
 if __name__ == "dtlaunch_torch_host":
-    torch_run(globals()["STREAM"])  # given by the boot line
+    run(globals()["STREAM"], torch_main)  # given by the boot line

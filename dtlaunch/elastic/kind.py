@@ -5,7 +5,7 @@ before it joins (the run's `admit`), the driver's end turned into the run's resu
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import replace
 
 from dtlaunch.core.failure import Failure
@@ -17,8 +17,8 @@ from dtlaunch.gloo.family import ELASTIC_GLOO
 from dtlaunch.gloo.ranks import host_ifaces
 from dtlaunch.job.elastic import ElasticSpec
 from dtlaunch.job.hosts import Host
-from dtlaunch.jobkind import JobContext, JobEnd, Say, StartedJob
-from dtlaunch.mpi import SLURM, MpiFamily, MpiImpl
+from dtlaunch.jobkind import JobContext, JobEnd, OwnFanout, Say, StartedJob
+from dtlaunch.mpi import SLURM
 from dtlaunch.plan.plan import RunRequest
 
 Discover = Callable[[], dict[str, int]]
@@ -77,11 +77,9 @@ def elastic_end(end: JobEnd, outcome: Outcome | None) -> JobEnd:
     return replace(end, exit_code=outcome.code or 1, failure=Failure(reason=why))
 
 
-class ElasticJobKind:
+class ElasticJobKind(OwnFanout):
     name = "elastic"
-
-    def family(self, environ: Mapping[str, str]) -> tuple[MpiFamily, str | None, MpiImpl | None]:
-        return ELASTIC_GLOO, ELASTIC_GLOO.launcher, MpiImpl("none", "")  # no launcher to ask
+    FAMILY = ELASTIC_GLOO
 
     def first_request(self, request: RunRequest, say: Say) -> RunRequest:
         return first_hosts(request, discovery_for(request), lambda text: say("note", text))

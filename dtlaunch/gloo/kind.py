@@ -4,24 +4,17 @@ their Gloo contract, and dtlaunch's signed rendezvous store lives exactly as lon
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from dtlaunch.gloo.family import GLOO
 from dtlaunch.gloo.ranks import host_ifaces
 from dtlaunch.gloo.start import prepare_gloo_job
-from dtlaunch.jobkind import JobContext, Say, StartedJob
-from dtlaunch.mpi import SLURM, MpiFamily, MpiImpl
-from dtlaunch.plan.plan import RunRequest
+from dtlaunch.jobkind import JobContext, OwnFanout, StartedJob
+from dtlaunch.mpi import SLURM
 
 
-class GlooJobKind:
+class GlooJobKind(OwnFanout):
     name = "gloo"
+    FAMILY = GLOO
 
-    def family(self, environ: Mapping[str, str]) -> tuple[MpiFamily, str | None, MpiImpl | None]:
-        return GLOO, GLOO.launcher, MpiImpl("none", "")  # no launcher to ask
-
-    def first_request(self, request: RunRequest, say: Say) -> RunRequest:
-        return request
 
     def start(self, context: JobContext) -> StartedJob:
         """The planned variables for every rank, each rank's Gloo contract, each host's

@@ -11,13 +11,13 @@ import binascii
 import json
 import os
 import secrets
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 from dtlaunch import agents
 from dtlaunch.gloo.start import SRUN_TASK_VARIABLES, host_entry, is_local, source_address
-from dtlaunch.jobkind import JobContext, Say, StartedJob
-from dtlaunch.mpi import SLURM, MpiFamily, MpiImpl
-from dtlaunch.plan.plan import RunRequest, build_program, shim_python
+from dtlaunch.jobkind import JobContext, OwnFanout, StartedJob
+from dtlaunch.mpi import SLURM
+from dtlaunch.plan.plan import build_program, shim_python
 from dtlaunch.reach.ssh_options import SshOptions
 from dtlaunch.torchrun.family import TORCH
 from dtlaunch.torchrun.ranks import place_workers, program_for, worker_env
@@ -51,14 +51,10 @@ def master_hint(hosts: Sequence[str], ssh: SshOptions, node_address: str | None)
     return str((ipv4 or infos)[0][4][0])
 
 
-class TorchJobKind:
+class TorchJobKind(OwnFanout):
     name = "torch"
+    FAMILY = TORCH
 
-    def family(self, environ: Mapping[str, str]) -> tuple[MpiFamily, str | None, MpiImpl | None]:
-        return TORCH, TORCH.launcher, MpiImpl("none", "")  # no launcher to ask
-
-    def first_request(self, request: RunRequest, say: Say) -> RunRequest:
-        return request
 
     def start(self, context: JobContext) -> StartedJob:
         request, plan, network = context.request, context.plan, context.network
