@@ -140,13 +140,15 @@ def failure_message(report: DoctorReport | None, job_started: bool) -> str:
     return preflight_failure(report, job_started).describe()
 
 
-def left_out_reason(report: DoctorReport | None) -> str:
-    """Why elastic mode left a host out, in its one line (no report is printed above it):
-    each failed check with what it found and its fix, so a changed host key reads as the
-    possible man-in-the-middle it is, not as any ssh failure."""
+def left_out_reason(report: DoctorReport | None, host: str | None = None) -> str:
+    """Why elastic mode left a host out (`host`'s failures; None: all), in its one line (no
+    report is printed above it): each failed check with what it found and its fix, so a
+    changed host key reads as the possible man-in-the-middle it is, not as any ssh failure."""
     parts = []
-    for _host, check in report.failures() if report is not None else ():
+    for where, check in report.failures() if report is not None else ():
         assert report is not None
+        if host is not None and where != host:
+            continue
         text = f"{report.label(check.name)} check failed: {check.detail}"
         parts.append(f"{text} ({check.hint})" if check.hint else text)
     return "; ".join(parts) or "its pre-flight checks failed"
@@ -244,3 +246,27 @@ def gpus_from_json(value: Any) -> dict[str, int] | None:
         return None
     counts = {str(k): v for k, v in value.items() if isinstance(v, int) and v >= 0}
     return counts if len(counts) == len(value) else None
+
+
+def elastic_survivors(request: RunRequest, report: DoctorReport | None,
+                      ) -> tuple[RunRequest, dict[str, str]] | None:
+    """An elastic job's first hosts without those whose pre-flight failed, and why each was
+    left out, when the others still have the slots it starts with (as discovery leaves a
+    failing host out mid-job); None when the job cannot start: not elastic, the launcher or
+    the job as a whole failed, or too few slots are left."""
+    from dtlaunch.check.report import FAIL
+
+    spec = request.elastic
+    if spec is None or report is None or any(c.status == FAIL for c in report.job):
+        return None
+    names = {h.name for h in request.hosts}
+    failing = {host for host, _ in report.failures()}
+    if not failing or not failing <= names:
+        return None
+    kept = tuple(h for h in request.hosts if h.name not in failing)
+    slots = sum(h.slots for h in kept)
+    if slots < spec.start_np:
+        return None
+    num_proc = min(slots, spec.max_np) if spec.max_np is not None else slots
+    return (replace(request, hosts=kept, num_proc=num_proc),
+            {host: left_out_reason(report, host) for host in sorted(failing)})

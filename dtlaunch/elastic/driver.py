@@ -331,16 +331,28 @@ class ElasticDriver:
             self._take_discovery(found)
 
     def _take_discovery(self, found: Mapping[str, int], first: bool = False) -> None:
-        for host in found:
+        # New hosts are checked (`admit`, a pre-flight each) only while the job needs more
+        # slots for --max-np, in the order they are listed: thousands listed are not all
+        # checked, one after another, to run two ranks. The others wait, unchecked and unused.
+        wanted = self.spec.max_np
+        have = sum(n for h, n in found.items()
+                   if h in self.admitted and not self.hosts.is_blacklisted(h))
+        unchecked = set()
+        for host, slots in found.items():
             if host in self.admitted or host in self.hosts.refused:
+                continue
+            if wanted is not None and have >= wanted:
+                unchecked.add(host)
                 continue
             why = self.admit(host)
             if why is None:
                 self.admitted.add(host)
+                have += slots
             else:
                 self.hosts.refused[host] = why
                 self.say("warning", f"elastic: host {host} left out: {why}")
         with self._cond:
+            self.hosts.unchecked = unchecked
             for host in list(self.admitted):
                 if host not in found:
                     self.admitted.discard(host)  # checked again if it comes back

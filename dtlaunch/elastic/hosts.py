@@ -7,7 +7,7 @@ rules, pure (the clock and the random draw are passed in).
   come back after a cooldown that doubles with each failure (LOW * 2^n plus up to LOW at
   random, within [LOW, HIGH]); without it, never.
 - A host dtlaunch refused to admit (its pre-flight failed) is left out until it leaves
-  discovery and comes back.
+  discovery and comes back; one not checked yet (not needed so far) is left out until it is.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ class HostManager:
     order: list[str] = field(default_factory=list)  # hosts in the order they appeared
     states: dict[str, HostState] = field(default_factory=dict)
     refused: dict[str, str] = field(default_factory=dict)  # host -> why it was not admitted
+    unchecked: set[str] = field(default_factory=set)  # listed, not checked yet (not needed)
 
     def state(self, host: str) -> HostState:
         return self.states.setdefault(host, HostState())
@@ -87,7 +88,8 @@ class HostManager:
     def available(self) -> dict[str, int]:
         """Hosts that may take ranks now, in assignment order, with their slots."""
         return {h: self.slots[h] for h in self.order
-                if not self.is_blacklisted(h) and h not in self.refused}
+                if not self.is_blacklisted(h) and h not in self.refused
+                and h not in self.unchecked}
 
     def available_slots(self) -> int:
         return sum(self.available().values())

@@ -56,7 +56,10 @@ def first_hosts(request: RunRequest, discover: Discover,
             told = True
         time.sleep(1.0)
     ranks = assign(found, spec.max_np)
-    hosts = tuple(Host(h, n) for h, n in found.items())
+    # Only the hosts that take ranks are planned and checked now (thousands listed with
+    # --max-np 2 are not all pre-flighted); discovery checks the others when they are needed.
+    used = set(ranks)
+    hosts = tuple(Host(h, n) for h, n in found.items() if h in used)
     return replace(request, hosts=hosts, num_proc=len(ranks))
 
 

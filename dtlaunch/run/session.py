@@ -336,8 +336,18 @@ def _preflight(request: LaunchRequest, prepared: Prepared, run_request: RunReque
     for warning in checked.warnings:
         on_event(Event(EventLevel.WARNING, warning))
     if not checked.ok:
-        return RunOutcome(plan, checked.report, None, EXIT_FAILURE,
-                          preflight_failure(checked.report, job_started=False))
+        from dtlaunch.doctor.preflight import elastic_survivors
+
+        # An elastic job leaves a failing host out, at the start as mid-job, while the
+        # others have its slots; the checks run again on those.
+        kept = elastic_survivors(run_request, checked.report)
+        if kept is None:
+            return RunOutcome(plan, checked.report, None, EXIT_FAILURE,
+                              preflight_failure(checked.report, job_started=False))
+        for host, why in kept[1].items():
+            on_event(Event(EventLevel.WARNING, f"elastic: host {host} left out: {why}"))
+        fewer = replace(prepared, plan=replan(kept[0], prepared), request=kept[0])
+        return _preflight(request, fewer, kept[0], reach, on_event)
     choice = checked.network
     run = run_request
     if choice is not None and choice.iface is not None and run_request.iface is None:

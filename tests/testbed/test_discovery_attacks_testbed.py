@@ -57,3 +57,27 @@ def test_a_hanging_discovery_script_ends_with_dtlaunch(
     # Before: `sleep 777` reparented to PID 1, alive a minute later.
     wait_for(lambda: not alive(sleeper), f"the discovery script ({sleeper}) to end", within=15)
     assert_no_strays(ebed)
+
+
+def test_an_unknown_host_at_the_start_is_left_out_as_it_is_mid_job(
+        ebed: TestBed, tmp_path: Path, horovod: None) -> None:
+    """Discovery lists a host nobody can reach beside two good ones, --min-np 2: the job runs
+    on the two, and the third is named with its reason (before: the whole job refused)."""
+    hosts = tmp_path / "hosts"
+    hosts.write_text("h1:1\nnosuch.invalid:1\nh2:1\n")
+    script = tmp_path / "discover.sh"
+    script.write_text(f"#!/bin/sh\nexec cat {hosts}\n")
+    script.chmod(0o755)
+    program = tmp_path / "done.py"
+    program.write_text("import os, socket\n"
+                       "open(os.path.join(os.path.dirname(__file__), 'ran.' + socket.gethostname()),"
+                       " 'w').close()\n")
+    argv = dtlaunch_argv("run", "--iface", ebed.subnet, "--ssh-config", str(ebed.ssh_config),
+                         "--host-discovery-script", str(script), "--min-np", "2",
+                         "--max-np", "3", "--timeout", "200", sys.executable, str(program))
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr
+    assert "elastic: host nosuch.invalid left out: " in done.stderr, done.stderr
+    assert "resolve" in done.stderr.split("nosuch.invalid left out: ")[1].splitlines()[0]
+    assert sorted(p.name for p in tmp_path.glob("ran.*")) == ["ran.h1", "ran.h2"]
+    assert_no_strays(ebed)

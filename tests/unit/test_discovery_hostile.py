@@ -128,3 +128,39 @@ def test_a_host_left_out_mid_job_is_named_with_its_reason() -> None:
         "POSSIBLE MAN-IN-THE-MIDDLE ATTACK: do not connect until you know why the key changed"),
     )  # type: ignore[arg-type]
     assert "CHANGED" in changed and "MAN-IN-THE-MIDDLE" in changed.upper(), changed
+
+
+def test_only_the_hosts_a_job_will_use_are_checked_at_the_start() -> None:
+    """3,000 hosts listed, --max-np 2: the first request (what the pre-flight checks) holds
+    the 2 that take ranks, not 3,000 (before: 180 s of silence, 2,822 threads)."""
+    from dtlaunch.elastic.kind import first_hosts
+    from dtlaunch.plan.plan import RunRequest
+
+    spec = elastic_spec(1, 2, None, "d", None, 30, None, None, False)
+    found = {f"n{i}": 1 for i in range(3000)}
+    request = first_hosts(RunRequest(hosts=(), python="p", elastic=spec), lambda: dict(found))
+    assert [h.name for h in request.hosts] == ["n0", "n1"] and request.num_proc == 2
+
+
+def test_mid_job_only_the_hosts_needed_are_checked_and_only_checked_hosts_are_used() -> None:
+    spec = elastic_spec(1, 2, None, "d", None, 30, None, None, False)
+    checked: list[str] = []
+
+    def admit(host: str) -> str | None:
+        checked.append(host)
+        return "ssh check failed: cannot resolve it" if host == "n2" else None
+
+    store = Store(["127.0.0.1"], b"s" * 32)
+    driver = ElasticDriver(spec, lambda: {}, lambda host, token: None, store.reset_round,
+                           admit=admit)
+    driver.start({"n0": 1, "n1": 1})
+    try:
+        found = {f"n{i}": 1 for i in range(500)}
+        driver._take_discovery(found)
+        assert checked == []  # before: all 498 others, one after another
+        del found["n1"]  # a host leaves: one more is needed, the next ones are checked
+        driver._take_discovery(found)
+        assert checked == ["n2", "n3"]
+        assert list(driver.hosts.available()) == ["n0", "n3"]  # never an unchecked host
+    finally:
+        driver.stop(driver_module.Outcome(0))
