@@ -75,3 +75,28 @@ def test_a_baseline_tree_on_pythonpath_runs_even_from_the_repository_root(tmp_pa
     done = subprocess.run(dtlaunch_argv(), cwd=root, capture_output=True, text=True, timeout=60,
                           env={**os.environ, "PYTHONPATH": str(tmp_path)})
     assert done.stdout == "the baseline tree\n", done.stderr
+
+
+def test_a_run_that_reached_the_cap_counts_as_longer_than_any_figure() -> None:
+    from torch_launch import capped
+
+    assert capped([0.5, 0.3, 0.4], 90) == "0.40 (0.30–0.50)"
+    assert capped([None, 2.0, 1.0], 90) == "2.00 (1.00–> 90)"
+    assert capped([None, None], 90) == "> 90 (> 90–> 90)"
+    assert capped([1.0, None], 90) == "> 90 (1.00–> 90)"  # a median half beyond the cap
+    assert capped([1.0, 3.0], 90) == "2.00 (1.00–3.00)"
+
+
+def test_torchrun_by_hand_is_one_ssh_per_host_with_its_node_rank_and_host_0s_address() -> None:
+    from types import SimpleNamespace
+
+    from torch_launch import TORCHRUN, torchrun_commands
+
+    hosts = [SimpleNamespace(address=f"10.1.2.{10 + i}") for i in range(3)]
+    bed = SimpleNamespace(hosts=hosts, names=["h1", "h2", "h3"], ssh_config="/cfg")
+    commands = torchrun_commands(bed, 29511, ["job.py", "--hold", "d"])
+    assert [c[:4] for c in commands] == [["ssh", "-F", "/cfg", h] for h in ("h1", "h2", "h3")]
+    for i, c in enumerate(commands):
+        assert c[4] == (f"cd /tmp && env OMP_NUM_THREADS=1 GLOO_SOCKET_IFNAME=eth0 {TORCHRUN} "
+                        f"--nnodes 3 --node-rank {i} --nproc-per-node 1 --master-addr 10.1.2.10 "
+                        "--master-port 29511 job.py --hold d")
