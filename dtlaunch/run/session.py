@@ -276,7 +276,7 @@ def launch(request: LaunchRequest, on_event: OnEvent, *, executor: Executor | No
     prepared = prepare(kind.first_request(request.run, say), on_event, kind=kind,
                        defer_slots=request.check)
     run_request = prepared.request or request.run
-    if reach is None:
+    if reach is None and request.check:  # --no-check reaches no host before the job
         reach = reach_for(run_request.launcher, run_request.ssh)
     checked = _preflight(request, prepared, run_request, reach, on_event)
     if isinstance(checked, RunOutcome):
@@ -298,6 +298,7 @@ def launch(request: LaunchRequest, on_event: OnEvent, *, executor: Executor | No
         with signals_raise():
             # A host key changed (or vanished) since the cached pre-flight, and ssh refused
             # the host: the full checks name it and the fix.
+            assert reach is not None  # keys come from a pre-flight, which had one
             again = run_preflight(run_request, plan, job_started=True, reach=reach,
                                   command_timeout=request.start_timeout)
         if not again.ok:
@@ -318,7 +319,7 @@ Checked = tuple[RunPlan, RunRequest, "NetworkChoice | None", "DeferredKeyCheck |
 
 
 def _preflight(request: LaunchRequest, prepared: Prepared, run_request: RunRequest,
-               reach: Reach, on_event: OnEvent) -> Checked | RunOutcome:
+               reach: Reach | None, on_event: OnEvent) -> Checked | RunOutcome:
     """The pre-flight (unless --no-check), and the plan again for what it chose: the network,
     and the slots of hosts given without them (one per GPU). A refusal is the run's outcome."""
     plan = prepared.plan
@@ -326,6 +327,7 @@ def _preflight(request: LaunchRequest, prepared: Prepared, run_request: RunReque
         return plan, run_request, None, None
     from dtlaunch.doctor.preflight import preflight_failure, run_preflight
 
+    assert reach is not None
     with signals_raise():
         checked = run_preflight(run_request, plan, reach=reach, use_cache=request.use_cache,
                                 command_timeout=request.start_timeout,
@@ -364,7 +366,7 @@ def _preflight(request: LaunchRequest, prepared: Prepared, run_request: RunReque
 
 
 def _context(request: LaunchRequest, prepared: Prepared, plan: RunPlan, run: RunRequest,
-             network: NetworkChoice | None, reach: Reach, say: Say) -> JobContext:
+             network: NetworkChoice | None, reach: Reach | None, say: Say) -> JobContext:
     """What the request's kind needs to start its job, the run's services among it."""
     from dtlaunch.agents import PIPE_BUF, ship
     from dtlaunch.plan.plan import build_program, shim_python
@@ -376,7 +378,7 @@ def _context(request: LaunchRequest, prepared: Prepared, plan: RunPlan, run: Run
 
     def admit(host: str) -> str | None:
         """A host that joins later passes the same pre-flight first (unless --no-check)."""
-        if not request.check:
+        if not request.check or reach is None:
             return None
         from dtlaunch.doctor.preflight import left_out_reason, run_preflight
 
