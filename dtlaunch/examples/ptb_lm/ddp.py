@@ -40,8 +40,12 @@ class TorchDistributed:
         dist.init_process_group(backend=ddp_backend(self.device), init_method="env://",
                                 timeout=TIMEOUT)
 
-    def shutdown(self) -> None:
+    def shutdown(self, finished: bool) -> None:
         if dist.is_initialized():
+            if finished:
+                # Every rank reaches the end before any closes its connections: a rank still
+                # busy (writing its metrics) when a peer's Gloo pairs close can abort in Gloo.
+                dist.barrier()
             dist.destroy_process_group()
 
     def rank(self) -> int:

@@ -461,6 +461,9 @@ def shown(value: float, digits: int = 2, unit: str = "") -> str:
     return "-" if math.isnan(value) else f"{value:.{digits}f}{unit}"
 
 
+LEAVE_AT_ONCE = [False]  # set once a torch.distributed run has finished and shut down
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if not args.default_malloc:
@@ -474,15 +477,21 @@ def main(argv: list[str] | None = None) -> int:
         print("ptb_lm: error: --elastic needs Horovod (horovod.torch)", file=sys.stderr)
         return 2
     up_at = time.time()  # modules imported and Horovod initialised: for recovery timings
+    finished = False
     try:
         run(args, comm, up_at, device)
+        finished = True
     except DataError as exc:
         if comm.rank() == 0:
             print(f"ptb_lm: error: {exc}", file=sys.stderr, flush=True)
         return 2
     finally:
         if isinstance(comm, TorchDistributed):
-            comm.shutdown()
+            comm.shutdown(finished)
+            # `python -m` leaves without the interpreter's teardown (__main__.py): after ~100
+            # DDP steps on Gloo, a thread of torch's still joinable there ends the process
+            # with SIGABRT ("terminate called without an active exception").
+            LEAVE_AT_ONCE[0] = finished
     return 0
 
 
