@@ -522,6 +522,17 @@ class Agent:
         self.stop = threading.Event()
         self.procs: List[subprocess.Popen[bytes]] = []
 
+    def stop_on_signals_and_eof(self) -> None:
+        """SIGTERM, SIGINT, SIGHUP or the end of standard input (dtlaunch gone) stop the job."""
+        def on_signal(_signum: int, _frame: object) -> None:
+            self.stop.set()
+
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(signum, on_signal)
+        watcher = threading.Thread(target=_watch_stdin, args=(self.stop,))
+        watcher.daemon = True
+        watcher.start()
+
     def cwd(self) -> Optional[str]:
         cwd = self.job.get("cwd")
         if not cwd or not os.path.isdir(cwd):
@@ -803,15 +814,7 @@ def main(stream: BinaryIO) -> int:
                          "resolve its own name: add it to /etc/hosts there (or DNS)\n"
                          % (job.get("host", "?"), problem))
         return 1
-
-    def on_signal(_signum: int, _frame: object) -> None:
-        agent.stop.set()
-
-    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(signum, on_signal)
-    watcher = threading.Thread(target=_watch_stdin, args=(agent.stop,))
-    watcher.daemon = True
-    watcher.start()
+    agent.stop_on_signals_and_eof()
     forwarder = Forwarder(store_host, store_port, secret,
                           float(job.get("round_timeout") or STORE_TIMEOUT))
     forwarder.start()

@@ -30,11 +30,9 @@ import binascii
 import json
 import os
 import shutil
-import signal
 import socket
 import sys
 import tempfile
-import threading
 import time
 
 TYPE_CHECKING = False  # the checkers' name for it: the typing module is never imported here
@@ -44,7 +42,7 @@ if TYPE_CHECKING or __name__ != "dtlaunch_torch_host":
     # Shipped, this text follows gloo_host's and c10d_store's in one module; imported as a
     # module (tests, the checkers), it takes their names from its package.
     from .c10d_store import C10dDescendants, C10dStoreServer, C10dVoucher, c10d_job_admission
-    from .gloo_host import Agent, _in_cidr, _watch_stdin, gloo_iface, ipv4_ifaces, run
+    from .gloo_host import Agent, _in_cidr, gloo_iface, ipv4_ifaces, run
 
 TORCH_PREFIX = "dtlaunch-torch: "
 PREFIX = TORCH_PREFIX  # the Gloo agent's words (a rank that cannot start) say it too
@@ -119,15 +117,7 @@ def torch_main(stream: BinaryIO) -> int:
         say("expected the job on standard input")
         return 2
     agent = TorchAgent(job)
-
-    def on_signal(_signum: int, _frame: object) -> None:
-        agent.stop.set()
-
-    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(signum, on_signal)
-    watcher = threading.Thread(target=_watch_stdin, args=(agent.stop,))
-    watcher.daemon = True
-    watcher.start()
+    agent.stop_on_signals_and_eof()
     ours = C10dDescendants(os.getpid())
     server = voucher = None
     try:

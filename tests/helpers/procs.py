@@ -133,3 +133,24 @@ def assert_kill_leaves_no_sleeper(proc: subprocess.Popen[bytes], seconds: str, s
         if proc.poll() is None:
             proc.kill()
         kill_all(sleeping(seconds))
+
+
+def listening_ports(pid: int) -> list[tuple[str, int]]:
+    """The TCP addresses process `pid` listens on (its sockets, in /proc/net/tcp)."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    found = []
+    with open("/proc/net/tcp") as handle:
+        for line in list(handle)[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in inodes:
+                addr, port = fields[1].split(":")
+                ip = ".".join(str(int(addr[i:i + 2], 16)) for i in (6, 4, 2, 0))
+                found.append((ip, int(port, 16)))
+    return found

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from helpers.jobs import assert_no_strays
-from helpers.procs import HANG, wait_for
+from helpers.procs import HANG, listening_ports, wait_for
 from helpers.suite import SCRIPTS, dtlaunch_argv
 from helpers.testbed import TestBed
 
@@ -89,27 +89,6 @@ def test_another_local_user_cannot_write_into_a_root_jobs_store(
     # Before: "200 evil" (every time on the test bed with 400 tries).
     assert (tmp_path / "answer.0").read_text() == "404 ", err
     assert_no_strays(gbed)
-
-
-def listening_ports(pid: int) -> list[tuple[str, int]]:
-    """The TCP addresses process `pid` listens on (its sockets, in /proc/net/tcp)."""
-    inodes = set()
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            target = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            inodes.add(target[8:-1])
-    found = []
-    with open("/proc/net/tcp") as handle:
-        for line in list(handle)[1:]:
-            fields = line.split()
-            if fields[3] == "0A" and fields[9] in inodes:
-                addr, port = fields[1].split(":")
-                ip = ".".join(str(int(addr[i:i + 2], 16)) for i in (6, 4, 2, 0))
-                found.append((ip, int(port, 16)))
-    return found
 
 
 # A host outside the job holds many connections to the store, each sending one byte every

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from helpers.jobs import assert_no_strays, assert_stopped_by, records, start_job
-from helpers.procs import HANG, cmdline, descendants, wait_for
+from helpers.procs import HANG, cmdline, descendants, listening_ports, wait_for
 from helpers.suite import SCRIPTS, dtlaunch_argv, recording_thread_imports, require_testbed
 from helpers.testbed import TestBed
 
@@ -138,27 +138,6 @@ def test_timeout_and_max_restarts(gbed: TestBed, tmp_path: Path) -> None:
         "attempt0.rank0", "attempt0.rank1", "attempt1.rank0", "attempt1.rank1"}
     assert (out / "attempt1.rank1").read_text().split()[0] == "h2"
     assert_no_strays(gbed)
-
-
-def listening_ports(pid: int) -> list[tuple[str, int]]:
-    """The TCP addresses process `pid` listens on (its sockets, in /proc/net/tcp)."""
-    inodes = set()
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            target = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            inodes.add(target[8:-1])
-    found = []
-    with open("/proc/net/tcp") as handle:
-        for line in list(handle)[1:]:
-            fields = line.split()
-            if fields[3] == "0A" and fields[9] in inodes:
-                addr, port = fields[1].split(":")
-                ip = ".".join(str(int(addr[i:i + 2], 16)) for i in (6, 4, 2, 0))
-                found.append((ip, int(port, 16)))
-    return found
 
 
 ATTACK = r"""
