@@ -38,7 +38,6 @@ class JobContext:
     request: RunRequest  # hosts, -np and the launcher resolved; the network chosen
     plan: RunPlan
     program: str | None  # the local launcher's path (an MPI job's), else None
-    release: tuple[int, ...]  # the local launcher's version; (): none or unknown
     network: NetworkChoice | None  # the pre-flight's choice of network, when it made one
     rank_program: tuple[str, ...]  # one rank's argv through the rank shim (PIPE_BUF records)
     python: str  # the interpreter the rank shim runs with on the hosts

@@ -391,7 +391,7 @@ def _context(request: LaunchRequest, prepared: Prepared, plan: RunPlan, run: Run
         return None if checked.ok else left_out_reason(checked.report)
 
     program = ship("rank_shim.py").inline(build_program(run), shim_python(run), PIPE_BUF)
-    return JobContext(run, plan, prepared.mpirun, prepared.mpi_version, network, program,
+    return JobContext(run, plan, prepared.mpirun, network, program,
                       shim_python(run), say=say, admit=admit, node_addresses=node_addresses,
                       attempt=request.attempt, max_restarts=request.max_restarts)
 
