@@ -16,7 +16,13 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import click
 
 from dtlaunch import __version__
-from dtlaunch.console.options import SECONDS, RunCommand, host_options, single_option
+from dtlaunch.console.options import (
+    SECONDS,
+    RunCommand,
+    host_options,
+    kind_doctor_flags,
+    single_option,
+)
 from dtlaunch.console.run_options import run_options
 from dtlaunch.core.errors import (
     EXIT_FAILURE,
@@ -269,24 +275,21 @@ def install_horovod_cmd(force: bool, mpi: str | None) -> None:
 @click.option("--pairwise", is_flag=True,
               help="Also check SSH from every host to every other (needed by --tree-spawn).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
-@click.option("--gloo", is_flag=True,
-              help="Check for a --gloo job: no MPI checks; Horovod must have Gloo.")
-@click.option("--torch", is_flag=True,
-              help="Check for a --torch job: no MPI or Horovod checks; the same PyTorch "
-                   "everywhere.")
+@kind_doctor_flags
 @click.argument("script", required=False)
 def doctor(hosts: str | None, hostfile: str | None, iface: str | None, python: str | None,
            ssh_port: int | None, ssh_identity_file: str | None, ssh_config: str | None,
            connect_timeout: int, accept_new_host_keys: bool, launcher: str, timeout: float | None,
-           module: str | None, pairwise: bool, as_json: bool, gloo: bool, torch: bool,
-           script: str | None) -> None:
+           module: str | None, pairwise: bool, as_json: bool, script: str | None,
+           **kinds: bool) -> None:
     """Check every host (and this one) before a job: SSH, Open MPI, Python, Horovod, network."""
     from dtlaunch.console.doctor_args import DoctorArgs, read_doctor
     from dtlaunch.doctor.doctor import run_doctor
 
     setup = read_doctor(DoctorArgs(
         hosts, hostfile, iface, python, ssh_port, ssh_identity_file, ssh_config, connect_timeout,
-        accept_new_host_keys, launcher, timeout, module, pairwise, script, gloo, torch))
+        accept_new_host_keys, launcher, timeout, module, pairwise, script,
+        tuple(name.removeprefix("kind_") for name, given in kinds.items() if given)))
     if setup.source and not as_json:
         _note(setup.source)
     request, reach = setup.request, setup.reach

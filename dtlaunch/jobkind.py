@@ -7,7 +7,9 @@ rendezvous, Horovod's elastic mode, and torch.distributed with torchrun's worker
 `run/` knows the seam only: it plans, checks the hosts, asks the request's kind for the job
 (`JobKind.start`), runs what it returns and hands the result back to it (`StartedJob.finish`).
 Each kind lives in its own folder and is named here by its module path, resolved on first use,
-as a plugin registry is: adding a kind is a folder and one line of KINDS.
+as a plugin registry is: adding a kind is a folder and one line of KINDS. What a kind adds to
+the command line (its options of `dtlaunch run`, its flag of `dtlaunch doctor`, how its options
+make a request its own) is data in its folder too (`KindOptions`), which the console declares.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import IO, TYPE_CHECKING, Protocol
+from typing import IO, TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from dtlaunch.check.network import NetworkChoice
@@ -112,13 +114,57 @@ class OwnFanout:
         return request
 
 
-# The registry: a request's kind -> "module:object" of its implementation.
-KINDS: dict[str, str] = {
-    "mpi": "dtlaunch.mpijob.kind:MPI_JOB",
-    "gloo": "dtlaunch.gloo.kind:GLOO_JOB",
-    "elastic": "dtlaunch.elastic.kind:ELASTIC_JOB",
-    "torch": "dtlaunch.torchrun.kind:TORCH_JOB",
+@dataclass(frozen=True)
+class KindOption:
+    """One of a kind's own options, as data: the console makes it a click option (click stays
+    in the console), in the kind's section of `--help`."""
+
+    names: tuple[str, ...]  # its spellings, the first shown: ("--nproc-per-node", ...)
+    param: str  # the name its value is read by in `KindOptions.refine`
+    help: str
+    metavar: str | None = None
+    type: type[str] | type[int] | None = str  # None: a flag (True when given)
+
+
+def _as_given(request: RunRequest, values: Mapping[str, Any]) -> RunRequest:
+    return request
+
+
+@dataclass(frozen=True)
+class KindOptions:
+    """What a kind adds to the command line: its section of `dtlaunch run --help` with its
+    options there, the `dtlaunch doctor` flag that checks the hosts for it, and `refine`, which
+    makes a request the kind's own from the values of its options (by param; a flag not given
+    is False, another option None) or raises UsageError for a bad one."""
+
+    section: str = ""  # "": no section (the kind's options, if any, are declared elsewhere)
+    run: tuple[KindOption, ...] = ()
+    doctor: KindOption | None = None
+    refine: Callable[[RunRequest, Mapping[str, Any]], RunRequest] = _as_given
+
+
+@dataclass(frozen=True)
+class Registered:
+    """One kind in the registry: its JobKind, and its KindOptions when it adds options (both
+    "module:object", imported when first asked for; the options' module is light, as the CLI
+    imports it to declare them)."""
+
+    kind: str
+    options: str = ""
+
+
+# The registry: a request's kind -> its implementation.
+KINDS: dict[str, Registered] = {
+    "mpi": Registered("dtlaunch.mpijob.kind:MPI_JOB"),
+    "gloo": Registered("dtlaunch.gloo.kind:GLOO_JOB", "dtlaunch.gloo.options:OPTIONS"),
+    "elastic": Registered("dtlaunch.elastic.kind:ELASTIC_JOB"),
+    "torch": Registered("dtlaunch.torchrun.kind:TORCH_JOB", "dtlaunch.torchrun.options:OPTIONS"),
 }
+
+
+def _load(path: str) -> Any:
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def kind_name(request: RunRequest) -> str:
@@ -126,7 +172,15 @@ def kind_name(request: RunRequest) -> str:
     return "elastic" if request.elastic is not None else request.controller
 
 
-def kind_for(request: RunRequest) -> JobKind:
-    module, _, name = KINDS[kind_name(request)].partition(":")
-    kind: JobKind = getattr(importlib.import_module(module), name)
+def kind_named(name: str) -> JobKind:
+    kind: JobKind = _load(KINDS[name].kind)
     return kind
+
+
+def kind_for(request: RunRequest) -> JobKind:
+    return kind_named(kind_name(request))
+
+
+def kind_options() -> dict[str, KindOptions]:
+    """Each kind's options, by the kind's name, for those that add any (registry order)."""
+    return {name: _load(entry.options) for name, entry in KINDS.items() if entry.options}

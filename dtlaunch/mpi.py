@@ -20,6 +20,7 @@ from dtlaunch.core.mpi_kinds import MPI_FAMILIES as MPI_FAMILIES
 from dtlaunch.core.mpi_kinds import MPI_KINDS as MPI_KINDS
 from dtlaunch.core.mpi_kinds import OPEN_MPI_FAMILY as OPEN_MPI_FAMILY
 from dtlaunch.core.mpi_kinds import PREFERRED_MPI as PREFERRED_MPI
+from dtlaunch.core.mpi_kinds import HostNeeds as HostNeeds
 from dtlaunch.core.mpi_kinds import MpiImpl as MpiImpl
 from dtlaunch.core.mpi_kinds import MpiKind as MpiKind
 from dtlaunch.core.mpi_kinds import kinds_with_libmpi as kinds_with_libmpi
@@ -109,6 +110,7 @@ class MpiFamily(Protocol):
     # rank's exit record, the rank's status is the job's, and what the launcher reports about
     # ranks dtlaunch stopped is not the job's fault (Hydra).
     ends_job_on_rank_failure: bool
+    needs: HostNeeds  # what the checks ask of every host
 
     def parse_version(self, text: str) -> MpiImpl: ...
 
@@ -183,7 +185,9 @@ class FamilyDefaults:
     """What an MpiFamily does where it says nothing else: its launcher's `--version` is read by
     parse_mpirun_version (mpirun's and Hydra's mpiexec's alike); it needs no variables, no
     default settings and no files of its own, reads no ssh setting from a file, and is given the
-    network dtlaunch chose as it is."""
+    network dtlaunch chose as it is; its hosts need its MPI and Horovod built with MPI."""
+
+    needs = HostNeeds()
 
     def parse_version(self, text: str) -> MpiImpl:
         return parse_mpirun_version(text)

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from dtlaunch.check.facts import HostFacts, Iface, PythonFacts
 from dtlaunch.check.report import FAIL, HOST, LAUNCHER, PASS, SKIP, WARN, CheckResult, Role
-from dtlaunch.core.mpi_kinds import INSTALL_OMPI_HINT
+from dtlaunch.core.mpi_kinds import INSTALL_OMPI_HINT, HostNeeds
 from dtlaunch.job.iface import Interfaces
 
 UNROUTABLE_PREFIXES = ("lo", "docker", "virbr", "veth", "br-", "cni", "flannel", "tun", "tap")
@@ -38,16 +38,9 @@ class Expectations:
     # The executable the command starts (`bash`, `numactl`, `./train`) when it is not the
     # interpreter: a bare name is looked up on the PATH the job exports.
     program: str | None = None
-    # --gloo: Horovod's Gloo controller, no MPI: the MPI checks are skipped and Horovod must
-    # have been built with Gloo.
-    gloo: bool = False
-    # --torch: torch.distributed, no MPI and no Horovod: the same PyTorch everywhere.
-    torch: bool = False
-
-    @property
-    def no_mpi(self) -> str | None:
-        """The option whose job runs no MPI launcher, or None."""
-        return "--gloo" if self.gloo else "--torch" if self.torch else None
+    # What the way the job starts needs on every host (its MpiFamily's `needs`): the MPI
+    # checks are skipped where no MPI runs, Horovod's where none is imported.
+    needs: HostNeeds = field(default_factory=HostNeeds)
 
 
 def _path_hint(what: str) -> str:

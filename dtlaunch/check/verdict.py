@@ -41,26 +41,22 @@ def check_host(facts: HostFacts, role: Role, expect: Expectations, launcher: Hos
     launcher_mpi = launcher.mpi if launcher is not None else None
     launcher_py = launcher.python if launcher is not None else None
     python: tuple[CheckResult, ...]
-    if expect.check_python and expect.torch:
+    needs = expect.needs
+    if expect.check_python:
+        horovod = (CheckResult("horovod", SKIP, f"not needed ({needs.option})")
+                   if needs.horovod is None else
+                   check_horovod(facts.python, launcher_py, needs.horovod))
+        if needs.mpi and needs.horovod is not None:  # Horovod must have linked the job's MPI
+            horovod = check_horovod_mpi(horovod, facts.python, facts.mpi, str(facts.mpirun or ""))
         python = (check_python(facts.python, expect, launcher_py),
-                  check_torch(facts.python, launcher_py),
-                  CheckResult("horovod", SKIP, "not needed (--torch)"))
-    elif expect.check_python and expect.gloo:
-        python = (check_python(facts.python, expect, launcher_py),
-                                           check_torch(facts.python, launcher_py),
-                                           check_horovod(facts.python, launcher_py, "Gloo"))
-    elif expect.check_python:
-        python = (check_python(facts.python, expect, launcher_py),
-                  check_torch(facts.python, launcher_py),
-                  check_horovod_mpi(check_horovod(facts.python, launcher_py),
-                                    facts.python, facts.mpi, str(facts.mpirun or "")))
+                  check_torch(facts.python, launcher_py), horovod)
     else:  # an executable that names no interpreter: nothing Python to check
         python = tuple(CheckResult(name, SKIP, "not a Python command")
                        for name in ("python", "torch", "horovod"))
-    if expect.no_mpi is not None:  # no MPI in the job
+    if not needs.mpi:
         mpi: tuple[CheckResult, ...] = (
-            CheckResult("mpirun", SKIP, f"not needed ({expect.no_mpi})"),
-            CheckResult("mpi", SKIP, f"not needed ({expect.no_mpi})"))
+            CheckResult("mpirun", SKIP, f"not needed ({needs.option})"),
+            CheckResult("mpi", SKIP, f"not needed ({needs.option})"))
     else:
         mpi = (check_mpirun(facts, role, needs_orted=bool(host_daemon(launcher_mpi))),
                check_mpi(facts, launcher_mpi))

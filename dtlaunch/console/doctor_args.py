@@ -22,7 +22,7 @@ from dtlaunch.doctor.doctor import (
     network_to_choose,
 )
 from dtlaunch.job.hosts import Host
-from dtlaunch.mpi import parse_iface
+from dtlaunch.mpi import HostNeeds, parse_iface
 from dtlaunch.mpijob.launcher_choice import job_launcher
 from dtlaunch.plan.plan import RunRequest, check_module_name
 from dtlaunch.probe import reach_for
@@ -48,8 +48,7 @@ class DoctorArgs:
     module: str | None
     pairwise: bool
     script: str | None
-    gloo: bool = False  # --gloo: a Gloo job's checks (no MPI)
-    torch: bool = False  # --torch: a torch.distributed job's (no MPI, no Horovod)
+    kinds: tuple[str, ...] = ()  # the job kinds whose doctor flag was given (--gloo, --torch)
 
 
 @dataclass(frozen=True)
@@ -72,14 +71,28 @@ def doctor_placement(hosts: Sequence[Host], launcher: str, ssh: SshOptions,
     return names, reach_for(placement.request.launcher, ssh), source
 
 
+def kind_needs(kinds: Sequence[str]) -> HostNeeds:
+    """What the hosts need for the job kind whose doctor flag was given (at most one): its
+    family's needs; an MPI job's without one."""
+    from dtlaunch.jobkind import kind_named, kind_options
+
+    if len(kinds) > 1:
+        flags = [doctor.names[0] for name in kinds
+                 if (doctor := kind_options()[name].doctor) is not None]
+        raise UsageError(f"doctor: {' and '.join(flags)} check for different kinds of job: "
+                         "give one")
+    if not kinds:
+        return HostNeeds()
+    family, _, _ = kind_named(kinds[0]).family(os.environ)
+    return family.needs
+
+
 def read_doctor(args: DoctorArgs) -> DoctorSetup:
     ssh = ssh_options_from(args.ssh_port, args.ssh_identity_file, args.ssh_config,
                            args.connect_timeout, args.accept_new_host_keys)
     host_names, reach, source = doctor_placement(read_hosts(args.hosts, args.hostfile),
                                                  args.launcher, ssh)
-    if args.gloo and args.torch:
-        raise UsageError("doctor: --gloo checks for a Horovod job, --torch for a "
-                         "torch.distributed one: give one")
+    needs = kind_needs(args.kinds)
     if args.script is not None and args.module is not None:
         raise UsageError("doctor: give either SCRIPT or -m MODULE, not both")
     if args.module is not None:
@@ -88,12 +101,12 @@ def read_doctor(args: DoctorArgs) -> DoctorSetup:
     request = DoctorRequest(
         hosts=host_names,
         expect=build_expectations(args.python or sys.executable, args.script, args.module,
-                                  iface, args.pairwise, gloo=args.gloo, torch=args.torch),
+                                  iface, args.pairwise, needs),
         ssh=ssh,
         cwd=os.getcwd(),
         command_timeout=args.timeout if args.timeout is not None else COMMAND_TIMEOUT,
         choose_network=network_to_choose(iface, host_names),
-        mpi_launcher="" if args.gloo or args.torch else job_launcher(),
+        mpi_launcher=job_launcher() if needs.mpi else "",
         job_path=os.environ.get("PATH", ""),  # what run exports to the ranks
     )
     return DoctorSetup(request, reach, source)

@@ -13,6 +13,7 @@ import click
 
 from dtlaunch.core.errors import UsageError
 from dtlaunch.job.command import OptionTable, split_program
+from dtlaunch.jobkind import KindOption, kind_options
 
 if TYPE_CHECKING:
     from dtlaunch.horovod.options import HorovodOption
@@ -111,12 +112,12 @@ CHECKS = "Pre-flight checks"
 OUTPUT = "Output"
 RESTARTS = "Time limit, failures and restarts"
 ELASTIC = "Elastic (Horovod's elastic mode, with --min-np; docs/elastic.md)"
-TORCH = "torch.distributed (--torch, no Horovod; docs/torch.md)"
 KNOBS = "Horovod's knobs (variables for the ranks; docs/horovodrun.md)"
 EXIT = "Print and exit"
 OTHER = "Other options"  # an option declared without a section (a test keeps it empty)
-RUN_SECTIONS = (HOSTS, PROGRAM, SSH, NETWORK, MPI, CHECKS, OUTPUT, RESTARTS, ELASTIC, TORCH,
-                KNOBS, EXIT)
+# Each job kind's section (its KindOptions) comes after Elastic, in the registry's order.
+RUN_SECTIONS = (HOSTS, PROGRAM, SSH, NETWORK, MPI, CHECKS, OUTPUT, RESTARTS, ELASTIC,
+                *(k.section for k in kind_options().values() if k.section), KNOBS, EXIT)
 # The attribute a click parameter's section is kept in (click.Option has no field for it).
 _SECTION = "dtlaunch_section"
 
@@ -139,6 +140,30 @@ def option_group(title: str, *options: Callable[[F], F]) -> Callable[[F], F]:
         return func
 
     return decorate
+
+
+def kind_click_option(option: KindOption) -> Callable[[F], F]:
+    """One of a job kind's own options (data in its folder) as a click option."""
+    if option.type is None:
+        return click.option(*option.names, option.param, is_flag=True, help=option.help)
+    return single_option(*option.names, option.param, type=option.type, metavar=option.metavar,
+                         help=option.help)
+
+
+def kind_option_groups() -> list[Callable[[F], F]]:
+    """Each job kind's own `dtlaunch run` options, in the kind's section."""
+    return [option_group(k.section, *map(kind_click_option, k.run))
+            for k in kind_options().values() if k.run]
+
+
+def kind_doctor_flags(func: F) -> F:
+    """`dtlaunch doctor`'s flag of each job kind that has one (--gloo, --torch): check the
+    hosts for that kind of job."""
+    for name, k in reversed(kind_options().items()):
+        if k.doctor is not None:
+            func = click.option(*k.doctor.names, f"kind_{name}", is_flag=True,
+                                help=k.doctor.help)(func)
+    return func
 
 
 def horovod_section(option: HorovodOption) -> str:

@@ -63,10 +63,8 @@ class RunOptions:
     max_restarts: int | None = None
     min_np: int | None = None
     restart_delay: float | None = None
-    torch: bool = False  # --torch and its own options (dtlaunch.torchrun)
-    nproc_per_node: str | None = None
-    local_rank_arg: str | None = None
-    master_port: int | None = None
+    # The job kinds' own options (dtlaunch.jobkind.KindOptions), by param: {"torch": True}.
+    kinds: Mapping[str, Any] = field(default_factory=dict)
     program: tuple[str, ...] = ()  # the command and its words, untouched
     unknown: tuple[str, ...] = ()  # what the parser left before the program: unknown options
     horovod: Mapping[str, Any] = field(default_factory=dict)  # horovodrun's, by parameter name
@@ -75,10 +73,15 @@ class RunOptions:
     def from_params(cls, params: Mapping[str, Any]) -> RunOptions:
         """From the CLI's parsed parameters: dtlaunch's own by name, click's left-over `args`,
         and the rest (horovodrun's options) as they are."""
-        own = {f.name for f in fields(cls)} - {"unknown", "horovod"}
+        from dtlaunch.jobkind import kind_options
+
+        own = {f.name for f in fields(cls)} - {"unknown", "horovod", "kinds"}
+        kinds = {o.param for k in kind_options().values() for o in k.run}
         return cls(**{k: v for k, v in params.items() if k in own},
                    unknown=tuple(params.get("args", ())),
-                   horovod={k: v for k, v in params.items() if k not in own and k != "args"})
+                   kinds={k: v for k, v in params.items() if k in kinds},
+                   horovod={k: v for k, v in params.items()
+                            if k not in own and k not in kinds and k != "args"})
 
 
 def resolve_iface(iface: str | None, hvd: HorovodArgs) -> Interfaces | None:
@@ -145,7 +148,7 @@ def config_from_args(options: RunOptions, known_options: Collection[str] = (),
     request = build_run_request(options, hvd, known_options)
     output_dir = resolve_output_dir(options.output_dir, hvd)
     request, policy = restarts_or_elastic(request, options, hvd)
-    request = torch_request(request, options, hvd)
+    request = refine_for_kinds(request, options.kinds)
     if options.as_json and policy is not None:
         raise UsageError("--json goes without --max-restarts (the attempts' report is "
                          "--output-dir's attempts.json)")
@@ -285,35 +288,15 @@ def check_build_text(python: str | None = None) -> str:
     return format_check_build(version, py.frameworks, py.controllers, py.tensor_ops)
 
 
-def torch_request(request: RunRequest, options: RunOptions, hvd: HorovodArgs) -> RunRequest:
-    """`--torch`: torch.distributed with torchrun's contract; its own options go with it only."""
-    from dtlaunch.job.hosts import Host
-    from dtlaunch.job.torchrun import (
-        TorchSpec,
-        parse_local_rank_arg,
-        parse_master_port,
-        parse_nproc_per_node,
-    )
+def refine_for_kinds(request: RunRequest, values: Mapping[str, Any]) -> RunRequest:
+    """Each kind's own options read into the request (`KindOptions.refine`, in the registry's
+    order): a flag not given is False, another option None."""
+    from dtlaunch.jobkind import kind_options
 
-    given = [spelling for spelling, value in (("--nproc-per-node", options.nproc_per_node),
-                                              ("--local-rank-arg", options.local_rank_arg),
-                                              ("--master-port", options.master_port))
-             if value is not None]
-    if not options.torch:
-        if given:
-            raise UsageError(f"{given[0]} goes with --torch")
-        return request
-    if hvd.controller == "gloo" or request.elastic is not None:
-        raise UsageError("--torch runs torch.distributed, not Horovod: drop --gloo and the "
-                         "elastic options (--min-np, --max-np, --host-discovery-script)")
-    spec = TorchSpec(parse_nproc_per_node(options.nproc_per_node),
-                     parse_local_rank_arg(options.local_rank_arg),
-                     parse_master_port(options.master_port))
-    hosts = request.hosts
-    if isinstance(spec.nproc_per_node, int):  # every host takes exactly that many
-        hosts = tuple(Host(h.name, spec.nproc_per_node) for h in hosts) or \
-            (Host("localhost", spec.nproc_per_node),)
-    elif spec.nproc_per_node is not None:  # gpu: slots the pre-flight fills from each host's GPUs
-        hosts = tuple(Host(h.name, 1, slots_given=False) for h in hosts) or \
-            (Host("localhost", 1, slots_given=False),)
-    return replace(request, controller="torch", torch=spec, hosts=hosts)
+    unknown = set(values) - {o.param for k in kind_options().values() for o in k.run}
+    if unknown:
+        raise UsageError(f"run: no kind of job has the option {sorted(unknown)[0]}")
+    for kind in kind_options().values():
+        given = {o.param: values.get(o.param, False if o.type is None else None) for o in kind.run}
+        request = kind.refine(request, given)
+    return request

@@ -1,5 +1,6 @@
 """`dtlaunch run`'s own options, each declared in its `--help` section (console/options.py's
-`option_group`), then horovodrun's, generated from their table and placed by
+`option_group`), then each job kind's own (their sections before "Print and exit"), then
+horovodrun's, generated from their table and placed by
 `horovod_section`. What they parse is read by console/run_args.py (`RunOptions`)."""
 
 from __future__ import annotations
@@ -21,9 +22,9 @@ from dtlaunch.console.options import (
     RUN_OWN_FLAGS,
     SECONDS,
     SSH,
-    TORCH,
     horovod_click_options,
     host_option,
+    kind_option_groups,
     option_group,
     single_option,
 )
@@ -85,20 +86,6 @@ _GROUPS = (
                            "mode's fewest (docs/elastic.md)."),
         single_option("--restart-delay", type=SECONDS, metavar="SECONDS",
                       help="With --max-restarts: wait this long before each restart.")),
-    option_group(
-        TORCH,
-        click.option("--torch", is_flag=True,
-                     help="Run a torch.distributed script with torchrun's worker environment "
-                          "(RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, ...; docs/torch.md)."),
-        single_option("--nproc-per-node", "--nproc_per_node", "nproc_per_node",
-                      metavar="N|gpu", help="With --torch: workers on every host (gpu: one "
-                                            "per GPU the pre-flight finds)."),
-        single_option("--local-rank-arg", metavar="OPTION",
-                      help="With --torch: append OPTION=<local rank> to the script's arguments "
-                           "(torch.distributed.launch's --local-rank)."),
-        single_option("--master-port", "--master_port", "master_port", type=int,
-                      metavar="PORT", help="With --torch: the port host 0 holds for the job's "
-                                           "store (default: any free one).")),
     option_group(EXIT, click.option("--dry-run", is_flag=True,
                                      help="Print the mpirun command and exit.")),
 )
@@ -107,6 +94,6 @@ _GROUPS = (
 def run_options(func: F) -> F:
     """Declare all of `dtlaunch run`'s options on `func`, section by section."""
     func = horovod_click_options(RUN_OWN_FLAGS)(func)  # each in its section (horovod_section)
-    for group in reversed(_GROUPS):
+    for group in reversed((*_GROUPS[:-1], *kind_option_groups(), _GROUPS[-1])):
         func = group(func)
     return func

@@ -31,6 +31,16 @@ OPEN_MPI_FAMILY, HYDRA_FAMILY = "Open MPI", "Hydra"
 
 
 @dataclass(frozen=True)
+class HostNeeds:
+    """What every host of a job started this way needs beyond Python and the program, as the
+    checks judge it: an MPI (the launcher's), Horovod built with a controller, or neither."""
+
+    mpi: bool = True  # the launcher's MPI, the same on every host
+    horovod: str | None = "MPI"  # Horovod built with this controller; None: not needed
+    option: str = ""  # the option that chose this way (named where a check is not needed)
+
+
+@dataclass(frozen=True)
 class HostRule:
     """How doctor judges a host's MPI for a job this family launches (dtlaunch.check.mpi_checks
     applies it; the family is never tested there). Texts are formats of: {mpirun} (the host's

@@ -17,6 +17,7 @@ from dtlaunch.check.network import NetworkChoice, check_network, choose_from_out
 from dtlaunch.check.report import HOST, LAUNCHER, DoctorReport, HostOutcome, Role, unreachable
 from dtlaunch.check.verdict import evaluate
 from dtlaunch.core.tracker import Tracker
+from dtlaunch.mpi import HostNeeds
 from dtlaunch.probe.command import ProbeArgs
 from dtlaunch.probe.prober import Reach, fan_out, local_names
 from dtlaunch.reach.ssh_options import SshOptions
@@ -167,8 +168,8 @@ def doctor_and_network(request: DoctorRequest, progress: Progress | None = None,
 
 
 def build_expectations(python: str, script: str | None, module: str | None,
-                       iface: object, pairwise: bool, gloo: bool = False,
-                       torch: bool = False) -> Expectations:
+                       iface: object, pairwise: bool, needs: HostNeeds | None = None,
+                       ) -> Expectations:
     from dtlaunch.mpi import Interfaces
 
     return Expectations(
@@ -177,6 +178,5 @@ def build_expectations(python: str, script: str | None, module: str | None,
         module=module,
         iface=iface if isinstance(iface, Interfaces) else None,
         pairwise=pairwise,
-        gloo=gloo,
-        torch=torch,
+        needs=needs or HostNeeds(),
     )

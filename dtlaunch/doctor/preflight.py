@@ -215,9 +215,9 @@ def run_preflight(request: RunRequest, plan: RunPlan, job_started: bool = False,
     )
 
     python, script, module = checked_program(request)
-    gloo, torch = request.controller == "gloo", request.controller == "torch"
+    needs = plan.family.needs  # what the way the job starts needs on every host
     expect = build_expectations(python or request.python, script, module, request.iface,
-                                pairwise=request.tree_spawn, gloo=gloo, torch=torch)
+                                pairwise=request.tree_spawn, needs=needs)
     doctor_request = DoctorRequest(
         hosts=hosts,
         expect=replace(expect, check_python=python is not None,
@@ -226,7 +226,7 @@ def run_preflight(request: RunRequest, plan: RunPlan, job_started: bool = False,
         cwd=cwd,
         command_timeout=command_timeout if command_timeout is not None else COMMAND_TIMEOUT,
         choose_network=network_to_choose(request.iface, hosts),
-        mpi_launcher="" if gloo or torch else launcher,
+        mpi_launcher=launcher if needs.mpi else "",
         job_path=job_path,
     )
     report, network = doctor_and_network(doctor_request, progress, reach=reach)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from dtlaunch.agents import PIPE_BUF, SSH_ARGS_ENV
 from dtlaunch.core.errors import UsageError
 from dtlaunch.job.hosts import format_hosts
-from dtlaunch.mpi import FamilyDefaults, JobSpec, MpiImpl
+from dtlaunch.mpi import FamilyDefaults, HostNeeds, JobSpec, MpiImpl
 
 if TYPE_CHECKING:
     from dtlaunch.core.failure import Failure
@@ -31,7 +31,7 @@ class Gloo(FamilyDefaults):
     name = "Gloo"
     launcher = LAUNCHER
     prefix = "dtlaunch-gloo: "  # what the fan-out and its agents start their own lines with
-    no_mpi = "--gloo"  # the option that runs no MPI launcher
+    needs = HostNeeds(mpi=False, horovod="Gloo", option="--gloo")  # no MPI launcher runs
     install_hint = "the Gloo controller needs Horovod built with Gloo on every host"
     # The host agents' output joins whole lines only, and each record is one atomic write.
     record_limit = PIPE_BUF
@@ -49,7 +49,7 @@ class Gloo(FamilyDefaults):
         for given, option in ((spec.mpi_args, "--mpi-args"), (spec.binding, "--binding-args"),
                               (spec.tree_spawn, "--tree-spawn")):
             if given:
-                raise UsageError(f"{option}: no MPI launcher runs under {self.no_mpi}; drop it")
+                raise UsageError(f"{option}: no MPI launcher runs under {self.needs.option}; drop it")
         # The variables by name only: their values go to the hosts on ssh's standard input.
         names = [w for var in spec.env.variables for w in ("-x", var.name)]
         return (self.launcher, "-np", str(spec.num_proc), "-H", format_hosts(spec.hosts), *names,

@@ -12,7 +12,6 @@ from dtlaunch.job.command import check_module_name as check_module_name  # re-ex
 from dtlaunch.job.elastic import ElasticSpec
 from dtlaunch.job.env import EnvPlan, build_launcher_env, plan_environment, slurm_launch_env
 from dtlaunch.job.hosts import MAX_NUM_PROC, Host, assign_ranks, total_slots
-from dtlaunch.job.torchrun import TorchSpec
 from dtlaunch.mpi import SLURM, SSH, Interfaces, JobSpec, MpiFamily, format_command
 from dtlaunch.reach.ssh_options import SshOptions
 
@@ -52,7 +51,8 @@ class RunRequest:
     controller: str = "mpi"
     # Horovod's elastic mode (always with controller "gloo"): None for a fixed-size job.
     elastic: ElasticSpec | None = None
-    torch: TorchSpec | None = None  # --torch's own options
+    # The kind's own settings, made and read in its folder (--torch's TorchSpec); None: none.
+    spec: object | None = None
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from dtlaunch.plan.plan import build_program, shim_python
 from dtlaunch.reach.ssh_options import SshOptions
 from dtlaunch.torchrun.family import TORCH
 from dtlaunch.torchrun.ranks import place_workers, program_for, worker_env
+from dtlaunch.torchrun.spec import TorchSpec
 
 # Placeholders the fan-out fills once host 0's agent has bound the master address and port
 # (agents/gloo_start.py).
@@ -58,7 +59,7 @@ class TorchJobKind(OwnFanout):
 
     def start(self, context: JobContext) -> StartedJob:
         request, plan, network = context.request, context.plan, context.network
-        spec = request.torch
+        spec = request.spec if isinstance(request.spec, TorchSpec) else TorchSpec()
         via_srun = request.launcher == SLURM
         hosts = list(dict.fromkeys(plan.rank_hosts))
         nodes = dict(context.node_addresses(hosts)) if via_srun else {}
@@ -69,7 +70,7 @@ class TorchJobKind(OwnFanout):
         secret = binascii.hexlify(os.urandom(32)).decode("ascii")
         program = build_program(request)
         python = shim_python(request)
-        arg = spec.local_rank_arg if spec is not None else None
+        arg = spec.local_rank_arg
         entries = []
         for index, host in enumerate(hosts):
             env = dict(common)
@@ -86,7 +87,7 @@ class TorchJobKind(OwnFanout):
             c10d = {"serve": serve, "secret": secret,
                     "addr": master_hint(hosts, request.ssh, nodes.get(host)) if serve
                     else MASTER_ADDR,
-                    "port": (spec.master_port if spec is not None else None) or 0 if serve
+                    "port": spec.master_port or 0 if serve
                     else MASTER_PORT,
                     "cidrs": list(network.cidrs if network is not None else
                                   request.iface.cidrs if request.iface is not None else ())}

@@ -240,7 +240,9 @@ def test_other_version_at_the_launchers_path_fails():
 
 
 def test_a_gloo_job_needs_no_mpi_but_horovod_with_gloo():
-    gloo = Expectations(python="/venv/bin/python", script="/job/train.py", gloo=True)
+    from dtlaunch.gloo.family import GLOO
+
+    gloo = Expectations(python="/venv/bin/python", script="/job/train.py", needs=GLOO.needs)
     no_mpi = facts(mpirun=None, orted=None, mpi=None,
                    python=PythonFacts(**{**PY.__dict__, "controllers": ("Gloo",)}))
     rep = report(no_mpi, gloo, launcher=facts(hostname="launch", mpirun=None, orted=None, mpi=None))
@@ -253,7 +255,9 @@ def test_a_gloo_job_needs_no_mpi_but_horovod_with_gloo():
 
 
 def test_a_torch_job_needs_neither_mpi_nor_horovod_but_the_same_torch():
-    torch = Expectations(python="/venv/bin/python", script="/job/train.py", torch=True)
+    from dtlaunch.torchrun.family import TORCH
+
+    torch = Expectations(python="/venv/bin/python", script="/job/train.py", needs=TORCH.needs)
     bare = facts(mpirun=None, orted=None, mpi=None,
                  python=PythonFacts(**{**PY.__dict__, "horovod_version": None,
                                        "horovod_imported": None, "controllers": ()}))

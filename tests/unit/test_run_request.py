@@ -18,12 +18,13 @@ from helpers.suite import dtlaunch_argv
 
 from dtlaunch import cli
 from dtlaunch.console import run_args
-from dtlaunch.console.options import OTHER, RUN_SECTIONS, TORCH
+from dtlaunch.console.options import OTHER, RUN_SECTIONS
 from dtlaunch.console.run_args import RunOptions, config_from_args
 from dtlaunch.run import session
 from dtlaunch.run.request import LaunchRequest
 
 # Where a user should find an option, by kind (a sample of every section).
+TORCH = "torch.distributed (--torch, no Horovod; docs/torch.md)"
 SECTION_OF = {
     "--hosts": "Hosts and slots", "--hostfile": "Hosts and slots", "--num-proc": "Hosts and slots",
     "--launcher": "Hosts and slots", "-m": "Program and environment",

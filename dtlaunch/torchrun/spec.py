@@ -1,4 +1,5 @@
-"""The options of a torch.distributed job (`dtlaunch run --torch`), read strictly. Pure."""
+"""What a torch.distributed job (`dtlaunch run --torch`) is asked for: its options, read
+strictly. Pure."""
 
 from __future__ import annotations
 
