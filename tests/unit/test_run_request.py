@@ -201,3 +201,56 @@ def test_every_path_refuses_the_same_bad_input(args: list[str], message: str,
         ctx = cli.run.make_context("run", ["-H", "a:2", *args])
         config_from_args(RunOptions.from_params(ctx.params), cli.known_options(cli.run))
     assert caught == {}
+
+
+def test_a_kinds_options_reach_the_request_through_the_registry(
+        caught: dict[str, LaunchRequest]) -> None:
+    """--torch's options are declared from its KindOptions and read by its refine, on every
+    path; a library caller names them in RunOptions.kinds."""
+    from dtlaunch.torchrun.spec import TorchSpec
+
+    through_every_path(["-H", "a,b", "--torch", "--nproc-per-node", "2", "--master-port", "29600",
+                        "train.py"])
+    run = caught["run"].run
+    assert run.controller == "torch" and run.spec == TorchSpec(2, None, 29600)
+    assert [(h.name, h.slots) for h in run.hosts] == [("a", 2), ("b", 2)]
+    mine = config_from_args(RunOptions(hosts="a,b", program=("train.py",), kinds={
+        "torch": True, "nproc_per_node": "2", "master_port": 29600}))
+    assert mine == caught["run"] == caught["submit"]
+
+
+def test_a_kind_option_nobody_declares_is_refused() -> None:
+    from dtlaunch.core.errors import UsageError
+
+    with pytest.raises(UsageError, match="no kind of job has the option bogus"):
+        config_from_args(RunOptions(hosts="a", program=("python", "-c", "0"), kinds={"bogus": 1}))
+
+
+def _help(words: list[str]) -> str:
+    proc = subprocess.run(dtlaunch_argv(*words), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def test_every_kinds_section_and_doctor_flag_come_from_the_registry() -> None:
+    from dtlaunch.jobkind import kind_options
+
+    options = kind_options()
+    assert set(options) == {"gloo", "torch"}
+    run_help = help_sections(_help(["run", "--help"]))
+    for kind in options.values():
+        if kind.section:
+            assert [o.names[0] for o in kind.run] == [
+                row.split(",")[0].split()[0] for row in run_help[kind.section]]
+    doctor_help = _help(["doctor", "--help"])
+    assert all(k.doctor is not None and k.doctor.names[0] in doctor_help
+               for k in options.values())
+
+
+def test_doctor_takes_one_kind_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as ended:
+        cli.main(["doctor", "--gloo", "--torch", "-H", "a"])
+    assert ended.value.code == 2
+    err = capsys.readouterr().err
+    assert "--gloo and --torch check for different kinds of job" in err
+    assert len(err.strip().splitlines()) == 1
