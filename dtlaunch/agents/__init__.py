@@ -84,8 +84,9 @@ SHIPPING = {
 }
 
 
-# A STDIN agent that builds on others travels as one text, theirs first.
-JOINED = {"torch_host.py": ("gloo_host.py", "c10d_store.py")}
+# An agent that builds on others travels as one text, theirs first (the torch host agent's,
+# on its stdin, holds all three).
+JOINED = {"torch_host.py": ("gloo_host.py", "c10d_store.py"), "c10d_store.py": ("gloo_host.py",)}
 FUTURE = "from __future__ import annotations"
 
 

@@ -24,8 +24,8 @@ One thread runs a selector loop: requests are parsed whole as their bytes arrive
 a limit on connections and on the store's total size. `close()` ends everything promptly.
 
 Standard library only, no dtlaunch imports, Python >= 3.7 (the ranks' interpreter). Shipped
-beside the torch host agent in one text: module-level names carry a c10d prefix, and importing
-this module does nothing.
+in one text with the torch host agent, after gloo_host's (whose /proc walk it uses):
+module-level names carry a c10d prefix, and importing this module does nothing.
 """
 
 from __future__ import annotations  # no annotation is evaluated at run time
@@ -45,21 +45,13 @@ import time
 
 TYPE_CHECKING = False  # the checkers' name for it: the typing module is never imported here
 if TYPE_CHECKING:
-    from typing import (
-        Any,
-        Callable,
-        Collection,
-        Deque,
-        Dict,
-        Iterable,
-        List,
-        Optional,
-        Set,
-        Tuple,
-        Union,
-    )
+    from typing import Callable, Deque, Dict, Iterable, Iterator, List, Optional, Set, Tuple
 
-    C10dJob = Union[Collection[int], Callable[[int], bool]]  # the job's pids, or a test on a pid
+    C10dJob = Iterable[int]  # the job's pids (each look iterates it afresh)
+if TYPE_CHECKING or __name__ != "dtlaunch_torch_host":
+    # Shipped, this text follows gloo_host's in one module (agents.JOINED); imported as a
+    # module (tests, the checkers), it takes its names from its package.
+    from .gloo_host import descendants
 
 # c10d's wire words (torch/csrc/distributed/c10d/TCPStoreBackend.hpp).
 C10D_VALIDATION_MAGIC = 0x3C85F7CE
@@ -105,15 +97,11 @@ def _c10d_proc_addr(text: str) -> Tuple[str, int]:
     hexip, _, hexport = text.partition(":")
     raw = bytes.fromhex(hexip)
     packed = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
-    if len(packed) == 4:
-        ip = socket.inet_ntop(socket.AF_INET, packed)
-    else:
-        ip = socket.inet_ntop(socket.AF_INET6, packed)
+    ip = socket.inet_ntop(socket.AF_INET if len(packed) == 4 else socket.AF_INET6, packed)
     return _c10d_norm_ip(ip), int(hexport, 16)
 
 
-def c10d_socket_inode(local: Tuple[str, int], remote: Tuple[str, int],
-                      proc_net: str = "/proc/net") -> int:
+def c10d_socket_inode(local: Tuple[str, int], remote: Tuple[str, int]) -> int:
     """The inode of this network namespace's TCP socket bound to `local` and connected to
     `remote` (exact 4-tuple, either table); 0 when there is none, or when the socket has no
     inode any more (closed: FIN_WAIT2 and TIME_WAIT show 0)."""
@@ -121,7 +109,7 @@ def c10d_socket_inode(local: Tuple[str, int], remote: Tuple[str, int],
     ports = (f":{local[1]:04X}", f":{remote[1]:04X}")  # a cheap look first: a busy host has many
     for name in ("tcp", "tcp6"):
         try:
-            with open(os.path.join(proc_net, name)) as handle:
+            with open("/proc/net/" + name) as handle:
                 next(handle, None)  # the header
                 for line in handle:
                     fields = line.split()
@@ -141,22 +129,13 @@ def c10d_socket_inode(local: Tuple[str, int], remote: Tuple[str, int],
     return 0
 
 
-def _c10d_pids(job: C10dJob) -> Iterable[int]:
-    if callable(job):
-        for entry in os.listdir("/proc"):
-            if entry.isdigit() and job(int(entry)):
-                yield int(entry)
-    else:
-        yield from job
-
-
 def c10d_inode_in_job(inode: int, job: C10dJob) -> bool:
-    """Whether socket `inode` is open in one of the job's processes (`job`: their pids, or a
-    test on a pid). Inode 0 never is."""
+    """Whether socket `inode` is open in one of the job's processes (`job`: their pids).
+    Inode 0 never is."""
     if inode <= 0:
         return False
     want = f"socket:[{inode}]"
-    for pid in _c10d_pids(job):
+    for pid in job:
         fd_dir = f"/proc/{pid}/fd"
         try:
             fds = os.listdir(fd_dir)
@@ -171,29 +150,6 @@ def c10d_inode_in_job(inode: int, job: C10dJob) -> bool:
     return False
 
 
-def c10d_descendants(root: int) -> Set[int]:
-    """`root` and every process below it now (from /proc/PID/stat's parent field)."""
-    children: Dict[int, List[int]] = collections.defaultdict(list)
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as handle:
-                stat = handle.read()
-        except OSError:
-            continue
-        rest = stat[stat.rfind(b")") + 2:].split()  # the name may hold spaces and ')'
-        if len(rest) > 1:
-            children[int(rest[1])].append(int(entry))
-    found, todo = set(), [root]
-    while todo:
-        pid = todo.pop()
-        if pid not in found:
-            found.add(pid)
-            todo.extend(children.get(pid, ()))
-    return found
-
-
 class C10dDescendants:
     """The job's processes as `root` and every process below it, read afresh on each look
     (a rank started after the store still counts)."""
@@ -201,14 +157,8 @@ class C10dDescendants:
     def __init__(self, root: int) -> None:
         self.root = root
 
-    def __iter__(self) -> Any:
-        return iter(c10d_descendants(self.root))
-
-    def __contains__(self, pid: object) -> bool:
-        return pid in c10d_descendants(self.root)
-
-    def __len__(self) -> int:
-        return len(c10d_descendants(self.root))
+    def __iter__(self) -> Iterator[int]:
+        return iter(descendants(self.root))
 
 
 def c10d_job_owns(job: C10dJob, local: Tuple[str, int], remote: Tuple[str, int]) -> bool:
@@ -379,25 +329,8 @@ _C10D_PEEK, _C10D_VOUCH, _C10D_HANDSHAKE, _C10D_CONTROL, _C10D_CLIENT = range(5)
 
 
 class _C10dConn:
-    __slots__ = (
-        "asked",
-        "closing",
-        "deadline",
-        "here",
-        "inbox",
-        "key",
-        "nonces",
-        "outbox",
-        "peer",
-        "pending",
-        "phase",
-        "seq_in",
-        "seq_out",
-        "serial",
-        "sock",
-        "validated",
-        "waiting",
-    )
+    __slots__ = ("asked", "closing", "deadline", "here", "inbox", "key", "nonces", "outbox", "peer",
+                 "pending", "phase", "seq_in", "seq_out", "serial", "sock", "validated", "waiting")
 
     def __init__(self, sock: socket.socket, peer: Tuple[str, int], here: Tuple[str, int],
                  serial: int) -> None:
@@ -433,9 +366,7 @@ class C10dStoreServer:
                  secret: Optional[bytes] = None,
                  admit_timeout: float = C10D_ADMIT_TIMEOUT,
                  request_timeout: float = C10D_REQUEST_TIMEOUT,
-                 max_connections: int = C10D_MAX_CONNECTIONS,
-                 max_store_bytes: int = C10D_MAX_STORE_BYTES,
-                 log: Optional[Callable[[str], None]] = None) -> None:
+                 max_connections: int = C10D_MAX_CONNECTIONS) -> None:
         if secret is not None and len(secret) < 16:
             raise ValueError("the job's secret is too short")
         self._listener = listener
@@ -444,8 +375,6 @@ class C10dStoreServer:
         self._admit_timeout = admit_timeout
         self._request_timeout = request_timeout
         self._max_connections = max_connections
-        self._max_store_bytes = max_store_bytes
-        self._log = log
         self._data: Dict[bytes, bytes] = {}
         self._queues: Dict[bytes, Deque[bytes]] = {}
         self._size = 0
@@ -492,22 +421,12 @@ class C10dStoreServer:
         if self._thread is not None:
             self._thread.join(timeout)
         for c in list(self._conns.values()):
-            self._drop(c, None)
+            self._drop(c)
         for s in (self._listener, self._wake_r, self._wake_w):
             with contextlib.suppress(OSError):
                 s.close()
         with contextlib.suppress(OSError, ValueError):
             self._sel.close()
-
-    def __enter__(self) -> C10dStoreServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def _say(self, text: str) -> None:
-        if self._log is not None:
-            self._log(text)
 
     # --- the loop ---
 
@@ -546,17 +465,13 @@ class C10dStoreServer:
         now = time.monotonic()
         for c in list(self._conns.values()):
             if c.deadline is not None and now >= c.deadline:
-                unadmitted = c.phase in (_C10D_PEEK, _C10D_VOUCH, _C10D_HANDSHAKE)
-                self._drop(c, "timed out ({})".format("admission" if unadmitted else "request"),
-                           refused=unadmitted)
+                self._drop(c, refused=c.phase in (_C10D_PEEK, _C10D_VOUCH, _C10D_HANDSHAKE))
 
     def _accept(self) -> None:
         for _ in range(64):  # a burst, then back to the others
             try:
                 sock, addr = self._listener.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError:
+            except OSError:  # none left (BlockingIOError), or the listener closed
                 return
             if len(self._conns) >= self._max_connections:
                 self.refused += 1
@@ -567,8 +482,7 @@ class C10dStoreServer:
                 here_raw = sock.getsockname()
                 here = (_c10d_norm_ip(here_raw[0]), int(here_raw[1]))
                 verdict = self._admit(sock, peer)
-            except (OSError, ValueError) as err:
-                self._say(f"c10d store: refused a connection ({err})")
+            except (OSError, ValueError):
                 self.refused += 1
                 sock.close()
                 continue
@@ -597,13 +511,7 @@ class C10dStoreServer:
         self.admitted += 1
         c.phase = _C10D_CLIENT
         c.deadline = None
-        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if c.outbox else 0)
-        try:
-            self._sel.modify(c.sock, events, c)
-        except KeyError:
-            self._sel.register(c.sock, events, c)
-        if c.inbox:  # nothing has been read yet; kept for symmetry
-            self._serve(c)
+        self._events(c)
 
     def _events(self, c: _C10dConn) -> None:
         if c.closing:
@@ -622,18 +530,15 @@ class C10dStoreServer:
         except (OSError, ValueError):
             pass
 
-    def _drop(self, c: _C10dConn, why: Optional[str], refused: bool = False) -> None:
+    def _drop(self, c: _C10dConn, refused: bool = False) -> None:
         if c.closing:
             return
         c.closing = True
         if refused:
             self.refused += 1
-        if why:
-            self._say(f"c10d store: closed {c.peer[0]}:{c.peer[1]}: {why}")
         self._clear_wait(c)
         self._conns.pop(c.sock.fileno(), None)
-        if self._controls.pop(c.serial, None) is not None:
-            self._control_lost(c)
+        self._controls.pop(c.serial, None)
         self._forget_questions(c)
         with contextlib.suppress(KeyError, OSError, ValueError):
             self._sel.unregister(c.sock)
@@ -652,8 +557,8 @@ class C10dStoreServer:
                 n = c.sock.send(c.outbox)
             except (BlockingIOError, InterruptedError):
                 break
-            except OSError as err:
-                self._drop(c, f"send failed ({err})")
+            except OSError:
+                self._drop(c)
                 return
             del c.outbox[:n]
         self._events(c)
@@ -666,11 +571,11 @@ class C10dStoreServer:
             data = c.sock.recv(262144)
         except (BlockingIOError, InterruptedError):
             return
-        except OSError as err:
-            self._drop(c, f"receive failed ({err})")
+        except OSError:
+            self._drop(c)
             return
         if not data:
-            self._drop(c, None, refused=c.phase != _C10D_CLIENT and c.phase != _C10D_CONTROL)
+            self._drop(c, refused=c.phase != _C10D_CLIENT and c.phase != _C10D_CONTROL)
             return
         if not c.inbox and c.phase == _C10D_CLIENT:
             c.deadline = time.monotonic() + self._request_timeout  # a request starts
@@ -689,11 +594,11 @@ class C10dStoreServer:
             first = c.sock.recv(1, socket.MSG_PEEK)
         except (BlockingIOError, InterruptedError):
             return
-        except OSError as err:
-            self._drop(c, f"receive failed ({err})", refused=True)
+        except OSError:
+            self._drop(c, refused=True)
             return
         if not first:
-            self._drop(c, None, refused=True)
+            self._drop(c, refused=True)
         elif first == C10D_CONTROL_MAGIC[:1]:
             c.phase = _C10D_HANDSHAKE  # the deadline runs on: the whole handshake is bounded
         else:
@@ -725,15 +630,12 @@ class C10dStoreServer:
             self._forget_questions(c)
             self._admitted(c)
         elif not c.pending:
-            self._drop(c, "no agent of the job vouched for it", refused=True)
+            self._drop(c, refused=True)  # no agent of the job vouched for it
 
     def _forget_questions(self, c: _C10dConn) -> None:
         for qid in c.pending:
             self._questions.pop(qid, None)
         c.pending = set()
-
-    def _control_lost(self, control: _C10dConn) -> None:
-        self._say(f"c10d store: lost the agent's control connection from {control.peer[0]}")
 
     def _control_send(self, control: _C10dConn, payload: bytes) -> None:
         self._send(control, _c10d_frame(control.key, _C10D_TO_AGENT, control.seq_out, payload))
@@ -747,7 +649,7 @@ class C10dStoreServer:
             if len(c.inbox) < need:
                 return
             if bytes(c.inbox[:len(C10D_CONTROL_MAGIC)]) != C10D_CONTROL_MAGIC:
-                self._drop(c, "not a control connection", refused=True)
+                self._drop(c, refused=True)
                 return
             client_nonce = bytes(c.inbox[len(C10D_CONTROL_MAGIC):need])
             del c.inbox[:need]
@@ -762,13 +664,12 @@ class C10dStoreServer:
         client_nonce, server_nonce = c.nonces
         if not hmac.compare_digest(proof, c10d_mac(secret, b"dtlaunch-c10d agent", server_nonce,
                                                    client_nonce)):
-            self._drop(c, "an agent's proof did not match the job's secret", refused=True)
+            self._drop(c, refused=True)  # the agent does not know the job's secret
             return
         c.key = _c10d_session_key(secret, client_nonce, server_nonce)
         c.phase = _C10D_CONTROL
         c.deadline = None
         self._controls[c.serial] = c
-        self._say(f"c10d store: the agent at {c.peer[0]} is connected")
         for waiting in list(self._conns.values()):
             if waiting.phase == _C10D_VOUCH and waiting.peer[0] == c.peer[0]:
                 self._ask(waiting)
@@ -786,8 +687,8 @@ class C10dStoreServer:
                 c.seq_in += 1
                 message = json.loads(payload.decode("utf-8"))
                 qid, yes = int(message["a"]), message["yes"] is True
-            except (C10dFrameError, ValueError, KeyError, TypeError) as err:
-                self._drop(c, f"bad control frame ({err})")
+            except (C10dFrameError, ValueError, KeyError, TypeError):
+                self._drop(c)
                 return
             self._answer(qid, yes)
 
@@ -803,10 +704,10 @@ class C10dStoreServer:
                 answer = self._request(c, reader)
             except _C10dIncomplete as more:
                 if more.need > C10D_MAX_REQUEST:
-                    self._drop(c, "request too large")
+                    self._drop(c)
                 return
-            except (C10dProtocolError, ValueError) as err:
-                self._drop(c, str(err))
+            except (C10dProtocolError, ValueError):
+                self._drop(c)
                 return
             del c.inbox[:reader.pos]
             c.deadline = time.monotonic() + self._request_timeout if c.inbox else None
@@ -928,7 +829,7 @@ class C10dStoreServer:
         return all(k in self._data or bool(self._queues.get(k)) for k in keys)
 
     def _grow(self, n: int) -> None:
-        if self._size + n > self._max_store_bytes:
+        if self._size + n > C10D_MAX_STORE_BYTES:
             raise C10dProtocolError("the store is full")
         self._size += n
 
@@ -969,26 +870,19 @@ class C10dStoreServer:
 class C10dVoucher:
     """The job's agent on another host: holds the control connection to the store at `store`,
     proves it knows `secret` (and checks the store does), then answers each "is this socket
-    yours?" with `owns(local, remote)` (by default: open in one of `job`'s processes).
+    yours?": yes when it is open in one of `job`'s processes.
     Reconnects after a loss until closed; `on_lost(reason)` hears each loss, `lost` is set
     while it has none."""
 
-    def __init__(self, store: Tuple[str, int], secret: bytes,
-                 job: Optional[C10dJob] = None,
-                 owns: Optional[Callable[[Tuple[str, int], Tuple[str, int]], bool]] = None,
+    def __init__(self, store: Tuple[str, int], secret: bytes, job: C10dJob,
                  timeout: float = C10D_REQUEST_TIMEOUT,
                  retry: float = 1.0,
                  on_lost: Optional[Callable[[str], None]] = None,
                  source: Optional[Tuple[str, int]] = None) -> None:
-        if owns is None:
-            if job is None:
-                raise ValueError("a voucher needs the job's processes or an `owns` test")
-            job_ = job
-            owns = lambda local, remote: c10d_job_owns(job_, local, remote)  # noqa: E731
         self.store = store
         self._source = source  # the address to connect from (this host's on the job's network)
         self._secret = secret
-        self._owns = owns
+        self._job = job
         self._timeout = timeout
         self._retry = retry
         self._on_lost = on_lost
@@ -1010,12 +904,6 @@ class C10dVoucher:
                 sock.shutdown(socket.SHUT_RDWR)
         if self._thread is not None:
             self._thread.join(timeout)
-
-    def __enter__(self) -> C10dVoucher:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -1057,8 +945,8 @@ class C10dVoucher:
                 question = json.loads(payload.decode("utf-8"))
                 peer, store = question["peer"], question["store"]
                 try:
-                    yes = bool(self._owns((str(peer[0]), int(peer[1])),
-                                          (str(store[0]), int(store[1]))))
+                    yes = c10d_job_owns(self._job, (str(peer[0]), int(peer[1])),
+                                        (str(store[0]), int(store[1])))
                 except (OSError, ValueError):
                     yes = False
                 answer = json.dumps({"a": int(question["q"]), "yes": yes}).encode("utf-8")

@@ -48,7 +48,7 @@ __all__ = ["AUTH_HEADER", "MAX_BODY", "NONCE_HEADER", "BadRequest", "read_reques
 
 TYPE_CHECKING = False  # the checkers' name for it: the typing module is never imported here
 if TYPE_CHECKING:
-    from typing import Any, BinaryIO, Callable, Dict, List, NoReturn, Optional, Sequence, Tuple
+    from typing import Any, BinaryIO, Callable, Dict, Iterator, List, NoReturn, Optional, Sequence, Tuple
 
 PROTOCOL = b"dtlaunch-gloo-1"
 NONCE_HEADER = "X-Dtlaunch-Nonce"
@@ -228,25 +228,26 @@ def socket_inode(peer: Tuple[str, int], own_port: int) -> int:
     return 0
 
 
-def _children_map() -> Dict[int, List[int]]:
-    """Parent pid -> its children's pids, from /proc."""
-    children: Dict[int, List[int]] = {}
+def _stats() -> Iterator[Tuple[int, List[bytes]]]:
+    """Each process's pid and the fields of its /proc/PID/stat after the name (which may hold
+    spaces and ')'): state, parent, group, session, ..."""
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open("/proc/%s/stat" % entry, "rb") as handle:
-                fields = handle.read().rsplit(b")", 1)[-1].split()
-            children.setdefault(int(fields[1]), []).append(int(entry))
-        except (OSError, ValueError, IndexError):
-            continue
-    return children
+        if entry.isdigit():
+            try:
+                with open("/proc/%s/stat" % entry, "rb") as handle:
+                    stat = handle.read()
+            except OSError:
+                continue
+            yield int(entry), stat.rsplit(b")", 1)[-1].split()
 
 
-def own_processes() -> List[int]:
-    """This agent and every process descended from it (its ranks and theirs)."""
-    children = _children_map()
-    found = [os.getpid()]
+def descendants(root: int) -> List[int]:
+    """`root` and every process below it now (the job's processes, from this agent down)."""
+    children: Dict[int, List[int]] = {}
+    for pid, fields in _stats():
+        if len(fields) > 1:
+            children.setdefault(int(fields[1]), []).append(pid)
+    found = [root]
     for pid in found:  # grows as it goes: breadth first
         found.extend(children.get(pid, ()))
     return found
@@ -296,7 +297,7 @@ def from_own_process(peer: Tuple[str, int], own_port: int) -> bool:
     /proc/net/tcp, which a socket closed at once (FIN_WAIT2) reports as root's. The processes
     are found afresh each time (a remembered pid could be another user's by now)."""
     inode = socket_inode(peer, own_port)
-    return inode != 0 and holds_socket(own_processes(), inode)
+    return inode != 0 and holds_socket(descendants(os.getpid()), inode)
 
 
 class Forwarder:
@@ -413,7 +414,6 @@ class Forwarder:
 def ipv4_ifaces() -> List[Tuple[str, str]]:
     """(name, address) of each interface with an IPv4 address (Linux's SIOCGIFADDR)."""
     import fcntl
-    import struct
 
     found = []
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
@@ -431,17 +431,11 @@ def _in_cidr(address: str, cidr: str) -> bool:
     net, _, bits = cidr.partition("/")
     try:
         mask = (0xFFFFFFFF << (32 - int(bits))) & 0xFFFFFFFF if bits else 0xFFFFFFFF
-        a = struct_unpack(socket.inet_aton(address))
-        n = struct_unpack(socket.inet_aton(net))
+        (a,) = struct.unpack("!I", socket.inet_aton(address))
+        (n,) = struct.unpack("!I", socket.inet_aton(net))
     except (OSError, ValueError):
         return False
-    return a & mask == n & mask
-
-
-def struct_unpack(packed: bytes) -> int:
-    import struct
-
-    return int(struct.unpack("!I", packed)[0])
+    return bool(a & mask == n & mask)
 
 
 def gloo_iface(cidrs: Sequence[str], store: Tuple[str, int]) -> Optional[str]:
@@ -495,20 +489,10 @@ def own_name_problem(timeout: float = 10.0) -> Optional[str]:
 
 
 def session_members() -> List[int]:
-    """Every process in this agent's session (sshd gives the command one), this one excluded."""
-    sid = os.getsid(0)
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open("/proc/%s/stat" % entry, "rb") as handle:
-                fields = handle.read().rsplit(b")", 1)[-1].split()
-        except OSError:
-            continue
-        if len(fields) > 3 and int(fields[3]) == sid and fields[0] != b"Z":
-            found.append(int(entry))
-    return found
+    """Every live process in this agent's session (sshd gives the command one), but this one."""
+    sid, me = os.getsid(0), os.getpid()
+    return [pid for pid, fields in _stats()
+            if pid != me and len(fields) > 3 and int(fields[3]) == sid and fields[0] != b"Z"]
 
 
 def _signal(pid: int, signum: int) -> None:
