@@ -192,12 +192,10 @@ def c10d_host_addresses() -> Set[str]:
     return found
 
 
-def c10d_is_local(ip: str, addresses: Optional[Set[str]] = None) -> bool:
-    """Whether `ip` is this host's: loopback, or one of `addresses` (this host's, by default)."""
+def c10d_is_local(ip: str) -> bool:
+    """Whether `ip` is this host's: loopback, or one of its addresses."""
     addr = ipaddress.ip_address(_c10d_norm_ip(ip))
-    if addr.is_loopback:
-        return True
-    return str(addr) in (addresses if addresses is not None else c10d_host_addresses())
+    return addr.is_loopback or str(addr) in c10d_host_addresses()
 
 
 def c10d_job_admission(job: C10dJob, is_local: Optional[Callable[[str], bool]] = None,
@@ -339,15 +337,13 @@ class _C10dConn:
         self.peer = peer
         self.here = here
         self.phase = _C10D_PEEK
-        self.inbox = bytearray()
-        self.outbox = bytearray()
+        self.inbox, self.outbox = bytearray(), bytearray()
         self.deadline: Optional[float] = None
         self.validated = False
         self.waiting: Set[bytes] = set()
         self.nonces = (b"", b"")  # a control connection's (client, server) nonces
         self.key = b""  # a control connection's session key
-        self.seq_in = 0
-        self.seq_out = 0
+        self.seq_in = self.seq_out = 0  # a control connection's frames, each way
         self.asked: Set[int] = set()  # a client: the control connections asked
         self.pending: Set[int] = set()  # a client: the questions not yet answered
         self.closing = False
@@ -388,7 +384,7 @@ class C10dStoreServer:
         self._wake_r, self._wake_w = socket.socketpair()
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
-        self.refused = 0  # connections closed unadmitted (tests and the agent's report)
+        self.refused = 0  # connections closed unadmitted (for tests)
         self.admitted = 0
 
     # --- life ---

@@ -70,13 +70,6 @@ def earlier_logs(directory: Path) -> list[str]:
         return []
 
 
-def log_marker(label: str, host: str | None, when: float) -> bytes:
-    """The line that starts an attempt's (or a later run's) part of a log file."""
-    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(when))
-    where = f" on {host}" if host else ""
-    return f"--- dtlaunch: {label}{where}, {stamp} ---\n".encode("utf-8", "surrogateescape")
-
-
 class LogFiles:
     """`--output-dir`: DIR/rank.N.log (the rank's exact bytes) and DIR/mpirun.log. Opened for
     each write of a gathered chunk and closed again, so no handle is held per rank.
@@ -85,10 +78,8 @@ class LogFiles:
     when ``label`` is given (each attempt under --max-restarts), gets a marker line first,
     `--- dtlaunch: attempt 2 (restart 1) on h3, <time> ---`, on a line of its own."""
 
-    def __init__(self, directory: Path | None, warn: Callable[[str], None],
-                 label: str | None = None,
-                 host_of: Callable[[str], str | None] = lambda key: None,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, directory: Path | None, warn: Callable[[str], None], label: str | None,
+                 host_of: Callable[[str], str | None], clock: Callable[[], float]) -> None:
         self.directory = directory
         self.warn = warn
         self.buffers: dict[str, bytearray] = {}
@@ -128,7 +119,8 @@ class LogFiles:
 
     def _marker(self, handle: BinaryIO, key: str) -> bytes:
         """What goes before this run's first bytes in the file: nothing for a new file
-        without a label; else a line break if the file's last line is open, and the marker."""
+        without a label; else a line break if the file's last line is open, and the marker
+        line that starts an attempt's (or a later run's) part."""
         size = handle.seek(0, os.SEEK_END)
         if size == 0 and self.label is None:
             return b""
@@ -138,10 +130,11 @@ class LogFiles:
             if handle.read(1) != b"\n":
                 head = b"\n"  # an earlier part that ended mid-line stays whole
             handle.seek(0, os.SEEK_END)
-        host = self.host_of(key) if key != "mpirun" else None
-        label = self.label or "a new run"
-        what = f"{label}, {key.replace('.', ' ')}" if key != "mpirun" else f"{label}, mpirun"
-        return head + log_marker(what, host, self.clock())
+        host = self.host_of(key)  # None for mpirun.log
+        where = f" on {host}" if host else ""
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.clock()))
+        what = f"{self.label or 'a new run'}, {key.replace('.', ' ')}{where}"
+        return head + f"--- dtlaunch: {what}, {stamp} ---\n".encode("utf-8", "surrogateescape")
 
     def flush(self) -> None:
         for key in list(self.buffers):
@@ -245,9 +238,10 @@ class JobOutput:
 
     def _log_host(self, key: str) -> str | None:
         """The host of `rank.N`, for its log's marker line."""
-        rank = int(key.split(".", 1)[1]) if key.startswith("rank.") else -1
-        if rank < 0:
-            return None
+        return self.host_of(int(key.split(".", 1)[1])) if key.startswith("rank.") else None
+
+    def host_of(self, rank: int) -> str | None:
+        """Where the rank said it runs, else where it was expected to."""
         return self.reported.get(rank) or (self.predicted[rank] if rank < len(self.predicted)
                                            else None)
 
@@ -276,8 +270,7 @@ class JobOutput:
     def rank_hosts(self) -> tuple[str, ...]:
         """rank -> host: where each rank said it runs, else where it was expected to."""
         count = max([len(self.predicted), *(r + 1 for r in self.reported)])
-        return tuple(self.reported.get(r) or (self.predicted[r] if r < len(self.predicted) else "?")
-                     for r in range(count))
+        return tuple(self.host_of(r) or "?" for r in range(count))
 
     # --- events -------------------------------------------------------------------------------
 
@@ -351,8 +344,7 @@ class JobOutput:
     # --- the console --------------------------------------------------------------------------
 
     def _prefix(self, rank: int) -> bytes:
-        hosts = self.reported.get(rank) or (self.predicted[rank] if rank < len(self.predicted) else "?")
-        text = f"[{rank}@{hosts}] "
+        text = f"[{rank}@{self.host_of(rank) or '?'}] "
         if self.timestamps:
             now = self.clock()
             text = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now)) + \
