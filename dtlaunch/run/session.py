@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import os
-import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -22,7 +21,7 @@ from dtlaunch.core.interrupts import signals_raise
 from dtlaunch.job.env import kept_home_note
 from dtlaunch.job.hosts import Host
 from dtlaunch.jobkind import JobContext, JobEnd, JobKind, Say, StartedJob, kind_for
-from dtlaunch.mpi import SLURM, MpiFamily, local_mpi
+from dtlaunch.mpi import SLURM, local_mpi
 from dtlaunch.plan.plan import RunPlan, RunRequest, plan_run
 from dtlaunch.probe import reach_for
 from dtlaunch.run.events import Event as Event  # the run's events, named here for its callers
@@ -64,24 +63,20 @@ class RunOutcome:
 class Prepared:
     plan: RunPlan
     mpirun: str | None  # the local launcher's path; None only for a dry run without one
-    request: RunRequest | None = None  # hosts, -np and launcher resolved (allocation)
-    source: str = ""  # where the hosts came from
-    mpi_version: tuple[int, ...] = ()
-    provisional: bool = False  # planned before the GPUs decide the slots: plan again after
-    launcher_set_in: tuple[str, ...] = ()  # parameter files' launcher choices (plan_run's)
+    request: RunRequest  # hosts, -np and launcher resolved (allocation)
+    mpi_version: tuple[int, ...]
+    provisional: bool  # planned before the GPUs decide the slots: plan again after
+    launcher_set_in: tuple[str, ...]  # parameter files' launcher choices (plan_run's)
 
 
-def replan(request: RunRequest, prepared: Prepared, environ: Mapping[str, str] | None = None,
-           ) -> RunPlan:
+def replan(request: RunRequest, prepared: Prepared) -> RunPlan:
     """The plan again for a changed request (the network the pre-flight chose)."""
-    return plan_run(request, dict(os.environ) if environ is None else environ,
-                    family=prepared.plan.family, mpi_version=prepared.mpi_version,
-                    as_root=os.geteuid() == 0, cpu_count=os.cpu_count() or 1,
-                    launcher_set_in=prepared.launcher_set_in)
+    return plan_run(request, dict(os.environ), family=prepared.plan.family,
+                    mpi_version=prepared.mpi_version, as_root=os.geteuid() == 0,
+                    cpu_count=os.cpu_count() or 1, launcher_set_in=prepared.launcher_set_in)
 
 
 def prepare(request: RunRequest, on_event: OnEvent, *, dry_run: bool = False,
-            family: MpiFamily | None = None, environ: Mapping[str, str] | None = None,
             defer_slots: bool = False, kind: JobKind | None = None) -> Prepared:
     """Find and ask the local launcher (the request's kind says which), then build the plan.
     A dry run needs no launcher.
@@ -92,7 +87,7 @@ def prepare(request: RunRequest, on_event: OnEvent, *, dry_run: bool = False,
     from dtlaunch.cluster.allocation import detect
     from dtlaunch.cluster.placement import plan_allocation
 
-    env = dict(os.environ) if environ is None else environ
+    env = dict(os.environ)
     placement = plan_allocation(request, detect(env), request.launcher)
     request = placement.request
     if request.launcher != SLURM:  # the job's links are this machine's ssh: choose its exchange
@@ -101,10 +96,7 @@ def prepare(request: RunRequest, on_event: OnEvent, *, dry_run: bool = False,
         request = replace(request, ssh=for_local_ssh(request.ssh, env))
     if placement.allocation is not None:  # outside one, the hosts are what was typed
         on_event(Event(EventLevel.NOTE if dry_run else EventLevel.DETAIL, placement.source))
-    if family is None:
-        family, program, impl = (kind or kind_for(request)).family(env)
-    else:
-        program, impl = shutil.which(family.launcher), None
+    family, program, impl = (kind or kind_for(request)).family(env)
     if program is None and not dry_run:
         raise UsageError(f"{family.launcher} not found on PATH; {family.install_hint}")
     if program is not None and impl is None:
@@ -141,7 +133,7 @@ def prepare(request: RunRequest, on_event: OnEvent, *, dry_run: bool = False,
         on_event(Event(EventLevel.NOTE, f"{where} (a parameter file) picks a launcher other "
                        f"than ssh for {family.launcher}; overridden on its command line, as "
                        "this job starts its daemons over ssh across hosts"))
-    return Prepared(plan, program, request, placement.source, version, provisional, set_in)
+    return Prepared(plan, program, request, version, provisional, set_in)
 
 
 def dry_run(request: LaunchRequest, on_event: OnEvent) -> RunPlan:
@@ -244,7 +236,7 @@ def recheck(request: LaunchRequest, hosts: tuple[Host, ...], left: float | None,
     from dtlaunch.doctor.preflight import run_preflight
 
     prepared = prepare(replace(request.run, hosts=hosts, num_proc=None), lambda event: None)
-    run = prepared.request or request.run
+    run = prepared.request
     # Inside a Slurm job the re-check goes through srun like the first pre-flight: the
     # allocated nodes may not be reachable over SSH at all.
     reach = reach_for(run.launcher, run.ssh)
@@ -275,7 +267,7 @@ def launch(request: LaunchRequest, on_event: OnEvent, *, executor: Executor | No
     say = _say(on_event)
     prepared = prepare(kind.first_request(request.run, say), on_event, kind=kind,
                        defer_slots=request.check)
-    run_request = prepared.request or request.run
+    run_request = prepared.request
     if reach is None and request.check:  # --no-check reaches no host before the job
         reach = reach_for(run_request.launcher, run_request.ssh)
     checked = _preflight(request, prepared, run_request, reach, on_event)
