@@ -51,7 +51,7 @@ if TYPE_CHECKING:
 if TYPE_CHECKING or __name__ != "dtlaunch_torch_host":
     # Shipped, this text follows gloo_host's in one module (agents.JOINED); imported as a
     # module (tests, the checkers), it takes its names from its package.
-    from .gloo_host import descendants
+    from .gloo_host import descendants, holders, socket_inode
 
 # c10d's wire words (torch/csrc/distributed/c10d/TCPStoreBackend.hpp).
 C10D_VALIDATION_MAGIC = 0x3C85F7CE
@@ -92,62 +92,10 @@ def _c10d_norm_ip(ip: str) -> str:
     return str(addr)
 
 
-def _c10d_proc_addr(text: str) -> Tuple[str, int]:
-    """An address of /proc/net/tcp[6] (32-bit words in host order, little-endian here)."""
-    hexip, _, hexport = text.partition(":")
-    raw = bytes.fromhex(hexip)
-    packed = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
-    ip = socket.inet_ntop(socket.AF_INET if len(packed) == 4 else socket.AF_INET6, packed)
-    return _c10d_norm_ip(ip), int(hexport, 16)
-
-
-def c10d_socket_inode(local: Tuple[str, int], remote: Tuple[str, int]) -> int:
-    """The inode of this network namespace's TCP socket bound to `local` and connected to
-    `remote` (exact 4-tuple, either table); 0 when there is none, or when the socket has no
-    inode any more (closed: FIN_WAIT2 and TIME_WAIT show 0)."""
-    want = ((_c10d_norm_ip(local[0]), local[1]), (_c10d_norm_ip(remote[0]), remote[1]))
-    ports = (f":{local[1]:04X}", f":{remote[1]:04X}")  # a cheap look first: a busy host has many
-    for name in ("tcp", "tcp6"):
-        try:
-            with open("/proc/net/" + name) as handle:
-                next(handle, None)  # the header
-                for line in handle:
-                    fields = line.split()
-                    if (len(fields) < 10 or not fields[1].endswith(ports[0])
-                            or not fields[2].endswith(ports[1])):
-                        continue
-                    try:
-                        if (_c10d_proc_addr(fields[1]), _c10d_proc_addr(fields[2])) != want:
-                            continue
-                        inode = int(fields[9])
-                    except ValueError:
-                        continue
-                    if inode:
-                        return inode
-        except OSError:
-            continue
-    return 0
-
-
 def c10d_inode_in_job(inode: int, job: C10dJob) -> bool:
     """Whether socket `inode` is open in one of the job's processes (`job`: their pids).
     Inode 0 never is."""
-    if inode <= 0:
-        return False
-    want = f"socket:[{inode}]"
-    for pid in job:
-        fd_dir = f"/proc/{pid}/fd"
-        try:
-            fds = os.listdir(fd_dir)
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                if os.readlink(os.path.join(fd_dir, fd)) == want:
-                    return True
-            except OSError:
-                continue
-    return False
+    return inode > 0 and next(iter(holders(job, inode)), None) is not None
 
 
 class C10dDescendants:
@@ -163,7 +111,8 @@ class C10dDescendants:
 
 def c10d_job_owns(job: C10dJob, local: Tuple[str, int], remote: Tuple[str, int]) -> bool:
     """Whether the socket here from `local` to `remote` is one of the job's processes'."""
-    return c10d_inode_in_job(c10d_socket_inode(local, remote), job)
+    inode = socket_inode((_c10d_norm_ip(local[0]), local[1]), (_c10d_norm_ip(remote[0]), remote[1]))
+    return c10d_inode_in_job(inode, job)
 
 
 def c10d_host_addresses() -> Set[str]:

@@ -48,7 +48,7 @@ __all__ = ["AUTH_HEADER", "MAX_BODY", "NONCE_HEADER", "BadRequest", "read_reques
 
 TYPE_CHECKING = False  # the checkers' name for it: the typing module is never imported here
 if TYPE_CHECKING:
-    from typing import Any, BinaryIO, Callable, Dict, Iterator, List, NoReturn, Optional, Sequence, Tuple
+    from typing import Any, BinaryIO, Callable, Dict, Iterable, List, NoReturn, Optional, Sequence, Tuple
 
 PROTOCOL = b"dtlaunch-gloo-1"
 NONCE_HEADER = "X-Dtlaunch-Nonce"
@@ -164,8 +164,7 @@ def response_bytes(status: int, body: bytes = b"", headers: Sequence[Tuple[str, 
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
 
 
-def read_response(conn: socket.socket, max_body: int = MAX_BODY,
-                  ) -> Tuple[int, Dict[str, str], bytes]:
+def read_response(conn: socket.socket) -> Tuple[int, Dict[str, str], bytes]:
     """(status, headers, body) of the store's answer."""
     buf = b""
     while b"\r\n\r\n" not in buf:
@@ -185,7 +184,7 @@ def read_response(conn: socket.socket, max_body: int = MAX_BODY,
         name, _, value = line.partition(b":")
         headers[name.strip().lower().decode("latin-1")] = value.strip().decode("latin-1")
     length_text = headers.get("content-length", "0")
-    if not is_number(length_text) or int(length_text) > max_body:
+    if not is_number(length_text) or int(length_text) > MAX_BODY:
         raise BadRequest(502, "store answer too large")
     length = int(length_text)
     while len(body) < length:
@@ -200,35 +199,35 @@ def read_response(conn: socket.socket, max_body: int = MAX_BODY,
 
 
 def _proc_address(address: str, port: int, six: bool) -> str:
-    """`address:port` as /proc/net/tcp (or tcp6, IPv4-mapped) writes it: each 32-bit word of
-    the address in the host's byte order, in hex."""
+    """`address:port` as /proc/net/tcp or tcp6 writes it (in tcp6, IPv4 as IPv4-mapped): each
+    32-bit word of the address in the host's byte order, in hex. OSError for IPv6 in tcp."""
     if six:
-        packed = socket.inet_pton(socket.AF_INET6, "::ffff:" + address)
-        words = struct.unpack("=4I", packed)
+        packed = socket.inet_pton(socket.AF_INET6, address if ":" in address else "::ffff:" + address)
     else:
-        words = struct.unpack("=I", socket.inet_aton(address))
+        packed = socket.inet_aton(address)
+    words = struct.unpack("=%dI" % (len(packed) // 4), packed)
     return "".join("%08X" % word for word in words) + ":%04X" % port
 
 
-def socket_inode(peer: Tuple[str, int], own_port: int) -> int:
-    """The inode of the connecting end of the loopback connection from `peer` to `own_port`
-    (matched by its exact four-tuple in /proc/net/tcp and tcp6); 0 when it is not there or its
-    socket is closed already (FIN_WAIT2, TIME_WAIT: no process holds it)."""
+def socket_inode(local: Tuple[str, int], remote: Tuple[str, int]) -> int:
+    """The inode of this host's TCP socket bound to `local` and connected to `remote` (its
+    exact four-tuple in /proc/net/tcp or tcp6; IPv6 without a zone, IPv4 never as mapped); 0
+    when it is not there or its socket is closed already (FIN_WAIT2, TIME_WAIT: no process
+    holds it)."""
     for table, six in (("/proc/net/tcp", False), ("/proc/net/tcp6", True)):
         try:
-            local = _proc_address(peer[0], peer[1], six)
-            remote = _proc_address("127.0.0.1", own_port, six)
+            want = [_proc_address(address, port, six) for address, port in (local, remote)]
             with open(table) as handle:
                 for line in handle:
                     fields = line.split()
-                    if len(fields) > 9 and fields[1] == local and fields[2] == remote:
+                    if len(fields) > 9 and fields[1:3] == want:
                         return int(fields[9])
         except (OSError, ValueError):
             continue
     return 0
 
 
-def _stats() -> Iterator[Tuple[int, List[bytes]]]:
+def _stats() -> Iterable[Tuple[int, List[bytes]]]:
     """Each process's pid and the fields of its /proc/PID/stat after the name (which may hold
     spaces and ')'): state, parent, group, session, ..."""
     for entry in os.listdir("/proc"):
@@ -265,12 +264,9 @@ def process_uids(pid: int) -> Tuple[int, ...]:
     return ()
 
 
-def holds_socket(pids: Sequence[int], inode: int) -> bool:
-    """Some of `pids` have the socket `inode` open, each running as this agent's user (a
-    descendant that became another user is that user's, not the job's)."""
+def holders(pids: Iterable[int], inode: int) -> Iterable[int]:
+    """Those of `pids` that have the socket `inode` open."""
     target = "socket:[%d]" % inode
-    own = os.geteuid()
-    found = False
     for pid in pids:
         base = "/proc/%d/fd" % pid
         try:
@@ -283,11 +279,20 @@ def holds_socket(pids: Sequence[int], inode: int) -> bool:
             except OSError:
                 continue
             if held:
-                uids = process_uids(pid)
-                if not uids or any(uid != own for uid in uids):
-                    return False
-                found = True
+                yield pid
                 break
+
+
+def holds_socket(pids: Iterable[int], inode: int) -> bool:
+    """Some of `pids` have the socket `inode` open, each running as this agent's user (a
+    descendant that became another user is that user's, not the job's)."""
+    own = os.geteuid()
+    found = False
+    for pid in holders(pids, inode):
+        uids = process_uids(pid)
+        if not uids or any(uid != own for uid in uids):
+            return False
+        found = True
     return found
 
 
@@ -296,7 +301,7 @@ def from_own_process(peer: Tuple[str, int], own_port: int) -> bool:
     descendants: its socket's inode (0 once closed) is open in one of them. Not the uid of
     /proc/net/tcp, which a socket closed at once (FIN_WAIT2) reports as root's. The processes
     are found afresh each time (a remembered pid could be another user's by now)."""
-    inode = socket_inode(peer, own_port)
+    inode = socket_inode(peer, ("127.0.0.1", own_port))
     return inode != 0 and holds_socket(descendants(os.getpid()), inode)
 
 
@@ -319,9 +324,7 @@ class Forwarder:
         self.closed = False
 
     def start(self) -> None:
-        thread = threading.Thread(target=self._accept)
-        thread.daemon = True
-        thread.start()
+        threading.Thread(target=self._accept, daemon=True).start()
 
     def close(self) -> None:
         self.closed = True
@@ -337,9 +340,7 @@ class Forwarder:
             if not self.slots.acquire(False):
                 conn.close()
                 continue
-            thread = threading.Thread(target=self._serve, args=(conn, peer))
-            thread.daemon = True
-            thread.start()
+            threading.Thread(target=self._serve, args=(conn, peer), daemon=True).start()
 
     def _serve(self, conn: socket.socket, peer: Tuple[str, int]) -> None:
         try:
@@ -474,8 +475,7 @@ def own_name_problem(timeout: float = 10.0) -> Optional[str]:
         except (OSError, UnicodeError) as exc:
             found.append(str(exc))
 
-    thread = threading.Thread(target=look)
-    thread.daemon = True
+    thread = threading.Thread(target=look, daemon=True)
     thread.start()
     thread.join(timeout)
     if not found:
@@ -513,9 +513,7 @@ class Agent:
 
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(signum, on_signal)
-        watcher = threading.Thread(target=_watch_stdin, args=(self.stop,))
-        watcher.daemon = True
-        watcher.start()
+        threading.Thread(target=_watch_stdin, args=(self.stop,), daemon=True).start()
 
     def cwd(self) -> Optional[str]:
         cwd = self.job.get("cwd")

@@ -239,7 +239,7 @@ def host_ranges(hosts: Sequence[str], shown: int = HOSTS_SHOWN) -> str:
     return ",".join(texts)
 
 
-def tail_lines(data: bytes, limit: int = TAIL_LINES) -> tuple[str, ...]:
+def tail_lines(data: bytes) -> tuple[str, ...]:
     """The last lines of a rank's kept output, as text: a redrawn line (`\\r`) as last drawn."""
     text = data.decode("utf-8", "replace")
     lines = [line.rsplit("\r", 1)[-1] if "\r" in line else line
@@ -248,4 +248,4 @@ def tail_lines(data: bytes, limit: int = TAIL_LINES) -> tuple[str, ...]:
         lines = lines[1:]  # the first is cut: it started before what was kept
     lines = [line for line in lines if line.strip()]
     return tuple(line if len(line) <= LINE_CHARS else line[:LINE_CHARS] + "..."
-                 for line in lines[-limit:])
+                 for line in lines[-TAIL_LINES:])

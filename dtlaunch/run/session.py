@@ -151,14 +151,12 @@ def dry_run(request: LaunchRequest, on_event: OnEvent) -> RunPlan:
     return prepared.plan
 
 
-def local_gpus(counts: Mapping[str, int], environ: Mapping[str, str] | None = None,
-               ) -> dict[str, int]:
+def local_gpus(counts: Mapping[str, int]) -> dict[str, int]:
     """GPU counts with this machine's limited to CUDA_VISIBLE_DEVICES, which reaches the ranks
     started here (and only them)."""
     from dtlaunch.probe.prober import local_names
 
-    env = os.environ if environ is None else environ
-    visible = env.get("CUDA_VISIBLE_DEVICES")
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is None:
         return dict(counts)
     here = local_names()

@@ -249,12 +249,12 @@ def test_a_socket_closed_at_once_is_refused() -> None:
 def test_socket_inode_reads_the_exact_four_tuple() -> None:
     with serve() as server, connect(server) as sock:
         here, there = sock.getsockname(), sock.getpeername()
-        inode = cs.c10d_socket_inode(here, there)
+        inode = cs.socket_inode(here, there)
         assert inode > 0
         assert os.fstat(sock.fileno()).st_ino == inode
         assert cs.c10d_inode_in_job(inode, {os.getpid()})
         assert not cs.c10d_inode_in_job(inode, {1})
-        assert cs.c10d_socket_inode(here, (there[0], there[1] + 1 or 1)) == 0
+        assert cs.socket_inode(here, (there[0], there[1] + 1 or 1)) == 0
         assert not cs.c10d_inode_in_job(0, {os.getpid()})
 
 
