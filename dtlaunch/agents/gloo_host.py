@@ -533,10 +533,6 @@ class Agent:
                 base["HOROVOD_GLOO_IFACE"] = iface
         return base
 
-    def start_ranks(self, port: int) -> Optional[int]:
-        return self.start_with({"HOROVOD_GLOO_RENDEZVOUS_ADDR": "127.0.0.1",
-                                "HOROVOD_GLOO_RENDEZVOUS_PORT": str(port)})
-
     def start_with(self, extra: Dict[str, str],
                    each: Optional[Callable[[Dict[str, Any]], Dict[str, str]]] = None,
                    ) -> Optional[int]:
@@ -805,7 +801,8 @@ def main(stream: BinaryIO) -> int:
             elastic = ElasticAgent(job, forwarder)
             elastic.stop = agent.stop
             return elastic.run()
-        code = agent.start_ranks(forwarder.port)
+        code = agent.start_with({"HOROVOD_GLOO_RENDEZVOUS_ADDR": "127.0.0.1",
+                                 "HOROVOD_GLOO_RENDEZVOUS_PORT": str(forwarder.port)})
         if code is not None:
             agent.end_ranks()
             return code

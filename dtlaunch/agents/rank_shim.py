@@ -206,13 +206,6 @@ def _prctl(option: int, value: int) -> None:
         pass  # not Linux: no subreaper and no death signal, the rest still works
 
 
-def _child_setup() -> None:
-    """In the program's process: its own process group (a signal reaches it once, from the
-    shim) and death with the shim, even by SIGKILL."""
-    os.setpgid(0, 0)
-    _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
 def _spawn(program: List[str], keep: Tuple[int, ...]) -> Tuple[int, Tuple[int, int]]:
     """Start the program (what subprocess.Popen would do, without importing it): stdin from
     /dev/null, stdout and stderr into pipes, `keep` inherited, every other descriptor closed.
@@ -225,7 +218,10 @@ def _spawn(program: List[str], keep: Tuple[int, ...]) -> Tuple[int, Tuple[int, i
     if pid == 0:
         code = 0
         try:
-            _child_setup()
+            # Its own process group (a signal reaches it once, from the shim), and death
+            # with the shim, even by SIGKILL.
+            os.setpgid(0, 0)
+            _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
             # What the shim ignores (SIGPIPE) the program must not inherit, as Popen's
             # restore_signals does.
             for name in ("SIGPIPE", "SIGXFZ", "SIGXFSZ"):

@@ -104,10 +104,6 @@ def why_not_private(path: str, st: os.stat_result, kind: int) -> Optional[str]:
     return None
 
 
-def private(st: os.stat_result, kind: int) -> bool:
-    return why_not_private("", st, kind) is None
-
-
 def open_cache_dir() -> Tuple[Optional[int], str]:
     """A descriptor of ~/.cache/dtlaunch if it is private (created 0700 when missing), or
     None and why not."""
@@ -135,7 +131,7 @@ def read_cached(folder: int, name: str) -> Optional[Dict[str, Any]]:
     except OSError:
         return None
     with os.fdopen(fd) as handle:
-        if not private(os.fstat(fd), stat.S_IFREG):
+        if why_not_private("", os.fstat(fd), stat.S_IFREG) is not None:
             return None
         try:
             data = json.load(handle)
