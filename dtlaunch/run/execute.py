@@ -23,7 +23,7 @@ from dtlaunch.core.errors import EXIT_TIMEOUT, DtlaunchError, exit_for_signal
 from dtlaunch.core.failure import Failure
 from dtlaunch.core.private_files import NotPrivate, write_private_program
 from dtlaunch.mpi import MpiFamily, OutputDemux
-from dtlaunch.run.failure_report import JobRanks, first_in_time
+from dtlaunch.run.failure_report import JobRanks, first_in_time, split_how
 from dtlaunch.run.job_output import JobOutput
 from dtlaunch.run.progress import RANKS_RUNNING, Progress
 from dtlaunch.run.spool import Spool
@@ -308,11 +308,8 @@ def first_failed_rank(exits: Mapping[int, str], rank_hosts: Sequence[str],
     first = first_in_time(ends)
     if first is None:
         return None
-    kind, _, number = (first.how or "").partition(" ")
-    host = first.host or None
-    if kind == "signal":
-        return Failure(first.rank, host, signal=int(number))
-    return Failure(first.rank, host, exit_code=int(number))
+    code, sig = split_how(first.how)
+    return Failure(first.rank, first.host or None, exit_code=code, signal=sig)
 
 
 def write_private_executable(path: Path, text: str) -> None:

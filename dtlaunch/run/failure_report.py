@@ -95,7 +95,7 @@ class JobReport:
 # --- building it ------------------------------------------------------------------------------
 
 
-def _split_how(how: str | None) -> tuple[int | None, int | None]:
+def split_how(how: str | None) -> tuple[int | None, int | None]:
     """(exit code, signal) of "exit 3" / "signal 9"."""
     if how is None:
         return None, None
@@ -108,7 +108,7 @@ def _split_how(how: str | None) -> tuple[int | None, int | None]:
 def first_in_time(ends: Sequence[RankEnd]) -> RankEnd | None:
     """The failed rank whose program ended first; the record's order where times are
     missing or equal."""
-    failed = [e for e in ends if e.how is not None and e.failed and _split_how(e.how) != (None, None)]
+    failed = [e for e in ends if e.how is not None and e.failed and split_how(e.how) != (None, None)]
     if not failed:
         return None
     timed = [e for e in failed if e.at is not None]
@@ -125,11 +125,11 @@ def _root(failure: Failure, ranks: JobRanks) -> RootCause:
     if (first is not None and failure.rank is not None and first.rank != failure.rank
             and not failure.reason and mine is not None and mine.at is not None
             and first.at is not None and first.at < mine.at):
-        code, sig = _split_how(first.how)
+        code, sig = split_how(first.how)
         failure = Failure(first.rank, first.host, exit_code=code, signal=sig)
         mine = first
     elif failure.rank is None and not failure.reason and first is not None:
-        code, sig = _split_how(first.how)
+        code, sig = split_how(first.how)
         failure = replace(failure, rank=first.rank, host=first.host, exit_code=code, signal=sig)
         mine = first
     tail = ranks.tails.get(failure.rank, ()) if failure.rank is not None else ()
@@ -138,7 +138,7 @@ def _root(failure: Failure, ranks: JobRanks) -> RootCause:
 
 
 def _cause(how: str | None) -> str:
-    code, sig = _split_how(how)
+    code, sig = split_how(how)
     if sig is not None:
         return signal_name(sig)
     if code is not None:
@@ -156,7 +156,7 @@ def group_failures(ends: Sequence[RankEnd], hosts: Sequence[str], after: str = "
         by_cause.setdefault(end.how, []).append(end)
     groups = []
     for how, members in by_cause.items():
-        code, sig = _split_how(how)
+        code, sig = split_how(how)
         names = tuple(dict.fromkeys(e.host or (hosts[e.rank] if e.rank < len(hosts) else "?")
                                     for e in members))
         groups.append(FailureGroup(_cause(how) + after, tuple(e.rank for e in members), names,
