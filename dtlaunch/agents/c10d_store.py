@@ -244,23 +244,20 @@ class _C10dReader:
     def i64(self) -> int:
         return int(struct.unpack("<q", self.take(8))[0])
 
-    def count(self) -> int:
+    def _size(self, limit: int, what: str) -> int:
         n = self.u64()
-        if n > C10D_MAX_KEYS_PER_REQUEST:
-            raise C10dProtocolError("too many keys in one request")
+        if n > limit:
+            raise C10dProtocolError(what)
         return n
 
+    def count(self) -> int:
+        return self._size(C10D_MAX_KEYS_PER_REQUEST, "too many keys in one request")
+
     def key(self) -> bytes:
-        n = self.u64()
-        if n > C10D_MAX_KEY:
-            raise C10dProtocolError("key too long")
-        return self.take(n)
+        return self.take(self._size(C10D_MAX_KEY, "key too long"))
 
     def value(self) -> bytes:
-        n = self.u64()
-        if n > C10D_MAX_VALUE:
-            raise C10dProtocolError("value too large")
-        return self.take(n)
+        return self.take(self._size(C10D_MAX_VALUE, "value too large"))
 
 
 def _c10d_vec(data: bytes) -> bytes:
@@ -701,11 +698,7 @@ class C10dStoreServer:
             keys = [r.key() for _ in range(r.count())]
             if self._present(keys):
                 return bytes([C10D_STOP_WAITING])
-            self._clear_wait(c)
-            for key in keys:
-                if not self._present([key]):
-                    c.waiting.add(key)
-                    self._waiters.setdefault(key, []).append(c)
+            self._wait_for(c, [key for key in keys if not self._present([key])])
             return b""
         if kind == C10D_GETNUMKEYS:
             return _c10d_i64(len(self._data))
@@ -755,9 +748,7 @@ class C10dStoreServer:
             self._set(key, str(count).encode("ascii"))  # wakes the ones waiting
             if count >= world:
                 return bytes([C10D_STOP_WAITING])
-            self._clear_wait(c)
-            c.waiting.add(key)
-            self._waiters.setdefault(key, []).append(c)
+            self._wait_for(c, [key])
             return b""
         raise C10dProtocolError(f"unknown request type {kind}")
 
@@ -798,6 +789,13 @@ class C10dStoreServer:
                     break
         if not waiting:
             self._waiters.pop(key, None)
+
+    def _wait_for(self, c: _C10dConn, keys: List[bytes]) -> None:
+        """`c` is answered once each of `keys` has been set (any earlier wait of its ends)."""
+        self._clear_wait(c)
+        for key in keys:
+            c.waiting.add(key)
+            self._waiters.setdefault(key, []).append(c)
 
     def _clear_wait(self, c: _C10dConn) -> None:
         for key in c.waiting:
