@@ -235,16 +235,12 @@ def allocation_end(job_id: str, scontrol: str = "scontrol", timeout: float = 10.
     return parse_job_end(out)
 
 
+_ENDED_HOW = {"CANCELLED": "was cancelled (scancel)", "TIMEOUT": "reached its time limit",
+              "DEADLINE": "reached its time limit", "gone": "has ended (slurmctld no longer knows it)"}
+
+
 def allocation_end_reason(job_id: str, state: str) -> str:
-    if state == "CANCELLED":
-        what = "was cancelled (scancel)"
-    elif state in ("TIMEOUT", "DEADLINE"):
-        what = "reached its time limit"
-    elif state == "gone":
-        what = "has ended (slurmctld no longer knows it)"
-    else:
-        what = f"has ended ({state})"
-    return f"the Slurm job {job_id} {what}"
+    return f"the Slurm job {job_id} {_ENDED_HOW.get(state, f'has ended ({state})')}"
 
 
 def blame_allocation(result: LaunchResult, job_id: str | None,
