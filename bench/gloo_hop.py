@@ -34,12 +34,14 @@ from common import (
     SCRIPTS,
     TINY_JOB,
     bench_parser,
+    command_line,
     dtlaunch_argv,
     loadavg,
     log,
     md_table,
     publish,
     resolving_bed,
+    run_header,
     worktree_env,
 )
 
@@ -204,6 +206,7 @@ def report(res: dict[str, Any]) -> str:
     bare = wall["python -I -S -c pass"]
     parts = [
         "## The Gloo fan-out's own process (gloo_start): its cost, paired", "",
+        *run_header(res["command"], ""), "",
         f"**Launch**, the tiny Horovod job on 2 test-bed hosts, `--gloo --no-check`, "
         f"{len(hop)} pairs (load average {res['load'][0]} → {res['load'][1]}):", "",
         md_table(["variant", "wall s, median (min–max)", "fan-out began, s",
@@ -238,6 +241,7 @@ def report(res: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> str:
     args = bench_parser(__doc__, reps=6, out="gloo_hop.md").parse_args(argv)
     res = measure(args.reps)
+    res["command"] = command_line("gloo_hop.py", argv)
     return publish(args.out, res, lambda png: report(res))
 
 

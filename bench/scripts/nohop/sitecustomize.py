@@ -10,14 +10,15 @@ What the prototype does not keep: the lifeline (a SIGKILLed dtlaunch would leave
 running), so it is for timing only.
 """
 
+import contextlib
 import os
 import sys
 
 
-def _patch(execute):  # type: ignore[no-untyped-def]
+def _patch(execute):
     original = execute.spawn
 
-    def spawn(argv, env, stdin_pipe=False):  # type: ignore[no-untyped-def]
+    def spawn(argv, env, stdin_pipe=False):
         if not argv or not str(argv[-1]).endswith("gloo_start.py"):
             return original(argv, env, stdin_pipe)
         return _forked_fanout(env)
@@ -28,30 +29,28 @@ def _patch(execute):  # type: ignore[no-untyped-def]
 class _Proc:
     """What execute() uses of a Popen: pid, stdin, wait, send_signal, returncode."""
 
-    def __init__(self, pid, stdin):  # type: ignore[no-untyped-def]
+    def __init__(self, pid, stdin):
         self.pid, self.stdin, self.returncode = pid, stdin, None
 
-    def wait(self):  # type: ignore[no-untyped-def]
+    def wait(self):
         while self.returncode is None:
             _, status = os.waitpid(self.pid, 0)
             self.returncode = os.waitstatus_to_exitcode(status)
         return self.returncode
 
-    def poll(self):  # type: ignore[no-untyped-def]
+    def poll(self):
         return self.returncode
 
-    def send_signal(self, signum):  # type: ignore[no-untyped-def]
+    def send_signal(self, signum):
         if self.returncode is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, signum)
-            except ProcessLookupError:
-                pass
 
 
-def _forked_fanout(env):  # type: ignore[no-untyped-def]
+def _forked_fanout(env):
     import signal
 
-    from dtlaunch.agents import gloo_start  # type: ignore[attr-defined]
+    from dtlaunch.agents import gloo_start
     from dtlaunch.run.spool import Spool
 
     spools = (Spool(), Spool())
@@ -74,10 +73,8 @@ def _forked_fanout(env):  # type: ignore[no-untyped-def]
                 signal.signal(sig, signal.SIG_DFL)
             code = gloo_start.main()
             for stream in (sys.stdout, sys.stderr):
-                try:
+                with contextlib.suppress(OSError, ValueError):
                     stream.flush()
-                except (OSError, ValueError):
-                    pass
         finally:
             os._exit(code)
     os.close(read_in)
@@ -87,7 +84,7 @@ def _forked_fanout(env):  # type: ignore[no-untyped-def]
 class _Finder:
     """Patches dtlaunch.run.execute as it is first imported, nothing else."""
 
-    def find_spec(self, name, path, target=None):  # type: ignore[no-untyped-def]
+    def find_spec(self, name, path, target=None):
         if name != "dtlaunch.run.execute":
             return None
         sys.meta_path.remove(self)
@@ -98,11 +95,11 @@ class _Finder:
             return spec
         load = spec.loader.exec_module
 
-        def exec_module(module):  # type: ignore[no-untyped-def]
+        def exec_module(module):
             load(module)
             _patch(module)
 
-        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
+        spec.loader.exec_module = exec_module
         return spec
 
 
