@@ -518,7 +518,7 @@ class Agent:
     def cwd(self) -> Optional[str]:
         cwd = self.job.get("cwd")
         if not cwd or not os.path.isdir(cwd):
-            return None  # as MPI launchers do: the launcher's directory when the host has it
+            return None  # as MPI launchers do: dtlaunch's directory when the host has it
         return str(cwd)
 
     def base_env(self) -> Dict[str, str]:

@@ -68,7 +68,7 @@ class HostFacts:
     hostname: str = ""
     path: str = ""
     mpirun: str | None = None
-    launcher: str = ""  # the launcher's mpirun path looked for here ("": the login PATH's)
+    mpi_launcher: str = ""  # this machine's mpirun path, looked for here ("": the login PATH's)
     orted: str | None = None
     mpi: MpiImpl | None = None
     ifaces: tuple[Iface, ...] | None = None  # None: the host could not list them
@@ -178,7 +178,7 @@ def parse_probe_output(text: str) -> HostFacts:
         hostname=sections.get("hostname", "").strip(),
         path=sections.get("path", ""),
         mpirun=mpirun,
-        launcher=sections.get("launcher", ""),
+        mpi_launcher=sections.get("launcher", ""),
         orted=sections.get("orted") or None,
         mpi=parse_mpirun_version(version_text) if mpirun else None,
         ifaces=parse_ip_output(sections.get("ip_link", ""), sections.get("ip_addr", "")),

@@ -1,6 +1,6 @@
 """Judge what the hosts reported: pure functions from facts to check results with fixes.
 
-Every remote host is compared with the launcher (the machine running dtlaunch), because
+Every remote host is compared with this machine (the one running dtlaunch), because
 Open MPI only works between identical versions and the ranks run the same interpreter path with
 the same packages everywhere.
 """
@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from dtlaunch.check.facts import HostFacts, Iface, PythonFacts
-from dtlaunch.check.report import FAIL, HOST, LAUNCHER, PASS, SKIP, WARN, CheckResult, Role
+from dtlaunch.check.report import FAIL, HOST, LOCAL, PASS, SKIP, WARN, CheckResult, Role
 from dtlaunch.core.mpi_kinds import INSTALL_OMPI_HINT, HostNeeds
 from dtlaunch.job.iface import Interfaces
 
@@ -55,13 +55,13 @@ def _path_hint(what: str) -> str:
 def check_mpirun(facts: HostFacts, role: Role, needs_orted: bool = True) -> CheckResult:
     """needs_orted: Open MPI's daemon on each host's PATH (Hydra starts its proxy by the
     launcher's path)."""
-    if facts.launcher:
+    if facts.mpi_launcher:
         return _check_launcher_path(facts, role)
     missing = [n for n, p in (("mpirun", facts.mpirun), ("orted", facts.orted))
                if p is None and (n == "mpirun" or (role == HOST and needs_orted))]
     if missing:
         names = " and ".join(missing)
-        where = "the launcher's PATH" if role == LAUNCHER else "the PATH of a non-interactive login"
+        where = "this machine's PATH" if role == LOCAL else "the PATH of a non-interactive login"
         return CheckResult("mpirun", FAIL, f"{names} not found on {where} (PATH={facts.path})",
                            INSTALL_OMPI_HINT + "; " + _path_hint("Open MPI's bin directory"))
     return CheckResult("mpirun", PASS, str(facts.mpirun))
@@ -70,10 +70,10 @@ def check_mpirun(facts: HostFacts, role: Role, needs_orted: bool = True) -> Chec
 def _check_launcher_path(facts: HostFacts, role: Role) -> CheckResult:
     """mpirun started by its absolute path starts each host's daemon from the same prefix
     (as `--prefix` would), so a venv's or /opt's MPI must exist at that path on every host."""
-    folder = facts.launcher.rsplit("/", 1)[0]
+    folder = facts.mpi_launcher.rsplit("/", 1)[0]
     if facts.mpirun is None:
-        return CheckResult("mpirun", FAIL, f"{facts.launcher} not found on this host; the job "
-                           "starts the launcher's MPI from the same path on every host",
+        return CheckResult("mpirun", FAIL, f"{facts.mpi_launcher} not found on this host; the job "
+                           "starts this machine's MPI from the same path on every host",
                            f"install the same MPI at {folder} on every host (or put it on a "
                            "filesystem every host mounts at the same path)")
     if role == HOST and facts.orted is None:
@@ -85,7 +85,7 @@ def _check_launcher_path(facts: HostFacts, role: Role) -> CheckResult:
 
 
 def check_python(py: PythonFacts, expect: Expectations,
-                 launcher: PythonFacts | None) -> CheckResult:
+                 local: PythonFacts | None) -> CheckResult:
     if not py.found:
         if "/" not in expect.python:  # looked up on the PATH the ranks get
             fix = (f"the ranks find {expect.python} on the PATH dtlaunch exports (its own): "
@@ -98,9 +98,9 @@ def check_python(py: PythonFacts, expect: Expectations,
     if py.error:
         return CheckResult("python", FAIL, py.error,
                            f"check that '{expect.python} -c pass' works on this host")
-    if launcher is not None and launcher.found and launcher.version and py.minor != launcher.minor:
-        return CheckResult("python", FAIL, f"Python {py.version} here, {launcher.version} on the "
-                           "launcher", "use the same Python minor version on every host "
+    if local is not None and local.found and local.version and py.minor != local.minor:
+        return CheckResult("python", FAIL, f"Python {py.version} here, {local.version} on this "
+                           "machine", "use the same Python minor version on every host "
                            "(packages built for one do not import in another)")
     return CheckResult("python", PASS, f"{py.version} {py.executable}")
 
@@ -109,7 +109,7 @@ def _ref_version(imported: str | None, metadata: str | None) -> str | None:
     return imported or metadata
 
 
-def check_torch(py: PythonFacts, launcher: PythonFacts | None) -> CheckResult:
+def check_torch(py: PythonFacts, local: PythonFacts | None) -> CheckResult:
     if not py.found or py.error:
         return CheckResult("torch", SKIP, "no python")
     if py.torch_version is None and py.torch_imported is None:
@@ -119,15 +119,15 @@ def check_torch(py: PythonFacts, launcher: PythonFacts | None) -> CheckResult:
         return CheckResult("torch", FAIL, f"import torch fails: {py.torch_error}",
                            f"reinstall torch for {py.executable}")
     mine = _ref_version(py.torch_imported, py.torch_version)
-    theirs = _ref_version(launcher.torch_imported, launcher.torch_version) if launcher else None
+    theirs = _ref_version(local.torch_imported, local.torch_version) if local else None
     if theirs and mine != theirs:
-        return CheckResult("torch", FAIL, f"torch {mine} here, {theirs} on the launcher",
+        return CheckResult("torch", FAIL, f"torch {mine} here, {theirs} on this machine",
                            f"install torch=={theirs} on this host")
     cuda = f" CUDA {py.torch_cuda}" if py.torch_cuda else ""
     return CheckResult("torch", PASS, f"{mine}{cuda}")
 
 
-def check_horovod(py: PythonFacts, launcher: PythonFacts | None,
+def check_horovod(py: PythonFacts, local: PythonFacts | None,
                   controller: str = "MPI") -> CheckResult:
     if not py.found or py.error:
         return CheckResult("horovod", SKIP, "no python")
@@ -141,9 +141,9 @@ def check_horovod(py: PythonFacts, launcher: PythonFacts | None,
     build = (f"frameworks {','.join(py.frameworks) or 'none'}; "
              f"controllers {','.join(py.controllers) or 'none'}; "
              f"tensor ops {','.join(py.tensor_ops) or 'none'}")
-    theirs = _ref_version(launcher.horovod_imported, launcher.horovod_version) if launcher else None
+    theirs = _ref_version(local.horovod_imported, local.horovod_version) if local else None
     if theirs and mine != theirs:
-        return CheckResult("horovod", FAIL, f"horovod {mine} here, {theirs} on the launcher",
+        return CheckResult("horovod", FAIL, f"horovod {mine} here, {theirs} on this machine",
                            f"install horovod {theirs} on this host")
     if py.torch_imported and not py.torch_error and controller not in py.controllers:
         return CheckResult("horovod", FAIL,
@@ -252,8 +252,8 @@ def check_pairwise(facts: HostFacts, expect: Expectations, peers: Sequence[str])
         return CheckResult("pairwise", FAIL, "cannot ssh to " + "; ".join(bad),
                            "Open MPI's tree spawn needs every host to log in to every other one "
                            "without a prompt (keys and known_hosts on every host); or launch "
-                           "without --tree-spawn (the default), which needs only launcher-to-host "
-                           "SSH")
+                           "without --tree-spawn (the default), which needs only ssh from this "
+                           "machine to each host")
     return CheckResult("pairwise", PASS, f"reaches {len(peers)} host(s)")
 
 

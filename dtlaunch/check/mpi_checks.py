@@ -1,5 +1,5 @@
-"""The doctor's MPI check for every family: the same implementation and version as the
-launcher's, each host's named, and the fix when one host has another MPI. The judging is one
+"""The doctor's MPI check for every family: the same implementation and version as this
+machine's, each host's named, and the fix when one host has another MPI. The judging is one
 procedure; what differs between families (what must match, the texts, the fixes) is data on
 their HostRule (dtlaunch.core.mpi_kinds), so no family is named here. Pure."""
 
@@ -17,9 +17,10 @@ def _named(impl: MpiImpl, unknown: str = "unknown") -> str:
     return f"{name} {impl.version}".strip()
 
 
-def host_daemon(launcher: MpiImpl | None) -> str:
-    """The daemon each host of a job started by `launcher` must have on its PATH ("": none)."""
-    kind = launcher.kind if launcher is not None else None
+def host_daemon(local: MpiImpl | None) -> str:
+    """The daemon each host must have on its PATH ("": none) for a job started by this
+    machine's MPI, `local`."""
+    kind = local.kind if local is not None else None
     return (kind.rule if kind else _preferred()).daemon
 
 
@@ -35,21 +36,21 @@ def _too_old(impl: MpiImpl) -> str | None:
     return None
 
 
-def check_mpi(facts: HostFacts, launcher: MpiImpl | None) -> CheckResult:
-    """`launcher`: the MPI on the launcher (None, or one dtlaunch does not know: judge this
+def check_mpi(facts: HostFacts, local: MpiImpl | None) -> CheckResult:
+    """`local`: the MPI on this machine (None, or one dtlaunch does not know: judge this
     machine alone, as env-check does)."""
     impl = facts.mpi
     if impl is None:
         return CheckResult(NAME, SKIP, "no mpirun")
-    kind = launcher.kind if launcher is not None else None
-    against = launcher if kind is not None else None
+    kind = local.kind if local is not None else None
+    against = local if kind is not None else None
     # Alone: by its own family's rule when dtlaunch knows it.
     rule = kind.rule if kind else impl.kind.rule if impl.kind else _preferred()
     least = _too_old(impl)
     texts = {"mpirun": facts.mpirun, "here": _named(impl, rule.unknown),
              "here_version": impl.version, "least": least or "",
-             "launcher": _named(against) if against else "",
-             "launcher_version": against.version if against else ""}
+             "local": _named(against) if against else "",
+             "local_version": against.version if against else ""}
 
     def fail(detail: str, fix: str) -> CheckResult:
         return CheckResult(NAME, FAIL, detail.format(**texts), fix.format(**texts))

@@ -5,7 +5,7 @@ carries the same 172.17.0.1/16 on every host makes it wire ranks to themselves a
 (horovod #98, #110, #584, #975). The rule, over the IPv4 addresses of interfaces that are up:
 1. Leave out loopback and link-local addresses, and any address that two participants share
    (the same 172.17.0.1 on every host is no way to tell hosts apart).
-2. The candidates are the subnets on which every participant (each host, and the launcher,
+2. The candidates are the subnets on which every participant (each host, and this machine,
    where mpirun's control path starts) has an address left; of nested candidates the
    narrowest is kept.
 3. One candidate: it is the network. Several: those carried on some participant by an
@@ -27,12 +27,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from dtlaunch.check.facts import Iface
-from dtlaunch.check.report import FAIL, PASS, CheckResult, HostOutcome
-from dtlaunch.check.report import LAUNCHER as LAUNCHER_ROLE
+from dtlaunch.check.report import FAIL, LOCAL, PASS, CheckResult, HostOutcome
 from dtlaunch.job.iface import Interfaces
 
 HOST_LOCAL_PREFIXES = ("docker", "virbr", "veth", "br-", "cni", "podman", "lxcbr", "lxdbr")
-LAUNCHER = "this machine"
 IFACE_FIX = ("pass --iface with the subnet that connects the hosts (e.g. --iface 10.0.0.0/24) "
              "or the interface names (--iface eth0)")
 
@@ -97,11 +95,11 @@ def _listing(name: str, ifaces: Sequence[Iface]) -> str:
 
 
 def _participants(hosts: Mapping[str, Sequence[Iface]],
-                  launcher: Sequence[Iface] | None) -> dict[str, list[Addr]]:
-    """Each machine once: the launcher, or a host listed twice, is told by its address set."""
+                  local: Sequence[Iface] | None) -> dict[str, list[Addr]]:
+    """Each machine once: this machine, or a host listed twice, is told by its address set."""
     found: dict[str, list[Addr]] = {}
     seen: dict[frozenset[str], str] = {}
-    items = list(hosts.items()) + ([(LAUNCHER, launcher)] if launcher is not None else [])
+    items = list(hosts.items()) + ([(LOCAL.value, local)] if local is not None else [])
     for name, ifaces in items:
         addrs = _addresses(ifaces)
         key = frozenset(str(a.ip) for _, a in addrs)
@@ -118,26 +116,26 @@ def _host_local(net: Net, usable: Mapping[str, list[Addr]]) -> list[str]:
 
 
 def _refuse(problem: str, hosts: Mapping[str, Sequence[Iface]],
-            launcher: Sequence[Iface] | None, left_out: Sequence[str] = ()) -> NetworkChoice:
+            local: Sequence[Iface] | None, left_out: Sequence[str] = ()) -> NetworkChoice:
     listing = [_listing(h, i) for h, i in hosts.items()]
-    if launcher is not None:
-        listing.append(_listing(LAUNCHER, launcher))
+    if local is not None:
+        listing.append(_listing(LOCAL.value, local))
     detail = f"{problem} ({'; '.join(listing)})"
     return NetworkChoice(left_out=tuple(left_out), problem=detail, fix=IFACE_FIX)
 
 
 def choose_network(hosts: Mapping[str, Sequence[Iface] | None],
-                   launcher: Sequence[Iface] | None = None) -> NetworkChoice:
+                   local: Sequence[Iface] | None = None) -> NetworkChoice:
     """The network for a job on `hosts` (name -> the probe's interfaces, None if unknown).
 
-    launcher: this machine's interfaces when it is not one of the hosts (mpirun's control
+    local: this machine's interfaces when it is not one of the hosts (mpirun's control
     path starts there), else None. Fewer than two machines: nothing to choose (no cidrs)."""
     unknown = [h for h, ifaces in hosts.items() if ifaces is None]
     if unknown:
         return NetworkChoice(problem=f"cannot list the interfaces of {', '.join(unknown)} "
                              "('ip' not found there) to choose a network", fix=IFACE_FIX)
     known = {h: i for h, i in hosts.items() if i is not None}
-    machines = _participants(known, launcher)
+    machines = _participants(known, local)
     if len(machines) < 2:
         return NetworkChoice()
     owners: dict[str, set[str]] = {}
@@ -168,7 +166,7 @@ def choose_network(hosts: Mapping[str, Sequence[Iface] | None],
             problem = ("several networks connect every host "
                        f"({', '.join(str(c) for c in chosen)}) and dtlaunch does not guess "
                        "which one the job should use")
-        return _refuse(problem, known, launcher, left_out)
+        return _refuse(problem, known, local, left_out)
     return _with_names(chosen[0], owners, known, tuple(left_out))
 
 
@@ -206,11 +204,11 @@ def choose_from_outcomes(outcomes: Sequence[HostOutcome]) -> NetworkChoice | Non
     if any(o.facts is None for o in outcomes):
         return None
     hosts = {o.host: o.facts.ifaces for o in outcomes if o.facts is not None and o.is_rank_host}
-    launcher = next((o.facts.ifaces for o in outcomes if o.facts is not None
-                     and o.role == LAUNCHER_ROLE and not o.is_rank_host), None)
-    if not any(o.role != LAUNCHER_ROLE for o in outcomes):
+    local = next((o.facts.ifaces for o in outcomes if o.facts is not None
+                  and o.role == LOCAL and not o.is_rank_host), None)
+    if not any(o.role != LOCAL for o in outcomes):
         return None  # this machine alone: nothing to choose
-    return choose_network(hosts, launcher)
+    return choose_network(hosts, local)
 
 
 def choice_to_json(choice: NetworkChoice) -> dict[str, Any]:

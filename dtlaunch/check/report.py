@@ -29,7 +29,7 @@ class Status(str, Enum):
 
 
 class Role(str, Enum):
-    LAUNCHER = "launcher"  # the machine running dtlaunch
+    LOCAL = "this machine"  # the machine running dtlaunch
     HOST = "host"  # a host reached through a Prober
 
     def __str__(self) -> str:
@@ -40,7 +40,7 @@ class Role(str, Enum):
 
 
 PASS, WARN, FAIL, SKIP = Status.PASS, Status.WARN, Status.FAIL, Status.SKIP
-LAUNCHER, HOST = Role.LAUNCHER, Role.HOST
+LOCAL, HOST = Role.LOCAL, Role.HOST
 _RANK = {SKIP: 0, PASS: 1, WARN: 2, FAIL: 3}
 
 CHECK_NAMES = ("reach", "mpirun", "mpi", "python", "torch", "horovod", "script", "iface",

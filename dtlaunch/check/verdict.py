@@ -1,5 +1,5 @@
 """The doctor's report from every host's facts: each host judged by dtlaunch.check.host_checks against
-the launcher's own facts. Pure code."""
+this machine's own facts. Pure code."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from dtlaunch.check.mpi_checks import check_mpi, host_daemon
 from dtlaunch.check.report import (
     CHECK_NAMES,
     HOST,
-    LAUNCHER,
+    LOCAL,
     PASS,
     SKIP,
     CheckResult,
@@ -36,20 +36,20 @@ from dtlaunch.check.report import (
 )
 
 
-def check_host(facts: HostFacts, role: Role, expect: Expectations, launcher: HostFacts | None,
+def check_host(facts: HostFacts, role: Role, expect: Expectations, local: HostFacts | None,
                peers: Sequence[str] = (), path: str = "") -> tuple[CheckResult, ...]:
-    launcher_mpi = launcher.mpi if launcher is not None else None
-    launcher_py = launcher.python if launcher is not None else None
+    local_mpi = local.mpi if local is not None else None
+    local_py = local.python if local is not None else None
     python: tuple[CheckResult, ...]
     needs = expect.needs
     if expect.check_python:
         horovod = (CheckResult("horovod", SKIP, f"not needed ({needs.option})")
                    if needs.horovod is None else
-                   check_horovod(facts.python, launcher_py, needs.horovod))
+                   check_horovod(facts.python, local_py, needs.horovod))
         if needs.mpi and needs.horovod is not None:  # Horovod must have linked the job's MPI
             horovod = check_horovod_mpi(horovod, facts.python, facts.mpi, str(facts.mpirun or ""))
-        python = (check_python(facts.python, expect, launcher_py),
-                  check_torch(facts.python, launcher_py), horovod)
+        python = (check_python(facts.python, expect, local_py),
+                  check_torch(facts.python, local_py), horovod)
     else:  # an executable that names no interpreter: nothing Python to check
         python = tuple(CheckResult(name, SKIP, "not a Python command")
                        for name in ("python", "torch", "horovod"))
@@ -58,10 +58,10 @@ def check_host(facts: HostFacts, role: Role, expect: Expectations, launcher: Hos
             CheckResult("mpirun", SKIP, f"not needed ({needs.option})"),
             CheckResult("mpi", SKIP, f"not needed ({needs.option})"))
     else:
-        mpi = (check_mpirun(facts, role, needs_orted=bool(host_daemon(launcher_mpi))),
-               check_mpi(facts, launcher_mpi))
+        mpi = (check_mpirun(facts, role, needs_orted=bool(host_daemon(local_mpi))),
+               check_mpi(facts, local_mpi))
     return (
-        CheckResult("reach", PASS, "local" if role == LAUNCHER else (path or "ok")),
+        CheckResult("reach", PASS, "local" if role == LOCAL else (path or "ok")),
         *mpi,
         *python,
         check_script(facts, expect),
@@ -110,7 +110,7 @@ def skipped_after_ssh(problem: CheckResult) -> tuple[CheckResult, ...]:
 def evaluate(outcomes: Sequence[HostOutcome], expect: Expectations, seconds: float = 0.0,
              peers: Sequence[str] = ()) -> DoctorReport:
     """Every host's facts (or SSH problem) into the doctor's report."""
-    launcher = next((o.facts for o in outcomes if o.role == LAUNCHER and o.facts), None)
+    local = next((o.facts for o in outcomes if o.role == LOCAL and o.facts), None)
     names = {o.host: o.facts.hostname for o in outcomes
              if o.facts is not None and o.is_rank_host}
     hostname_checks = check_hostnames(names)
@@ -124,7 +124,7 @@ def evaluate(outcomes: Sequence[HostOutcome], expect: Expectations, seconds: flo
             warnings: tuple[str, ...] = ()
         else:
             others = [p for p in peers if p != outcome.host]
-            checks = check_host(outcome.facts, outcome.role, expect, launcher, others,
+            checks = check_host(outcome.facts, outcome.role, expect, local, others,
                                 outcome.path)
             versions = versions_of(outcome.facts)
             hostname = outcome.facts.hostname

@@ -12,7 +12,7 @@ import hostlist
 from dtlaunch.core.errors import DtlaunchError, UsageError
 from dtlaunch.job.env import NAME_RE
 
-# Probes need only PATH to find the interpreter; everything else stays on the launcher.
+# Probes need only PATH to find the interpreter; everything else stays on this machine.
 PROBE_EXPORT = ("PATH",)
 
 
@@ -152,8 +152,8 @@ def parse_node_addresses(text: str) -> dict[str, str]:
 
 
 def node_addresses(nodes: Sequence[str], timeout: float = 20.0) -> dict[str, str]:
-    """Where Slurm reaches each node (its NodeAddr): a node's name need not resolve on the
-    launcher, as Slurm's own nodes list their addresses. {} when scontrol cannot tell."""
+    """Where Slurm reaches each node (its NodeAddr): a node's name need not resolve on
+    this machine, as Slurm's own nodes list their addresses. {} when scontrol cannot tell."""
     import subprocess
 
     from dtlaunch.core.bounded import run_bounded

@@ -11,7 +11,7 @@ import json
 from dataclasses import asdict
 from typing import IO, TYPE_CHECKING, Any
 
-from dtlaunch.check.report import FAIL, PASS, SKIP, WARN, DoctorReport
+from dtlaunch.check.report import FAIL, LOCAL, PASS, SKIP, WARN, DoctorReport, Role
 from dtlaunch.core.failure import signal_name
 from dtlaunch.run.progress import HOSTS_CHECKED, HOSTS_UP, RANKS_RUNNING, Progress
 
@@ -24,6 +24,9 @@ if TYPE_CHECKING:
 
 SYMBOLS = {PASS: "pass", WARN: "warn", FAIL: "FAIL", SKIP: "-"}
 STYLES = {PASS: "green", WARN: "yellow", FAIL: "bold red", SKIP: "dim"}
+# The JSON's word for this machine's row stays "launcher", as scripts that read doctor's
+# --json know it (docs/doctor.md); every other place calls it "this machine".
+JSON_ROLES = {LOCAL: "launcher"}
 
 
 def _console(console_class: Any, stream: IO[str] | None) -> Any:
@@ -33,6 +36,10 @@ def _console(console_class: Any, stream: IO[str] | None) -> Any:
     out = stream or sys.stdout
     wide = None if out.isatty() else 200
     return console_class(file=out, highlight=False, width=wide)
+
+
+def json_role(role: Role) -> str:
+    return JSON_ROLES.get(role, role.value)
 
 
 def report_to_dict(report: DoctorReport) -> dict[str, Any]:
@@ -47,7 +54,7 @@ def report_to_dict(report: DoctorReport) -> dict[str, Any]:
         "hosts": [
             {
                 "host": h.host,
-                "role": h.role,
+                "role": json_role(h.role),
                 "hostname": h.hostname,
                 "status": h.status,
                 "seconds": round(h.seconds, 3),
@@ -104,7 +111,7 @@ def render_report(report: DoctorReport, stream: IO[str] | None = None) -> None:
         table.add_column(report.label(name), justify="center")
     table.add_column("time", justify="right")
     for host in report.hosts:
-        label = host.host + (" (launcher)" if host.role == "launcher" else "")
+        label = host.host + (f" ({LOCAL})" if host.role == LOCAL else "")
         cells = []
         for name in report.columns:
             check = host.check(name)

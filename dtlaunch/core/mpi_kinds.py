@@ -44,13 +44,13 @@ class HostNeeds:
 class HostRule:
     """How doctor judges a host's MPI for a job this family launches (dtlaunch.check.mpi_checks
     applies it; the family is never tested there). Texts are formats of: {mpirun} (the host's
-    launcher path), {here}, {here_version} (its MPI), {launcher}, {launcher_version} (the
-    launcher's), {least} (the oldest release dtlaunch supports)."""
+    launcher path), {here}, {here_version} (its MPI), {local}, {local_version} (this
+    machine's), {least} (the oldest release dtlaunch supports)."""
 
     family: str
-    same: tuple[str, ...]  # what of MpiImpl must equal the launcher's ("version"; "name" too)
+    same: tuple[str, ...]  # what of MpiImpl must equal this machine's ("version"; "name" too)
     passed: str  # the detail of a host that passes
-    mismatch: str  # same family, not the same MPI as the launcher's
+    mismatch: str  # same family, not the same MPI as this machine's
     mismatch_fix: str
     foreign: str  # another family's MPI (one dtlaunch knows) on a host of this family's job
     foreign_fix: str
@@ -63,18 +63,18 @@ class HostRule:
     daemon: str = ""
 
 
-_SAME_HYDRA_FIX = ("install {launcher} on this host at the launcher's path (Hydra starts "
+_SAME_HYDRA_FIX = ("install {local} on this host at this machine's mpiexec path (Hydra starts "
                    "hydra_pmi_proxy from there) and put its bin directory first on PATH")
 OPEN_MPI_RULE = HostRule(
     OPEN_MPI_FAMILY, ("version",), passed="{here_version}",
-    mismatch="Open MPI {here_version} here, {launcher_version} on the launcher (different "
+    mismatch="Open MPI {here_version} here, {local_version} on this machine (different "
     "versions fail with 'Data unpack would read past end of buffer')",
-    mismatch_fix="install the same Open MPI version on every host and on the launcher",
-    foreign="{mpirun} is {here}; the launcher's mpirun is {launcher}, whose daemons this host "
+    mismatch_fix="install the same Open MPI version on every host and on this machine",
+    foreign="{mpirun} is {here}; this machine's mpirun is {local}, whose daemons this host "
     "cannot run",
-    foreign_fix="put Open MPI {launcher_version}'s bin directory first on this host's PATH (a "
+    foreign_fix="put Open MPI {local_version}'s bin directory first on this host's PATH (a "
     "non-interactive login's), or run the whole job with MPICH: the same MPI must come first on "
-    "PATH on every host and on the launcher",
+    "PATH on every host and on this machine",
     unsupported="{mpirun} is {here}; dtlaunch needs Open MPI >= 3.0",
     unsupported_fix=INSTALL_OMPI_HINT + ", and make its mpirun come first on PATH",
     too_old="{mpirun} is Open MPI {here_version}, older than {least}",
@@ -83,10 +83,10 @@ OPEN_MPI_RULE = HostRule(
     unknown="not Open MPI", daemon="orted")
 HYDRA_RULE = HostRule(
     HYDRA_FAMILY, ("name", "version"), passed="{here}",
-    mismatch="{here} here, {launcher} on the launcher", mismatch_fix=_SAME_HYDRA_FIX,
-    foreign="{mpirun} is {here}; the launcher's mpiexec is {launcher}",
+    mismatch="{here} here, {local} on this machine", mismatch_fix=_SAME_HYDRA_FIX,
+    foreign="{mpirun} is {here}; this machine's mpiexec is {local}",
     foreign_fix=_SAME_HYDRA_FIX + ", or run the whole job with Open MPI",
-    unsupported="{mpirun} is {here}; the launcher's mpiexec is {launcher}",
+    unsupported="{mpirun} is {here}; this machine's mpiexec is {local}",
     unsupported_fix=_SAME_HYDRA_FIX + ", or run the whole job with Open MPI",
     too_old="{mpirun} is {here}; dtlaunch needs >= {least}", too_old_fix=INSTALL_MPICH_HINT,
     unknown="not an MPI")

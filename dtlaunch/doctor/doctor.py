@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 
 from dtlaunch.check.host_checks import Expectations
 from dtlaunch.check.network import NetworkChoice, check_network, choose_from_outcomes
-from dtlaunch.check.report import HOST, LAUNCHER, DoctorReport, HostOutcome, Role, unreachable
+from dtlaunch.check.report import HOST, LOCAL, DoctorReport, HostOutcome, Role, unreachable
 from dtlaunch.check.verdict import evaluate
 from dtlaunch.core.tracker import Tracker
 from dtlaunch.mpi import HostNeeds
@@ -43,7 +43,7 @@ class DoctorRequest:
     command_timeout: float = COMMAND_TIMEOUT
     # No --iface: choose the network the hosts share (dtlaunch.check.network) and report it.
     choose_network: bool = False
-    # The launcher's mpirun (absolute): the job starts that path on every host. "": the PATH's.
+    # This machine's mpirun (absolute): the job starts that path on every host. "": the PATH's.
     mpi_launcher: str = ""
     # The PATH the job exports to its ranks, where a bare interpreter name is looked up on
     # every host, as the ranks will. "": each host's login PATH.
@@ -77,16 +77,16 @@ def probe_args(request: DoctorRequest, host: str | None) -> ProbeArgs:
     )
 
 
-def _probe_launcher(request: DoctorRequest, name: str, rank: bool, reach: Reach,
-                    tracker: Tracker) -> HostOutcome:
+def _probe_local(request: DoctorRequest, name: str, rank: bool, reach: Reach,
+                 tracker: Tracker) -> HostOutcome:
     start = time.monotonic()
     try:
         facts = reach.here(probe_args(request, None), request.command_timeout, tracker)
     except Exception as exc:
-        return HostOutcome(name, LAUNCHER, problem=unreachable(
+        return HostOutcome(name, LOCAL, problem=unreachable(
             f"the local probe failed: {exc}", "check that 'sh' and the Python work"),
             seconds=time.monotonic() - start, is_rank_host=rank)
-    return HostOutcome(name, LAUNCHER, facts, seconds=time.monotonic() - start, is_rank_host=rank)
+    return HostOutcome(name, LOCAL, facts, seconds=time.monotonic() - start, is_rank_host=rank)
 
 
 def _no_answer(host: str, role: Role, exc: BaseException | None, seconds: float) -> HostOutcome:
@@ -115,8 +115,8 @@ def doctor_and_network(request: DoctorRequest, progress: Progress | None = None,
     here = local_names()
     local_in_list = [h for h in request.hosts if h in here]
     remote = [h for h in request.hosts if h not in here]
-    launcher_name = local_in_list[0] if local_in_list else "localhost"
-    rank_launcher = bool(local_in_list) or not request.hosts
+    local_name = local_in_list[0] if local_in_list else "localhost"
+    local_is_rank_host = bool(local_in_list) or not request.hosts
     prober = reach.prober()
     here_probe = Tracker()
     # The hosts' threads wait for the prober's imports, made on this thread while this
@@ -125,7 +125,7 @@ def doctor_and_network(request: DoctorRequest, progress: Progress | None = None,
 
     def work(host: str | None) -> HostOutcome:
         if host is None:
-            return _probe_launcher(request, launcher_name, rank_launcher, reach, here_probe)
+            return _probe_local(request, local_name, local_is_rank_host, reach, here_probe)
         prepared.wait()
         return prober.probe(host, probe_args(request, host), request.command_timeout)
 
@@ -144,12 +144,12 @@ def doctor_and_network(request: DoctorRequest, progress: Progress | None = None,
 
     def fallback(host: str | None, exc: BaseException | None) -> HostOutcome:
         if host is None:
-            return _no_answer(launcher_name, LAUNCHER, exc, seconds)
+            return _no_answer(local_name, LOCAL, exc, seconds)
         return _no_answer(host, HOST, exc, seconds)
 
     def report(done: int, host: str | None) -> None:
         if progress is not None:
-            progress(done, len(remote) + 1, launcher_name if host is None else host)
+            progress(done, len(remote) + 1, local_name if host is None else host)
 
     hosts: list[str | None] = [None, *remote]
     try:

@@ -22,7 +22,7 @@ from dtlaunch.check.facts import HostFacts
 from dtlaunch.check.gpus import check_gpus
 from dtlaunch.check.host_checks import UNROUTABLE_PREFIXES, check_horovod, check_mpirun, check_torch
 from dtlaunch.check.mpi_checks import check_mpi
-from dtlaunch.check.report import FAIL, LAUNCHER, PASS, WARN, CheckResult, Status
+from dtlaunch.check.report import FAIL, LOCAL, PASS, WARN, CheckResult, Status
 from dtlaunch.check.verdict import nccl_of
 from dtlaunch.core.bounded import run_bounded
 from dtlaunch.core.mpi_kinds import PREFERRED_MPI
@@ -178,7 +178,7 @@ def _judged(section: str, failing_name: str, check: CheckResult,
 
 def evaluate_env(facts: Mapping[str, Any], host: HostFacts) -> tuple[EnvItem, ...]:
     """Facts -> report lines, each problem with its fix. Open MPI, torch and Horovod are
-    judged by the doctor's checks (dtlaunch.check.host_checks) on the launcher's own facts. Pure."""
+    judged by the doctor's checks (dtlaunch.check.host_checks) on this machine's own facts. Pure."""
     items: list[EnvItem] = []
 
     def add(section: str, name: str, value: str, status: Status = PASS, hint: str = "") -> None:
@@ -195,7 +195,7 @@ def evaluate_env(facts: Mapping[str, Any], host: HostFacts) -> tuple[EnvItem, ..
         "'--python' names the same interpreter and packages everywhere")
     add("dtlaunch", "version", facts["dtlaunch"]["version"])
     mpi = facts["openmpi"]
-    items += _judged("mpi", "mpirun", check_mpirun(host, LAUNCHER),
+    items += _judged("mpi", "mpirun", check_mpirun(host, LOCAL),
                      [("mpirun", str(mpi["mpirun"]))])
     if mpi["mpirun"]:
         # The implementation is named when it is not the one dtlaunch assumes.

@@ -30,7 +30,7 @@ from dtlaunch.doctor.preflight_cache import (
     checked_executable,
     checked_program,
     drop_cache,
-    local_launcher,
+    local_mpirun,
     write_cache,
 )
 from dtlaunch.probe.prober import Prober, Reach, fan_out, local_names
@@ -174,10 +174,10 @@ def run_preflight(request: RunRequest, plan: RunPlan, job_started: bool = False,
     cwd = os.getcwd()
     use_cache = (use_cache and not job_started
                  and os.environ.get("DTLAUNCH_PREFLIGHT_CACHE", "1") != "0")
-    launcher = local_launcher(plan.family.launcher)
+    mpirun = local_mpirun(plan.family.launcher)
     # The ranks look a bare program name up on the PATH they get; so do the checks.
     job_path = next((v.value for v in plan.env.variables if v.name == "PATH"), "")
-    key = cache_key(request, hosts, cwd, launcher, job_path)
+    key = cache_key(request, hosts, cwd, mpirun, job_path)
     warnings: list[str] = []
     problem = cache_problem() if use_cache else None
     if problem is not None:
@@ -194,7 +194,7 @@ def run_preflight(request: RunRequest, plan: RunPlan, job_started: bool = False,
             entry = None  # damaged: check again (and write it anew), never run without a network
     if entry is not None:
         gpus = gpus_from_json(entry.get("gpus"))
-        if may_overlap(request, plan.family, plan.launcher_env, launcher):
+        if may_overlap(request, plan.family, plan.launcher_env, mpirun):
             return PreflightOutcome(keys=DeferredKeyCheck(hosts, reach.prober), network=network,
                                     message=("pre-flight: passed recently (cached); ssh "
                                              "checks the host keys as the job starts"), gpus=gpus)
@@ -226,7 +226,7 @@ def run_preflight(request: RunRequest, plan: RunPlan, job_started: bool = False,
         cwd=cwd,
         command_timeout=command_timeout if command_timeout is not None else COMMAND_TIMEOUT,
         choose_network=network_to_choose(request.iface, hosts),
-        mpi_launcher=launcher if needs.mpi else "",
+        mpi_launcher=mpirun if needs.mpi else "",
         job_path=job_path,
     )
     report, network = doctor_and_network(doctor_request, progress, reach=reach)
@@ -252,7 +252,7 @@ def elastic_survivors(request: RunRequest, report: DoctorReport | None,
                       ) -> tuple[RunRequest, dict[str, str]] | None:
     """An elastic job's first hosts without those whose pre-flight failed, and why each was
     left out, when the others still have the slots it starts with (as discovery leaves a
-    failing host out mid-job); None when the job cannot start: not elastic, the launcher or
+    failing host out mid-job); None when the job cannot start: not elastic, this machine or
     the job as a whole failed, or too few slots are left."""
     from dtlaunch.check.report import FAIL
 

@@ -29,8 +29,8 @@ if TYPE_CHECKING:
 CACHE_SECONDS = 300.0
 
 
-def local_launcher(name: str = "mpirun") -> str:
-    """The launcher's MPI as the job will start it: the PATH's `name`, as an absolute path
+def local_mpirun(name: str = "mpirun") -> str:
+    """This machine's MPI launcher as the job will start it: the PATH's `name`, as an absolute path
     (links kept: a venv's bin/ is the prefix, not where its files point)."""
     found = shutil.which(name)
     return os.path.abspath(found) if found else ""

@@ -129,8 +129,8 @@ def _rsh_args(spec: JobSpec) -> list[str]:
         # command line wins over it. ORTE calls ssh's component rsh, PRRTE (5.x) ssh.
         args += ["--mca", "plm", ssh_component(spec.mpi_version)]
     if not spec.tree_spawn:
-        # Only launcher-to-host SSH is needed (and checked by doctor); tree spawn would also
-        # need every host to reach every other host over SSH.
+        # Only ssh from this machine to each host is needed (and checked by doctor); tree
+        # spawn would also need every host to reach every other host over SSH.
         args += ["--mca", "plm_rsh_no_tree_spawn", "1"]
     return args
 

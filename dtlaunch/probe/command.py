@@ -47,7 +47,7 @@ class ProbeArgs:
     peer_ssh_args: tuple[str, ...] = ()
     imports: bool = True
     gpu_timeout: float = 10.0  # seconds nvidia-smi may take before the host's GPUs count as hung
-    # The launcher's own mpirun (absolute path): Open MPI starts the daemons from the same
+    # This machine's mpirun (absolute path): Open MPI starts the daemons from the same
     # prefix on every host, so that path is checked there, not the login PATH's mpirun.
     mpi_launcher: str = ""
     # The PATH the job exports to its ranks: a bare interpreter name (`python`) is looked up

@@ -52,7 +52,7 @@ def check_policy(policy: RestartPolicy, num_proc: int | None) -> RestartPolicy:
 
 @dataclass(frozen=True)
 class AttemptOutcome:
-    """How one attempt ended, as the launcher saw it."""
+    """How one attempt ended, as dtlaunch saw it (the MPI launcher's status, or the ranks')."""
 
     exit_code: int
     failure: Failure | None = None

@@ -80,7 +80,7 @@ def silent_nodes(last_seen: dict[str, float], nodes: Sequence[str], started: flo
 
 
 class NodeWatch:
-    """Polled by the launcher (``stop_reason``) like the host-key watch."""
+    """Polled while the job runs (``stop_reason``, execute's `stop_when`) like the host-key watch."""
 
     def __init__(self, nodes: Sequence[str], python: str, srun: str = "srun",
                  clock: Callable[[], float] = time.monotonic) -> None:

@@ -236,17 +236,17 @@ def test_doctor_names_a_host_with_the_other_mpi(bed: TestBed, tmp_path: Path, h2
     launcher = next(h for h in doc["hosts"] if h["role"] == "launcher")
     if h2_has == "openmpi":  # an Open MPI host in an MPICH job
         assert "is Open MPI 4" in mpi["detail"]
-        assert mpi["detail"].endswith("the launcher's mpiexec is MPICH 5.0.2")
-        assert mpi["hint"].startswith("install MPICH 5.0.2 on this host at the launcher's path")
+        assert mpi["detail"].endswith("this machine's mpiexec is MPICH 5.0.2")
+        assert mpi["hint"].startswith("install MPICH 5.0.2 on this host at this machine's mpiexec path")
         assert launcher["versions"]["mpi"] == "MPICH 5.0.2"
     elif h2_has == "mpich":  # an MPICH host in an Open MPI job
-        assert "is MPICH 5.0.2; the launcher's mpirun is Open MPI 4" in mpi["detail"]
+        assert "is MPICH 5.0.2; this machine's mpirun is Open MPI 4" in mpi["detail"]
         assert mpi["hint"].startswith("put Open MPI 4")
         assert launcher["versions"]["mpi"].startswith("Open MPI 4")
     else:  # an MPICH host in an Intel MPI job: both Hydra, not the same MPI
         intel = HYDRA_MPIS["intelmpi"]
-        assert mpi["detail"] == f"MPICH 5.0.2 here, {intel} on the launcher"
-        assert mpi["hint"].startswith(f"install {intel} on this host at the launcher's path")
+        assert mpi["detail"] == f"MPICH 5.0.2 here, {intel} on this machine"
+        assert mpi["hint"].startswith(f"install {intel} on this host at this machine's mpiexec path")
         assert launcher["versions"]["mpi"] == intel
     # Each host's MPI is named in its versions.
     assert hosts["h2"]["versions"]["mpi"].startswith("Open MPI 4" if h2_has == "openmpi"

@@ -6,7 +6,7 @@ from helpers.facts import IFACES, host_facts, python_facts
 
 from dtlaunch.check.facts import HostFacts, Iface, PythonFacts, parse_ip_output, parse_probe_output
 from dtlaunch.check.host_checks import Expectations, check_hostnames, check_iface
-from dtlaunch.check.report import FAIL, HOST, LAUNCHER, PASS, SKIP, WARN, HostOutcome, unreachable
+from dtlaunch.check.report import FAIL, HOST, LOCAL, PASS, SKIP, WARN, HostOutcome, unreachable
 from dtlaunch.check.verdict import evaluate
 from dtlaunch.mpi import Interfaces, MpiImpl
 
@@ -20,8 +20,8 @@ def facts(**kw: object) -> HostFacts:
 EXPECT = Expectations(python="/venv/bin/python", script="/job/train.py")
 
 
-def report(host_facts: HostFacts, expect: Expectations = EXPECT, launcher: HostFacts | None = None):
-    outcomes = [HostOutcome("localhost", LAUNCHER, launcher or facts(hostname="launch"),
+def report(host_facts: HostFacts, expect: Expectations = EXPECT, local: HostFacts | None = None):
+    outcomes = [HostOutcome("localhost", LOCAL, local or facts(hostname="launch"),
                             is_rank_host=False),
                 HostOutcome("h1", HOST, host_facts)]
     return evaluate(outcomes, expect)
@@ -56,10 +56,10 @@ def test_mpich_rejected():
     assert check is not None and check.status == FAIL and "MPICH" in check.detail
 
 
-def test_version_differs_from_launcher():
+def test_version_differs_from_this_machine():
     rep = report(facts(mpi=MpiImpl("Open MPI", "4.0.3")))
     check = rep.hosts[1].check("mpi")
-    assert check is not None and check.status == FAIL and "4.1.4 on the launcher" in check.detail
+    assert check is not None and check.status == FAIL and "4.1.4 on this machine" in check.detail
 
 
 def test_every_family_is_judged_by_one_procedure_from_its_rule():
@@ -67,16 +67,16 @@ def test_every_family_is_judged_by_one_procedure_from_its_rule():
     and each failure's text; the cases below differ only in that data."""
     from dtlaunch.check.mpi_checks import check_mpi, host_daemon
 
-    def judged(host: MpiImpl | None, launcher: MpiImpl | None) -> tuple[str, str]:
-        check = check_mpi(facts(mpirun="/m/mpirun", mpi=host), launcher)
+    def judged(host: MpiImpl | None, local: MpiImpl | None) -> tuple[str, str]:
+        check = check_mpi(facts(mpirun="/m/mpirun", mpi=host), local)
         return check.status, check.detail
 
     ompi, mpich = MpiImpl("Open MPI", "4.1.4"), MpiImpl("MPICH", "5.0.2")
     # Open MPI judges versions only; Hydra names and versions.
     assert judged(MpiImpl("Open MPI", "4.1.4"), ompi) == (PASS, "4.1.4")
     assert judged(MpiImpl("Intel MPI", "5.0.2"), mpich) == (
-        FAIL, "Intel MPI 5.0.2 here, MPICH 5.0.2 on the launcher")
-    # An old launcher does not hide a host that differs from it.
+        FAIL, "Intel MPI 5.0.2 here, MPICH 5.0.2 on this machine")
+    # An old MPI on this machine does not hide a host that differs from it.
     assert judged(ompi, MpiImpl("Open MPI", "2.1.1"))[0] == FAIL
     # Too old is said before "not the same", by each family's words.
     assert judged(MpiImpl("MPICH", "2.1"), mpich) == (FAIL, "/m/mpirun is MPICH 2.1; dtlaunch "
@@ -85,18 +85,18 @@ def test_every_family_is_judged_by_one_procedure_from_its_rule():
         FAIL, "/m/mpirun is Open MPI 2.1.1, older than 3.0")
     # A host with no MPI dtlaunch knows, named the way each family's rule names it.
     unknown = MpiImpl("unknown", "")
-    assert judged(unknown, mpich) == (FAIL, "/m/mpirun is not an MPI; the launcher's mpiexec "
+    assert judged(unknown, mpich) == (FAIL, "/m/mpirun is not an MPI; this machine's mpiexec "
                                       "is MPICH 5.0.2")
     assert judged(unknown, ompi) == (FAIL, "/m/mpirun is not Open MPI; dtlaunch needs Open MPI "
                                      ">= 3.0")
-    # Alone (env-check; or a launcher dtlaunch does not know): by the host's own family.
+    # Alone (env-check; or an MPI on this machine dtlaunch does not know): by the host's own family.
     assert judged(mpich, None) == judged(mpich, MpiImpl("MVAPICH", "")) == (PASS, "MPICH 5.0.2")
     assert judged(None, ompi)[0] == SKIP
     assert (host_daemon(ompi), host_daemon(mpich), host_daemon(None)) == ("orted", "", "orted")
 
 
-def test_orted_missing_on_remote_but_not_needed_on_launcher():
-    rep = report(facts(orted=None), launcher=facts(hostname="launch", orted=None))
+def test_orted_missing_on_remote_but_not_needed_on_this_machine():
+    rep = report(facts(orted=None), local=facts(hostname="launch", orted=None))
     assert status(rep, "h1", "mpirun") == FAIL
     assert status(rep, "localhost", "mpirun") == PASS
 
@@ -157,7 +157,7 @@ def test_hostnames_unique():
 
 
 def test_ssh_failure_marks_rest_skipped():
-    outcomes = [HostOutcome("localhost", LAUNCHER, facts(hostname="launch"), is_rank_host=False),
+    outcomes = [HostOutcome("localhost", LOCAL, facts(hostname="launch"), is_rank_host=False),
                 HostOutcome("h2", HOST, problem=unreachable("connection refused", "fix"))]
     rep = evaluate(outcomes, EXPECT)
     assert not rep.ok
@@ -172,7 +172,7 @@ def test_pairwise():
 
     expect = Expectations(python="/venv/bin/python", pairwise=True)
     ok = facts(peers=(PeerResult("h2", 0),))
-    outcomes = [HostOutcome("localhost", LAUNCHER, facts(hostname="l"), is_rank_host=False),
+    outcomes = [HostOutcome("localhost", LOCAL, facts(hostname="l"), is_rank_host=False),
                 HostOutcome("h1", HOST, ok),
                 HostOutcome("h2", HOST, facts(hostname="h2", peers=(
                     PeerResult("h1", 255, "Permission denied"),)))]
@@ -209,19 +209,19 @@ def test_parse_probe_output_tolerates_login_noise():
 
 
 VENV_MPIRUN = "/shared/venvs/openmpi5/bin/mpirun"
-OMPI5 = dict(launcher=VENV_MPIRUN, mpirun=VENV_MPIRUN, orted="/shared/venvs/openmpi5/bin/prted",
+OMPI5 = dict(mpi_launcher=VENV_MPIRUN, mpirun=VENV_MPIRUN, orted="/shared/venvs/openmpi5/bin/prted",
              mpi=MpiImpl("Open MPI", "5.0.11"))
 
 
 def test_venv_mpi_present_at_the_launchers_path_passes():
-    rep = report(facts(**OMPI5), launcher=facts(hostname="launch", **OMPI5))
+    rep = report(facts(**OMPI5), local=facts(hostname="launch", **OMPI5))
     assert status(rep, "h1", "mpirun") == PASS
     assert status(rep, "h1", "mpi") == PASS
 
 
 def test_venv_mpi_missing_on_a_host_is_named_with_its_path():
-    host = facts(launcher=VENV_MPIRUN, mpirun=None, orted=None, mpi=None)
-    rep = report(host, launcher=facts(hostname="launch", **OMPI5))
+    host = facts(mpi_launcher=VENV_MPIRUN, mpirun=None, orted=None, mpi=None)
+    rep = report(host, local=facts(hostname="launch", **OMPI5))
     check = next(h for h in rep.hosts if h.host == "h1").check("mpirun")
     assert check is not None and check.status == FAIL
     assert check.detail.startswith(f"{VENV_MPIRUN} not found on this host")
@@ -229,13 +229,13 @@ def test_venv_mpi_missing_on_a_host_is_named_with_its_path():
 
 
 def test_venv_mpi_without_its_daemon_on_a_host_fails():
-    rep = report(facts(**{**OMPI5, "orted": None}), launcher=facts(hostname="launch", **OMPI5))
+    rep = report(facts(**{**OMPI5, "orted": None}), local=facts(hostname="launch", **OMPI5))
     assert status(rep, "h1", "mpirun") == FAIL
 
 
 def test_other_version_at_the_launchers_path_fails():
     other = {**OMPI5, "mpi": MpiImpl("Open MPI", "5.0.3")}
-    rep = report(facts(**other), launcher=facts(hostname="launch", **OMPI5))
+    rep = report(facts(**other), local=facts(hostname="launch", **OMPI5))
     assert status(rep, "h1", "mpi") == FAIL
 
 
@@ -245,7 +245,7 @@ def test_a_gloo_job_needs_no_mpi_but_horovod_with_gloo():
     gloo = Expectations(python="/venv/bin/python", script="/job/train.py", needs=GLOO.needs)
     no_mpi = facts(mpirun=None, orted=None, mpi=None,
                    python=PythonFacts(**{**PY.__dict__, "controllers": ("Gloo",)}))
-    rep = report(no_mpi, gloo, launcher=facts(hostname="launch", mpirun=None, orted=None, mpi=None))
+    rep = report(no_mpi, gloo, local=facts(hostname="launch", mpirun=None, orted=None, mpi=None))
     assert rep.ok
     assert status(rep, "h1", "mpirun") == status(rep, "h1", "mpi") == SKIP
     assert status(rep, "h1", "horovod") == PASS
@@ -261,7 +261,7 @@ def test_a_torch_job_needs_neither_mpi_nor_horovod_but_the_same_torch():
     bare = facts(mpirun=None, orted=None, mpi=None,
                  python=PythonFacts(**{**PY.__dict__, "horovod_version": None,
                                        "horovod_imported": None, "controllers": ()}))
-    rep = report(bare, torch, launcher=facts(hostname="launch", mpirun=None, orted=None, mpi=None))
+    rep = report(bare, torch, local=facts(hostname="launch", mpirun=None, orted=None, mpi=None))
     assert rep.ok
     assert status(rep, "h1", "mpirun") == status(rep, "h1", "mpi") == SKIP
     assert status(rep, "h1", "horovod") == SKIP

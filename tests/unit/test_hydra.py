@@ -279,7 +279,7 @@ OMPI_4 = MpiImpl("Open MPI", "4.1.4")
 def test_doctor_names_an_mpich_host_in_an_open_mpi_job_with_its_fix() -> None:
     check = check_mpi(_facts(MPICH), OMPI_4)
     assert check.status == FAIL
-    assert check.detail == ("/opt/mpi/bin/mpirun is MPICH 5.0.2; the launcher's mpirun is "
+    assert check.detail == ("/opt/mpi/bin/mpirun is MPICH 5.0.2; this machine's mpirun is "
                             "Open MPI 4.1.4, whose daemons this host cannot run")
     assert check.hint.startswith("put Open MPI 4.1.4's bin directory first on this host's PATH")
 
@@ -287,10 +287,10 @@ def test_doctor_names_an_mpich_host_in_an_open_mpi_job_with_its_fix() -> None:
 def test_doctor_names_an_open_mpi_host_in_an_mpich_job_with_its_fix() -> None:
     check = check_mpi(_facts(OMPI_4, orted="/usr/bin/orted"), MPICH)
     assert check.status == FAIL
-    assert check.detail == "/opt/mpi/bin/mpirun is Open MPI 4.1.4; the launcher's mpiexec is MPICH 5.0.2"
-    assert check.hint.startswith("install MPICH 5.0.2 on this host at the launcher's path")
+    assert check.detail == "/opt/mpi/bin/mpirun is Open MPI 4.1.4; this machine's mpiexec is MPICH 5.0.2"
+    assert check.hint.startswith("install MPICH 5.0.2 on this host at this machine's mpiexec path")
     other = check_mpi(_facts(MpiImpl("MPICH", "4.1")), MPICH)
-    assert (other.status, other.detail) == (FAIL, "MPICH 4.1 here, MPICH 5.0.2 on the launcher")
+    assert (other.status, other.detail) == (FAIL, "MPICH 4.1 here, MPICH 5.0.2 on this machine")
     intel = check_mpi(_facts(MpiImpl("Intel MPI", "2021.10")), MPICH)
     assert intel.status == FAIL and "Intel MPI 2021.10 here" in intel.detail
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from dtlaunch.check.facts import Iface, parse_ip_output
 from dtlaunch.check.host_checks import FAIL, PASS
-from dtlaunch.check.network import LAUNCHER, NetworkChoice, check_network, choose_network
+from dtlaunch.check.network import NetworkChoice, check_network, choose_network
 from dtlaunch.mpi import Interfaces
 
 LO = Iface("lo", True, ("127.0.0.1/8", "::1/128"))
@@ -102,14 +102,14 @@ def test_no_common_network(second: tuple[Iface, ...]) -> None:
                                      "wlan0 192.168.0.9/24; h2: ")
 
 
-def test_the_launcher_must_be_on_the_network_for_mpirun_control_path() -> None:
+def test_this_machine_must_be_on_the_network_for_mpirun_control_path() -> None:
     hosts = {"h1": host(Iface("eth0", True, ("10.0.0.11/24",))), "h2": host(Iface("eth0", True, ("10.0.0.12/24",)))}
     bridge = host(Iface("dtb1", True, ("10.0.0.1/24",)), Iface("eth0", True, ("192.168.5.5/24",)))
     assert choose_network(hosts, bridge).cidrs == ("10.0.0.0/24",)
     elsewhere = choose_network(hosts, host(Iface("eth0", True, ("192.168.5.5/24",))))
     assert elsewhere.problem.startswith("no IPv4 network connects every host")
-    assert f"{LAUNCHER}: eth0 192.168.5.5/24" in elsewhere.problem
-    # The launcher is one of the hosts: it is not counted twice (its addresses are not "shared").
+    assert "this machine: eth0 192.168.5.5/24" in elsewhere.problem
+    # This machine is one of the hosts: it is not counted twice (its addresses are not "shared").
     assert choose_network(hosts, hosts["h1"]).cidrs == ("10.0.0.0/24",)
 
 
@@ -166,16 +166,16 @@ def clusters(draw: st.DrawFn) -> tuple[str, dict[str, tuple[Iface, ...]], Iface 
         if draw(st.booleans()):
             noise.append(Iface("eth8", True, (f"169.254.{i}.1/16",)))
         hosts[f"h{i + 1}"] = tuple(draw(st.permutations([*noise, real])))
-    launcher = None
+    local = None
     if draw(st.booleans()):
-        launcher = Iface("br9", True, (f"{base.network_address + hosts_addr[n]}/{prefix}",))
-    return str(base), hosts, launcher
+        local = Iface("br9", True, (f"{base.network_address + hosts_addr[n]}/{prefix}",))
+    return str(base), hosts, local
 
 
 @given(clusters())
 def test_the_real_network_is_found_through_any_noise(cluster: tuple[str, dict[str, tuple[Iface, ...]], Iface | None]) -> None:
-    subnet, hosts, launcher = cluster
-    choice = choose_network(hosts, (LO, launcher) if launcher else None)
+    subnet, hosts, local = cluster
+    choice = choose_network(hosts, (LO, local) if local else None)
     assert choice.ok, choice.problem
     assert choice.cidrs == (subnet,)
     net = ipaddress.ip_network(subnet)
@@ -183,7 +183,7 @@ def test_the_real_network_is_found_through_any_noise(cluster: tuple[str, dict[st
         mine = dict(choice.names)[name]
         assert len(mine) == 1
         assert any(ipaddress.ip_interface(a).ip in net for i in ifaces if i.name == mine[0] for a in i.addresses)
-    reverse = choose_network(dict(reversed(list(hosts.items()))), (LO, launcher) if launcher else None)
+    reverse = choose_network(dict(reversed(list(hosts.items()))), (LO, local) if local else None)
     assert reverse.cidrs == choice.cidrs
 
 

@@ -98,7 +98,7 @@ def test_probe_checks_the_launchers_mpirun_path_not_the_login_path(tmp_path):
         plain = probe_local(ProbeArgs(python=sys.executable, imports=False))
     finally:
         os.environ["PATH"] = old_path
-    assert (facts.launcher, facts.mpirun) == (str(launcher), str(launcher))
+    assert (facts.mpi_launcher, facts.mpirun) == (str(launcher), str(launcher))
     assert facts.orted == str(launcher.parent / "prted")
     assert facts.mpi is not None and facts.mpi.version == "5.0.11"
     assert plain.mpirun == str(other) and plain.mpi is not None and plain.mpi.version == "4.1.4"
@@ -107,7 +107,7 @@ def test_probe_checks_the_launchers_mpirun_path_not_the_login_path(tmp_path):
 def test_probe_reports_a_missing_launcher_path(tmp_path):
     facts = probe_local(ProbeArgs(python=sys.executable, imports=False,
                                   mpi_launcher=str(tmp_path / "venv" / "bin" / "mpirun")))
-    assert facts.launcher == str(tmp_path / "venv" / "bin" / "mpirun")
+    assert facts.mpi_launcher == str(tmp_path / "venv" / "bin" / "mpirun")
     assert facts.mpirun is None and facts.orted is None and facts.mpi is None
 
 
