@@ -279,7 +279,7 @@ def install_horovod_cmd(force: bool, mpi: str | None) -> None:
 @click.argument("script", required=False)
 def doctor(hosts: str | None, hostfile: str | None, iface: str | None, python: str | None,
            ssh_port: int | None, ssh_identity_file: str | None, ssh_config: str | None,
-           connect_timeout: int, accept_new_host_keys: bool, launcher: str, timeout: float | None,
+           connect_timeout: int, accept_new_host_keys: bool, via: str, timeout: float | None,
            module: str | None, pairwise: bool, as_json: bool, script: str | None,
            **kinds: bool) -> None:
     """Check every host (and this one) before a job: SSH, Open MPI, Python, Horovod, network."""
@@ -288,7 +288,7 @@ def doctor(hosts: str | None, hostfile: str | None, iface: str | None, python: s
 
     setup = read_doctor(DoctorArgs(
         hosts, hostfile, iface, python, ssh_port, ssh_identity_file, ssh_config, connect_timeout,
-        accept_new_host_keys, launcher, timeout, module, pairwise, script,
+        accept_new_host_keys, via, timeout, module, pairwise, script,
         tuple(name.removeprefix("kind_") for name, given in kinds.items() if given)))
     if setup.source and not as_json:
         _note(setup.source)

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from dtlaunch.core.failure import Failure
     from dtlaunch.core.records import Event
 
-SSH, SLURM = "ssh", "slurm"  # JobSpec.launcher: the ways daemons are started on the hosts
+SSH, SLURM = "ssh", "slurm"  # JobSpec.via: the ways the hosts are reached to start the job
 
 
 @dataclass(frozen=True)
@@ -54,9 +54,9 @@ class JobSpec:
     mpi_args: tuple[str, ...] = ()
     # Command the launcher uses instead of plain ssh (dtlaunch's link watcher); None: plain ssh.
     rsh_agent: str | None = None
-    # How the launcher starts its daemons (proxies) on the hosts, decided once by
+    # How the launcher reaches the hosts to start its daemons (proxies), decided once by
     # cluster.placement: "ssh" (dtlaunch's ssh) or "slurm" (srun inside a Slurm job, no ssh).
-    launcher: str = SSH
+    via: str = SSH
     # --binding-args (checked by dtlaunch.job.binding); None: dtlaunch's default binding.
     binding: tuple[str, ...] | None = None
     # "FILE: plm = VALUE" for each parameter file the launcher reads that chooses a launcher

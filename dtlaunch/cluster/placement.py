@@ -1,4 +1,4 @@
-"""Running inside a scheduler's allocation: where the hosts come from and how mpirun starts.
+"""Running inside a scheduler's allocation: where the hosts come from and how they are reached.
 
 Pure: `plan_allocation` takes the detected allocation (dtlaunch.cluster.allocation.detect reads the
 environment and the files it names) and the user's request, and returns the request to plan
@@ -14,20 +14,20 @@ from dtlaunch.cluster.allocation import SLURM, Allocation, check_hosts_in_alloca
 from dtlaunch.core.errors import UsageError
 from dtlaunch.plan.plan import RunRequest
 
-LAUNCHERS = ("auto", "ssh", "slurm")
+VIAS = ("auto", "ssh", "slurm")  # --launcher's choices: how the hosts are reached
 
 
 @dataclass(frozen=True)
 class Placement:
-    request: RunRequest  # hosts, -np and launcher resolved
+    request: RunRequest  # hosts, -np and how they are reached (via) resolved
     source: str  # where the hosts came from, for --dry-run and --verbose
     allocation: Allocation | None
 
 
-def choose_launcher(choice: str, alloc: Allocation | None) -> str:
+def choose_via(choice: str, alloc: Allocation | None) -> str:
     """auto: slurm inside a Slurm job, else ssh."""
-    if choice not in LAUNCHERS:
-        raise UsageError(f"--launcher: expected one of {', '.join(LAUNCHERS)}, got {choice!r}")
+    if choice not in VIAS:
+        raise UsageError(f"--launcher: expected one of {', '.join(VIAS)}, got {choice!r}")
     in_slurm = alloc is not None and alloc.scheduler == SLURM
     if choice == "slurm" and not in_slurm:
         where = f"inside a {alloc.scheduler} job" if alloc is not None else "outside any Slurm job"
@@ -40,13 +40,13 @@ def choose_launcher(choice: str, alloc: Allocation | None) -> str:
 
 def plan_allocation(request: RunRequest, alloc: Allocation | None, choice: str) -> Placement:
     """Hosts and -np from the allocation when none were given; given ones must be in it."""
-    launcher = choose_launcher(choice, alloc)
+    via = choose_via(choice, alloc)
     if alloc is None:
         source = "hosts from --hosts/--hostfile" if request.hosts else "hosts: this machine"
-        return Placement(dataclasses.replace(request, launcher=launcher), source, None)
+        return Placement(dataclasses.replace(request, via=via), source, None)
     if request.hosts:
         check_hosts_in_allocation(request.hosts, alloc)
-        resolved = dataclasses.replace(request, launcher=launcher)
+        resolved = dataclasses.replace(request, via=via)
         source = (f"hosts from --hosts/--hostfile, inside {alloc.scheduler} job {alloc.job_id}"
                   .rstrip())
     else:
@@ -54,6 +54,7 @@ def plan_allocation(request: RunRequest, alloc: Allocation | None, choice: str) 
         if num_proc is None and all(h.slots_given for h in alloc.hosts):
             num_proc = alloc.total_tasks  # else all slots, which the GPUs may still decide
         resolved = dataclasses.replace(request, hosts=alloc.hosts, num_proc=num_proc,
-                                       launcher=launcher)
+                                       via=via)
         source = alloc.describe()
-    return Placement(resolved, f"{source}; launcher {launcher}", alloc)
+    # Said as the option that sets it: --launcher.
+    return Placement(resolved, f"{source}; launcher {via}", alloc)

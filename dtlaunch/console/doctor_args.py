@@ -43,7 +43,7 @@ class DoctorArgs:
     ssh_config: str | None
     connect_timeout: int
     accept_new_host_keys: bool
-    launcher: str
+    via: str  # --launcher: how the hosts are reached (auto, ssh, slurm)
     timeout: float | None
     module: str | None
     pairwise: bool
@@ -58,17 +58,17 @@ class DoctorSetup:
     source: str  # where the hosts came from ("" when given with -H or --hostfile)
 
 
-def doctor_placement(hosts: Sequence[Host], launcher: str, ssh: SshOptions,
+def doctor_placement(hosts: Sequence[Host], via: str, ssh: SshOptions,
                      environ: Mapping[str, str] | None = None,
                      ) -> tuple[tuple[str, ...], Reach, str]:
     """Which hosts doctor checks and how: inside a Slurm job with no -H, exactly the allocated
     nodes through srun. Returns the host names, the Reach and where they came from."""
     placement = plan_allocation(RunRequest(hosts=tuple(hosts), python=sys.executable,
-                                           launcher=launcher),
-                                detect(dict(os.environ) if environ is None else environ), launcher)
+                                           via=via),
+                                detect(dict(os.environ) if environ is None else environ), via)
     names = tuple(h.name for h in placement.request.hosts)
     source = placement.source if placement.allocation is not None else ""
-    return names, reach_for(placement.request.launcher, ssh), source
+    return names, reach_for(placement.request.via, ssh), source
 
 
 def kind_needs(kinds: Sequence[str]) -> HostNeeds:
@@ -91,7 +91,7 @@ def read_doctor(args: DoctorArgs) -> DoctorSetup:
     ssh = ssh_options_from(args.ssh_port, args.ssh_identity_file, args.ssh_config,
                            args.connect_timeout, args.accept_new_host_keys)
     host_names, reach, source = doctor_placement(read_hosts(args.hosts, args.hostfile),
-                                                 args.launcher, ssh)
+                                                 args.via, ssh)
     needs = kind_needs(args.kinds)
     if args.script is not None and args.module is not None:
         raise UsageError("doctor: give either SCRIPT or -m MODULE, not both")

@@ -79,10 +79,12 @@ def _host_option_decls() -> dict[str, Callable[[Any], Any]]:
         "accept_new_host_keys": click.option(
             "--accept-new-host-keys", is_flag=True,
             help="Trust host keys seen for the first time (changed keys still fail)."),
-        "launcher": single_option("--launcher", type=click.Choice(["auto", "ssh", "slurm"]),
-                                  default=("auto",), show_default="auto",
-                                  help="How hosts are reached: ssh, or slurm (srun, inside a Slurm "
-                                       "job; auto picks it there)."),
+        # --launcher's value is kept as `via` (how the hosts are reached); "launcher" is the
+        # MPI program's name inside dtlaunch.
+        "via": single_option("--launcher", "via", type=click.Choice(["auto", "ssh", "slurm"]),
+                             default=("auto",), show_default="auto",
+                             help="How the hosts are reached: ssh, or slurm's srun (inside a "
+                                  "Slurm job; auto picks it there)."),
     }
 
 

@@ -43,7 +43,7 @@ class RunOptions:
     ssh_config: str | None = None
     connect_timeout: int = 10
     accept_new_host_keys: bool = False
-    launcher: str = "auto"
+    via: str = "auto"  # --launcher: how the hosts are reached (auto, ssh, slurm)
     num_proc: int | None = None
     oversubscribe: bool = False
     env_items: tuple[str, ...] = ()  # -x
@@ -201,7 +201,7 @@ def build_run_request(options: RunOptions, hvd: HorovodArgs,
         binding=hvd.binding_args,
         typed_env=tuple(i.partition("=")[0] for i in options.env_items if "=" in i),
         controller=hvd.controller,
-        launcher=options.launcher,
+        via=options.via,
     )
 
 
@@ -270,7 +270,7 @@ def check_batch_run(request: LaunchRequest) -> None:
     run = request.run
     if not run.hosts:  # from the allocation: any -np may fit it
         run = replace(run, hosts=(Host("node", 1),), oversubscribe=True)
-    plan_run(replace(run, launcher="ssh"), dict(os.environ), family=family)
+    plan_run(replace(run, via="ssh"), dict(os.environ), family=family)
 
 
 def check_build_text(python: str | None = None) -> str:

@@ -37,7 +37,7 @@ _GROUPS = (
         single_option("-np", "--num-proc", "num_proc", type=int, metavar="N",
                       help="Number of processes (default: all slots)."),
         click.option("--oversubscribe", is_flag=True, help="Allow more processes than slots."),
-        host_option("launcher")),
+        host_option("via")),
     option_group(
         PROGRAM,
         single_option("-m", "module", metavar="MODULE", help="Run a module, like python -m."),

@@ -92,7 +92,7 @@ class ElasticJobKind(OwnFanout):
         assert request.elastic is not None
         names = network.names if network is not None else ()
         common_iface = network.gloo_iface if network is not None else None
-        via_srun = request.launcher == SLURM
+        via_srun = request.via == SLURM
 
         def node_address(host: str) -> str | None:
             return context.node_addresses([host]).get(host) if via_srun else None

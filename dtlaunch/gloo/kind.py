@@ -24,7 +24,7 @@ class GlooJobKind(OwnFanout):
         hosts = list(dict.fromkeys(plan.rank_hosts))
         ifaces = host_ifaces(network.names, network.gloo_iface, hosts) if network else {}
         cidrs = request.iface.cidrs if request.iface is not None else ()
-        via_srun = request.launcher == SLURM
+        via_srun = request.via == SLURM
         job = prepare_gloo_job(plan.rank_hosts, common, context.rank_program, context.python,
                                request.ssh, {}, plan.launcher_env, host_iface=ifaces,
                                iface_cidrs=cidrs, via_srun=via_srun,

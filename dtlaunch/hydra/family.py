@@ -144,7 +144,7 @@ def build_mpiexec_argv(spec: JobSpec, mpiexec: str = "mpiexec",
                          "from the launcher")
     placement, per_host = placement_args(spec, intel)
     argv: list[str] = [mpiexec, *placement]
-    if spec.launcher == SLURM:
+    if spec.via == SLURM:
         argv += ["-launcher", "slurm"]
     else:
         argv += ["-launcher", "ssh", "-launcher-exec", launcher_exec or "ssh"]
@@ -195,7 +195,7 @@ class Hydra(FamilyDefaults):
         return None
 
     def _agent(self, spec: JobSpec) -> SupportFile | None:
-        if spec.launcher != SSH or not (self.agent_dir and self.python and self.rsh_file):
+        if spec.via != SSH or not (self.agent_dir and self.python and self.rsh_file):
             return None
         script = agent_script(self.python, self.rsh_file, spec.ssh.launcher_ssh_args())
         return agent_path(self.agent_dir, script), script

@@ -71,7 +71,7 @@ def build_mpirun_argv(spec: JobSpec, mpirun: str = "mpirun") -> tuple[str, ...]:
     if spec.iface is not None:
         value = spec.iface.mca_value()
         argv += ["--mca", "btl_tcp_if_include", value, "--mca", "oob_tcp_if_include", value]
-    if spec.launcher == SLURM:
+    if spec.via == SLURM:
         # srun starts one daemon per node inside the job's allocation; srun's exit (and
         # scancel) ends them. No ssh options apply.
         argv += ["--mca", "plm", "slurm"]
@@ -86,7 +86,7 @@ def build_mpirun_argv(spec: JobSpec, mpirun: str = "mpirun") -> tuple[str, ...]:
 
 def uses_agent(spec: JobSpec) -> bool:
     """dtlaunch's ssh wrapper starts the daemons (tree spawn runs plain ssh on the hosts too)."""
-    return bool(spec.rsh_agent) and not spec.tree_spawn and spec.launcher == SSH
+    return bool(spec.rsh_agent) and not spec.tree_spawn and spec.via == SSH
 
 
 def agent_env(spec: JobSpec) -> dict[str, str]:
@@ -98,7 +98,7 @@ def agent_env(spec: JobSpec) -> dict[str, str]:
 def overrides_launcher_files(spec: JobSpec) -> bool:
     """A job over ssh across machines, whose parameter files choose another launcher, and
     whose --mpi-args do not choose one themselves."""
-    return (bool(spec.launcher_set_in) and spec.launcher == SSH and across_machines(spec.hosts)
+    return (bool(spec.launcher_set_in) and spec.via == SSH and across_machines(spec.hosts)
             and not names_launcher(spec.mpi_args))
 
 
@@ -171,7 +171,7 @@ class OpenMpi(FamilyDefaults):
         return agent_env(spec)
 
     def launcher_defaults(self, spec: JobSpec) -> dict[str, str]:
-        if spec.launcher != SLURM:
+        if spec.via != SLURM:
             return {}
         # plm slurm starts the daemons with srun; their step shares CPUs with other steps:
         # after a lost node, the stopped attempt's step lingers until slurmctld declares the
@@ -182,7 +182,7 @@ class OpenMpi(FamilyDefaults):
         """A launcher other than ssh's, chosen by the environment, for a job that dtlaunch
         starts over ssh across machines (under Slurm, `--mca plm slurm` on the command line
         wins over it anyway)."""
-        if spec.launcher != SSH or not across_machines(spec.hosts):
+        if spec.via != SSH or not across_machines(spec.hosts):
             return ()
         return foreign_launcher_choice(env)
 

@@ -38,9 +38,9 @@ class RunRequest:
     # Variables dtlaunch sets for every rank besides its own (horovodrun's options, the
     # network it chose); `-x` still beats them.
     extra_env: tuple[tuple[str, str], ...] = ()
-    # How mpirun starts its daemons: "ssh", "slurm" (srun, inside a Slurm job) or "auto"
-    # (slurm inside a Slurm job); session.prepare resolves "auto".
-    launcher: str = "auto"
+    # How the hosts are reached to start the job (--launcher): "ssh", "slurm" (srun, inside a
+    # Slurm job) or "auto" (slurm inside a Slurm job); session.prepare resolves "auto".
+    via: str = "auto"
     binding: tuple[str, ...] | None = None  # --binding-args; None: dtlaunch's default
     # Names whose -x NAME=VALUE was typed on dtlaunch's command line (a secret's value there
     # deserves a warning: it stays in dtlaunch's process entry while the job runs).
@@ -171,7 +171,7 @@ def plan_run(
         mpi_version=mpi_version,
         mpi_args=request.mpi_args,
         rsh_agent=request.rsh_agent,
-        launcher=SSH if request.launcher == "auto" else request.launcher,
+        via=SSH if request.via == "auto" else request.via,
         binding=request.binding,
         launcher_set_in=launcher_set_in,
     )
@@ -183,7 +183,7 @@ def plan_run(
     launcher_env = build_launcher_env(environ, env)
     own = family.launcher_env(spec)
     launcher_env.update(own)
-    if spec.launcher == SLURM:
+    if spec.via == SLURM:
         # The launcher reads the Slurm job from these, to start its daemons with srun.
         launcher_env.update(slurm_launch_env(environ))
     for name, value in family.launcher_defaults(spec).items():

@@ -88,9 +88,9 @@ def prepare(request: RunRequest, on_event: OnEvent, *, dry_run: bool = False,
     from dtlaunch.cluster.placement import plan_allocation
 
     env = dict(os.environ)
-    placement = plan_allocation(request, detect(env), request.launcher)
+    placement = plan_allocation(request, detect(env), request.via)
     request = placement.request
-    if request.launcher != SLURM:  # the job's links are this machine's ssh: choose its exchange
+    if request.via != SLURM:  # the job's links are this machine's ssh: choose its exchange
         from dtlaunch.reach.kex import for_local_ssh
 
         request = replace(request, ssh=for_local_ssh(request.ssh, env))
@@ -237,7 +237,7 @@ def recheck(request: LaunchRequest, hosts: tuple[Host, ...], left: float | None,
     run = prepared.request
     # Inside a Slurm job the re-check goes through srun like the first pre-flight: the
     # allocated nodes may not be reachable over SSH at all.
-    reach = reach_for(run.launcher, run.ssh)
+    reach = reach_for(run.via, run.ssh)
     limit = request.start_timeout
     if left is not None:  # the re-check too ends by the job's deadline
         limit = max(1.0, min(limit if limit is not None else COMMAND_TIMEOUT, left))
@@ -267,7 +267,7 @@ def launch(request: LaunchRequest, on_event: OnEvent, *, executor: Executor | No
                        defer_slots=request.check)
     run_request = prepared.request
     if reach is None and request.check:  # --no-check reaches no host before the job
-        reach = reach_for(run_request.launcher, run_request.ssh)
+        reach = reach_for(run_request.via, run_request.ssh)
     checked = _preflight(request, prepared, run_request, reach, on_event)
     if isinstance(checked, RunOutcome):
         return checked
@@ -396,7 +396,7 @@ def _execute(request: LaunchRequest, plan: RunPlan, run_request: RunRequest, job
         from dtlaunch.run.execute import execute
 
         executor = execute
-    nodes = node_watch_for(run_request.launcher, plan.rank_hosts, run_request.python)
+    nodes = node_watch_for(run_request.via, plan.rank_hosts, run_request.python)
     shown = None
     if request.ranks is not None:
         shown = request.ranks.shown(plan.rank_hosts)
@@ -433,7 +433,7 @@ def _execute(request: LaunchRequest, plan: RunPlan, run_request: RunRequest, job
 def _blamed(result: LaunchResult, run_request: RunRequest) -> LaunchResult:
     """The failure named as the user can act on it: a Slurm allocation's end, an option of
     --mpi-args the launcher refused."""
-    if run_request.launcher == SLURM:
+    if run_request.via == SLURM:
         from dtlaunch.run.slurm_watch import blame_allocation
 
         result = blame_allocation(result, os.environ.get("SLURM_JOB_ID"))

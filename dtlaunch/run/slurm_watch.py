@@ -178,9 +178,9 @@ def lost_reason(node: str) -> str:
     return f"lost node {node}: no heartbeat through srun for {SILENCE:g} s"
 
 
-def node_watch_for(launcher: str, hosts: Sequence[str], python: str) -> NodeWatch | None:
+def node_watch_for(via: str, hosts: Sequence[str], python: str) -> NodeWatch | None:
     """The watch for a launch through Slurm on two or more nodes; None otherwise."""
-    if launcher != "slurm" or len(set(hosts)) < 2:
+    if via != "slurm" or len(set(hosts)) < 2:
         return None
     return NodeWatch(list(dict.fromkeys(hosts)), python, shutil.which("srun") or "srun")
 

@@ -60,7 +60,7 @@ class TorchJobKind(OwnFanout):
     def start(self, context: JobContext) -> StartedJob:
         request, plan, network = context.request, context.plan, context.network
         spec = request.spec if isinstance(request.spec, TorchSpec) else TorchSpec()
-        via_srun = request.launcher == SLURM
+        via_srun = request.via == SLURM
         hosts = list(dict.fromkeys(plan.rank_hosts))
         nodes = dict(context.node_addresses(hosts)) if via_srun else {}
         common = {v.name: v.value for v in plan.env.variables}

@@ -1,4 +1,4 @@
-"""A healthy launcher's facts and env-check's rows, shared by env-check's and the GPU probe's tests."""
+"""This machine's healthy facts and env-check's rows, shared by env-check's and the GPU probe's tests."""
 
 from __future__ import annotations
 

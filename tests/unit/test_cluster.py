@@ -11,7 +11,7 @@ import pytest
 from helpers.suite import dtlaunch_argv
 
 from dtlaunch.cluster.allocation import detect
-from dtlaunch.cluster.placement import choose_launcher, plan_allocation
+from dtlaunch.cluster.placement import choose_via, plan_allocation
 from dtlaunch.core.errors import UsageError
 from dtlaunch.job.env import SLURM_LAUNCH_NAMES
 from dtlaunch.job.hosts import Host
@@ -34,13 +34,13 @@ def test_hosts_and_np_come_from_the_allocation() -> None:
     placed = plan_allocation(request(), detect(SLURM_ENV), "auto")
     assert placed.request.hosts == (Host("h1", 2), Host("h2", 2))
     assert placed.request.num_proc == 4
-    assert placed.request.launcher == "slurm"
+    assert placed.request.via == "slurm"
     assert placed.source == "hosts from Slurm job 1234: h1:2,h2:2; launcher slurm"
 
 
 def test_np_and_ssh_launcher_given_are_kept() -> None:
     placed = plan_allocation(request(num_proc=3), detect(SLURM_ENV), "ssh")
-    assert placed.request.num_proc == 3 and placed.request.launcher == "ssh"
+    assert placed.request.num_proc == 3 and placed.request.via == "ssh"
 
 
 def test_hosts_given_inside_the_allocation_must_be_allocated() -> None:
@@ -51,12 +51,12 @@ def test_hosts_given_inside_the_allocation_must_be_allocated() -> None:
 
 
 def test_launcher_choice() -> None:
-    assert choose_launcher("auto", None) == "ssh"
-    assert choose_launcher("ssh", detect(SLURM_ENV)) == "ssh"
+    assert choose_via("auto", None) == "ssh"
+    assert choose_via("ssh", detect(SLURM_ENV)) == "ssh"
     with pytest.raises(UsageError, match=r"--launcher slurm: .*salloc or sbatch"):
-        choose_launcher("slurm", None)
+        choose_via("slurm", None)
     with pytest.raises(UsageError, match="--launcher"):
-        choose_launcher("pbs", None)
+        choose_via("pbs", None)
 
 
 def test_slurm_plan_has_no_ssh_and_keeps_only_the_launch_set() -> None:

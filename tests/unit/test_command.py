@@ -190,7 +190,7 @@ def test_a_parameter_files_launcher_is_overridden_across_hosts_by_each_versions_
     assert four.launcher_overridden == five.launcher_overridden == where
     here = plan((Host("localhost", 2),))
     assert plm(here.argv) == [] and here.launcher_overridden == ()
-    slurm = plan(across, launcher="slurm")
+    slurm = plan(across, via="slurm")
     assert plm(slurm.argv) == ["slurm"] and slurm.launcher_overridden == ()
     theirs = plan(across, mpi_args=("--mca", "plm", "rsh"))
     assert plm(theirs.argv) == ["rsh"] and theirs.launcher_overridden == ()
@@ -209,7 +209,7 @@ def test_a_one_machine_launcher_is_kept_for_a_job_on_this_machine_and_under_slur
     assert local.left_out_env == () and local.launcher_env["OMPI_MCA_plm"] == "isolated"
     # `--mca plm slurm` on the command line wins over the environment there.
     slurm = plan_run(RunRequest(hosts=(Host("n1"), Host("n2")), python=VENV, program=program,
-                                launcher="slurm"), environ, family=OPEN_MPI)
+                                via="slurm"), environ, family=OPEN_MPI)
     assert slurm.left_out_env == ()
     across = plan_run(RunRequest(hosts=(Host("n1"), Host("n2")), python=VENV, program=program),
                       environ, family=OPEN_MPI)

@@ -196,7 +196,7 @@ def test_inside_a_slurm_allocation_each_agent_is_a_one_task_step_that_keeps_no_s
     from dtlaunch.plan.plan import RunRequest, plan_run
 
     request = RunRequest(hosts=(Host("n1", 1), Host("n2", 1)), python="python", script="t.py",
-                         launcher="slurm", controller="gloo")
+                         via="slurm", controller="gloo")
     slurm_env = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-2]"}
     planned = plan_run(request, slurm_env, family=GLOO)
     assert planned.launcher_env["SLURM_JOB_ID"] == "7"  # srun runs inside the allocation
@@ -209,7 +209,7 @@ def test_inside_a_slurm_allocation_each_agent_is_a_one_task_step_that_keeps_no_s
     assert export.split("=", 1)[1].split(",") == ["HOME", "USER", "LOGNAME", "PATH", "LANG",
                                                    "TERM"]
     plan = plan_run(RunRequest(hosts=(Host("n1", 2), Host("n2", 2)), python="python",
-                               script="t.py", num_proc=3, launcher="ssh", controller="gloo"),
+                               script="t.py", num_proc=3, via="ssh", controller="gloo"),
                     {}, family=GLOO)
     assert plan.rank_hosts == ("n1", "n1", "n2")  # exactly -np, hosts filled in order
 

@@ -70,7 +70,7 @@ def test_no_variables_exports_nothing_and_no_iface() -> None:
 
 
 def test_slurm_uses_hydra_srun_launcher_and_extra_args_come_before_program() -> None:
-    argv = build_mpiexec_argv(spec(launcher="slurm", mpi_args=("-bind-to", "core")))
+    argv = build_mpiexec_argv(spec(via="slurm", mpi_args=("-bind-to", "core")))
     assert argv[5:7] == ("-launcher", "slurm") and "-launcher-exec" not in argv
     assert argv[-6:-4] == ("-bind-to", "core")
 
@@ -89,7 +89,7 @@ def test_agent_is_named_by_its_content() -> None:
     assert text.startswith("#!/venv/bin/python -IS\n") and "StrictHostKeyChecking=yes" in text
     other = family.support_files(spec(ssh=SshOptions(port=2222)))[0]
     assert other[0] != path and "'-p', '2222'" in other[1]
-    assert family.support_files(spec(launcher="slurm")) == ()
+    assert family.support_files(spec(via="slurm")) == ()
     assert path == agent_path("/cache/bin", text)
 
 

@@ -191,8 +191,8 @@ SHORT = ["--config", "small", "--hidden-size", "32", "--threads", "1", "--log-in
 TOTAL_STEPS = 40
 
 
-def dtlaunch_run(np_: int, *args: str, launcher: tuple[str, ...] = ()) -> list[str]:
-    return [sys.executable, "-m", "dtlaunch", "run", "-np", str(np_), "--no-check", *launcher,
+def dtlaunch_run(np_: int, *args: str, dtlaunch_args: tuple[str, ...] = ()) -> list[str]:
+    return [sys.executable, "-m", "dtlaunch", "run", "-np", str(np_), "--no-check", *dtlaunch_args,
             "-m", "dtlaunch.examples.ptb_lm", "--data-path", str(PTB_DIR), *SHORT, *args]
 
 
@@ -254,7 +254,7 @@ def test_killed_and_resumed_with_other_ranks_reaches_the_same_perplexity(
     resumed = subprocess.run(
         dtlaunch_run(after, "--checkpoint", str(ckpt), "--resume", "auto", "--max-steps",
                      str(TOTAL_STEPS), "--metrics", str(metrics), "--dump-params", str(tmp_path / "p"),
-                     launcher=("-x", "DTLAUNCH_RESTART_COUNT=1")),
+                     dtlaunch_args=("-x", "DTLAUNCH_RESTART_COUNT=1")),
         capture_output=True, text=True, timeout=600, env=run_env(), cwd=REPO)
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
     resume = records(metrics, "resume")[0]
