@@ -37,7 +37,7 @@ class JobContext:
     pre-flight of a host that joins later (`admit`: None when it passed, else why not) and
     where the scheduler reaches nodes (`node_addresses`, inside a Slurm allocation)."""
 
-    request: RunRequest  # hosts, -np and the launcher resolved; the network chosen
+    request: RunRequest  # hosts, -np and via (ssh or slurm) resolved; the network chosen
     plan: RunPlan
     program: str | None  # the local launcher's path (an MPI job's), else None
     network: NetworkChoice | None  # the pre-flight's choice of network, when it made one

@@ -59,9 +59,9 @@ class JobSpec:
     via: str = SSH
     # --binding-args (checked by dtlaunch.job.binding); None: dtlaunch's default binding.
     binding: tuple[str, ...] | None = None
-    # "FILE: plm = VALUE" for each parameter file the launcher reads that chooses a launcher
-    # other than ssh's (MpiFamily.stray_launcher_files, read by the caller): the command line
-    # then names ssh's, which wins over any file.
+    # "FILE: plm = VALUE" for each parameter file the launcher reads that chooses a plm other
+    # than ssh's (MpiFamily.stray_launcher_files, read by the caller): the command line then
+    # names ssh's, which wins over any file.
     launcher_set_in: tuple[str, ...] = ()
 
 
@@ -137,16 +137,16 @@ class MpiFamily(Protocol):
 
     def stray_launcher_env(self, spec: JobSpec, env: Mapping[str, str]) -> tuple[str, ...]:
         """Names in the launcher's planned environment that would defeat this job's way of
-        starting (a single-machine launcher chosen for a job across hosts): left out of it."""
+        starting (a single-machine plm chosen for a job across hosts): left out of it."""
         ...
 
     def stray_launcher_files(self, launcher: str) -> tuple[str, ...]:
         """"FILE: NAME = VALUE" for each parameter file that `launcher` reads by default and
-        that chooses a launcher other than ssh's (reads files: called at the edge)."""
+        that chooses a plm other than ssh's (reads files: called at the edge)."""
         ...
 
     def overrides_launcher_files(self, spec: JobSpec) -> bool:
-        """The command line names ssh's launcher over `spec.launcher_set_in`'s choice."""
+        """The command line names ssh's plm over `spec.launcher_set_in`'s choice."""
         ...
 
     def refuse_insecure(self, extra_args: Sequence[str], environ: Mapping[str, str]) -> None:

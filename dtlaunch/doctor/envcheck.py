@@ -28,8 +28,8 @@ from dtlaunch.core.bounded import run_bounded
 from dtlaunch.core.mpi_kinds import PREFERRED_MPI
 from dtlaunch.job.env import looks_secret
 from dtlaunch.openmpi.mca import (
-    foreign_launcher_choice,
-    param_files_choose_launcher,
+    foreign_plm_choice,
+    param_files_choose_plm,
     unusable_param_files,
 )
 
@@ -118,10 +118,10 @@ def gather_env(environ: Mapping[str, str] | None = None,
         btl = components.get("btl", [])
         ompi.update({"ompi_info": ompi_info, "btl": btl, "pml": components.get("pml", []),
                      "tcp": "tcp" in btl, "shared_memory": any(c in btl for c in ("vader", "sm"))})
-    # Open MPI's parameter files that choose a launcher for one machine (plm = isolated). Only
+    # Open MPI's parameter files that choose a plm for one machine (plm = isolated). Only
     # Open MPI reads them (they live in ~/.openmpi, ~/.prte and its prefix's etc/), so whatever
     # the MPI first on PATH, a line there is about an Open MPI's mpirun typed by hand.
-    ompi["launcher_set_in"] = list(param_files_choose_launcher(mpirun)) if mpirun else []
+    ompi["launcher_set_in"] = list(param_files_choose_plm(mpirun)) if mpirun else []
     ompi["unusable_files"] = unusable_param_files(mpirun or "")
     facts["openmpi"] = ompi
     py = host.python
@@ -256,7 +256,7 @@ def evaluate_env(facts: Mapping[str, Any], host: HostFacts) -> tuple[EnvItem, ..
             "'ssh-copy-id HOST'")
     else:
         add("ssh", "keys", ", ".join(ssh["keys"]) + (" + agent" if ssh["agent"] else ""))
-    stray = foreign_launcher_choice(facts["environment"])
+    stray = foreign_plm_choice(facts["environment"])
     for name, value in facts["environment"].items():
         if name in stray:  # an image's default for one machine (docs/run.md, "At scale")
             add("environment", name, value, WARN,

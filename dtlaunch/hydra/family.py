@@ -1,7 +1,7 @@
 """MPICH and Intel MPI through Hydra's mpiexec: the command line (pure), its ssh agent, and how
 its version, output and failures read.
 
-Hydra starts one proxy per host: on the launcher's own host by fork, on the others through
+Hydra starts one proxy per host: on mpiexec's own host by fork, on the others through
 `-launcher-exec`, which it calls as `EXEC -x HOST PROXY-COMMAND...`. The proxy command is
 Hydra's own (the path of `hydra_pmi_proxy` and its control port); the ranks' program and
 arguments travel over the proxy's control connection, never through a remote shell.
@@ -41,10 +41,11 @@ if TYPE_CHECKING:  # imported when a job runs, not for a dry run
 
 HYDRA_IMPLS = tuple(name for name, family in MPI_FAMILIES.items() if family == HYDRA_FAMILY)
 
-# What picks Hydra's launcher (and so how ssh is run), on its command line or in its environment.
-LAUNCHER_ARGS = ("-launcher", "-launcher-exec", "-bootstrap", "-bootstrap-exec", "-rsh", "-ssh")
-LAUNCHER_VARIABLES = ("HYDRA_LAUNCHER", "HYDRA_LAUNCHER_EXEC", "HYDRA_BOOTSTRAP",
-                      "HYDRA_BOOTSTRAP_EXEC", "I_MPI_HYDRA_BOOTSTRAP", "I_MPI_HYDRA_BOOTSTRAP_EXEC")
+# What picks how Hydra reaches the hosts (its -launcher, formerly -bootstrap, and so how ssh is
+# run), on its command line or in its environment.
+BOOTSTRAP_ARGS = ("-launcher", "-launcher-exec", "-bootstrap", "-bootstrap-exec", "-rsh", "-ssh")
+BOOTSTRAP_VARIABLES = ("HYDRA_LAUNCHER", "HYDRA_LAUNCHER_EXEC", "HYDRA_BOOTSTRAP",
+                       "HYDRA_BOOTSTRAP_EXEC", "I_MPI_HYDRA_BOOTSTRAP", "I_MPI_HYDRA_BOOTSTRAP_EXEC")
 
 def config_files(launcher: str, environ: Mapping[str, str]) -> tuple[str, ...]:
     """The configuration files Hydra's mpiexec may read: HYDRA_CONFIG_FILE's, and the
@@ -141,7 +142,7 @@ def build_mpiexec_argv(spec: JobSpec, mpiexec: str = "mpiexec",
     stops Hydra's default of exporting mpiexec's whole environment."""
     if spec.tree_spawn:
         raise UsageError("--tree-spawn: Open MPI's; Hydra (MPICH, Intel MPI) starts every proxy "
-                         "from the launcher")
+                         "from mpiexec")
     placement, per_host = placement_args(spec, intel)
     argv: list[str] = [mpiexec, *placement]
     if spec.via == SLURM:
@@ -220,9 +221,9 @@ class Hydra(FamilyDefaults):
         return analyze_hydra(lines, rank_hosts)
 
     def refuse_insecure(self, extra_args: Sequence[str], environ: Mapping[str, str]) -> None:
-        if any(a in LAUNCHER_ARGS for a in extra_args):
+        if any(a in BOOTSTRAP_ARGS for a in extra_args):
             refuse_any_host_key(f"--mpi-args {' '.join(extra_args)!r}", " ".join(extra_args))
-        for name in LAUNCHER_VARIABLES:
+        for name in BOOTSTRAP_VARIABLES:
             if name in environ:
                 refuse_any_host_key(f"the environment's {name}", environ[name])
 
@@ -236,11 +237,11 @@ class Hydra(FamilyDefaults):
                 refuse_any_host_key(f"Hydra's configuration file {path}", text)
 
     def ssh_left_to_dtlaunch(self, extra_args: Sequence[str], environ: Mapping[str, str]) -> bool:
-        """--mpi-args or HYDRA_*/I_MPI_HYDRA_* variables that pick another launcher could
+        """--mpi-args or HYDRA_*/I_MPI_HYDRA_* variables that pick another -launcher could
         weaken host-key checking."""
-        if any(a in LAUNCHER_ARGS for a in extra_args):
+        if any(a in BOOTSTRAP_ARGS for a in extra_args):
             return False
-        return not any(name in LAUNCHER_VARIABLES for name in environ)
+        return not any(name in BOOTSTRAP_VARIABLES for name in environ)
 
     def job_iface(self, chosen: Interfaces, common_name: str | None) -> Interfaces | None:
         # Hydra's -iface takes one name: the chosen network's, when every host calls it the

@@ -45,7 +45,7 @@ SECRET_PREFIXES = ("AWS_", "GCP_", "AZURE_", "GOOGLE_APPLICATION_CREDENTIALS")
 # What mpirun itself needs in its own environment (not forwarded to remote ranks, but local
 # ranks inherit mpirun's environment, so this set is kept small and secret-free).
 # CUDA_VISIBLE_DEVICES is here, not on the allow-list: GPU numbers and UUIDs are per machine, so
-# the launcher's value reaches only the ranks on the launcher (horovod PR #3865).
+# mpirun's value reaches only the ranks on this machine (horovod PR #3865).
 LAUNCHER_NAMES = frozenset(
     {"HOME", "USER", "LOGNAME", "SHELL", "TMPDIR", "TERM", "SSH_AUTH_SOCK", "HOSTNAME", "TZ",
      "CUDA_VISIBLE_DEVICES"}

@@ -41,7 +41,7 @@ _UNKNOWN_OPTION = re.compile(r'unknown\s+option\s+"(?P<orte>[^"]+)"|unrecognized
                              r"included\s+on\s+the\s+\S+\s+command\s+line:\s*Option:\s*(?P<prte>\S+)")
 
 # ORTE's mapper found no free slot on the hosts it may use. With -H hosts that have slots, the
-# usual cause is a launcher for one machine (plm = isolated, an image's default) set where
+# usual cause is a plm for one machine (plm = isolated, an image's default) set where
 # dtlaunch does not look: in an MCA parameter file.
 _ALL_FILLED = re.compile(r"All\s+nodes\s+which\s+are\s+allocated\s+for\s+this\s+job\s+are\s+"
                          r"already\s+filled")
@@ -50,13 +50,13 @@ ALL_FILLED_REASON = (
     "to one for a single machine (plm = isolated); 'ompi_info --param plm base --level 2' shows "
     "the value of \"plm\" and where it is set: remove it there")
 
-# PRRTE's (Open MPI 5) words when the launcher it is told to use does not exist (plm = isolated
+# PRRTE's (Open MPI 5) words when the plm it is told to use does not exist (plm = isolated
 # is ORTE's): the component it looked for is named a few lines before.
 _NO_AGENTS = re.compile(r"No\s+available\s+launching\s+agents\s+were\s+found")
 _MISSING_PLM = re.compile(r"Framework:\s*plm\s*\n\s*Component:\s*(?P<name>\S+)")
 
 
-def no_launcher_reason(component: str | None) -> str:
+def no_plm_reason(component: str | None) -> str:
     chosen = f" (plm = {component}, a component it does not have)" if component else ""
     return (f"mpirun found no launcher it can use{chosen}; 'prte_info --all' shows the value "
             "of \"plm\": unset it where it is set (--mpi-args, $PRTE_MCA_plm, "
@@ -77,7 +77,7 @@ def analyze(lines: Sequence[str], rank_hosts: Sequence[str]) -> Failure | None:
         return Failure(reason=ALL_FILLED_REASON)
     if _NO_AGENTS.search(text):  # nor here
         missing = _MISSING_PLM.search(text)
-        return Failure(reason=no_launcher_reason(missing.group("name") if missing else None))
+        return Failure(reason=no_plm_reason(missing.group("name") if missing else None))
 
     def host_of(rank: int) -> str | None:
         return rank_hosts[rank] if 0 <= rank < len(rank_hosts) else None

@@ -25,9 +25,9 @@ from dtlaunch.mpi import (
     MpiImpl,
 )
 from dtlaunch.openmpi.mca import (
-    foreign_launcher_choice,
-    names_launcher,
-    param_files_choose_launcher,
+    foreign_plm_choice,
+    names_plm,
+    param_files_choose_plm,
     param_files_set_ssh,
     refuse_insecure,
     refuse_insecure_files,
@@ -96,14 +96,14 @@ def agent_env(spec: JobSpec) -> dict[str, str]:
 
 
 def overrides_launcher_files(spec: JobSpec) -> bool:
-    """A job over ssh across machines, whose parameter files choose another launcher, and
-    whose --mpi-args do not choose one themselves."""
+    """A job over ssh across machines, whose parameter files choose another plm, and whose
+    --mpi-args do not choose one themselves."""
     return (bool(spec.launcher_set_in) and spec.via == SSH and across_machines(spec.hosts)
-            and not names_launcher(spec.mpi_args))
+            and not names_plm(spec.mpi_args))
 
 
 def ssh_component(release: tuple[int, ...]) -> str:
-    """The name of the launcher component that starts daemons over ssh."""
+    """The name of the plm component that starts daemons over ssh."""
     return "ssh" if (release[0] if release else DEFAULT_MAJOR) >= 5 else "rsh"
 
 
@@ -125,7 +125,7 @@ def _rsh_args(spec: JobSpec) -> list[str]:
         args += ["--mca", "plm_rsh_agent", "ssh", "--mca", "plm_rsh_args",
                  " ".join(ssh.tree_ssh_args() if spec.tree_spawn else ssh.ssh_args())]
     if overrides_launcher_files(spec):
-        # A parameter file names a launcher for one machine (an image's plm = isolated): the
+        # A parameter file names a plm for one machine (an image's plm = isolated): the
         # command line wins over it. ORTE calls ssh's component rsh, PRRTE (5.x) ssh.
         args += ["--mca", "plm", ssh_component(spec.mpi_version)]
     if not spec.tree_spawn:
@@ -184,10 +184,10 @@ class OpenMpi(FamilyDefaults):
         wins over it anyway)."""
         if spec.via != SSH or not across_machines(spec.hosts):
             return ()
-        return foreign_launcher_choice(env)
+        return foreign_plm_choice(env)
 
     def stray_launcher_files(self, launcher: str) -> tuple[str, ...]:
-        return param_files_choose_launcher(launcher)
+        return param_files_choose_plm(launcher)
 
     def overrides_launcher_files(self, spec: JobSpec) -> bool:
         return overrides_launcher_files(spec)

@@ -27,17 +27,17 @@ _PARAM_FILE_NAMES = ("mca_base_param_files", "mca_base_envar_file_prefix")
 _PARAM_FILE_FLAGS = ("-am", "--am", "-tune", "--tune")
 _ENV_PREFIXES = ("OMPI_MCA_", "PRTE_MCA_", "PMIX_MCA_")
 
-# The variables that choose mpirun's launcher component (ORTE's plm, PRRTE's, 1.x's pls), and
+# The variables that choose how mpirun starts its daemons (ORTE's plm, PRRTE's, 1.x's pls), and
 # the components that start daemons over ssh. Images built for one machine set
 # OMPI_MCA_plm=isolated; across hosts mpirun then maps every rank here and stops with "All
 # nodes which are allocated for this job are already filled".
-_LAUNCHER_CHOICE = ("OMPI_MCA_plm", "PRTE_MCA_plm", "OMPI_MCA_pls")
+_PLM_CHOICE = ("OMPI_MCA_plm", "PRTE_MCA_plm", "OMPI_MCA_pls")
 _SSH_COMPONENTS = frozenset({"rsh", "ssh"})
 
 
-def foreign_launcher_choice(env: Mapping[str, str]) -> tuple[str, ...]:
-    """The variables in `env` that choose a launcher other than ssh's."""
-    return tuple(name for name in _LAUNCHER_CHOICE
+def foreign_plm_choice(env: Mapping[str, str]) -> tuple[str, ...]:
+    """The variables in `env` that choose a plm other than ssh's."""
+    return tuple(name for name in _PLM_CHOICE
                  if name in env and env[name].strip() not in _SSH_COMPONENTS)
 
 
@@ -93,9 +93,9 @@ def param_file_overrides(text: str) -> list[str]:
     return [name for name, _ in _settings(text) if _is_override(name)]
 
 
-def launcher_choice_in(text: str) -> list[str]:
-    """`NAME = VALUE` for each line of a parameter file's text that chooses a launcher other
-    than ssh's (plm, or 1.x's pls)."""
+def plm_choice_in(text: str) -> list[str]:
+    """`NAME = VALUE` for each line of a parameter file's text that chooses a plm other than
+    ssh's (plm, or 1.x's pls)."""
     return [f"{name} = {value}" for name, value in _settings(text)
             if name in ("plm", "pls") and value not in _SSH_COMPONENTS]
 
@@ -112,15 +112,15 @@ def _default_param_texts(launcher: str) -> Iterator[tuple[str, str | None]]:
             yield path, None
 
 
-def param_files_choose_launcher(launcher: str) -> tuple[str, ...]:
-    """"FILE: plm = VALUE" for each launcher choice other than ssh's in a parameter file that
+def param_files_choose_plm(launcher: str) -> tuple[str, ...]:
+    """"FILE: plm = VALUE" for each plm choice other than ssh's in a parameter file that
     Open MPI (or PRRTE) reads by default. An unreadable file is left to mpirun."""
     return tuple(f"{path}: {choice}" for path, text in _default_param_texts(launcher)
-                 if text is not None for choice in launcher_choice_in(text))
+                 if text is not None for choice in plm_choice_in(text))
 
 
-def names_launcher(args: Sequence[str]) -> bool:
-    """The user's launcher arguments choose the launcher component themselves."""
+def names_plm(args: Sequence[str]) -> bool:
+    """The user's --mpi-args choose the plm themselves."""
     return any(arg.lstrip("-") in ("plm", "pls") or arg.lstrip("-").startswith(("plm=", "pls="))
                for arg in args)
 

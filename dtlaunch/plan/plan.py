@@ -141,8 +141,8 @@ def plan_run(
     cpu_count: int = 1,
     launcher_set_in: tuple[str, ...] = (),
 ) -> RunPlan:
-    """`launcher_set_in`: the parameter files' launcher choices (MpiFamily.stray_launcher_files,
-    read by the caller)."""
+    """`launcher_set_in`: the plm choices in the launcher's parameter files
+    (MpiFamily.stray_launcher_files, read by the caller)."""
     hosts = resolve_hosts(request.hosts, cpu_count)
     num_proc = choose_num_proc(hosts, request.num_proc, request.oversubscribe,
                                local=not request.hosts)

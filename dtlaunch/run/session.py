@@ -63,10 +63,10 @@ class RunOutcome:
 class Prepared:
     plan: RunPlan
     mpirun: str | None  # the local launcher's path; None only for a dry run without one
-    request: RunRequest  # hosts, -np and launcher resolved (allocation)
+    request: RunRequest  # hosts, -np and via resolved (allocation)
     mpi_version: tuple[int, ...]
     provisional: bool  # planned before the GPUs decide the slots: plan again after
-    launcher_set_in: tuple[str, ...]  # parameter files' launcher choices (plan_run's)
+    launcher_set_in: tuple[str, ...]  # the launcher's parameter files' plm choices (plan_run's)
 
 
 def replan(request: RunRequest, prepared: Prepared) -> RunPlan:
@@ -260,7 +260,7 @@ def launch(request: LaunchRequest, on_event: OnEvent, *, executor: Executor | No
     kind starts, its end; and when a job started on a cached pre-flight fails because a host
     key went bad, the checks again.
     `executor` runs the job (default: run.execute); `reach`: how the checks reach the hosts
-    (default: dtlaunch.probe.reach_for, by the request's launcher)."""
+    (default: dtlaunch.probe.reach_for, by the request's via)."""
     kind = kind_for(request.run)
     say = _say(on_event)
     prepared = prepare(kind.first_request(request.run, say), on_event, kind=kind,

@@ -144,10 +144,10 @@ def test_plan_runs_the_program_with_dtlaunch_variables() -> None:
     ("isolated", True), ("^rsh", True), ("slurm", True), ("rsh", False), (" ssh ", False)])
 def test_an_environment_choosing_a_non_ssh_launcher_is_left_out_across_hosts(
         value: str, left_out: bool) -> None:
-    from dtlaunch.openmpi.mca import foreign_launcher_choice
+    from dtlaunch.openmpi.mca import foreign_plm_choice
 
     environ = {"OMPI_MCA_plm": value, "OMPI_MCA_btl_vader_single_copy_mechanism": "none"}
-    assert foreign_launcher_choice(environ) == (("OMPI_MCA_plm",) if left_out else ())
+    assert foreign_plm_choice(environ) == (("OMPI_MCA_plm",) if left_out else ())
     request = RunRequest(hosts=(Host("h1"), Host("h2")), python=VENV,
                          program=parse("bash", "run.sh"))
     plan = plan_run(request, environ, family=OPEN_MPI)
@@ -161,11 +161,11 @@ def test_an_environment_choosing_a_non_ssh_launcher_is_left_out_across_hosts(
 
 
 def test_a_parameter_files_launcher_choice_is_read_from_its_lines() -> None:
-    from dtlaunch.openmpi.mca import launcher_choice_in
+    from dtlaunch.openmpi.mca import plm_choice_in
 
     text = ("# plm = isolated\nplm = isolated  # an image's default\npls=slurm\n"
             "plm = rsh\nplm_rsh_agent = ssh\n  plm =  ssh \n")
-    assert launcher_choice_in(text) == ["plm = isolated", "pls = slurm"]
+    assert plm_choice_in(text) == ["plm = isolated", "pls = slurm"]
 
 
 def test_a_parameter_files_launcher_is_overridden_across_hosts_by_each_versions_name() -> None:
