@@ -211,7 +211,7 @@ def merged(events: list[Event]) -> list[Event]:
 class PieceRouter:
     """Sends a tag splitter's pieces to one RecordParser per tag (the rank's, or the rank's
     and stream's); untagged pieces are the launcher's own text. Shared by every tagged
-    launcher's demux (Open MPI's here, Hydra's in hydra_output.py)."""
+    launcher's demux (Open MPI's in openmpi/output.py, Hydra's in hydra/output.py)."""
 
     stream: str
     new_parser: Callable[[Any], RecordParser]

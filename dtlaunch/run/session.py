@@ -81,7 +81,7 @@ def prepare(request: RunRequest, on_event: OnEvent, *, dry_run: bool = False,
     """Find and ask the local launcher (the request's kind says which), then build the plan.
     A dry run needs no launcher.
 
-    Inside a scheduler's allocation the hosts come from it unless given (see cluster.py).
+    Inside a scheduler's allocation the hosts come from it unless given (see dtlaunch.cluster.placement).
     ``defer_slots``: the pre-flight will run, and hosts without written slots get one per
     GPU it finds; until then -np is not held against the stand-in single slots."""
     from dtlaunch.cluster.allocation import detect
