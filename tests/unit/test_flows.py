@@ -82,6 +82,20 @@ def test_doctor_all_healthy() -> None:
     assert report.hosts[1].check("hostname") == CheckResult("hostname", PASS, "h1")
 
 
+def test_doctor_calls_the_machine_it_runs_on_this_machine_but_its_json_keeps_launcher() -> None:
+    """One word for the machine running dtlaunch: "this machine" in the table and the checks'
+    words; `doctor --json` keeps the role value scripts already read ("launcher")."""
+    world = FakeWorld(h1=facts("h1"), h2=facts("h2"))
+    report = doctor(world, "h1", "h2")
+    shown = io.StringIO()
+    render_report(report, shown)
+    rows = [line for line in shown.getvalue().splitlines() if "│localhost" in line]
+    assert len(rows) == 1 and "│localhost (this machine) │" in rows[0], shown.getvalue()
+    assert "(launcher)" not in shown.getvalue()
+    roles = {h["host"]: h["role"] for h in json.loads(report_to_json(report))["hosts"]}
+    assert roles == {"localhost": "launcher", "h1": "host", "h2": "host"}
+
+
 def test_doctor_dead_host_fails_alone() -> None:
     dead = unreachable("connection refused by 10.0.0.2:22", "start sshd there")
     report = doctor(FakeWorld(h1=facts("h1"), h2=dead), "h1", "h2")
