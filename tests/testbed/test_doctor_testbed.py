@@ -152,8 +152,8 @@ def test_old_mpirun_first_on_a_hosts_login_path_is_not_what_the_job_starts(
     fake.mkdir()
     (fake / "mpirun").write_text("#!/bin/sh\necho 'mpirun (Open MPI) 2.1.1'\n")
     (fake / "mpirun").chmod(0o755)
-    launcher_mpirun = shutil.which("mpirun")
-    assert launcher_mpirun is not None
+    local_mpirun = shutil.which("mpirun")
+    assert local_mpirun is not None
     host = dbed.host("h2")
     host.sshd_extra = (f"SetEnv PATH={fake}:/usr/bin:/bin",)
     dbed.stop_sshd(host)
@@ -169,7 +169,7 @@ def test_old_mpirun_first_on_a_hosts_login_path_is_not_what_the_job_starts(
         dbed.stop_sshd(host)
         dbed.start_sshd(host)
     assert code == 0, doc
-    assert check(doc, "h2", "mpirun")["detail"] == os.path.abspath(launcher_mpirun)
+    assert check(doc, "h2", "mpirun")["detail"] == os.path.abspath(local_mpirun)
     assert check(doc, "h2", "mpi")["detail"] == check(doc, "h1", "mpi")["detail"]
     assert run.returncode == 0, run.stderr
     assert "ran" in run.stdout
@@ -294,7 +294,7 @@ def test_ctrl_c_of_doctor_leaves_nothing_running(dbed: tb.TestBed, tmp_path: Pat
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(ROOT),
         env=dict(os.environ, PYTHONPATH=str(ROOT)))
     try:
-        wait_for(lambda: len(_hung_pids()) >= 3, "the probes to start")  # launcher's, both hosts'
+        wait_for(lambda: len(_hung_pids()) >= 3, "the probes to start")  # this machine's, both hosts'
         proc.send_signal(signal.SIGINT)
         proc.communicate(timeout=30)
     finally:
