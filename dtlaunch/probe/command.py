@@ -101,7 +101,7 @@ class _Session:
 
 def probe_local(args: ProbeArgs, timeout: float = 180.0,
                 tracker: Tracker | None = None) -> HostFacts:
-    """The same probe on the launcher, in dtlaunch's own environment (what mpirun inherits).
+    """The same probe on this machine, in dtlaunch's own environment (what mpirun inherits).
 
     It runs in a session of its own, so a timeout, Ctrl-C or the `tracker` closing ends
     everything it started (a hung `ip` or interpreter included), and no pipe stays open. It is

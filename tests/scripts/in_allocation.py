@@ -1,4 +1,4 @@
-"""Runs on the launcher inside a Slurm allocation (under salloc or sbatch) for the Slurm tests.
+"""Runs on this machine inside a Slurm allocation (under salloc or sbatch) for the Slurm tests.
 
 Prints one JSON document on stdout:
   env                    the environment salloc gave and what dtlaunch reads from it

@@ -42,7 +42,7 @@ def job_pids(testbed: Any, hosts: tuple[str, ...], marker: str) -> list[int]:
 
 
 def cluster_sruns(cluster: SlurmCluster) -> list[str]:
-    """srun processes on the launcher that belong to this cluster, now."""
+    """srun processes on this machine that belong to this cluster, now."""
     left = []
     for p in psutil.process_iter(["name", "environ"]):
         with contextlib.suppress(psutil.Error):

@@ -1,6 +1,6 @@
 """dtlaunch run and doctor inside a real Slurm allocation on the test bed (no SSH at all).
 
-`salloc -N n dtlaunch ...` on the launcher: the hosts come from the allocation, mpirun starts
+`salloc -N n dtlaunch ...` on this machine: the hosts come from the allocation, mpirun starts
 its daemons through srun (Open MPI's plm slurm), the checks run through srun.
 """
 
@@ -44,7 +44,7 @@ def test_run_places_ranks_on_the_allocated_nodes_and_allreduces(
     slurm_cluster: SlurmCluster, tmp_path: Path, horovod: None
 ) -> None:
     """Pre-flight through srun, then 2 ranks per node by slot in the allocation's order;
-    none on the launcher; Horovod's allreduce across both nodes gives the right sum."""
+    none on this machine; Horovod's allreduce across both nodes gives the right sum."""
     proc = slurm_cluster.run(*salloc(2, "dtl-run"), *dtlaunch_argv(
         "run", "-v", "--iface", slurm_cluster.bed.subnet, "-np", "4", PROBE, "--out",
         str(tmp_path), "--horovod"), timeout=300)
@@ -138,7 +138,7 @@ def test_elastic_job_grows_and_shrinks_through_srun(
 
 
 def test_rank_failure_names_rank_and_node(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
-    """-H picks allocated nodes; --output-dir keeps each rank's lines on the launcher."""
+    """-H picks allocated nodes; --output-dir keeps each rank's lines on this machine."""
     logs = tmp_path / "logs"
     proc = slurm_cluster.run(*salloc(2, "dtl-fail"), *dtlaunch_argv(
         "run", "--no-check", "--iface", slurm_cluster.bed.subnet, "-np", "2", "-H", "h1:1,h2:1",
@@ -211,7 +211,7 @@ def test_scancel_ends_everything(slurm_cluster: SlurmCluster, tmp_path: Path) ->
 
 
 def test_doctor_checks_exactly_the_allocated_nodes_through_srun(slurm_cluster: SlurmCluster) -> None:
-    """The script exists on the launcher only (each node has a private /tmp): every node is
+    """The script exists on this machine only (each node has a private /tmp): every node is
     named with the fix, and the nodes were reached through srun."""
     with tempfile.TemporaryDirectory(prefix="dtl-doctor-") as where:
         script = Path(where) / "prog.py"

@@ -1,6 +1,6 @@
 """A real Slurm cluster on the test bed does what dtlaunch's cluster support relies on.
 
-slurmctld on the launcher, one slurmd per bed host (own network, hostname and /tmp), munge:
+slurmctld on this machine, one slurmd per bed host (own network, hostname and /tmp), munge:
 srun and salloc work, dtlaunch reads salloc's allocation, its srun probe reaches every node and
 its parser maps the answers to the right nodes, mpirun starts ranks through Slurm without SSH,
 and a batch script built by dtlaunch runs under sbatch.
@@ -32,7 +32,7 @@ PROBE = str(SCRIPTS / "rank_probe.py")
 
 
 def in_salloc(cluster: SlurmCluster, nodes: int, *args: str, timeout: float = 180) -> dict[str, object]:
-    """Run in_allocation.py under `salloc -N nodes` on the launcher; its JSON answer."""
+    """Run in_allocation.py under `salloc -N nodes` on this machine; its JSON answer."""
     proc = cluster.run("salloc", f"--nodes={nodes}", "--job-name=dtlaunch-test",
                        sys.executable, IN_ALLOCATION, *args, timeout=timeout)
     assert proc.returncode == 0, proc.stderr
