@@ -75,25 +75,27 @@ def test_env_check_with_nothing_on_path_reports_instead_of_crashing() -> None:
 @pytest.mark.slow
 def test_env_check_with_a_hanging_ip_returns(tmp_path: Path) -> None:
     fake = tmp_path / "ip"
-    fake.write_text("#!/bin/sh\nexec sleep 3000\n")
+    hang = f"3000.{os.getpid()}"  # found by this number: another run's test has its own
+    fake.write_text(f"#!/bin/sh\nexec sleep {hang}\n")
     fake.chmod(0o755)
     result = run_env_check({**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"})  # bounded
     assert result.returncode in (0, 1), result.stderr
     assert json.loads(result.stdout)["interfaces"] == []
-    assert not sleeping("3000")
+    assert not sleeping(hang)
 
 
 def test_env_check_ends_a_hung_tool_with_everything_it_started(tmp_path: Path) -> None:
     """A wrapper script whose child hangs (`ssh -V` here; ompi_info goes the same way): the
     child must not outlive env-check (ending only the script would leave it running)."""
     fake = tmp_path / "ssh"
-    fake.write_text("#!/bin/sh\nsleep 3002\necho 'OpenSSH_never'\n")
+    hang = f"3002.{os.getpid()}"
+    fake.write_text(f"#!/bin/sh\nsleep {hang}\necho 'OpenSSH_never'\n")
     fake.chmod(0o755)
     result = run_env_check({**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"})
     assert result.returncode in (0, 1), result.stderr
     doc = json.loads(result.stdout)
     assert doc["ssh"]["client"] == str(fake) and "timed out" in doc["ssh"]["version"]
-    assert not sleeping("3002")
+    assert not sleeping(hang)
 
 
 def test_a_one_machine_launcher_in_the_environment_is_a_warning_with_its_fix(
