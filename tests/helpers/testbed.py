@@ -123,11 +123,14 @@ class TestBed:
 
     # --- acting inside hosts ------------------------------------------------------------------
 
-    def nsenter_argv(self, host: BedHost | str, argv: Sequence[str]) -> list[str]:
-        """argv that runs inside the host's network and UTS namespaces."""
+    def nsenter_argv(self, host: BedHost | str, argv: Sequence[str],
+                     mounts: bool = False) -> list[str]:
+        """argv that runs inside the host's network and UTS namespaces; `mounts`: its sshd's
+        mount namespace too (where, on a bed whose names resolve, /etc/hosts names them)."""
         h = self.host(host) if isinstance(host, str) else host
         assert h.sshd is not None, f"{h.name}: sshd is not running"
-        return ["nsenter", "-t", str(h.sshd.pid), "-n", "-u", "--", *argv]
+        return ["nsenter", "-t", str(h.sshd.pid), "-n", "-u", *(["-m"] if mounts else []), "--",
+                *argv]
 
     def exec_in(self, host: BedHost | str, argv: Sequence[str], timeout: float = 60,
                 env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:

@@ -122,6 +122,22 @@ def test_sigkill_of_dtlaunch_leaves_nothing_on_any_host(gbed: TestBed, tmp_path:
     assert_no_strays(gbed, pids=pids)
 
 
+def test_sigkill_of_dtlaunch_on_a_host_of_the_job_leaves_nothing(gbed: TestBed,
+                                                                 tmp_path: Path) -> None:
+    """Started on h1, where h1's agent runs beside dtlaunch without ssh: a SIGKILLed dtlaunch
+    still ends every rank, the local ones included."""
+    argv = gbed.nsenter_argv("h1", gloo_argv(gbed, "h1:2,h2:1", PROBE, "--out", str(tmp_path),
+                                             "--sleep", "600"), mounts=True)
+    proc = start_job(argv, tmp_path, 3)
+    found = records(tmp_path).values()
+    assert sorted(r["host"] for r in found) == ["h1", "h1", "h2"]
+    # h1's ranks run below dtlaunch itself (its fan-out and local agent), not below an sshd.
+    assert {r["pid"] for r in found if r["host"] == "h1"} <= set(descendants(proc.pid))
+    proc.kill()
+    proc.communicate(timeout=HANG)
+    assert_no_strays(gbed, pids=tuple(r["pid"] for r in found))
+
+
 def test_timeout_and_max_restarts(gbed: TestBed, tmp_path: Path) -> None:
     timed = run_gloo(gbed, "h1:1,h2:1", "--timeout", "3", PROBE, "--out", str(tmp_path),
                      "--sleep", "600")
