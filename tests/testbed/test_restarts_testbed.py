@@ -37,8 +37,11 @@ def attempts(out: Path) -> list[dict[str, Any]]:
 
 
 def ranks_of(out: Path, attempt: int) -> dict[int, str]:
-    return {int(p.name.split("rank")[1]): p.read_text().split()[0]
-            for p in out.glob(f"attempt{attempt}.rank*")}
+    """Each rank's host by the files its ranks wrote; a file made but not yet written is a
+    rank not counted yet."""
+    written = {int(p.name.split("rank")[1]): p.read_text().split()
+               for p in out.glob(f"attempt{attempt}.rank*")}
+    return {rank: words[0] for rank, words in written.items() if words}
 
 
 def test_a_rank_failing_once_is_restarted_with_restart_count_1(bed: TestBed, tmp_path: Path) -> None:
