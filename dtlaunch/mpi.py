@@ -22,12 +22,9 @@ from dtlaunch.core.mpi_kinds import OPEN_MPI_FAMILY as OPEN_MPI_FAMILY
 from dtlaunch.core.mpi_kinds import PREFERRED_MPI as PREFERRED_MPI
 from dtlaunch.core.mpi_kinds import HostNeeds as HostNeeds
 from dtlaunch.core.mpi_kinds import MpiImpl as MpiImpl
-from dtlaunch.core.mpi_kinds import MpiKind as MpiKind
-from dtlaunch.core.mpi_kinds import kinds_with_libmpi as kinds_with_libmpi
 from dtlaunch.core.mpi_kinds import parse_mpirun_version as parse_mpirun_version
 from dtlaunch.job.env import EnvPlan
 from dtlaunch.job.hosts import Host
-from dtlaunch.job.iface import IFACE_FORMAT as IFACE_FORMAT
 from dtlaunch.job.iface import Interfaces as Interfaces
 from dtlaunch.job.iface import parse_iface as parse_iface
 from dtlaunch.reach.ssh_options import SshOptions
@@ -79,11 +76,6 @@ def format_command(argv: Sequence[str], env_prefix: Sequence[tuple[str, str]] = 
     return " ".join(prefix + [shlex.quote(a) for a in argv])
 
 
-# --- versions: the MPIs dtlaunch knows (dtlaunch.core.mpi_kinds, re-exported) ---------------
-
-# --- the seam: how a job is started -------------------------------------------------------------
-
-
 class OutputDemux(Protocol):
     """Turns one of the launcher's streams back into what each rank's shim sent
     (dtlaunch.core.records: bytes in, any cut; events out)."""
@@ -97,7 +89,11 @@ class MpiFamily(Protocol):
     """One way to start a job (Open MPI's mpirun; Hydra's mpiexec for MPICH and Intel MPI).
 
     Everything is pure: the argv comes from a JobSpec, and output, failures and versions are
-    read from text. Running it is run.execute's business."""
+    read from text. Running it is run.execute's business. A family derives from this class and
+    writes only what differs from the defaults here: its launcher's `--version` read by
+    parse_mpirun_version, no variables, settings or files of its own, no ssh setting read from
+    a file, the network dtlaunch chose given as it is, and hosts that need its MPI and Horovod
+    built with MPI."""
 
     name: str  # "Open MPI"
     launcher: str  # the program that starts a job: "mpirun"
@@ -110,9 +106,10 @@ class MpiFamily(Protocol):
     # rank's exit record, the rank's status is the job's, and what the launcher reports about
     # ranks dtlaunch stopped is not the job's fault (Hydra).
     ends_job_on_rank_failure: bool
-    needs: HostNeeds  # what the checks ask of every host
+    needs: HostNeeds = HostNeeds()  # what the checks ask of every host
 
-    def parse_version(self, text: str) -> MpiImpl: ...
+    def parse_version(self, text: str) -> MpiImpl:
+        return parse_mpirun_version(text)
 
     def unsupported(self, impl: MpiImpl, program: str) -> str | None:
         """Why this launcher cannot be used, or None."""
@@ -128,26 +125,26 @@ class MpiFamily(Protocol):
 
     def launcher_env(self, spec: JobSpec) -> dict[str, str]:
         """Variables the launcher's own environment needs for this job (beyond the plan's)."""
-        ...
+        return {}
 
     def launcher_defaults(self, spec: JobSpec) -> dict[str, str]:
         """Variables the launcher needs for this job unless its environment already sets them
         (the user's value wins; they are not shown with the command)."""
-        ...
+        return {}
 
     def stray_launcher_env(self, spec: JobSpec, env: Mapping[str, str]) -> tuple[str, ...]:
         """Names in the launcher's planned environment that would defeat this job's way of
         starting (a single-machine plm chosen for a job across hosts): left out of it."""
-        ...
+        return ()
 
     def stray_launcher_files(self, launcher: str) -> tuple[str, ...]:
         """"FILE: NAME = VALUE" for each parameter file that `launcher` reads by default and
         that chooses a plm other than ssh's (reads files: called at the edge)."""
-        ...
+        return ()
 
     def overrides_launcher_files(self, spec: JobSpec) -> bool:
         """The command line names ssh's plm over `spec.launcher_set_in`'s choice."""
-        ...
+        return False
 
     def refuse_insecure(self, extra_args: Sequence[str], environ: Mapping[str, str]) -> None:
         """Raise UsageError when the user's extra launcher arguments or the launcher's
@@ -164,61 +161,24 @@ class MpiFamily(Protocol):
         """Raise UsageError when a file `launcher` will read (by default, or named by the
         extra arguments or the environment) makes its ssh accept any host key, or is one the
         launcher cannot use (reads files: called at the edge)."""
-        ...
+        return None
 
     def support_files(self, spec: JobSpec) -> tuple[tuple[str, str], ...]:
         """Files (path, text) the launcher needs written before it starts (mode 0700)."""
-        ...
+        return ()
 
     def ssh_setting_files(self, launcher: str) -> list[str]:
         """`file: setting` for each setting that changes how `launcher` runs ssh in a file it
         reads by default (the one method here that reads files)."""
-        ...
+        return []
 
     def job_iface(self, chosen: Interfaces, common_name: str | None) -> Interfaces | None:
         """What the launcher is given for the network dtlaunch chose (`common_name`: that
         network's interface name where every host calls it the same)."""
-        ...
-
-
-class FamilyDefaults:
-    """What an MpiFamily does where it says nothing else: its launcher's `--version` is read by
-    parse_mpirun_version (mpirun's and Hydra's mpiexec's alike); it needs no variables, no
-    default settings and no files of its own, reads no ssh setting from a file, and is given the
-    network dtlaunch chose as it is; its hosts need its MPI and Horovod built with MPI."""
-
-    needs = HostNeeds()
-
-    def parse_version(self, text: str) -> MpiImpl:
-        return parse_mpirun_version(text)
-
-    def launcher_env(self, spec: JobSpec) -> dict[str, str]:
-        return {}
-
-    def launcher_defaults(self, spec: JobSpec) -> dict[str, str]:
-        return {}
-
-    def stray_launcher_env(self, spec: JobSpec, env: Mapping[str, str]) -> tuple[str, ...]:
-        return ()
-
-    def stray_launcher_files(self, launcher: str) -> tuple[str, ...]:
-        return ()
-
-    def overrides_launcher_files(self, spec: JobSpec) -> bool:
-        return False
-
-    def support_files(self, spec: JobSpec) -> tuple[tuple[str, str], ...]:
-        return ()
-
-    def ssh_setting_files(self, launcher: str) -> list[str]:
-        return []
-
-    def refuse_insecure_files(self, launcher: str, extra_args: Sequence[str],
-                              environ: Mapping[str, str]) -> None:
-        return None
-
-    def job_iface(self, chosen: Interfaces, common_name: str | None) -> Interfaces | None:
         return chosen
+
+
+FamilyDefaults = MpiFamily  # the name gloo/family.py still derives from
 
 
 def local_mpi(family: MpiFamily, program: str, refuse: bool = True) -> MpiImpl:

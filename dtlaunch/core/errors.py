@@ -17,7 +17,6 @@ def exit_for_signal(signum: int) -> int:
 
 
 EXIT_INTERRUPTED = exit_for_signal(signal.SIGINT)  # 130
-EXIT_TERMINATED = exit_for_signal(signal.SIGTERM)  # 143
 
 
 class DtlaunchError(Exception):

@@ -135,11 +135,6 @@ def preflight_failure(report: DoctorReport | None, job_started: bool) -> Preflig
         (host, report.label(check.name)) for host, check in report.failures()), job_started)
 
 
-def failure_message(report: DoctorReport | None, job_started: bool) -> str:
-    """`preflight_failure(report, job_started).describe()`."""
-    return preflight_failure(report, job_started).describe()
-
-
 def left_out_reason(report: DoctorReport | None, host: str | None = None) -> str:
     """Why elastic mode left a host out (`host`'s failures; None: all), in its one line (no
     report is printed above it): each failed check with what it found and its fix, so a

@@ -95,27 +95,23 @@ def cache_key(request: RunRequest, hosts: tuple[str, ...], cwd: str, launcher: s
     return hashlib.sha256(json.dumps(material, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def _cache_dir() -> str:
-    return cache_dir()
-
-
 def _cache_name(key: str) -> str:
     return f"preflight-{key[:40]}.json"
 
 
 def _cache_path(key: str) -> str:
-    return os.path.join(_cache_dir(), _cache_name(key))
+    return os.path.join(cache_dir(), _cache_name(key))
 
 
 def cache_problem() -> str | None:
     """Why the cache directory cannot be used (created 0700 when missing), or None."""
     try:
-        with private_dir(_cache_dir()):
+        with private_dir(cache_dir()):
             return None
     except NotPrivate as exc:
         return str(exc)
     except OSError as exc:
-        return f"cannot create {_cache_dir()}: {exc.strerror or exc}"
+        return f"cannot create {cache_dir()}: {exc.strerror or exc}"
 
 
 def read_cache(key: str, now: float | None = None) -> bool:
@@ -149,7 +145,7 @@ def write_cache(key: str, network: dict[str, Any] | None = None,
 
 def drop_cache(key: str) -> None:
     try:
-        with private_dir(_cache_dir(), create=False) as folder:
+        with private_dir(cache_dir(), create=False) as folder:
             remove_private(folder, _cache_name(key))
     except (OSError, NotPrivate):
         pass

@@ -28,9 +28,9 @@ from dtlaunch.mpi import (
     MPI_FAMILIES,
     SLURM,
     SSH,
-    FamilyDefaults,
     Interfaces,
     JobSpec,
+    MpiFamily,
     MpiImpl,
 )
 from dtlaunch.reach.ssh_options import refuse_any_host_key
@@ -170,7 +170,7 @@ def build_mpiexec_argv(spec: JobSpec, mpiexec: str = "mpiexec",
     return tuple(argv)
 
 
-class Hydra(FamilyDefaults):
+class Hydra(MpiFamily):
     """MPICH >= 3.0 and Intel MPI through Hydra's mpiexec. The ssh options are in the agent file
     (support_files), not the launcher's environment; Hydra reads no parameter file by default."""
 

@@ -20,8 +20,8 @@ from dtlaunch.mpi import (
     OPEN_MPI_FAMILY,
     SLURM,
     SSH,
-    FamilyDefaults,
     JobSpec,
+    MpiFamily,
     MpiImpl,
 )
 from dtlaunch.openmpi.mca import (
@@ -135,7 +135,7 @@ def _rsh_args(spec: JobSpec) -> list[str]:
     return args
 
 
-class OpenMpi(FamilyDefaults):
+class OpenMpi(MpiFamily):
     """Open MPI >= 3.0 through its mpirun (the MpiFamily that dtlaunch launches with today).
     It takes its ssh agent as a command line (no support files) and the chosen network as is."""
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from dtlaunch.core.tracker import Tracker
-from dtlaunch.job.hosts import local_names as this_machine_names
+from dtlaunch.job.hosts import local_names as local_names  # probed directly, not by a Prober
 
 if TYPE_CHECKING:
     from dtlaunch.check.facts import HostFacts
@@ -62,11 +62,6 @@ class Reach:
 
     prober: Callable[[], Prober]
     here: Callable[[ProbeArgs, float, Tracker], HostFacts]
-
-
-def local_names() -> frozenset[str]:
-    """Names that mean this machine, which is probed directly rather than through a Prober."""
-    return this_machine_names()
 
 
 def fan_out(

@@ -40,14 +40,6 @@ class SshTarget:
         name = self.host_key_alias or self.hostname
         return name if self.port == 22 else f"[{name}]:{self.port}"
 
-    @property
-    def destination(self) -> str:
-        return f"{self.user}@{self.alias}"
-
-    def ssh_flags(self) -> tuple[str, ...]:
-        """`-p PORT` for the fixes we print, when the port is not the default."""
-        return ("-p", str(self.port)) if self.port != 22 else ()
-
 
 def import_paramiko() -> Any:
     """paramiko costs ~0.1 s to import: only where a connection is made. It is imported

@@ -159,7 +159,7 @@ def test_preflight_cache_hit_with_an_agent_override_checks_keys_first(
     again = preflight.run_preflight(request, plan, reach=world.reach())
     assert again.keys is None and not again.ok
     assert world.verified.count("h2") == 1
-    assert preflight.failure_message(again.report, job_started=False) == (
+    assert preflight.preflight_failure(again.report, job_started=False).describe() == (
         "pre-flight checks failed: h2 (ssh); not launching "
         "(fix the problems above, or pass --no-check)")
     assert preflight.preflight_failure(again.report, job_started=False).failing == (
