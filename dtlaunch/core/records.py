@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any, ClassVar, Union
 
 from dtlaunch.agents import ESC, EXIT, HEADER_MAX, HOST, MAGIC, NOSTART, PIPE_BUF, STDERR, STDOUT, unescape
 
@@ -205,6 +205,85 @@ def merged(events: list[Event]) -> list[Event]:
     if parts:
         out[-1] = Piece(out[-1].rank, out[-1].stream, b"".join(parts))  # type: ignore[union-attr]
     return out
+
+
+@dataclass
+class TagSplitter:
+    """Cuts a launcher's tagged stream into (tag, bytes) pieces; tag None: untagged. A launcher's
+    subclass says what a tag is (TAG), what may still grow into one when more bytes come
+    (TAG_START) and which tag a match is (`tag`)."""
+
+    TAG: ClassVar[re.Pattern[bytes]]
+    TAG_START: ClassVar[re.Pattern[bytes]]
+    # Open MPI >= 5 (PRRTE) writes one space after every tag (`[1,0]<stdout>: `); before 5
+    # there is none, and a space there is the rank's own.
+    space_after_tag: bool = False
+    _pending: bytes = b""
+    _current: Any = None  # the tag whose piece runs on; None: line start
+
+    def tag(self, match: re.Match[bytes]) -> Any: ...
+
+    def feed(self, data: bytes) -> list[tuple[Any, bytes]]:
+        buf = self._pending + data if self._pending else data
+        out: list[tuple[Any, bytes]] = []
+        pos = 0
+        size = len(buf)
+        # The next newline and `[` at or after pos (-1: none in buf), searched again only once
+        # passed: each byte is looked at a bounded number of times.
+        newline = bracket = -2
+        while pos < size:
+            if newline != -1 and newline < pos:
+                newline = buf.find(b"\n", pos)
+            if self._current is None:
+                match = self.TAG.match(buf, pos)
+                if match is not None:
+                    end = match.end()
+                    if self.space_after_tag:
+                        if end >= len(buf):
+                            break  # the tag's own space may still come
+                        end += buf[end:end + 1] == b" "
+                    self._current = self.tag(match)
+                    pos = end
+                    continue
+                if self.TAG_START.match(buf, pos) and size - pos < 40:
+                    break
+                if newline < 0:
+                    if size - pos > TEXT_LIMIT:
+                        out.append((None, buf[pos:]))
+                        pos = size
+                    break
+                out.append((None, buf[pos:newline + 1]))
+                pos = newline + 1
+                continue
+            # The current piece ends after its newline, at the next tag, or at the buffer's end
+            # (where it waits when what follows may be the start of a tag).
+            limit = size if newline < 0 else newline + 1
+            end, wait = limit, False
+            while True:
+                if bracket != -1 and bracket < pos:
+                    bracket = buf.find(b"[", pos)
+                if bracket < 0 or bracket >= limit:
+                    break
+                if self.TAG.match(buf, bracket):
+                    end = bracket
+                    break
+                if self.TAG_START.match(buf, bracket) and size - bracket < 40:
+                    end, wait = bracket, True
+                    break
+                bracket = buf.find(b"[", bracket + 1)
+            if end > pos:
+                out.append((self._current, buf[pos:end]))
+            pos = end
+            if wait:
+                break
+            if buf[end - 1:end] == b"\n" or end < size:
+                self._current = None  # a line ended, or a tag follows (read at the loop's top)
+        self._pending = buf[pos:]
+        return out
+
+    def flush(self) -> list[tuple[Any, bytes]]:
+        rest, self._pending = self._pending, b""
+        return [(self._current, rest)] if rest else []
 
 
 @dataclass

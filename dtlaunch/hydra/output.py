@@ -18,70 +18,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from dtlaunch.core.failure import Failure, unknown_option
-from dtlaunch.core.records import RECORD_LIMIT, TEXT_LIMIT, Event, PieceRouter, RecordParser
+from dtlaunch.core.records import RECORD_LIMIT, Event, PieceRouter, RecordParser, TagSplitter
 
 TAG_RE = re.compile(rb"\[(\d+)\] ")
 _TAG_START_RE = re.compile(rb"\[\d{0,9}\]?\Z")  # what may still grow into a tag
-Pieces = list[tuple[int | None, bytes]]
 
 
-@dataclass
-class HydraTagSplitter:
-    """Cuts Hydra's `-prepend-rank` stream into (rank, bytes) pieces; rank None: untagged."""
+class HydraTagSplitter(TagSplitter):
+    """Hydra's `-prepend-rank` tags: the rank."""
 
-    _pending: bytes = b""
-    _current: int | None = None  # the rank whose piece runs on; None: at a line's start
+    TAG = TAG_RE
+    TAG_START = _TAG_START_RE
 
-    def feed(self, data: bytes) -> Pieces:
-        buf = self._pending + data if self._pending else data
-        out: Pieces = []
-        pos = 0
-        while pos < len(buf):
-            if self._current is None:
-                match = TAG_RE.match(buf, pos)
-                if match is not None:
-                    self._current, pos = int(match.group(1)), match.end()
-                    continue
-                if _TAG_START_RE.match(buf, pos):
-                    break  # maybe a tag cut in two
-                newline = buf.find(b"\n", pos)
-                if newline < 0:
-                    if len(buf) - pos > TEXT_LIMIT:
-                        out.append((None, buf[pos:]))
-                        pos = len(buf)
-                    break
-                out.append((None, buf[pos:newline + 1]))
-                pos = newline + 1
-                continue
-            end, wait = self._piece_end(buf, pos)
-            if end > pos:
-                out.append((self._current, buf[pos:end]))
-            pos = end
-            if wait:
-                break
-            if buf[end - 1:end] == b"\n" or end < len(buf):
-                self._current = None  # a line ended, or a tag follows (read at the top)
-        self._pending = buf[pos:]
-        return out
-
-    @staticmethod
-    def _piece_end(buf: bytes, pos: int) -> tuple[int, bool]:
-        """After the piece's newline, at the next tag, or at the buffer's end (then True when
-        what follows may be the start of a tag)."""
-        newline = buf.find(b"\n", pos)
-        limit = len(buf) if newline < 0 else newline + 1
-        bracket = buf.find(b"[", pos, limit)
-        while bracket >= 0:
-            if TAG_RE.match(buf, bracket):
-                return bracket, False
-            if _TAG_START_RE.match(buf, bracket):
-                return bracket, True
-            bracket = buf.find(b"[", bracket + 1, limit)
-        return limit, False
-
-    def flush(self) -> Pieces:
-        rest, self._pending = self._pending, b""
-        return [(self._current, rest)] if rest else []
+    def tag(self, match: re.Match[bytes]) -> int:
+        return int(match.group(1))
 
 
 @dataclass
