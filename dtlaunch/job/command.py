@@ -135,15 +135,9 @@ def python_target(words: Sequence[str]) -> tuple[str | None, str | None]:
     return None, None
 
 
-def parse_command(
-    words: Sequence[str],
-    *,
-    python: str,
-    module: str | None = None,
-    python_given: bool = False,
-    is_file: Callable[[str], bool] = lambda path: True,
-    known_options: Collection[str] = (),
-) -> Program:
+def parse_command(words: Sequence[str], *, python: str, module: str | None = None,
+                  python_given: bool = False, is_file: Callable[[str], bool] = lambda path: True,
+                  known_options: Collection[str] = ()) -> Program:
     """The Program for `dtlaunch run [OPTIONS] WORDS...` (see the module's rule).
 
     python: the interpreter for the shorthand and -m (`--python`, default dtlaunch's own);

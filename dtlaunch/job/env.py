@@ -17,24 +17,10 @@ from dtlaunch.core.textfile import read_small_text
 NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 # Exported to every rank when set locally.
-ALLOW_NAMES = frozenset(
-    {
-        "PATH",
-        "LD_LIBRARY_PATH",
-        "PYTHONPATH",
-        "VIRTUAL_ENV",
-        "CONDA_PREFIX",
-        "OMP_NUM_THREADS",
-        "MKL_NUM_THREADS",
-        "OPENBLAS_NUM_THREADS",
-        "OPENBLAS_CORETYPE",
-        "OPENBLAS_L2_SIZE",
-        "CUDA_HOME",
-        "PYTHONHASHSEED",
-        "LANG",
-        "LC_ALL",
-    }
-)
+ALLOW_NAMES = frozenset({
+    "PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "VIRTUAL_ENV", "CONDA_PREFIX", "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "CUDA_HOME",
+    "PYTHONHASHSEED", "LANG", "LC_ALL"})
 # MPIR_CVAR_ and I_MPI_: MPICH's and Intel MPI's settings, read by each rank (Hydra exports
 # only the variables it is given; Open MPI's OMPI_MCA_ ones travel with mpirun itself).
 ALLOW_PREFIXES = ("HOROVOD_", "NCCL_", "TORCH_", "GLOO_", "MPIR_CVAR_", "I_MPI_")
@@ -46,10 +32,8 @@ SECRET_PREFIXES = ("AWS_", "GCP_", "AZURE_", "GOOGLE_APPLICATION_CREDENTIALS")
 # ranks inherit mpirun's environment, so this set is kept small and secret-free).
 # CUDA_VISIBLE_DEVICES is here, not on the allow-list: GPU numbers and UUIDs are per machine, so
 # mpirun's value reaches only the ranks on this machine (horovod PR #3865).
-LAUNCHER_NAMES = frozenset(
-    {"HOME", "USER", "LOGNAME", "SHELL", "TMPDIR", "TERM", "SSH_AUTH_SOCK", "HOSTNAME", "TZ",
-     "CUDA_VISIBLE_DEVICES"}
-)
+LAUNCHER_NAMES = frozenset({"HOME", "USER", "LOGNAME", "SHELL", "TMPDIR", "TERM", "SSH_AUTH_SOCK",
+                            "HOSTNAME", "TZ", "CUDA_VISIBLE_DEVICES"})
 LAUNCHER_PREFIXES = ("OMPI_", "OPAL_", "PMIX_", "PRTE_", "ORTE_")
 
 
@@ -85,19 +69,12 @@ class EnvPlan:
         return tuple(v.name for v in self.variables)
 
 
-def check_name(name: str, where: str = "--env") -> str:
-    if not NAME_RE.match(name):
-        raise UsageError(
-            f"{where}: invalid variable name {name!r}; names are letters, digits and '_', "
-            "not starting with a digit"
-        )
-    return name
-
-
 def parse_env_item(item: str) -> tuple[str, str | None]:
     """`NAME` or `NAME=VALUE` (the value may contain anything, '=' included)."""
     name, sep, value = item.partition("=")
-    check_name(name)
+    if not NAME_RE.match(name):
+        raise UsageError(f"--env: invalid variable name {name!r}; names are letters, digits and "
+                         "'_', not starting with a digit")
     return name, (value if sep else None)
 
 
@@ -113,12 +90,8 @@ def secret_warning(name: str, typed: bool) -> str:
     return line
 
 
-def plan_environment(
-    environ: Mapping[str, str],
-    requested: Iterable[str] = (),
-    fixed: Mapping[str, str] | None = None,
-    typed: Collection[str] = (),
-) -> EnvPlan:
+def plan_environment(environ: Mapping[str, str], requested: Iterable[str] = (),
+                     fixed: Mapping[str, str] | None = None, typed: Collection[str] = ()) -> EnvPlan:
     """Decide the variables for the ranks.
 
     requested: the user's `-x` items; fixed: what dtlaunch sets itself (e.g. NCCL_SOCKET_IFNAME);
@@ -154,14 +127,9 @@ def plan_environment(
 
 def build_launcher_env(environ: Mapping[str, str], plan: EnvPlan) -> dict[str, str]:
     """mpirun's own environment: what it needs plus the planned variables, nothing else."""
-    env = {
-        k: v
-        for k, v in environ.items()
-        if (k in LAUNCHER_NAMES or k.startswith(LAUNCHER_PREFIXES)) and not looks_secret(k)
-    }
-    for var in plan.variables:
-        env[var.name] = var.value
-    return env
+    env = {k: v for k, v in environ.items()
+           if (k in LAUNCHER_NAMES or k.startswith(LAUNCHER_PREFIXES)) and not looks_secret(k)}
+    return env | {var.name: var.value for var in plan.variables}
 
 
 # Set here but not sent, and likely to matter to training: named in one line so nothing is
@@ -266,12 +234,9 @@ def merge_env_items(from_file: Iterable[str], from_flags: Iterable[str]) -> tupl
 # plm slurm: whether to start its daemons with srun) plus what that srun needs to join this
 # job's allocation instead of asking for a new one. Open MPI 4 reads the old names
 # (SLURM_JOBID, SLURM_NODELIST); current Slurm sets both spellings, so both are kept.
-SLURM_LAUNCH_NAMES = (
-    "SLURM_JOB_ID", "SLURM_JOBID",
-    "SLURM_JOB_NODELIST", "SLURM_NODELIST",
-    "SLURM_TASKS_PER_NODE", "SLURM_JOB_CPUS_PER_NODE", "SLURM_CPUS_PER_TASK",
-    "SLURM_CONF",
-)
+SLURM_LAUNCH_NAMES = ("SLURM_JOB_ID", "SLURM_JOBID", "SLURM_JOB_NODELIST", "SLURM_NODELIST",
+                      "SLURM_TASKS_PER_NODE", "SLURM_JOB_CPUS_PER_NODE", "SLURM_CPUS_PER_TASK",
+                      "SLURM_CONF")
 _ALIASES = (("SLURM_JOB_ID", "SLURM_JOBID"), ("SLURM_JOB_NODELIST", "SLURM_NODELIST"))
 
 

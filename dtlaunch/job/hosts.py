@@ -30,6 +30,7 @@ def local_names() -> frozenset[str]:
     name = socket.gethostname()
     return LOOPBACK | {name, name.split(".")[0]}
 
+
 HOSTS_FORMAT = "expected HOST[:SLOTS][,HOST[:SLOTS]...], e.g. host1:2,host2:4"
 HOSTFILE_FORMAT = "expected 'HOST', 'HOST slots=N' or 'HOST:N' per line ('#' starts a comment)"
 
@@ -79,10 +80,8 @@ def parse_host_entry(entry: str, where: str = "--hosts") -> Host:
         raise UsageError(f"{where}: empty host entry; {HOSTS_FORMAT}")
     if entry.count(":") > 1 or entry.startswith("["):
         # Open MPI's -H and hostfile syntax cannot carry IPv6 literals (':' separates slots).
-        raise UsageError(
-            f"{where}: IPv6 address {entry!r} is not supported by Open MPI's host syntax; "
-            "give the host a name in ssh config or /etc/hosts"
-        )
+        raise UsageError(f"{where}: IPv6 address {entry!r} is not supported by Open MPI's host "
+                         "syntax; give the host a name in ssh config or /etc/hosts")
     name, sep, slots_text = entry.partition(":")
     name = name.strip()
     _check_name(name, where)

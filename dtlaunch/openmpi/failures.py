@@ -82,57 +82,44 @@ def analyze(lines: Sequence[str], rank_hosts: Sequence[str]) -> Failure | None:
     def host_of(rank: int) -> str | None:
         return rank_hosts[rank] if 0 <= rank < len(rank_hosts) else None
 
-    match = _SIGNALLED.search(text)
-    code_match = _PROCESS_NAME.search(text)
-    abort = _ABORT.search(text)
     # Whichever message comes first names the first failure.
     candidates: list[tuple[int, Failure]] = []
+    match = _SIGNALLED.search(text)
+    if match:
+        candidates.append((match.start(), Failure(int(match.group(1)), match.group(2),
+                                                  signal=int(match.group(3)))))
+    match = _PROCESS_NAME.search(text)
+    if match:
+        rank, code = int(match.group(1)), _EXIT_CODE.search(text, match.end())
+        candidates.append((match.start(), Failure(rank, host_of(rank),
+                                                  exit_code=int(code.group(1)) if code else None)))
+    match = _ABORT.search(text)
     if match:
         rank = int(match.group(1))
-        candidates.append(
-            (match.start(), Failure(rank, match.group(2), signal=int(match.group(3))))
-        )
-    if code_match:
-        rank = int(code_match.group(1))
-        code = _EXIT_CODE.search(text, code_match.end())
-        candidates.append(
-            (
-                code_match.start(),
-                Failure(rank, host_of(rank), exit_code=int(code.group(1)) if code else None),
-            )
-        )
-    if abort:
-        rank = int(abort.group(1))
-        candidates.append(
-            (abort.start(), Failure(rank, host_of(rank), exit_code=int(abort.group(2)),
-                                    reason="called MPI_Abort"))
-        )
-    missing = _NO_EXEC.search(text)
-    if missing:
-        candidates.append((missing.start(), _missing_program(missing.group("body"))))
+        candidates.append((match.start(), Failure(rank, host_of(rank), exit_code=int(match.group(2)),
+                                                  reason="called MPI_Abort")))
+    match = _NO_EXEC.search(text)
+    if match:
+        candidates.append((match.start(), _missing_program(match.group("body"))))
     if candidates:
         return min(candidates, key=lambda c: c[0])[1]
     lost = _LOST_DAEMON.search(text)
     ssh = _SSH_ERR.search(text)
-    detail = f" ({ssh.group(1).strip()})" if ssh else ""
-    if lost and ssh:
-        # PRRTE reports a daemon that ssh never started as a lost one.
-        host = lost.group(2)
-        return Failure(host=host, reason=f"mpirun could not start its daemon on host {host}"
-                       + detail + "; run 'dtlaunch doctor' with the same hosts to see why")
-    if lost:
+    if lost and not ssh:
         return Failure(host=lost.group(2), reason=f"lost the connection to host {lost.group(2)}")
-    remote = _REMOTE_HOST.search(text) if _NO_DAEMON.search(text) else None
-    if remote:  # PRRTE names the host whose daemon did not report back
-        host = remote.group(1)
-        return Failure(host=host, reason=f"mpirun could not start its daemon on host {host}"
-                       + detail + "; run 'dtlaunch doctor' with the same hosts to see why")
-    if _NO_DAEMON.search(text):
-        return Failure(
-            reason="mpirun could not start its daemon on every host" + detail
-            + "; run 'dtlaunch doctor' with the same hosts to see which and why"
-        )
-    return None
+    if lost:  # PRRTE reports a daemon that ssh never started as a lost one
+        host: str | None = lost.group(2)
+    elif _NO_DAEMON.search(text):
+        remote = _REMOTE_HOST.search(text)  # PRRTE names the host whose daemon did not report back
+        host = remote.group(1) if remote else None
+    else:
+        return None
+    detail = f" ({ssh.group(1).strip()})" if ssh else ""
+    if host is None:
+        return Failure(reason=f"mpirun could not start its daemon on every host{detail}; run "
+                       "'dtlaunch doctor' with the same hosts to see which and why")
+    return Failure(host=host, reason=f"mpirun could not start its daemon on host {host}{detail}; "
+                   "run 'dtlaunch doctor' with the same hosts to see why")
 
 
 def _missing_program(body: str) -> Failure:

@@ -52,11 +52,6 @@ def btl_for(major: int) -> str:
     return "self,sm,tcp" if major >= 5 else "self,vader,tcp"
 
 
-def tag_has_space(release: tuple[int, ...]) -> bool:
-    """`--tag-output` writes `[1,0]<stdout>: ` (one space) from Open MPI 5 on, no space before."""
-    return release[:1] >= (5,)
-
-
 def build_mpirun_argv(spec: JobSpec, mpirun: str = "mpirun") -> tuple[str, ...]:
     """The whole mpirun command line, as an argv tuple (never a shell string)."""
     major = spec.mpi_version[0] if spec.mpi_version else DEFAULT_MAJOR
@@ -89,24 +84,6 @@ def uses_agent(spec: JobSpec) -> bool:
     return bool(spec.rsh_agent) and not spec.tree_spawn and spec.via == SSH
 
 
-def agent_env(spec: JobSpec) -> dict[str, str]:
-    """The wrapper's ssh options travel in mpirun's environment, never on a daemon's command
-    line (Open MPI puts its MCA parameters there inside double quotes, for a remote shell)."""
-    return {SSH_ARGS_ENV: json.dumps(spec.ssh.launcher_ssh_args())} if uses_agent(spec) else {}
-
-
-def overrides_launcher_files(spec: JobSpec) -> bool:
-    """A job over ssh across machines, whose parameter files choose another plm, and whose
-    --mpi-args do not choose one themselves."""
-    return (bool(spec.launcher_set_in) and spec.via == SSH and across_machines(spec.hosts)
-            and not names_plm(spec.mpi_args))
-
-
-def ssh_component(release: tuple[int, ...]) -> str:
-    """The name of the plm component that starts daemons over ssh."""
-    return "ssh" if (release[0] if release else DEFAULT_MAJOR) >= 5 else "rsh"
-
-
 def _rsh_args(spec: JobSpec) -> list[str]:
     args: list[str] = []
     # Keep each host's daemon attached to its ssh session (Open MPI detaches it by default):
@@ -124,10 +101,11 @@ def _rsh_args(spec: JobSpec) -> list[str]:
                 check_rsh_arg(value, option)
         args += ["--mca", "plm_rsh_agent", "ssh", "--mca", "plm_rsh_args",
                  " ".join(ssh.tree_ssh_args() if spec.tree_spawn else ssh.ssh_args())]
-    if overrides_launcher_files(spec):
+    if OPEN_MPI.overrides_launcher_files(spec):
         # A parameter file names a plm for one machine (an image's plm = isolated): the
         # command line wins over it. ORTE calls ssh's component rsh, PRRTE (5.x) ssh.
-        args += ["--mca", "plm", ssh_component(spec.mpi_version)]
+        major = spec.mpi_version[0] if spec.mpi_version else DEFAULT_MAJOR
+        args += ["--mca", "plm", "ssh" if major >= 5 else "rsh"]
     if not spec.tree_spawn:
         # Only ssh from this machine to each host is needed (and checked by doctor); tree
         # spawn would also need every host to reach every other host over SSH.
@@ -160,7 +138,8 @@ class OpenMpi(MpiFamily):
     def new_demux(self, stream: str, release: tuple[int, ...] = ()) -> OpenMpiDemux:
         from dtlaunch.openmpi.output import OpenMpiDemux
 
-        return OpenMpiDemux(stream, space_after_tag=tag_has_space(release))
+        # `--tag-output` writes `[1,0]<stdout>: ` (one space) from Open MPI 5 on, none before.
+        return OpenMpiDemux(stream, space_after_tag=release[:1] >= (5,))
 
     def parse_failure(self, lines: Sequence[str], rank_hosts: Sequence[str]) -> Failure | None:
         from dtlaunch.openmpi.failures import analyze
@@ -168,7 +147,9 @@ class OpenMpi(MpiFamily):
         return analyze(lines, rank_hosts)
 
     def launcher_env(self, spec: JobSpec) -> dict[str, str]:
-        return agent_env(spec)
+        """The wrapper's ssh options travel in mpirun's environment, never on a daemon's command
+        line (Open MPI puts its MCA parameters there inside double quotes, for a remote shell)."""
+        return {SSH_ARGS_ENV: json.dumps(spec.ssh.launcher_ssh_args())} if uses_agent(spec) else {}
 
     def launcher_defaults(self, spec: JobSpec) -> dict[str, str]:
         if spec.via != SLURM:
@@ -190,7 +171,10 @@ class OpenMpi(MpiFamily):
         return param_files_choose_plm(launcher)
 
     def overrides_launcher_files(self, spec: JobSpec) -> bool:
-        return overrides_launcher_files(spec)
+        """A job over ssh across machines, whose parameter files choose another plm, and whose
+        --mpi-args do not choose one themselves."""
+        return (bool(spec.launcher_set_in) and spec.via == SSH and across_machines(spec.hosts)
+                and not names_plm(spec.mpi_args))
 
     def refuse_insecure(self, extra_args: Sequence[str], environ: Mapping[str, str]) -> None:
         refuse_insecure(extra_args, environ)
@@ -207,5 +191,6 @@ class OpenMpi(MpiFamily):
                               environ: Mapping[str, str]) -> None:
         refuse_insecure_files(launcher, extra_args, environ,
                               environ.get("HOME") or os.path.expanduser("~"))
+
 
 OPEN_MPI = OpenMpi()
