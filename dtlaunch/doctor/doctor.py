@@ -23,8 +23,6 @@ from dtlaunch.probe.prober import Reach, fan_out, local_names
 from dtlaunch.reach.ssh_options import SshOptions
 
 Progress = Callable[[int, int, str], None]
-
-
 COMMAND_TIMEOUT = 150.0  # seconds a host's checks may run: a cold probe imports torch once
 
 
@@ -64,17 +62,11 @@ def rotated_peers(hosts: list[str], host: str) -> tuple[str, ...]:
 def probe_args(request: DoctorRequest, host: str | None) -> ProbeArgs:
     remote_hosts = [h for h in request.hosts if h not in local_names()]
     peers = rotated_peers(remote_hosts, host) if request.expect.pairwise and host else ()
-    return ProbeArgs(
-        python=request.expect.python,
-        script=request.expect.script,
-        module=request.expect.module,
-        cwd=request.cwd,
-        peers=peers,
-        peer_ssh_args=request.ssh.ssh_args() if peers else (),
-        mpi_launcher=request.mpi_launcher,
-        path=request.job_path,
-        program=request.expect.program or "",
-    )
+    expect = request.expect
+    return ProbeArgs(python=expect.python, script=expect.script, module=expect.module,
+                     cwd=request.cwd, peers=peers, peer_ssh_args=request.ssh.ssh_args() if peers else (),
+                     mpi_launcher=request.mpi_launcher, path=request.job_path,
+                     program=expect.program or "")
 
 
 def _probe_local(request: DoctorRequest, name: str, rank: bool, reach: Reach,
@@ -172,11 +164,6 @@ def build_expectations(python: str, script: str | None, module: str | None,
                        ) -> Expectations:
     from dtlaunch.mpi import Interfaces
 
-    return Expectations(
-        python=python,
-        script=os.path.abspath(script) if script else None,
-        module=module,
-        iface=iface if isinstance(iface, Interfaces) else None,
-        pairwise=pairwise,
-        needs=needs or HostNeeds(),
-    )
+    return Expectations(python=python, script=os.path.abspath(script) if script else None,
+                        module=module, iface=iface if isinstance(iface, Interfaces) else None,
+                        pairwise=pairwise, needs=needs or HostNeeds())

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from dtlaunch.mpi import MpiFamily
     from dtlaunch.plan.plan import RunPlan, RunRequest
 
+
 def host_key_failures(hosts: tuple[str, ...], prober: Prober) -> dict[str, str]:
     """The prober's cheap check (SSH: key exchange, no login) on every remote host in
     parallel. Returns host -> failure kind for each host that failed or did not answer."""
@@ -214,16 +215,10 @@ def run_preflight(request: RunRequest, plan: RunPlan, job_started: bool = False,
     expect = build_expectations(python or request.python, script, module, request.iface,
                                 pairwise=request.tree_spawn, needs=needs)
     doctor_request = DoctorRequest(
-        hosts=hosts,
-        expect=replace(expect, check_python=python is not None,
-                       program=checked_executable(request)),
-        ssh=request.ssh,
-        cwd=cwd,
-        command_timeout=command_timeout if command_timeout is not None else COMMAND_TIMEOUT,
+        hosts, replace(expect, check_python=python is not None, program=checked_executable(request)),
+        request.ssh, cwd, command_timeout if command_timeout is not None else COMMAND_TIMEOUT,
         choose_network=network_to_choose(request.iface, hosts),
-        mpi_launcher=mpirun if needs.mpi else "",
-        job_path=job_path,
-    )
+        mpi_launcher=mpirun if needs.mpi else "", job_path=job_path)
     report, network = doctor_and_network(doctor_request, progress, reach=reach)
     warnings += report.warning_lines(said=problem)
     if not report.ok:

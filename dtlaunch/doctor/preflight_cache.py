@@ -62,19 +62,13 @@ def checked_executable(request: RunRequest) -> str | None:
     return program.argv[0]
 
 
-def watched_files(request: RunRequest, launcher: str = "") -> list[str | None]:
-    """The files whose edit must start the checks over (None: no such file for this job)."""
-    ssh = request.ssh
-    python, script, _ = checked_program(request)
-    return [ssh.config_file or "~/.ssh/config", ssh.identity_file, "~/.ssh/known_hosts",
-            "~/.ssh/known_hosts2", "/etc/ssh/ssh_known_hosts", script, python, launcher or None]
-
-
 def cache_key(request: RunRequest, hosts: tuple[str, ...], cwd: str, launcher: str = "",
               job_path: str = "") -> str:
     ssh = request.ssh
     python, script, module = checked_program(request)
-    watched = watched_files(request, launcher)
+    # The files whose edit must start the checks over (None: no such file for this job).
+    watched = [ssh.config_file or "~/.ssh/config", ssh.identity_file, "~/.ssh/known_hosts",
+               "~/.ssh/known_hosts2", "/etc/ssh/ssh_known_hosts", script, python, launcher or None]
     material = {
         "version": 2,
         "hosts": hosts,

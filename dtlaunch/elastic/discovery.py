@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import shlex
 import subprocess
-from collections.abc import Mapping
 
 from dtlaunch.core.bounded import run_bounded_apart
 from dtlaunch.core.errors import DtlaunchError
@@ -87,19 +86,3 @@ def run_script(script: str, timeout: float) -> str:
     if len(out) > MAX_OUTPUT:
         raise DiscoveryError(f"{argv[0]} printed more than {MAX_OUTPUT} bytes")
     return out.decode(errors="replace")
-
-
-class ScriptDiscovery:
-    def __init__(self, script: str, slots_per_host: int | None, timeout: float) -> None:
-        self.script, self.slots, self.timeout = script, slots_per_host, timeout
-
-    def __call__(self) -> dict[str, int]:
-        return parse_hosts(run_script(self.script, self.timeout), self.slots)
-
-
-class FixedDiscovery:
-    def __init__(self, hosts: Mapping[str, int]) -> None:
-        self.hosts = dict(hosts)
-
-    def __call__(self) -> dict[str, int]:
-        return dict(self.hosts)

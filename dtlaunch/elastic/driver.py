@@ -320,13 +320,9 @@ class ElasticDriver:
             time.sleep(DISCOVER_EVERY)
             try:
                 found = self.discover()
-            except DiscoveryError as exc:
-                self.say("warning", f"elastic: host discovery failed, keeping the last hosts: "
-                                    f"{exc}")
-                continue
             except Exception as exc:  # whatever one call met, discovery goes on
-                self.say("warning", f"elastic: host discovery failed, keeping the last hosts: "
-                                    f"{type(exc).__name__}: {exc}")
+                why = exc if isinstance(exc, DiscoveryError) else f"{type(exc).__name__}: {exc}"
+                self.say("warning", f"elastic: host discovery failed, keeping the last hosts: {why}")
                 continue
             self._take_discovery(found)
 

@@ -30,23 +30,14 @@ class ElasticJob:
     feed: Callable[[IO[bytes]], None]  # writes the fan-out's input for the job's life
 
 
-def prepare_elastic_job(
-    spec: ElasticSpec,
-    initial: Mapping[str, int],
-    discover: Callable[[], dict[str, int]],
-    common_env: Mapping[str, str],
-    shim_argv: Sequence[str],
-    python: str,
-    ssh: SshOptions,
-    launcher_env: Mapping[str, str],
-    *,
-    host_iface: Callable[[str], str | None] = lambda host: None,
-    iface_cidrs: Sequence[str] = (),
-    via_srun: bool = False,
-    node_address: Callable[[str], str | None] = lambda host: None,
-    admit: Callable[[str], str | None] = lambda host: None,
-    say: Say = lambda level, text: None,
-) -> ElasticJob:
+def prepare_elastic_job(spec: ElasticSpec, initial: Mapping[str, int], discover: Callable[[], dict[str, int]],
+                        common_env: Mapping[str, str], shim_argv: Sequence[str], python: str,
+                        ssh: SshOptions, launcher_env: Mapping[str, str], *,
+                        host_iface: Callable[[str], str | None] = lambda host: None,
+                        iface_cidrs: Sequence[str] = (), via_srun: bool = False,
+                        node_address: Callable[[str], str | None] = lambda host: None,
+                        admit: Callable[[str], str | None] = lambda host: None,
+                        say: Say = lambda level, text: None) -> ElasticJob:
     secret = new_secret()
     addresses = {h: store_address(h, ssh, node_address(h)) for h in initial}
     store = Store(sorted(set(addresses.values())), secret)
@@ -66,9 +57,7 @@ def prepare_elastic_job(
         if iface is not None:
             env["HOROVOD_GLOO_IFACE"] = iface
         job = agent_job(host, where, store.port, secret, env, shim_argv, iface_cidrs, via_srun)
-        job["elastic"] = True
-        job["token"] = token
-        job["round_timeout"] = spec.timeout + DRAIN_HOLD + 120
+        job.update(elastic=True, token=token, round_timeout=spec.timeout + DRAIN_HOLD + 120)
         lines.put(json.dumps(host_entry(host, job, python, via_srun)).encode() + b"\n")
 
     def admit_safely(host: str) -> str | None:

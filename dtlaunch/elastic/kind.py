@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from dtlaunch.core.failure import Failure
-from dtlaunch.elastic.discovery import DiscoveryError, FixedDiscovery, ScriptDiscovery
+from dtlaunch.elastic.discovery import DiscoveryError, parse_hosts, run_script
 from dtlaunch.elastic.driver import Outcome
 from dtlaunch.elastic.hosts import assign
 from dtlaunch.elastic.job import prepare_elastic_job
@@ -27,9 +27,11 @@ Discover = Callable[[], dict[str, int]]
 def discovery_for(request: RunRequest) -> Discover:
     spec = request.elastic
     assert spec is not None
-    if spec.discovery_script is not None:
-        return ScriptDiscovery(spec.discovery_script, spec.slots_per_host, spec.discovery_timeout)
-    return FixedDiscovery({h.name: h.slots for h in request.hosts})
+    script = spec.discovery_script
+    if script is not None:
+        return lambda: parse_hosts(run_script(script, spec.discovery_timeout), spec.slots_per_host)
+    hosts = {h.name: h.slots for h in request.hosts}
+    return lambda: dict(hosts)
 
 
 def first_hosts(request: RunRequest, discover: Discover,
