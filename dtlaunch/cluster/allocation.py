@@ -151,12 +151,6 @@ def parse_nodefile(text: str, where: str) -> tuple[Host, ...]:
     return _count_slots(_check_node_names(names, where))
 
 
-def parse_pbs(environ: Mapping[str, str], nodefile_text: str) -> Allocation:
-    hosts = parse_nodefile(nodefile_text, environ.get("PBS_NODEFILE", "PBS_NODEFILE"))
-    total = sum(h.slots for h in hosts)
-    return Allocation(PBS, environ.get("PBS_JOBID", ""), hosts, total)
-
-
 def parse_lsb_mcpu_hosts(text: str, where: str = "LSB_MCPU_HOSTS") -> tuple[Host, ...]:
     """`hostA 2 hostB 4` -> hosts with slots."""
     fields = text.split()
@@ -210,7 +204,9 @@ def detect(environ: Mapping[str, str], read: Reader = read_allocation_file) -> A
     if "SLURM_JOB_ID" in environ or "SLURM_JOBID" in environ:
         return parse_slurm(environ)
     if "PBS_NODEFILE" in environ:
-        return parse_pbs(environ, read(environ["PBS_NODEFILE"], "PBS_NODEFILE"))
+        nodefile = environ["PBS_NODEFILE"]
+        hosts = parse_nodefile(read(nodefile, "PBS_NODEFILE"), nodefile)
+        return Allocation(PBS, environ.get("PBS_JOBID", ""), hosts, sum(h.slots for h in hosts))
     if "PBS_JOBID" in environ:
         raise UsageError("PBS_JOBID is set but PBS_NODEFILE is not; "
                          "is this really inside a PBS job?")

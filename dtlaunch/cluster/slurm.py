@@ -143,12 +143,7 @@ _NODE_ADDR = re.compile(r"(?:^|\s)NodeName=(\S+).*?(?:^|\s)NodeAddr=(\S+)")
 
 def parse_node_addresses(text: str) -> dict[str, str]:
     """`scontrol show node -o NAMES`: each node's NodeAddr, the address Slurm reaches it at."""
-    found = {}
-    for line in text.splitlines():
-        match = _NODE_ADDR.search(line)
-        if match:
-            found[match.group(1)] = match.group(2)
-    return found
+    return {m.group(1): m.group(2) for m in map(_NODE_ADDR.search, text.splitlines()) if m}
 
 
 def node_addresses(nodes: Sequence[str], timeout: float = 20.0) -> dict[str, str]:

@@ -73,11 +73,8 @@ def parse_ompi_info(text: str) -> dict[str, list[str]]:
 
 def steering_environment(environ: Mapping[str, str]) -> dict[str, str]:
     """Variables that steer MPI, NCCL and Horovod; values of secret-looking names are hidden."""
-    found = {}
-    for name in sorted(environ):
-        if name.startswith(STEERING_PREFIXES) or name in STEERING_NAMES:
-            found[name] = "<hidden>" if looks_secret(name) else environ[name]
-    return found
+    return {name: "<hidden>" if looks_secret(name) else environ[name] for name in sorted(environ)
+            if name.startswith(STEERING_PREFIXES) or name in STEERING_NAMES}
 
 
 def gather_env(environ: Mapping[str, str] | None = None,

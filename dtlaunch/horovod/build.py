@@ -138,10 +138,10 @@ def _silent(line: str) -> None:
 
 
 def _run(argv: list[str], timeout: float, env: dict[str, str] | None = None,
-         cwd: Path | None = None, say: Say = _silent) -> None:
+         say: Say = _silent) -> None:
     say("+ " + " ".join(argv))
     what = " ".join(argv[:4])
-    done = _call(argv, timeout, what, env=env, cwd=cwd)
+    done = _call(argv, timeout, what, env=env)
     if done.returncode != 0:
         raise DtlaunchError(f"{what} failed with status {done.returncode}")
 
@@ -177,28 +177,18 @@ def current_key(mpi: MpiInstall) -> BuildKey:
         import torch
     except ImportError:
         raise DtlaunchError("PyTorch is not installed: 'pip install torch' first") from None
-    return BuildKey(
-        horovod=HOROVOD_VERSION,
-        torch=str(torch.__version__),
-        python=f"{sys.version_info.major}{sys.version_info.minor}",
-        mpi=mpi,
-        cuda=torch.version.cuda,
-    )
+    return BuildKey(horovod=HOROVOD_VERSION, torch=str(torch.__version__),
+                    python=f"{sys.version_info.major}{sys.version_info.minor}", mpi=mpi,
+                    cuda=torch.version.cuda)
 
 
 def build_env(key: BuildKey, environ: dict[str, str]) -> dict[str, str]:
     """Horovod's build switches: PyTorch only, MPI and Gloo controllers, NCCL with CUDA; the
     chosen MPI's wrappers first on PATH (CMake's FindMPI asks them for flags)."""
-    env = dict(environ)
-    env.update(
-        HOROVOD_WITH_PYTORCH="1",
-        HOROVOD_WITHOUT_TENSORFLOW="1",
-        HOROVOD_WITHOUT_MXNET="1",
-        HOROVOD_WITH_MPI="1",
-        HOROVOD_WITH_GLOO="1",
-        MAKEFLAGS=f"-j{os.cpu_count() or 1}",
-        PATH=os.pathsep.join([key.mpi.bin_dir, environ.get("PATH", os.defpath)]),
-    )
+    env = dict(environ, HOROVOD_WITH_PYTORCH="1", HOROVOD_WITHOUT_TENSORFLOW="1",
+               HOROVOD_WITHOUT_MXNET="1", HOROVOD_WITH_MPI="1", HOROVOD_WITH_GLOO="1",
+               MAKEFLAGS=f"-j{os.cpu_count() or 1}",
+               PATH=os.pathsep.join([key.mpi.bin_dir, environ.get("PATH", os.defpath)]))
     if os.path.isfile(os.path.join(key.mpi.prefix, "include", "mpi.h")):
         env["MPI_HOME"] = key.mpi.prefix
     for var in ("MPICC", "MPICXX"):

@@ -83,11 +83,6 @@ def _switch(dest: str, on: str, off: str, on_help: str = "",
     return _f(on, dest, True, on_help), _f(off, dest, False, off_help)
 
 
-
-def _refused(flags: str, value: str, why: str, nargs: int = 1) -> HorovodOption:
-    return HorovodOption(tuple(flags.split()), REFUSED, value, nargs=nargs, refusal=why, hidden=True)
-
-
 HOROVOD_OPTIONS: tuple[HorovodOption, ...] = (
     # Same meaning as a dtlaunch option: the CLI adds horovodrun's spelling to its own option.
     HorovodOption(("-np", "--num-proc"), SAME, INT, dtlaunch="-np/--num-proc"),
@@ -164,8 +159,9 @@ HOROVOD_OPTIONS: tuple[HorovodOption, ...] = (
     # horovodrun's deprecated spellings of the same knob, the other way round.
     *_switch("log_with_timestamp", "--no-log-hide-timestamp", "--log-hide-timestamp"),
     # Not done by dtlaunch: refused with the reason.
-    _refused("--jsrun", BOOL, "dtlaunch starts ranks with mpirun over SSH, not with LSF's jsrun; "
-             "drop --jsrun and give the hosts with -H or --hostfile"),
+    HorovodOption(("--jsrun",), REFUSED, BOOL, hidden=True, refusal="dtlaunch starts ranks with "
+                  "mpirun over SSH, not with LSF's jsrun; drop --jsrun and give the hosts with -H "
+                  "or --hostfile"),
     # Elastic mode (docs/elastic.md): dtlaunch's own --min-np is horovodrun's too.
     HorovodOption(("--min-np", "--min-num-proc"), LAUNCH, INT, "min_np", metavar="N",
                   hidden=True),
@@ -295,19 +291,13 @@ def parse_horovod_args(values: Mapping[str, Sequence[Any]], config: HorovodConfi
     return HorovodArgs(
         env=build_horovod_env(merged),
         settings=tuple((s.dest, merged[s.dest]) for s in SETTINGS if s.dest in merged),
-        network_interfaces=tuple(nics),
-        output_filename=launch.get("output_filename"),
-        check_build=bool(launch.get("check_build")),
-        disable_cache=bool(launch.get("disable_cache")),
-        start_timeout=timeout,
-        config_file=launch.get("config_file"),
+        network_interfaces=tuple(nics), output_filename=launch.get("output_filename"),
+        check_build=bool(launch.get("check_build")), disable_cache=bool(launch.get("disable_cache")),
+        start_timeout=timeout, config_file=launch.get("config_file"),
         binding_args=_split_binding(binding) if binding is not None else None,
-        prefix_timestamp=bool(launch.get("prefix_timestamp")),
-        given=tuple(used),
-        warnings=tuple(warnings),
-        controller=controller,
-        elastic=tuple((d, launch[d]) for d in ELASTIC_DESTS if d in launch),
-    )
+        prefix_timestamp=bool(launch.get("prefix_timestamp")), given=tuple(used),
+        warnings=tuple(warnings), controller=controller,
+        elastic=tuple((d, launch[d]) for d in ELASTIC_DESTS if d in launch))
 
 
 def read_horovod_args(values: Mapping[str, Sequence[Any]],

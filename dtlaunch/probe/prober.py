@@ -64,15 +64,10 @@ class Reach:
     here: Callable[[ProbeArgs, float, Tracker], HostFacts]
 
 
-def fan_out(
-    items: Sequence[T],
-    work: Callable[[T], R],
-    fallback: Callable[[T, BaseException | None], R],
-    seconds: float,
-    on_result: Callable[[int, T], None] | None = None,
-    while_waiting: Callable[[], None] | None = None,
-    max_parallel: int = MAX_PARALLEL,
-) -> list[R]:
+def fan_out(items: Sequence[T], work: Callable[[T], R], fallback: Callable[[T, BaseException | None], R],
+            seconds: float, on_result: Callable[[int, T], None] | None = None,
+            while_waiting: Callable[[], None] | None = None,
+            max_parallel: int = MAX_PARALLEL) -> list[R]:
     """`work(item)` for every item at once; results in the items' order, within `seconds`.
 
     `fallback(item, exc)` stands in for work that raised (exc) or is still running at the

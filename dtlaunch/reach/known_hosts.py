@@ -13,10 +13,6 @@ from dtlaunch.reach.target import DEFAULT_KNOWN_HOSTS, SshTarget, import_paramik
 _known_hosts_lock = threading.Lock()
 
 
-def _rsa_family(name: str) -> str:
-    return "ssh-rsa" if name in ("ssh-rsa", "rsa-sha2-256", "rsa-sha2-512") else name
-
-
 def known_keys(target: SshTarget) -> dict[str, Any]:
     """Key type -> key recorded for this host in the user and global known_hosts files."""
     paramiko = import_paramiko()
@@ -53,7 +49,9 @@ def preferred_host_key_types(known: dict[str, Any], available: Sequence[str]) ->
 
 def check_host_key(target: SshTarget, key: Any, known: dict[str, Any]) -> str:
     """'ok', 'unknown' or 'changed' for the key the server presented."""
-    family = _rsa_family(key.get_name())
+    family = key.get_name()
+    if family in ("rsa-sha2-256", "rsa-sha2-512"):
+        family = "ssh-rsa"
     if not known:
         return "unknown"
     recorded = known.get(family)

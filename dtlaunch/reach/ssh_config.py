@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pwd
 import re
 from typing import TYPE_CHECKING, Any
 
@@ -24,8 +25,9 @@ DEFAULT_IDENTITIES = ("id_ed25519", "id_ecdsa", "id_rsa")
 _MATCH_EXEC = re.compile(r"\s*match\b.*\bexec\b", re.IGNORECASE)
 
 
-def _yes(value: Any) -> bool:
-    return str(value).strip().lower() in ("yes", "true", "1")
+def _given(value: Any) -> str | None:
+    """A config value as a string; None where absent or `none` (OpenSSH's word for unset)."""
+    return str(value) if value and str(value).strip().lower() != "none" else None
 
 
 def _needs_match_exec(path: str) -> bool:
@@ -57,7 +59,7 @@ def load_ssh_config(path: str | None) -> Any:
 def resolve_target(alias: str, options: SshOptions, config: Any) -> SshTarget:
     """Apply ssh config (`config.lookup`) and dtlaunch's options, as OpenSSH would."""
     entry: dict[str, Any] = dict(config.lookup(alias)) if config is not None else {}
-    user = entry.get("user") or os.environ.get("USER") or _login_name()
+    user = entry.get("user") or os.environ.get("USER") or pwd.getpwuid(os.getuid()).pw_name
     port = options.port if options.port is not None else int(entry.get("port", 22))
     identities: list[str] = []
     if options.identity_file:
@@ -68,21 +70,15 @@ def resolve_target(alias: str, options: SshOptions, config: Any) -> SshTarget:
     known = str(entry.get("userknownhostsfile", "")).split() or list(DEFAULT_KNOWN_HOSTS)
     global_known = (str(entry.get("globalknownhostsfile", "")).split()
                     or list(GLOBAL_KNOWN_HOSTS))
-    proxy_command = entry.get("proxycommand")
-    if proxy_command is not None and str(proxy_command).strip().lower() == "none":
-        proxy_command = None
-    proxy_jump = entry.get("proxyjump")
-    if proxy_jump is not None and str(proxy_jump).strip().lower() == "none":
-        proxy_jump = None
     return SshTarget(
         alias=alias,
         hostname=str(entry.get("hostname", alias)),
         port=port,
         user=str(user),
         identity_files=tuple(os.path.expanduser(p) for p in dict.fromkeys(identities)),
-        identities_only=_yes(entry.get("identitiesonly", "no")),
-        proxy_command=str(proxy_command) if proxy_command else None,
-        proxy_jump=str(proxy_jump) if proxy_jump else None,
+        identities_only=str(entry.get("identitiesonly", "no")).strip().lower() in ("yes", "true", "1"),
+        proxy_command=_given(entry.get("proxycommand")),
+        proxy_jump=_given(entry.get("proxyjump")),
         known_hosts_files=tuple(os.path.expanduser(p) for p in known),
         global_known_hosts_files=tuple(os.path.expanduser(p) for p in global_known),
         host_key_alias=entry.get("hostkeyalias"),
@@ -90,9 +86,3 @@ def resolve_target(alias: str, options: SshOptions, config: Any) -> SshTarget:
         config_file=options.config_file,
         connect_timeout=float(options.connect_timeout),
     )
-
-
-def _login_name() -> str:
-    import pwd
-
-    return pwd.getpwuid(os.getuid()).pw_name
