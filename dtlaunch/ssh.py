@@ -117,11 +117,15 @@ class Connection:
     def close(self) -> None:
         if self._tracker is not None:
             self._tracker.discard(self)
-        try:
-            self.transport.close()
-        finally:
-            if self.proxy is not None:
-                self.proxy.close()
+        _close(self.transport, self.proxy)
+
+
+def _close(transport: Any, proxy: ProxySocket | None) -> None:
+    try:
+        transport.close()
+    finally:
+        if proxy is not None:
+            proxy.close()
 
 
 def _quiet_paramiko() -> None:
@@ -145,9 +149,7 @@ def _handshake(target: SshTarget, timeout: float,
     transport: Any = None
     try:
         transport = paramiko.Transport(sock)
-        transport.banner_timeout = timeout
-        transport.handshake_timeout = timeout
-        transport.auth_timeout = timeout
+        transport.banner_timeout = transport.handshake_timeout = transport.auth_timeout = timeout
         options = transport.get_security_options()
         options.kex = tuple(dict.fromkeys(
             [k for k in KEX_PREFERENCE if k in options.kex] + list(options.kex)))
@@ -217,9 +219,7 @@ def verify_host_key(target: SshTarget, timeout: float | None = None,
                     tracker: Tracker | None = None) -> str:
     """Key exchange and host key check only (no login): the cheap check a cache hit keeps."""
     transport, proxy, note = _handshake(target, timeout or target.connect_timeout, tracker)
-    transport.close()
-    if proxy is not None:
-        proxy.close()
+    _close(transport, proxy)
     return note
 
 
@@ -233,8 +233,8 @@ def connect(target: SshTarget, timeout: float | None = None,
     transport, proxy, note = _handshake(target, timeout, tracker)
     try:
         keys, notes = load_identities(target)
+        why = f" ({'; '.join(notes)})" if notes else ""
         if not keys:
-            why = f" ({'; '.join(notes)})" if notes else ""
             raise fail(AUTH, "no private key to offer" + why, target)
         for key in keys:
             try:
@@ -247,11 +247,8 @@ def connect(target: SshTarget, timeout: float | None = None,
                 raise classify_os_error(exc, target) from None
             if transport.is_authenticated():
                 return Connection(target, transport, proxy, note, tracker)
-        extra = f" ({'; '.join(notes)})" if notes else ""
         raise fail(AUTH, f"{target.user}@{target.hostname} refused every key offered "
-                   f"({len(keys)})", target, extra)
+                   f"({len(keys)})", target, why)
     except BaseException:
-        transport.close()
-        if proxy is not None:
-            proxy.close()
+        _close(transport, proxy)
         raise

@@ -6,6 +6,7 @@ turns them into items with a status and a fix.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import platform
@@ -87,13 +88,9 @@ def gather_env(environ: Mapping[str, str] | None = None,
     facts: dict[str, Any] = {}
     uname = platform.uname()
     distro = ""
-    try:
-        with open("/etc/os-release") as handle:
-            for line in handle:
-                if line.startswith("PRETTY_NAME="):
-                    distro = line.split("=", 1)[1].strip().strip('"')
-    except OSError:
-        pass
+    with contextlib.suppress(OSError), open("/etc/os-release") as handle:
+        distro = next((line.split("=", 1)[1].strip().strip('"') for line in handle
+                       if line.startswith("PRETTY_NAME=")), "")
     facts["os"] = {"system": uname.system, "kernel": uname.release, "machine": uname.machine,
                    "distribution": distro, "hostname": uname.node}
     in_venv = sys.prefix != getattr(sys, "base_prefix", sys.prefix)
@@ -146,11 +143,9 @@ def gather_env(environ: Mapping[str, str] | None = None,
                     "usable_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
                     else os.cpu_count()}
     facts["memory"] = memory
-    facts["interfaces"] = [
-        {"name": i.name, "up": i.up, "addresses": list(i.addresses),
-         "likely_unroutable": i.name.startswith(UNROUTABLE_PREFIXES)}
-        for i in host.ifaces or ()
-    ]
+    facts["interfaces"] = [{"name": i.name, "up": i.up, "addresses": list(i.addresses),
+                            "likely_unroutable": i.name.startswith(UNROUTABLE_PREFIXES)}
+                           for i in host.ifaces or ()]
     ssh = shutil.which("ssh")
     ssh_version = _run([ssh, "-V"], timeout=5)[1].strip() if ssh else None
     home = os.path.expanduser("~/.ssh")

@@ -205,15 +205,12 @@ class ElasticDriver:
         failures = [self.members[k] for k, s in states.items() if s == FAILURE]
         if any(s == SUCCESS for s in states.values()):
             if failures:
-                worker, code = self._first_failure(failures)
-                self._finish_locked(Outcome(code or 1, None, worker))
+                self._fail_locked(failures, None)
             else:
                 self._finish_locked(Outcome(0))
             return
         if len(failures) == len(states):
-            worker, code = self._first_failure(failures)
-            self._finish_locked(Outcome(code or 1, "elastic: every worker of the round failed",
-                                        worker))
+            self._fail_locked(failures, "elastic: every worker of the round failed")
             return
         for worker in failures:
             if not self.hosts.is_blacklisted(worker.slot.host):
@@ -221,9 +218,7 @@ class ElasticDriver:
                                     f"{worker.id} (rank {worker.slot.rank}) failed")
             self.hosts.blacklist(worker.slot.host)
         if all(self.hosts.is_blacklisted(h) for h, _ in states):
-            worker, code = self._first_failure(failures)
-            self._finish_locked(Outcome(code or 1, "elastic: every host of the round is "
-                                                   "blacklisted", worker))
+            self._fail_locked(failures, "elastic: every host of the round is blacklisted")
             return
         if self.spec.reset_limit is not None and self.resets >= self.spec.reset_limit:
             self._finish_locked(Outcome(1, f"elastic: the job reset {self.resets} time(s), "
@@ -232,11 +227,11 @@ class ElasticDriver:
         self.resets += 1
         self._begin_round_locked(self.spec.min_np)
 
-    def _first_failure(self, failures: list[Worker]) -> tuple[Worker, int]:
-        for worker, code in self.failed_first:
-            if worker in failures:
-                return worker, code
-        return failures[0], 1
+    def _fail_locked(self, failures: list[Worker], why: str | None) -> None:
+        """The job ends with the first of `failures` to fail, and its code."""
+        worker, code = next(((w, c) for w, c in self.failed_first if w in failures),
+                            (failures[0], 1))
+        self._finish_locked(Outcome(code or 1, why, worker))
 
     # --- what the store serves --------------------------------------------------------------
 

@@ -95,9 +95,8 @@ def fabric_args(spec: JobSpec) -> tuple[str, ...]:
     """libfabric's TCP provider (Intel MPI's data path; MPICH's with its OFI netmod) picks an
     interface of its own, a docker0 bridge as readily as eth0 (measured: Intel MPI's ranks
     then wait for ever): the `--iface` name pins it too, unless the job sets FI_TCP_IFACE."""
-    if spec.iface is None or not spec.iface.names:
-        return ()
-    if any(v.name == "FI_TCP_IFACE" for v in spec.env.variables):
+    if spec.iface is None or not spec.iface.names or any(
+            v.name == "FI_TCP_IFACE" for v in spec.env.variables):
         return ()
     return ("-genv", "FI_TCP_IFACE", spec.iface.names[0])
 
@@ -239,9 +238,8 @@ class Hydra(MpiFamily):
     def ssh_left_to_dtlaunch(self, extra_args: Sequence[str], environ: Mapping[str, str]) -> bool:
         """--mpi-args or HYDRA_*/I_MPI_HYDRA_* variables that pick another -launcher could
         weaken host-key checking."""
-        if any(a in BOOTSTRAP_ARGS for a in extra_args):
-            return False
-        return not any(name in BOOTSTRAP_VARIABLES for name in environ)
+        return not (any(a in BOOTSTRAP_ARGS for a in extra_args)
+                    or any(name in BOOTSTRAP_VARIABLES for name in environ))
 
     def job_iface(self, chosen: Interfaces, common_name: str | None) -> Interfaces | None:
         # Hydra's -iface takes one name: the chosen network's, when every host calls it the

@@ -128,13 +128,8 @@ def names_plm(args: Sequence[str]) -> bool:
 def param_files_set_ssh(launcher: str) -> list[str]:
     """`file: name` for each launch-agent parameter set in a parameter file Open MPI reads by
     default. An unreadable file counts as setting one: nothing is assumed about it."""
-    found = []
-    for path, text in _default_param_texts(launcher):
-        if text is None:
-            found.append(f"{path}: unreadable")
-        else:
-            found += [f"{path}: {name}" for name in param_file_overrides(text)]
-    return found
+    return [f"{path}: {name}" for path, text in _default_param_texts(launcher)
+            for name in (["unreadable"] if text is None else param_file_overrides(text))]
 
 
 # --- every parameter file mpirun will read, checked for an insecure agent ---------------------
