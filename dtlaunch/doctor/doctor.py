@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 
 from dtlaunch.check.host_checks import Expectations
 from dtlaunch.check.network import NetworkChoice, check_network, choose_from_outcomes
-from dtlaunch.check.report import HOST, LOCAL, DoctorReport, HostOutcome, Role, unreachable
+from dtlaunch.check.report import HOST, LOCAL, DoctorReport, HostOutcome, unreachable
 from dtlaunch.check.verdict import evaluate
 from dtlaunch.core.tracker import Tracker
 from dtlaunch.mpi import HostNeeds
@@ -81,14 +81,6 @@ def _probe_local(request: DoctorRequest, name: str, rank: bool, reach: Reach,
     return HostOutcome(name, LOCAL, facts, seconds=time.monotonic() - start, is_rank_host=rank)
 
 
-def _no_answer(host: str, role: Role, exc: BaseException | None, seconds: float) -> HostOutcome:
-    if exc is None:
-        problem = unreachable(f"no answer within {seconds:g} s", f"try 'ssh -v {host} true'")
-    else:
-        problem = unreachable(f"{type(exc).__name__}: {exc}", "")
-    return HostOutcome(host, role, problem=problem, seconds=seconds)
-
-
 def run_doctor(request: DoctorRequest, progress: Progress | None = None,
                while_waiting: Callable[[], None] | None = None, *,
                reach: Reach) -> DoctorReport:
@@ -135,9 +127,10 @@ def doctor_and_network(request: DoctorRequest, progress: Progress | None = None,
     seconds = 2 * prober.connect_timeout + request.command_timeout + 5
 
     def fallback(host: str | None, exc: BaseException | None) -> HostOutcome:
-        if host is None:
-            return _no_answer(local_name, LOCAL, exc, seconds)
-        return _no_answer(host, HOST, exc, seconds)
+        name = local_name if host is None else host
+        problem = (unreachable(f"no answer within {seconds:g} s", f"try 'ssh -v {name} true'")
+                   if exc is None else unreachable(f"{type(exc).__name__}: {exc}", ""))
+        return HostOutcome(name, LOCAL if host is None else HOST, problem=problem, seconds=seconds)
 
     def report(done: int, host: str | None) -> None:
         if progress is not None:

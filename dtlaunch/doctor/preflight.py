@@ -2,18 +2,13 @@
 
 A launch is refused on any failure; the caller shows the same table and fixes as `dtlaunch doctor`.
 
-To keep the pre-flight cheap, a successful result is remembered for five minutes in
-`~/.cache/dtlaunch/preflight-<key>.json` (directory 0700, file 0600, owned by the user, written
-and read without following links: dtlaunch.core.private_files). A directory that is not private is
-not used, with one warning; a file that is not exactly what was written counts as absent. The
-key covers the hosts, interpreter, script or module, interfaces, SSH options and working
-directory, plus the size and mtime of the ssh config, known_hosts files, the script and the
-interpreter, so editing any of them starts over. A changed host key is never hidden by the
-cache: the launcher's ssh refuses such a host, and when a job started on a cache hit fails,
-every host key is checked against known_hosts; a bad one drops the cache and the full checks
-run to report it (see DeferredKeyCheck for why waiting for the failure is safe), so a cache
-hit costs the launch nothing. Where dtlaunch does not control the launcher's ssh, the keys are
-checked before the launch. Set DTLAUNCH_PREFLIGHT_CACHE=0 to always run the full checks.
+To keep the pre-flight cheap, a successful result is remembered for five minutes
+(preflight_cache.py: a private file, keyed by what the job depends on). A changed host key is
+never hidden by the cache: the launcher's ssh refuses such a host, and when a job started on a
+cache hit fails, every host key is checked; a bad one drops the cache and the full checks run to
+report it (DeferredKeyCheck says why waiting for the failure is safe). Where dtlaunch does not
+control the launcher's ssh, the keys are checked before the launch. DTLAUNCH_PREFLIGHT_CACHE=0
+always runs the full checks.
 """
 
 from __future__ import annotations

@@ -56,21 +56,11 @@ class ProbeArgs:
     program: str = ""  # the command's executable, when it is not the interpreter ("": none)
 
     def positional(self) -> tuple[str, ...]:
-        return (
-            self.python,
-            self.script or "",
-            self.module or "",
-            self.cwd,
-            ship("remote_probe.py").text,
-            " ".join(self.peers),
-            " ".join(self.peer_ssh_args),
-            "1" if self.imports else "0",
-            ship("import_probe.py").text,
-            str(max(1, round(self.gpu_timeout * 1000))),
-            self.mpi_launcher,
-            self.path,
-            self.program,
-        )
+        """probe.sh's positional parameters, in its order."""
+        return (self.python, self.script or "", self.module or "", self.cwd,
+                ship("remote_probe.py").text, " ".join(self.peers), " ".join(self.peer_ssh_args),
+                "1" if self.imports else "0", ship("import_probe.py").text,
+                str(max(1, round(self.gpu_timeout * 1000))), self.mpi_launcher, self.path, self.program)
 
 
 def build_probe_argv(args: ProbeArgs, shell: str = "sh") -> tuple[str, ...]:
