@@ -8,6 +8,7 @@ syntax (`node[01-04,07]`) is expanded by python-hostlist, the library Slurm site
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -64,10 +65,7 @@ def _check_node_names(names: Iterable[str], where: str) -> tuple[str, ...]:
 
 def _count_slots(names: Sequence[str]) -> tuple[Host, ...]:
     """One name per slot (PBS/LSF nodefiles) -> hosts in order of first appearance."""
-    slots: dict[str, int] = {}
-    for name in names:
-        slots[name] = slots.get(name, 0) + 1
-    return tuple(Host(n, s) for n, s in slots.items())
+    return tuple(Host(n, s) for n, s in Counter(names).items())
 
 
 # --- Slurm ------------------------------------------------------------------------------------

@@ -135,13 +135,10 @@ def left_out_reason(report: DoctorReport | None, host: str | None = None) -> str
     """Why elastic mode left a host out (`host`'s failures; None: all), in its one line (no
     report is printed above it): each failed check with what it found and its fix, so a
     changed host key reads as the possible man-in-the-middle it is, not as any ssh failure."""
-    parts = []
-    for where, check in report.failures() if report is not None else ():
-        assert report is not None
-        if host is not None and where != host:
-            continue
-        text = f"{report.label(check.name)} check failed: {check.detail}"
-        parts.append(f"{text} ({check.hint})" if check.hint else text)
+    if report is None:
+        return "its pre-flight checks failed"
+    parts = [f"{report.label(c.name)} check failed: {c.detail}" + (f" ({c.hint})" if c.hint else "")
+             for where, c in report.failures() if host is None or where == host]
     return "; ".join(parts) or "its pre-flight checks failed"
 
 

@@ -12,6 +12,7 @@ rules, pure (the clock and the random draw are passed in).
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -101,10 +102,4 @@ def assign(available: Mapping[str, int], max_np: int | None) -> list[str]:
     # Without --max-np, no more than one past what any plan takes (which then says so in
     # one line): thousands of hosts with thousands of slots never build a list of millions.
     limit = max_np if max_np is not None else MAX_NUM_PROC + 1
-    out: list[str] = []
-    for host, count in available.items():
-        for _ in range(count):
-            if len(out) >= limit:
-                return out
-            out.append(host)
-    return out
+    return list(itertools.islice((h for h, n in available.items() for _ in range(n)), limit))

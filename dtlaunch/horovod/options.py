@@ -188,12 +188,8 @@ def horovod_options(exclude_flags: Collection[str] = ()) -> tuple[HorovodOption,
 
     SAME entries are left out (dtlaunch's own option carries them). `exclude_flags` drops
     spellings the CLI uses for its own options (e.g. a future `--min-np` for restarts)."""
-    chosen = []
-    for option in HOROVOD_OPTIONS:
-        flags = tuple(f for f in option.flags if f not in exclude_flags)
-        if option.kind != SAME and flags:
-            chosen.append(replace(option, flags=flags))
-    return tuple(chosen)
+    kept = ((o, tuple(f for f in o.flags if f not in exclude_flags)) for o in HOROVOD_OPTIONS)
+    return tuple(replace(o, flags=flags) for o, flags in kept if o.kind != SAME and flags)
 
 
 @dataclass(frozen=True)

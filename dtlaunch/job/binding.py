@@ -102,11 +102,8 @@ def binding_for(mpi_args: Sequence[str], binding: Sequence[str] | None) -> tuple
             raise UsageError(f"--mpi-args and --binding-args both set --{min(both)}; give it "
                              "once, in --binding-args")
         return tuple(binding)
-    left: list[str] = []
-    for option, value in zip(DEFAULT_BINDING[::2], DEFAULT_BINDING[1::2]):
-        if option.lstrip("-") not in from_args:
-            left += [option, value]
-    return tuple(left)
+    return tuple(word for option, value in zip(DEFAULT_BINDING[::2], DEFAULT_BINDING[1::2])
+                 if option.lstrip("-") not in from_args for word in (option, value))
 
 
 def double_dash(words: Sequence[str]) -> tuple[str, ...]:
