@@ -215,10 +215,9 @@ def _classify_handshake(exc: Exception, target: SshTarget,
     return _proxy_or(target, proxy, PROTOCOL, f"SSH negotiation failed: {text}")
 
 
-def verify_host_key(target: SshTarget, timeout: float | None = None,
-                    tracker: Tracker | None = None) -> str:
+def verify_host_key(target: SshTarget, tracker: Tracker | None = None) -> str:
     """Key exchange and host key check only (no login): the cheap check a cache hit keeps."""
-    transport, proxy, note = _handshake(target, timeout or target.connect_timeout, tracker)
+    transport, proxy, note = _handshake(target, target.connect_timeout, tracker)
     _close(transport, proxy)
     return note
 

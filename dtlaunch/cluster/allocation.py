@@ -149,8 +149,9 @@ def parse_nodefile(text: str, where: str) -> tuple[Host, ...]:
     return _count_slots(_check_node_names(names, where))
 
 
-def parse_lsb_mcpu_hosts(text: str, where: str = "LSB_MCPU_HOSTS") -> tuple[Host, ...]:
+def parse_lsb_mcpu_hosts(text: str) -> tuple[Host, ...]:
     """`hostA 2 hostB 4` -> hosts with slots."""
+    where = "LSB_MCPU_HOSTS"
     fields = text.split()
     if not fields or len(fields) % 2:
         raise UsageError(f"{where}: expected pairs of host and slots, e.g. 'hostA 2 hostB 4', "

@@ -106,8 +106,7 @@ def _sbatch_line(option: str, value: str | None) -> str:
     return f"#SBATCH {option} {value}" if len(option) == 2 else f"#SBATCH {option}={value}"
 
 
-def build_batch_script(sbatch_options: Sequence[tuple[str, str | None]],
-                       run_argv: Sequence[str], *, shell: str = "/bin/bash") -> str:
+def build_batch_script(sbatch_options: Sequence[tuple[str, str | None]], run_argv: Sequence[str]) -> str:
     """A batch script: one #SBATCH line per option, then the run command, exec'd.
 
     The command is shell-quoted word by word, so arguments reach `dtlaunch run` byte for byte
@@ -115,10 +114,9 @@ def build_batch_script(sbatch_options: Sequence[tuple[str, str | None]],
     """
     if not run_argv:
         raise UsageError("batch script: empty command")
-    for arg in run_argv:
-        if "\x00" in arg:
-            raise UsageError("batch script: an argument contains a NUL byte")
-    lines = [f"#!{shell}", *(_sbatch_line(o, v) for o, v in sbatch_options),
+    if any("\x00" in arg for arg in run_argv):
+        raise UsageError("batch script: an argument contains a NUL byte")
+    lines = ["#!/bin/bash", *(_sbatch_line(o, v) for o, v in sbatch_options),
              "", f"exec {shlex.join(run_argv)}", ""]
     return "\n".join(lines)
 
@@ -146,7 +144,7 @@ def parse_node_addresses(text: str) -> dict[str, str]:
     return {m.group(1): m.group(2) for m in map(_NODE_ADDR.search, text.splitlines()) if m}
 
 
-def node_addresses(nodes: Sequence[str], timeout: float = 20.0) -> dict[str, str]:
+def node_addresses(nodes: Sequence[str]) -> dict[str, str]:
     """Where Slurm reaches each node (its NodeAddr): a node's name need not resolve on
     this machine, as Slurm's own nodes list their addresses. {} when scontrol cannot tell."""
     import subprocess
@@ -156,7 +154,7 @@ def node_addresses(nodes: Sequence[str], timeout: float = 20.0) -> dict[str, str
     if not nodes:
         return {}
     try:
-        status, out = run_bounded(["scontrol", "show", "node", "-o", ",".join(nodes)], timeout)
+        status, out = run_bounded(["scontrol", "show", "node", "-o", ",".join(nodes)], 20.0)
     except (OSError, subprocess.TimeoutExpired):
         return {}
     return parse_node_addresses(out) if status == 0 else {}

@@ -89,9 +89,9 @@ def output_path(output: str, job_id: str, cwd: str) -> str:
     return path if os.path.isabs(path) else os.path.join(cwd, path)
 
 
-def submit_batch(plan: SubmitPlan, sbatch: str = "sbatch",
-                 timeout: float = SBATCH_TIMEOUT) -> str:
+def submit_batch(plan: SubmitPlan) -> str:
     """Hand the script to sbatch on its stdin; the job id."""
+    sbatch, timeout = "sbatch", SBATCH_TIMEOUT
     try:
         proc = subprocess.run([sbatch, "--parsable"], input=plan.script, capture_output=True,
                               text=True, timeout=timeout)

@@ -48,7 +48,7 @@ class Tracker:
         with self._cond:
             self._items.discard(item)
 
-    def close_all(self, wait: float = 5.0) -> None:
+    def close_all(self) -> None:
         with self._cond:
             self._closed = True
             items = list(self._items)
@@ -57,4 +57,4 @@ class Tracker:
             with contextlib.suppress(Exception):
                 item.close()
         with self._cond:
-            self._cond.wait_for(lambda: self._opening == 0, timeout=wait)
+            self._cond.wait_for(lambda: self._opening == 0, timeout=5.0)

@@ -78,13 +78,12 @@ def steering_environment(environ: Mapping[str, str]) -> dict[str, str]:
             if name.startswith(STEERING_PREFIXES) or name in STEERING_NAMES}
 
 
-def gather_env(environ: Mapping[str, str] | None = None,
-               python: str | None = None) -> tuple[dict[str, Any], HostFacts]:
+def gather_env(python: str | None = None) -> tuple[dict[str, Any], HostFacts]:
     """This machine's facts: a JSON-ready document, and the probe's facts the checks judge.
     ``python``: the interpreter whose packages the probe reports (default: dtlaunch's own)."""
     from dtlaunch.probe.command import ProbeArgs, probe_local
 
-    environ = dict(os.environ) if environ is None else dict(environ)
+    environ = dict(os.environ)
     facts: dict[str, Any] = {}
     uname = platform.uname()
     distro = ""
@@ -296,7 +295,7 @@ class EnvReport:
         return all(i.check.status != FAIL for i in self.items)
 
 
-def check_env(environ: Mapping[str, str] | None = None) -> EnvReport:
+def check_env() -> EnvReport:
     """This machine gathered and judged: env-check's one library call."""
-    facts, host = gather_env(environ)
+    facts, host = gather_env()
     return EnvReport(facts, evaluate_env(facts, host))

@@ -35,12 +35,11 @@ def discovery_for(request: RunRequest) -> Discover:
 
 
 def first_hosts(request: RunRequest, discover: Discover,
-                say: Callable[[str], None] = lambda text: None,
-                clock: Callable[[], float] = time.monotonic) -> RunRequest:
+                say: Callable[[str], None] = lambda text: None) -> RunRequest:
     """The request on the hosts discovery lists now, once they have --min-np (or -np) slots,
     waiting up to --elastic-timeout; a script that fails the first time ends the run."""
     spec: ElasticSpec = request.elastic  # type: ignore[assignment]
-    deadline = clock() + spec.timeout
+    deadline = time.monotonic() + spec.timeout
     told = False
     while True:
         try:
@@ -49,7 +48,7 @@ def first_hosts(request: RunRequest, discover: Discover,
             raise DiscoveryError(f"--host-discovery-script: {exc}") from None
         if sum(found.values()) >= spec.start_np:
             break
-        if clock() >= deadline:
+        if time.monotonic() >= deadline:
             listed = ", ".join(f"{h}:{n}" for h, n in found.items()) or "no host"
             raise DiscoveryError(f"elastic: {sum(found.values())} slot(s) ({listed}) after "
                                  f"waiting {spec.timeout:g} s for {spec.start_np}")

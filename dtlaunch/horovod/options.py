@@ -237,8 +237,8 @@ def _split_nics(values: Sequence[str], flag: str) -> list[str]:
     return names
 
 
-def parse_horovod_args(values: Mapping[str, Sequence[Any]], config: HorovodConfig | None = None,
-                       options: Sequence[HorovodOption] = HOROVOD_OPTIONS) -> HorovodArgs:
+def parse_horovod_args(values: Mapping[str, Sequence[Any]],
+                       config: HorovodConfig | None = None) -> HorovodArgs:
     """From the CLI's parsed values (param -> tuple of values) and a config file to HorovodArgs.
 
     A flag beats the config file, as in horovodrun; a refused option, a repeated option, two
@@ -249,7 +249,7 @@ def parse_horovod_args(values: Mapping[str, Sequence[Any]], config: HorovodConfi
     nics: list[str] = []
     used: list[str] = []
     mpi_controller = False
-    for option in options:
+    for option in HOROVOD_OPTIONS:
         given = () if option.kind == SAME else _given(values, option)
         if not given:
             continue
@@ -296,13 +296,12 @@ def parse_horovod_args(values: Mapping[str, Sequence[Any]], config: HorovodConfi
         elastic=tuple((d, launch[d]) for d in ELASTIC_DESTS if d in launch))
 
 
-def read_horovod_args(values: Mapping[str, Sequence[Any]],
-                      options: Sequence[HorovodOption] = HOROVOD_OPTIONS) -> HorovodArgs:
+def read_horovod_args(values: Mapping[str, Sequence[Any]]) -> HorovodArgs:
     """parse_horovod_args after reading `--config-file` when one is given (the only I/O here)."""
     from dtlaunch.horovod.config_file import read_horovod_config
 
     paths = _given(values, next(o for o in HOROVOD_OPTIONS if o.dest == "config_file"))
-    return parse_horovod_args(values, read_horovod_config(paths[0]) if paths else None, options)
+    return parse_horovod_args(values, read_horovod_config(paths[0]) if paths else None)
 
 
 def _split_binding(text: str) -> tuple[str, ...]:
