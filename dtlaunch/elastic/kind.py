@@ -4,17 +4,25 @@ before it joins (the run's `admit`), the driver's end turned into the run's resu
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import json
+import queue
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from typing import IO
 
+from dtlaunch import agents
+from dtlaunch.core.errors import DtlaunchError
 from dtlaunch.core.failure import Failure
 from dtlaunch.elastic.discovery import DiscoveryError, parse_hosts, run_script
-from dtlaunch.elastic.driver import Outcome
+from dtlaunch.elastic.driver import DRAIN_HOLD, ElasticDriver, Outcome
 from dtlaunch.elastic.hosts import assign
-from dtlaunch.elastic.job import prepare_elastic_job
 from dtlaunch.gloo.family import ELASTIC_GLOO
 from dtlaunch.gloo.ranks import host_ifaces
+from dtlaunch.gloo.rendezvous import Store, new_secret
+from dtlaunch.gloo.start import agent_job, host_entry, store_address
 from dtlaunch.job.elastic import ElasticSpec
 from dtlaunch.job.hosts import Host
 from dtlaunch.jobkind import JobContext, JobEnd, OwnFanout, Say, StartedJob
@@ -89,30 +97,88 @@ class ElasticJobKind(OwnFanout):
         return first_hosts(request, discovery_for(request), lambda text: say("note", text))
 
     def start(self, context: JobContext) -> StartedJob:
-        request, plan, network = context.request, context.plan, context.network
-        assert request.elastic is not None
+        """The rendezvous store with the driver's scopes, the driver, and the fan-out
+        (dtlaunch.agents.gloo_start, as for a fixed Gloo job) that gets each host's agent as the
+        driver first assigns it ranks."""
+        request, plan, network, ssh = context.request, context.plan, context.network, context.request.ssh
+        spec = request.elastic
+        assert spec is not None
         names = network.names if network is not None else ()
         common_iface = network.gloo_iface if network is not None else None
         via_srun = request.via == SLURM
 
-        def node_address(host: str) -> str | None:
-            return context.node_addresses([host]).get(host) if via_srun else None
+        def address(host: str) -> str:
+            return store_address(host, ssh, context.node_addresses([host]).get(host) if via_srun else None)
 
-        job = prepare_elastic_job(
-            request.elastic, {h.name: h.slots for h in request.hosts}, discovery_for(request),
-            {v.name: v.value for v in plan.env.variables}, context.rank_program,
-            context.python, request.ssh, plan.launcher_env,
-            host_iface=lambda host: host_ifaces(names, common_iface, [host]).get(host),
-            iface_cidrs=request.iface.cidrs if request.iface is not None else (),
-            via_srun=via_srun, node_address=node_address, admit=context.admit, say=context.say)
+        secret = new_secret()
+        addresses = {h.name: address(h.name) for h in request.hosts}
+        store = Store(sorted(set(addresses.values())), secret)
+        lines: queue.Queue[bytes] = queue.Queue()
+
+        def start_host(host: str, token: int) -> None:
+            try:
+                where = addresses.get(host) or address(host)
+                store.listen_also(where)
+            except DtlaunchError as exc:
+                # Its agent would never reach the store: the driver takes the host for lost.
+                context.say("warning", f"elastic: host {host} cannot be started: {exc}")
+                return
+            addresses[host] = where
+            env = {v.name: v.value for v in plan.env.variables}
+            iface = host_ifaces(names, common_iface, [host]).get(host)
+            if iface is not None:
+                env["HOROVOD_GLOO_IFACE"] = iface
+            job = agent_job(host, where, store.port, secret, env, context.rank_program,
+                            request.iface.cidrs if request.iface is not None else (), via_srun)
+            job.update(elastic=True, token=token, round_timeout=spec.timeout + DRAIN_HOLD + 120)
+            lines.put(json.dumps(host_entry(host, job, context.python, via_srun)).encode() + b"\n")
+
+        def admit(host: str) -> str | None:
+            try:
+                addresses.setdefault(host, address(host))
+            except Exception as exc:
+                return str(exc)
+            return context.admit(host)
+
+        driver = ElasticDriver(spec, discovery_for(request), start_host, store.reset_round,
+                               admit=admit, say=context.say)
+        store.hooks = driver.hooks()
+        store.start()
+        try:
+            driver.start({h.name: h.slots for h in request.hosts})
+        except BaseException:
+            store.close()
+            raise
 
         def finish(end: JobEnd) -> JobEnd:
-            job.driver.stop(Outcome(end.exit_code or 1, "the job was stopped"))
-            return elastic_end(end, job.driver.outcome)
+            driver.stop(Outcome(end.exit_code or 1, "the job was stopped"))
+            return elastic_end(end, driver.outcome)
 
-        return StartedJob(job.argv, job.env, ELASTIC_GLOO, stdin=job.feed,
-                          on_lost_host=job.driver.host_lost, close=job.store.close,
-                          finish=finish)
+        return StartedJob(tuple(agents.ship("gloo_start.py").here()), dict(plan.launcher_env),
+                          ELASTIC_GLOO, stdin=functools.partial(_feed, lines, driver),
+                          on_lost_host=driver.host_lost, close=store.close, finish=finish)
+
+
+def _feed(lines: queue.Queue[bytes], driver: ElasticDriver, stdin: IO[bytes]) -> None:
+    """The fan-out's input for the job's life: each host's entry as the driver starts it. Its
+    end ends every agent (the driver finished, or dtlaunch stopped the job)."""
+    try:
+        stdin.write(json.dumps({"elastic": True, "hosts": []}).encode() + b"\n")
+        stdin.flush()
+        while True:
+            try:
+                line = lines.get(timeout=0.2)
+            except queue.Empty:
+                if driver.finished:
+                    break
+                continue
+            stdin.write(line)
+            stdin.flush()
+    except (OSError, ValueError):
+        pass
+    finally:
+        with contextlib.suppress(OSError, ValueError):
+            stdin.close()
 
 
 ELASTIC_JOB = ElasticJobKind()
