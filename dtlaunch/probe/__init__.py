@@ -6,9 +6,13 @@ SSH (ssh_prober.py) or through srun inside a Slurm allocation (srun_prober.py).
 
 from __future__ import annotations
 
+import shutil
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from dtlaunch.check.facts import HostFacts
+    from dtlaunch.core.tracker import Tracker
+    from dtlaunch.probe.command import ProbeArgs
     from dtlaunch.probe.prober import Reach
     from dtlaunch.reach.ssh_options import SshOptions
 
@@ -16,11 +20,22 @@ if TYPE_CHECKING:
 def reach_for(via: str, ssh: SshOptions) -> Reach:
     """How the checks reach the hosts for a job started `via` ssh or slurm: through srun inside
     a Slurm allocation (its nodes may not be reachable over SSH at all), else over SSH with
-    `ssh`."""
+    `ssh`; this machine through a local shell either way."""
+    from dtlaunch.probe.prober import Reach
+
     if via == "slurm":
-        from dtlaunch.probe.srun_prober import srun_reach
+        from dtlaunch.probe.srun_prober import SrunProber
 
-        return srun_reach()
-    from dtlaunch.probe.ssh_prober import ssh_reach
+        srun = shutil.which("srun") or "srun"
+        return Reach(prober=lambda: SrunProber(srun), here=_probe_here)
+    from dtlaunch.probe.ssh_prober import SshProber
 
-    return ssh_reach(ssh)
+    return Reach(prober=lambda: SshProber(ssh), here=_probe_here)
+
+
+def _probe_here(args: ProbeArgs, timeout: float, tracker: Tracker) -> HostFacts:
+    """This machine's probe (dtlaunch.probe.command), imported only when a check runs: a
+    run whose pre-flight is a cache hit never needs it."""
+    from dtlaunch.probe.command import probe_local
+
+    return probe_local(args, timeout, tracker)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
 import subprocess
 import time
@@ -18,7 +17,6 @@ from dtlaunch.check.report import HOST, HostOutcome, unreachable
 from dtlaunch.cluster.slurm import build_srun_probe_argv, parse_srun_labeled, parse_srun_task_errors
 from dtlaunch.core.tracker import Tracker
 from dtlaunch.probe.command import ProbeArgs, build_probe_argv
-from dtlaunch.probe.prober import Reach
 
 # The probe needs PATH (the interpreter, mpirun) and HOME (its import cache).
 EXPORT = ("PATH", "HOME")
@@ -100,10 +98,3 @@ class SrunProber:
     def close(self) -> None:
         self._tracker.close_all()
 
-
-def srun_reach() -> Reach:
-    """Allocated nodes through srun, this machine through a local shell."""
-    from dtlaunch.probe.command import probe_local
-
-    srun = shutil.which("srun") or "srun"
-    return Reach(prober=lambda: SrunProber(srun), here=probe_local)

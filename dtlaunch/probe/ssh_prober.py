@@ -12,11 +12,9 @@ from typing import TYPE_CHECKING, Any
 
 from dtlaunch.check.report import HOST, HostOutcome, unreachable
 from dtlaunch.core.tracker import Tracker
-from dtlaunch.probe.prober import Reach
 from dtlaunch.reach.ssh_errors import SshFailure
 
 if TYPE_CHECKING:
-    from dtlaunch.check.facts import HostFacts
     from dtlaunch.probe.command import ProbeArgs
     from dtlaunch.reach.ssh_options import SshOptions
 
@@ -91,15 +89,3 @@ class SshProber:
     def close(self) -> None:
         self._tracker.close_all()
 
-
-def _probe_here(args: ProbeArgs, timeout: float, tracker: Tracker) -> HostFacts:
-    """This machine's probe (dtlaunch.probe.command), imported only when a check runs: a
-    run whose pre-flight is a cache hit never needs it."""
-    from dtlaunch.probe.command import probe_local
-
-    return probe_local(args, timeout, tracker)
-
-
-def ssh_reach(options: SshOptions) -> Reach:
-    """Remote hosts over SSH, this machine through a local shell: the default."""
-    return Reach(prober=lambda: SshProber(options), here=_probe_here)
