@@ -97,4 +97,3 @@ class SrunProber:
 
     def close(self) -> None:
         self._tracker.close_all()
-

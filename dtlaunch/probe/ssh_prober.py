@@ -88,4 +88,3 @@ class SshProber:
 
     def close(self) -> None:
         self._tracker.close_all()
-
