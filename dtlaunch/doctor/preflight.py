@@ -85,9 +85,7 @@ def may_overlap(request: RunRequest, family: MpiFamily,
     ssh: extra launcher arguments, MCA variables or Open MPI's default parameter files could
     weaken its host-key checking."""
     env = os.environ if launcher_env is None else launcher_env
-    if not family.ssh_left_to_dtlaunch(request.mpi_args, env):
-        return False
-    return not family.ssh_setting_files(launcher)
+    return family.ssh_left_to_dtlaunch(request.mpi_args, env) and not family.ssh_setting_files(launcher)
 
 
 @dataclass(frozen=True)

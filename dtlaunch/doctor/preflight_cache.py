@@ -57,9 +57,7 @@ def checked_program(request: RunRequest) -> tuple[str | None, str | None, str | 
 def checked_executable(request: RunRequest) -> str | None:
     """The executable the command starts when it is not the interpreter (`bash run.sh`)."""
     program = request.program
-    if program is None or program.form != EXECUTABLE:
-        return None
-    return program.argv[0]
+    return program.argv[0] if program is not None and program.form == EXECUTABLE else None
 
 
 def cache_key(request: RunRequest, hosts: tuple[str, ...], cwd: str, launcher: str = "",

@@ -397,9 +397,7 @@ class ElasticDriver:
 
 def _host_slot(key: str) -> tuple[str, int] | None:
     host, _, local = key.rpartition(":")
-    if not host or not local.isdigit():
-        return None
-    return host, int(local)
+    return (host, int(local)) if host and local.isdigit() else None
 
 
 def worker_env(worker: Worker) -> dict[str, str]:

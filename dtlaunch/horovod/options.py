@@ -209,9 +209,7 @@ class HorovodArgs:
     given: tuple[str, ...] = field(default=())  # the horovodrun options used, for messages
     warnings: tuple[str, ...] = ()  # one line each (the config file's keys horovodrun ignores)
     controller: str = "mpi"  # "gloo": --gloo, or `controller: gloo` in the file without --mpi
-    # Elastic mode's options as given (dest -> value): min_np, max_np, host_discovery_script,
-    # slots_per_host, elastic_timeout, reset_limit, blacklist_cooldown_range.
-    elastic: tuple[tuple[str, Any], ...] = ()
+    elastic: tuple[tuple[str, Any], ...] = ()  # elastic mode's options as given (ELASTIC_DESTS)
 
 
 ELASTIC_DESTS = ("min_np", "max_np", "host_discovery_script", "slots_per_host",

@@ -51,19 +51,16 @@ class SshOptions:
         """ssh_args for the links this machine's ssh makes for the job (dtlaunch's ssh agent),
         with the key exchange chosen for that ssh. Never for an ssh on other hosts (tree spawn:
         tree_ssh_args; doctor's host-to-host checks): their version is not known here."""
-        if self.kex_first is None:
-            return self.ssh_args()
         # `^`: at the head of ssh's own list, the rest of it kept (see reach.kex).
-        return (*self.ssh_args(), "-o", f"KexAlgorithms=^{self.kex_first}")
+        kex = ("-o", f"KexAlgorithms=^{self.kex_first}") if self.kex_first is not None else ()
+        return self.ssh_args() + kex
 
     def tree_ssh_args(self) -> tuple[str, ...]:
         """ssh_args for `--tree-spawn`, where every host's own ssh runs them: when a fast
         exchange was chosen here, the list OpenSSH offered before 9.0 (PORTABLE:
         every name in it is known to OpenSSH since 7.4, so no host's ssh refuses the option),
         written out whole, since `^` would reach a remote shell."""
-        if self.kex_first is None:
-            return self.ssh_args()
-        return (*self.ssh_args(), "-o", f"KexAlgorithms={PORTABLE}")
+        return self.ssh_args() + (("-o", f"KexAlgorithms={PORTABLE}") if self.kex_first is not None else ())
 
     def ssh_args(self) -> tuple[str, ...]:
         """Options for OpenSSH as the MPI launcher will call it: never prompt, never hang."""
@@ -110,10 +107,8 @@ def ssh_options_from(port: int | None, identity: str | None, config: str | None,
         _check_file(identity, "--ssh-identity-file", devnull_ok=False)
     if config is not None:
         _check_file(config, "--ssh-config", devnull_ok=True)
-    return SshOptions(port=port, identity_file=identity, config_file=config,
-                      connect_timeout=timeout,
-                      host_key_policy="accept-new" if accept_new else "yes",
-                      default_kex=default_kex)
+    return SshOptions(port=port, identity_file=identity, config_file=config, connect_timeout=timeout,
+                      host_key_policy="accept-new" if accept_new else "yes", default_kex=default_kex)
 
 
 # What may pass through mpirun's ssh options (plm_rsh_args): Open MPI splits them on
