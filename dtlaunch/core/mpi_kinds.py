@@ -166,7 +166,6 @@ class MpiImpl:
         return MPI_FAMILIES.get(self.name)
 
 
-
 def parse_mpirun_version(text: str) -> MpiImpl:
     """Read the `--version` output of any MPI implementation's launcher."""
     match = _OMPI_RE.search(text)

@@ -56,10 +56,6 @@ class MpiInstall:
     def bin_dir(self) -> str:
         return os.path.dirname(self.launcher)
 
-    def lib_hash(self) -> str:
-        """Two installs of the same version (Debian's, a venv's) get different wheels."""
-        return hashlib.sha256(os.path.join(self.prefix, "lib").encode()).hexdigest()[:10]
-
 
 @dataclass(frozen=True)
 class BuildKey:
@@ -72,8 +68,10 @@ class BuildKey:
     def tag(self) -> str:
         cuda = f"-cuda{self.cuda}" if self.cuda else "-cpu"
         slug = self.mpi.impl.kind.slug if self.mpi.impl.kind else "mpi"
+        # Two installs of the same version (Debian's, a venv's) get different wheels.
+        lib = hashlib.sha256(os.path.join(self.mpi.prefix, "lib").encode()).hexdigest()[:10]
         return (f"horovod{self.horovod}-torch{self.torch}-py{self.python}-"
-                f"{slug}{self.mpi.impl.version}-{self.mpi.lib_hash()}{cuda}")
+                f"{slug}{self.mpi.impl.version}-{lib}{cuda}")
 
 
 def _private_dir(path: Path) -> Path:

@@ -20,15 +20,12 @@ from dataclasses import dataclass, field
 from dtlaunch.core.failure import Failure, unknown_option
 from dtlaunch.core.records import RECORD_LIMIT, Event, PieceRouter, RecordParser, TagSplitter
 
-TAG_RE = re.compile(rb"\[(\d+)\] ")
-_TAG_START_RE = re.compile(rb"\[\d{0,9}\]?\Z")  # what may still grow into a tag
-
 
 class HydraTagSplitter(TagSplitter):
     """Hydra's `-prepend-rank` tags: the rank."""
 
-    TAG = TAG_RE
-    TAG_START = _TAG_START_RE
+    TAG = re.compile(rb"\[(\d+)\] ")
+    TAG_START = re.compile(rb"\[\d{0,9}\]?\Z")
 
     def tag(self, match: re.Match[bytes]) -> int:
         return int(match.group(1))
@@ -68,11 +65,6 @@ _PROXY_FAILED = re.compile(r"unable to (?:connect|launch|start)|Unable to run bs
                            r"one of the processes terminated badly|proxy.*(?:failed|error)")
 
 
-def _only_rank_on(host: str, rank_hosts: Sequence[str]) -> int | None:
-    ranks = [r for r, h in enumerate(rank_hosts) if h == host or h.split(".")[0] == host]
-    return ranks[0] if len(ranks) == 1 else None
-
-
 def analyze_hydra(lines: Sequence[str], rank_hosts: Sequence[str]) -> Failure | None:
     """Find what failed in mpiexec's untagged output.
 
@@ -93,7 +85,8 @@ def analyze_hydra(lines: Sequence[str], rank_hosts: Sequence[str]) -> Failure | 
     bad = _BAD_TERMINATION.search(text)
     if bad:
         host, code = bad.group(1), int(bad.group(2))
-        only = _only_rank_on(host, rank_hosts)
+        ranks = [r for r, h in enumerate(rank_hosts) if h == host or h.split(".")[0] == host]
+        only = ranks[0] if len(ranks) == 1 else None  # the rank, when the host's only one
         sig = _EXIT_STRING.search(text, bad.start())
         if sig:
             return Failure(only, host, signal=int(sig.group(1)))

@@ -1,9 +1,5 @@
-"""Open MPI's `--tag-output` stream back into what each rank's shim sent. Pure code.
-
-mpirun tags every chunk it forwards, not every line (see dtlaunch.core.records): the stream is cut at
-its tags (`[JOB,RANK]<stdout>:`; Open MPI 5 adds one space), each rank's pieces go to that
-rank's record parser, and untagged text is mpirun's own.
-"""
+"""Open MPI's `--tag-output` stream back into what each rank's shim sent (dtlaunch.core.records:
+cut at its tags, `[JOB,RANK]<stdout>:`, each rank's pieces to that rank's record parser). Pure."""
 
 from __future__ import annotations
 
@@ -13,16 +9,12 @@ from dataclasses import dataclass, field
 from dtlaunch.core import records
 from dtlaunch.core.records import Event, PieceRouter, RecordParser, merged
 
-TAG_RE = re.compile(rb"\[(\d+),(\d+)\]<(stdout|stderr|stddiag)>:")
-# What may still grow into a tag when more bytes come.
-_TAG_START_RE = re.compile(rb"\[\d*(,\d*(\](<[a-z]{0,7}>?)?)?)?\Z")
-
 
 class TagSplitter(records.TagSplitter):
     """Open MPI's `--tag-output` tags: (rank, stream)."""
 
-    TAG = TAG_RE
-    TAG_START = _TAG_START_RE
+    TAG = re.compile(rb"\[(\d+),(\d+)\]<(stdout|stderr|stddiag)>:")
+    TAG_START = re.compile(rb"\[\d*(,\d*(\](<[a-z]{0,7}>?)?)?)?\Z")
 
     def tag(self, match: re.Match[bytes]) -> tuple[int, str]:
         return int(match.group(2)), "stdout" if match.group(3) == b"stdout" else "stderr"
