@@ -85,15 +85,9 @@ def read_private(folder: int, name: str, limit: int = 1 << 20) -> bytes | None:
     try:
         if _why_not_private(name, os.fstat(fd), stat.S_IFREG) is not None:
             return None
-        chunks: list[bytes] = []
-        size = 0
-        while size <= limit:
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                return b"".join(chunks)
-            chunks.append(chunk)
-            size += len(chunk)
-        return None  # larger than anything dtlaunch writes: not ours
+        with open(fd, "rb", closefd=False) as handle:
+            data = handle.read(limit + 1)
+        return data if len(data) <= limit else None  # larger than anything dtlaunch writes
     except OSError:
         return None
     finally:

@@ -27,22 +27,16 @@ def read_small_text(path: str, option: str, limit: int, noun: str) -> str:
     given by mistake is named instead of waited on forever."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        raise UsageError(f"{option}: cannot read {path}: {exc.strerror or exc}") from None
-    try:
-        mode = os.fstat(fd).st_mode
-    except OSError as exc:
-        os.close(fd)
-        raise UsageError(f"{option}: cannot read {path}: {exc.strerror or exc}") from None
-    if not stat.S_ISREG(mode):
-        # Checked before fdopen, which raises IsADirectoryError for a directory.
-        os.close(fd)
-        raise UsageError(f"{option}: {path} is {file_kind(mode)}")
-    with os.fdopen(fd, "rb") as handle:
         try:
-            data = handle.read(limit + 1)
-        except OSError as exc:
-            raise UsageError(f"{option}: cannot read {path}: {exc.strerror or exc}") from None
+            mode = os.fstat(fd).st_mode
+            if not stat.S_ISREG(mode):  # before open(), which refuses a directory its own way
+                raise UsageError(f"{option}: {path} is {file_kind(mode)}")
+            with open(fd, "rb", closefd=False) as handle:
+                data = handle.read(limit + 1)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise UsageError(f"{option}: cannot read {path}: {exc.strerror or exc}") from None
     if len(data) > limit:
         raise UsageError(f"{option}: {path} is larger than {limit >> 20} MiB; is it really {noun}?")
     try:
