@@ -223,16 +223,12 @@ def evaluate_env(facts: Mapping[str, Any], host: HostFacts) -> tuple[EnvItem, ..
     if memory:
         add("memory", "total", f"{memory['total_bytes'] / 2**30:.1f} GiB "
             f"({memory['available_bytes'] / 2**30:.1f} GiB available)")
-    routable = []
     for iface in facts["interfaces"]:
-        state = "up" if iface["up"] else "down"
         addresses = ", ".join(iface["addresses"]) or "no address"
         note = " (likely unroutable)" if iface["likely_unroutable"] else ""
-        if iface["up"] and not iface["likely_unroutable"] and any(
-                "." in a for a in iface["addresses"]):
-            routable.append(iface["name"])
-        add("network", iface["name"], f"{state}; {addresses}{note}")
-    if not routable:
+        add("network", iface["name"], f"{'up' if iface['up'] else 'down'}; {addresses}{note}")
+    if not any(i["up"] and not i["likely_unroutable"] and any("." in a for a in i["addresses"])
+               for i in facts["interfaces"]):
         add("network", "routable", "no interface up with an IPv4 address besides "
             "loopback/bridges", WARN, "connect a network, or launch on this host only")
     ssh = facts["ssh"]

@@ -3,7 +3,6 @@ hostfile is read in dtlaunch.console.hostfile)."""
 
 from __future__ import annotations
 
-import ipaddress
 import re
 import socket
 from collections.abc import Iterable, Sequence
@@ -49,17 +48,12 @@ def across_machines(hosts: Iterable[Host]) -> bool:
     return any(h.name not in LOOPBACK for h in hosts)
 
 
-def _check_name(name: str, where: str) -> str:
+def _check_name(name: str, where: str) -> None:
+    """A host name (an IPv4 address is one too: its labels are digits)."""
     if not name:
         raise UsageError(f"{where}: empty host name; {HOSTS_FORMAT}")
-    try:
-        ipaddress.IPv4Address(name)
-        return name
-    except ValueError:
-        pass
     if not _HOSTNAME_RE.match(name) or len(name) > 253:
         raise UsageError(f"{where}: invalid host name {name!r}; {HOSTS_FORMAT}")
-    return name
 
 
 def _parse_slots(text: str, where: str) -> int:
