@@ -52,9 +52,8 @@ def rotated_peers(hosts: list[str], host: str) -> tuple[str, ...]:
     """The other hosts, starting after `host`: every host logs in to its peers a few at a
     time (the probe's batches), and were the lists all in one order, every host would log in
     to the same few hosts at once, past sshd's MaxStartups (default 10 logins in progress)."""
-    others = [h for h in hosts if h != host]
     if host not in hosts:
-        return tuple(others)
+        return tuple(hosts)
     at = hosts.index(host)
     return tuple(h for h in hosts[at + 1:] + hosts[:at] if h != host)
 

@@ -344,14 +344,10 @@ class ElasticDriver:
                 self.say("warning", f"elastic: host {host} left out: {why}")
         with self._cond:
             self.hosts.unchecked = unchecked
-            for host in list(self.admitted):
-                if host not in found:
-                    self.admitted.discard(host)  # checked again if it comes back
+            self.admitted.intersection_update(found)  # one that left is checked again on return
             update = self.hosts.update(found)
-            if update == NO_UPDATE or first or self.finished:
-                self._cond.notify_all()
-                return
-            self._tell_coordinator_locked(update)
+            if update != NO_UPDATE and not first and not self.finished:
+                self._tell_coordinator_locked(update)
             self._cond.notify_all()
 
     def _tell_coordinator_locked(self, update: int) -> None:
