@@ -127,10 +127,7 @@ _PARSABLE_RE = re.compile(r"^([0-9]+)(;\S+)?$")
 
 def parse_sbatch_output(text: str) -> str:
     """Job id from sbatch's answer: `Submitted batch job 42` or, with --parsable, `42[;cluster]`."""
-    match = _SUBMITTED_RE.search(text)
-    if match:
-        return match.group(1)
-    match = _PARSABLE_RE.match(text.strip())
+    match = _SUBMITTED_RE.search(text) or _PARSABLE_RE.match(text.strip())
     if match:
         return match.group(1)
     raise DtlaunchError(f"sbatch did not report a job id: {text.strip()[:200]!r}")

@@ -18,6 +18,7 @@ as one, so the cost per piece that mpirun cuts stays out of the rest of dtlaunch
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -298,25 +299,16 @@ class PieceRouter:
 
     def take(self, pieces: Sequence[tuple[Any, bytes]]) -> list[Event]:
         out: list[Event] = []
-        index = 0
-        while index < len(pieces):
-            tag, data = pieces[index]
-            index += 1
+        # A launcher cuts a rank's output into chunks of a few KB: the rank's consecutive
+        # chunks in this read go to its parser at once.
+        for tag, group in itertools.groupby(pieces, key=lambda piece: piece[0]):
             if tag is None:
-                out.append(Piece(None, self.stream, data))
+                out += [Piece(None, self.stream, data) for _, data in group]
                 continue
-            # A launcher cuts a rank's output into chunks of a few KB: the rank's consecutive
-            # chunks in this read go to its parser at once.
-            following = index
-            while following < len(pieces) and pieces[following][0] == tag:
-                following += 1
-            if following > index:
-                data = b"".join([data, *(piece for _, piece in pieces[index:following])])
-                index = following
             parser = self._parsers.get(tag)
             if parser is None:
                 parser = self._parsers[tag] = self.new_parser(tag)
-            out.extend(parser.feed(data))
+            out.extend(parser.feed(b"".join(data for _, data in group)))
         return out
 
     def flush(self, rest: Sequence[tuple[Any, bytes]]) -> list[Event]:
