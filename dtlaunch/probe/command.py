@@ -1,19 +1,16 @@
 """The probe: one POSIX shell script per host that reports everything doctor checks.
 
-Its files live in dtlaunch/agents (linted and type-checked like the rest) and travel
-as text: `sh -c "$(probe.sh)"` with the Python halves as arguments.
+Its files live in dtlaunch/agents (linted and type-checked like the rest) and travel as text:
+`sh -c "$(probe.sh)"` with the Python halves as arguments.
 
 It runs in ONE exec per host, through the login shell that sshd starts for a non-interactive
 command, so it sees the PATH that mpirun's own ssh login will see. Every user-supplied value
 travels as a positional parameter, quoted with `shlex.quote`, never spliced into the script.
 
 Cost: `import torch` takes about a second of CPU, so versions come from the names of the
-installed *.dist-info folders, and
-the facts that need a real import (does torch import, Horovod's controllers and tensor
-operations) are computed once per host in a subprocess and cached in
-`~/.cache/dtlaunch/imports-<key>.json` (mode 0600), keyed by the interpreter and the mtimes and
-versions of the installed torch and horovod packages, so any reinstall recomputes them. A file
-lock makes concurrent probes on a shared home directory compute them once.
+installed *.dist-info folders, and the facts that need a real import (does torch import,
+Horovod's controllers and tensor operations) are computed once per host and installation, and
+cached there (agents/remote_probe.py).
 
 `nvidia-smi` (NVIDIA GPUs) starts beside the rest of the probe and is given up on after
 `gpu_timeout` seconds; where it is not installed nothing runs.
