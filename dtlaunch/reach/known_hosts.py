@@ -49,16 +49,13 @@ def preferred_host_key_types(known: dict[str, Any], available: Sequence[str]) ->
 
 def check_host_key(target: SshTarget, key: Any, known: dict[str, Any]) -> str:
     """'ok', 'unknown' or 'changed' for the key the server presented."""
-    family = key.get_name()
-    if family in ("rsa-sha2-256", "rsa-sha2-512"):
-        family = "ssh-rsa"
     if not known:
         return "unknown"
-    recorded = known.get(family)
-    if recorded is None:
-        # Another type is recorded and the server did not offer it: treat as changed.
-        return "changed"
-    return "ok" if recorded.asbytes() == key.asbytes() else "changed"
+    name = key.get_name()
+    # RSA keys are recorded as ssh-rsa whatever their signature. Another type recorded and the
+    # server did not offer it: treat as changed.
+    recorded = known.get("ssh-rsa" if name in ("rsa-sha2-256", "rsa-sha2-512") else name)
+    return "ok" if recorded is not None and recorded.asbytes() == key.asbytes() else "changed"
 
 
 def fingerprint(key: Any) -> str:
