@@ -63,11 +63,6 @@ def _check_node_names(names: Iterable[str], where: str) -> tuple[str, ...]:
     return tuple(checked)
 
 
-def _count_slots(names: Sequence[str]) -> tuple[Host, ...]:
-    """One name per slot (PBS/LSF nodefiles) -> hosts in order of first appearance."""
-    return tuple(Host(n, s) for n, s in Counter(names).items())
-
-
 # --- Slurm ------------------------------------------------------------------------------------
 
 def parse_slurm_nodelist(text: str, where: str = "SLURM_JOB_NODELIST") -> tuple[str, ...]:
@@ -146,7 +141,8 @@ def parse_nodefile(text: str, where: str) -> tuple[Host, ...]:
             raise UsageError(f"{where}:{lineno}: expected one host name per line, got {line!r}")
     if not names:
         raise UsageError(f"{where}: no hosts in the file")
-    return _count_slots(_check_node_names(names, where))
+    # One name per slot -> hosts in order of first appearance.
+    return tuple(Host(n, s) for n, s in Counter(_check_node_names(names, where)).items())
 
 
 def parse_lsb_mcpu_hosts(text: str) -> tuple[Host, ...]:

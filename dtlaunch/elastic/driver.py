@@ -242,9 +242,10 @@ class ElasticDriver:
     def _rank_and_size(self, method: bytes, key: str, body: bytes) -> tuple[int, bytes]:
         if method != b"GET":
             return 405, b""
-        where = _host_slot(key)
-        if where is None:
+        host, _, local = key.rpartition(":")
+        if not host or not local.isdigit():
             return 400, b""
+        where = (host, int(local))
         with self._cond:
             asked_in = self.round
             self._record_locked(where, READY)
@@ -389,11 +390,6 @@ class ElasticDriver:
             self.say("warning", f"elastic: host {host} lost: {why}")
         for key in lost:
             self._record_locked(key, FAILURE, 1)
-
-
-def _host_slot(key: str) -> tuple[str, int] | None:
-    host, _, local = key.rpartition(":")
-    return (host, int(local)) if host and local.isdigit() else None
 
 
 def worker_env(worker: Worker) -> dict[str, str]:

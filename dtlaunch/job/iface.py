@@ -16,9 +16,6 @@ class Interfaces:
     names: tuple[str, ...] = ()
     cidrs: tuple[str, ...] = ()
 
-    def mca_value(self) -> str:
-        return ",".join(self.names or self.cidrs)
-
 
 _IFNAME_RE = re.compile(r"^[A-Za-z0-9_.:@-]{1,15}$")
 IFACE_FORMAT = "expected interface names (eth0,ib0) or CIDR subnets (10.0.0.0/24)"

@@ -56,13 +56,6 @@ _NO_AGENTS = re.compile(r"No\s+available\s+launching\s+agents\s+were\s+found")
 _MISSING_PLM = re.compile(r"Framework:\s*plm\s*\n\s*Component:\s*(?P<name>\S+)")
 
 
-def no_plm_reason(component: str | None) -> str:
-    chosen = f" (plm = {component}, a component it does not have)" if component else ""
-    return (f"mpirun found no launcher it can use{chosen}; 'prte_info --all' shows the value "
-            "of \"plm\": unset it where it is set (--mpi-args, $PRTE_MCA_plm, "
-            "~/.prte/mca-params.conf or the installation's prte-mca-params.conf)")
-
-
 def analyze(lines: Sequence[str], rank_hosts: Sequence[str]) -> Failure | None:
     """Find the first failing rank in mpirun's untagged output.
 
@@ -77,7 +70,10 @@ def analyze(lines: Sequence[str], rank_hosts: Sequence[str]) -> Failure | None:
         return Failure(reason=ALL_FILLED_REASON)
     if _NO_AGENTS.search(text):  # nor here
         missing = _MISSING_PLM.search(text)
-        return Failure(reason=no_plm_reason(missing.group("name") if missing else None))
+        chosen = f" (plm = {missing.group('name')}, a component it does not have)" if missing else ""
+        return Failure(reason=f"mpirun found no launcher it can use{chosen}; 'prte_info --all' shows "
+                       "the value of \"plm\": unset it where it is set (--mpi-args, $PRTE_MCA_plm, "
+                       "~/.prte/mca-params.conf or the installation's prte-mca-params.conf)")
 
     def host_of(rank: int) -> str | None:
         return rank_hosts[rank] if 0 <= rank < len(rank_hosts) else None

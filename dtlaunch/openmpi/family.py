@@ -64,7 +64,7 @@ def build_mpirun_argv(spec: JobSpec, mpirun: str = "mpirun") -> tuple[str, ...]:
         argv.append("--oversubscribe")
     argv += ["--mca", "pml", "ob1", "--mca", "btl", btl_for(major)]
     if spec.iface is not None:
-        value = spec.iface.mca_value()
+        value = ",".join(spec.iface.names or spec.iface.cidrs)
         argv += ["--mca", "btl_tcp_if_include", value, "--mca", "oob_tcp_if_include", value]
     if spec.via == SLURM:
         # srun starts one daemon per node inside the job's allocation; srun's exit (and
