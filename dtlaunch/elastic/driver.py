@@ -260,9 +260,8 @@ class ElasticDriver:
                     self._cond.wait(1.0)
                 return 200, REMOVED_ANSWER
             s = worker.slot
-            text = f"{s.rank},{worker.size},{s.local_rank},{s.local_size},{s.cross_rank}," \
-                   f"{s.cross_size}"
-            return 200, text.encode("ascii")
+            place = (s.rank, worker.size, s.local_rank, s.local_size, s.cross_rank, s.cross_size)
+            return 200, ",".join(map(str, place)).encode("ascii")
 
     def _plan(self, method: bytes, key: str, body: bytes) -> tuple[int, bytes]:
         """An agent's long poll (HOST:TOKEN:GEN): its plan once it differs from generation GEN.

@@ -36,13 +36,11 @@ FIX = ("dtlaunch must know which host runs each rank; place ranks with the slots
 
 def _check_placement(option: str, value: str) -> None:
     head, *modifiers = re.split(r"[:,]", value)
-    if head.lower() == "ppr" or head.lower() == "node" or head.lower() not in _IN_HOST:
+    if head.lower() not in _IN_HOST:  # node, ppr and the like spread ranks across hosts
         raise UsageError(f"--binding-args: {option} {value} spreads ranks across hosts or is not "
                          f"known to keep slot order; {FIX}")
-    if option.endswith("map-by"):
-        bad = [m for m in modifiers if not _MAP_MODIFIER.match(m)]
-    else:
-        bad = [m for m in modifiers if m.lower() not in ("fill",)]
+    mapping = option.endswith("map-by")
+    bad = [m for m in modifiers if not (_MAP_MODIFIER.match(m) if mapping else m.lower() == "fill")]
     if bad:
         raise UsageError(f"--binding-args: {option} {value}: modifier {bad[0]!r} may change which "
                          f"host runs each rank; {FIX}")

@@ -71,7 +71,7 @@ def build_mpirun_argv(spec: JobSpec, mpirun: str = "mpirun") -> tuple[str, ...]:
         # scancel) ends them. No ssh options apply.
         argv += ["--mca", "plm", "slurm"]
     else:
-        argv += _rsh_args(spec)
+        argv += _rsh_args(spec, major)
     for var in spec.env.variables:
         argv += ["-x", f"{var.name}={var.value}" if var.inline else var.name]
     argv += double_dash(spec.mpi_args)  # the binding options' names only
@@ -84,12 +84,11 @@ def uses_agent(spec: JobSpec) -> bool:
     return bool(spec.rsh_agent) and not spec.tree_spawn and spec.via == SSH
 
 
-def _rsh_args(spec: JobSpec) -> list[str]:
-    args: list[str] = []
+def _rsh_args(spec: JobSpec, major: int) -> list[str]:
     # Keep each host's daemon attached to its ssh session (Open MPI detaches it by default):
     # a dead host or sshd then ends that session, which dtlaunch notices, and the daemons'
     # own error messages reach the user.
-    args.append("--leave-session-attached")
+    args = ["--leave-session-attached"]
     if uses_agent(spec):
         args += ["--mca", "plm_rsh_agent", spec.rsh_agent or "ssh"]
     else:
@@ -104,7 +103,6 @@ def _rsh_args(spec: JobSpec) -> list[str]:
     if OPEN_MPI.overrides_launcher_files(spec):
         # A parameter file names a plm for one machine (an image's plm = isolated): the
         # command line wins over it. ORTE calls ssh's component rsh, PRRTE (5.x) ssh.
-        major = spec.mpi_version[0] if spec.mpi_version else DEFAULT_MAJOR
         args += ["--mca", "plm", "ssh" if major >= 5 else "rsh"]
     if not spec.tree_spawn:
         # Only ssh from this machine to each host is needed (and checked by doctor); tree
