@@ -187,10 +187,8 @@ def read_allocation_file(path: str, var: str) -> str:
     return read_small_text(path, var, MAX_ALLOCATION_FILE_BYTES, "a node file")
 
 
-Reader = Callable[[str, str], str]
-
-
-def detect(environ: Mapping[str, str], read: Reader = read_allocation_file) -> Allocation | None:
+def detect(environ: Mapping[str, str],
+           read: Callable[[str, str], str] = read_allocation_file) -> Allocation | None:
     """The allocation this process runs in, or None outside any scheduler job.
 
     Slurm wins over PBS over LSF when several are set (a Slurm job inside an LSF one is the
