@@ -127,38 +127,21 @@ def read_cached(name: str, limit: int = 1 << 20, environ: Mapping[str, str] | No
         return None
 
 
-def write_cached(name: str, data: bytes, prune_older_than: float | None = None,
-                 environ: Mapping[str, str] | None = None) -> bool:
-    """Write `name` in the private cache directory (created 0700); with `prune_older_than`
-    (a time), remove the files of the same kind (the prefix before `name`'s first `-`, and
-    its extension) last written before it, `name` kept: each key writes its own file, and
-    without this the directory only grows. False when the directory is unusable (a cache
-    that cannot be written costs only the next run's work)."""
-    try:
-        with private_dir(cache_dir(environ)) as folder:
-            write_private(folder, name, data)
-            if prune_older_than is not None:
-                kind = name.split("-", 1)[0] + "-"
-                prune_older(folder, kind, os.path.splitext(name)[1], prune_older_than, keep=name)
-    except (OSError, NotPrivate):
-        return False
-    return True
-
-
-def prune_older(folder: int, prefix: str, suffix: str, before: float, keep: str = "") -> int:
-    """Remove the files `prefix*suffix` of `folder` last written before `before` (a time),
-    `keep` excepted. Returns how many were removed."""
-    removed = 0
-    for entry in os.listdir(folder):
-        if not (entry.startswith(prefix) and entry.endswith(suffix)) or entry == keep:
-            continue
-        try:
-            if os.stat(entry, dir_fd=folder, follow_symlinks=False).st_mtime < before:
-                remove_private(folder, entry)
-                removed += 1
-        except OSError:
-            continue  # another dtlaunch removed it first
-    return removed
+def write_cached(name: str, data: bytes, prune_older_than: float,
+                 environ: Mapping[str, str] | None = None) -> None:
+    """Write `name` in the private cache directory (created 0700) and remove the files of the
+    same kind (the prefix before `name`'s first `-`, and its extension) last written before
+    `prune_older_than` (a time): each key writes its own file, and without this the directory
+    only grows. An unusable directory is left alone (a cache that cannot be written costs only
+    the next run's work)."""
+    prefix, suffix = name.split("-", 1)[0] + "-", os.path.splitext(name)[1]
+    with contextlib.suppress(OSError, NotPrivate), private_dir(cache_dir(environ)) as folder:
+        write_private(folder, name, data)
+        for entry in os.listdir(folder):
+            if entry.startswith(prefix) and entry.endswith(suffix) and entry != name:
+                with contextlib.suppress(OSError):  # another dtlaunch removed it first
+                    if os.stat(entry, dir_fd=folder, follow_symlinks=False).st_mtime < prune_older_than:
+                        remove_private(folder, entry)
 
 
 def write_private_program(path: str, text: str) -> None:
