@@ -326,11 +326,9 @@ class RecordDemux:
 
     stream: str = "stdout"
     record_limit: int = RECORD_LIMIT
-    _records: RecordParser = field(default_factory=RecordParser)
 
     def __post_init__(self) -> None:
-        self._records.stream = self.stream
-        self._records.whole = self.record_limit
+        self._records = RecordParser(None, self.stream, self.record_limit)
 
     def feed(self, data: bytes) -> list[Event]:
         return self._records.feed(data)

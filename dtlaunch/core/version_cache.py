@@ -44,10 +44,9 @@ def version_output(argv: Sequence[str], timeout: float, environ: Mapping[str, st
     of the program was asked before. Raises like run_bounded when it must be asked and cannot."""
     env = os.environ if environ is None else environ
     name = program_key(argv, env, time.time())
-    if name is not None:
-        data = read_cached(name, limit=1 << 16, environ=env)
-        if data is not None:
-            return 0, data.decode(errors="replace")
+    data = read_cached(name, limit=1 << 16, environ=env) if name is not None else None
+    if data is not None:
+        return 0, data.decode(errors="replace")
     code, out = run_bounded(argv, timeout=timeout)
     if code == 0 and name is not None:
         # Each day's answers have new names: those from before yesterday go.

@@ -43,9 +43,6 @@ class HostManager:
     refused: dict[str, str] = field(default_factory=dict)  # host -> why it was not admitted
     unchecked: set[str] = field(default_factory=set)  # listed, not checked yet (not needed)
 
-    def state(self, host: str) -> HostState:
-        return self.states.setdefault(host, HostState())
-
     def update(self, found: Mapping[str, int]) -> int:
         """Take a discovery's result; the update flags (REMOVED, ADDED) against the last."""
         now = self.clock()
@@ -70,7 +67,7 @@ class HostManager:
         return result
 
     def blacklist(self, host: str) -> None:
-        state = self.state(host)
+        state = self.states.setdefault(host, HostState())
         now = self.clock()
         if state.blacklisted and state.cooldown_until > now:
             return
