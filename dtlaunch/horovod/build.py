@@ -131,13 +131,10 @@ def _call(argv: list[str], timeout: float, what: str, **kwargs: object) -> subpr
 Say = Callable[[str], None]  # how a step is told to the user (the CLI's echo); pure code says nothing
 
 
-def _silent(line: str) -> None:
-    del line
-
-
 def _run(argv: list[str], timeout: float, env: dict[str, str] | None = None,
-         say: Say = _silent) -> None:
-    say("+ " + " ".join(argv))
+         say: Say | None = None) -> None:
+    if say is not None:
+        say("+ " + " ".join(argv))
     what = " ".join(argv[:4])
     done = _call(argv, timeout, what, env=env)
     if done.returncode != 0:
@@ -268,7 +265,7 @@ def wheel_requirements(wheel: Path) -> list[str]:
         return runtime_requirements(archive.read(name).decode("utf-8", errors="replace"))
 
 
-def install_wheel(wheel: Path, torch_version: str, say: Say = _silent) -> None:
+def install_wheel(wheel: Path, torch_version: str, say: Say | None = None) -> None:
     """Install the wheel over whatever Horovod is there, then the runtime dependencies it
     declares (cloudpickle, psutil, ...) that are missing. The wheel goes in alone
     (--force-reinstall would reinstall its dependencies too), and the dependencies with the
@@ -284,7 +281,7 @@ def install_wheel(wheel: Path, torch_version: str, say: Say = _silent) -> None:
         _run([*pip, "--constraint", str(pins), *requirements], 600, say=say)
 
 
-def build_wheel(key: BuildKey, dest: Path, say: Say = _silent) -> Path:
+def build_wheel(key: BuildKey, dest: Path, say: Say | None = None) -> Path:
     pip = [sys.executable, "-m", "pip"]
     with tempfile.TemporaryDirectory(prefix="dtlaunch-horovod-") as tmp:
         work = Path(tmp)
@@ -306,7 +303,7 @@ def build_wheel(key: BuildKey, dest: Path, say: Say = _silent) -> Path:
         return final
 
 
-def install_horovod(force: bool = False, mpi: str | None = None, say: Say = _silent) -> str:
+def install_horovod(force: bool = False, mpi: str | None = None, say: Say | None = None) -> str:
     """Install Horovod (from the cache when possible) for the MPI found; returns what was done.
     `say` is told each command before it runs."""
     found = find_mpi(mpi)

@@ -4,7 +4,7 @@ cut at its tags, `[JOB,RANK]<stdout>:`, each rank's pieces to that rank's record
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from dtlaunch.core import records
 from dtlaunch.core.records import Event, PieceRouter, RecordParser, merged
@@ -26,10 +26,9 @@ class OpenMpiDemux:
 
     stream: str = "stdout"
     space_after_tag: bool = False  # Open MPI >= 5
-    _tags: TagSplitter = field(default_factory=TagSplitter)
 
     def __post_init__(self) -> None:
-        self._tags.space_after_tag = self.space_after_tag
+        self._tags = TagSplitter(self.space_after_tag)
         self._router = PieceRouter(self.stream, lambda tag: RecordParser(tag[0], tag[1]))
 
     def feed(self, data: bytes) -> list[Event]:
