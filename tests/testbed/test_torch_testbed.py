@@ -194,3 +194,78 @@ def test_timeout_and_a_restart_with_a_new_store_and_count(bed: TestBed, tmp_path
     second = (out / "attempt1.rank1").read_text().split()
     assert first[0] == second[0] == "h2" and first[1] != second[1]  # a new run id
     assert_no_strays(bed)
+
+
+# --- Peer tests: PyTorch's own launcher test clients, unmodified (tests/helpers/peer.py fetches
+# them from Debian's source package of PyTorch), through dtlaunch run --torch on 2 hosts x 2
+# workers; each asserts what PyTorch's launcher tests (test/distributed/launcher/run_test.py)
+# assert of torchrun.
+
+
+@pytest.fixture(scope="module")
+def peer_bin() -> Path:
+    from helpers.peer import pytorch_launcher_scripts
+
+    return pytorch_launcher_scripts()
+
+
+def run_peer(bed: TestBed, *args: str) -> subprocess.CompletedProcess[str]:
+    return run_torch(bed, "h1,h2", "--nproc-per-node", "2", *args)
+
+
+def test_peer_test_script_sees_torchruns_variables_and_touches_one_file_per_rank(
+        bed: TestBed, peer_bin: Path, tmp_path: Path) -> None:
+    # test_script.py reads every variable torchrun sets (os.environ[...] raises on a missing
+    # one), TEST_SENTINEL_PARENT among them: the launching environment's, passed by -x.
+    result = run_peer(bed, "-x", "TEST_SENTINEL_PARENT=sentinel", str(peer_bin / "test_script.py"),
+                      f"--touch_file_dir={tmp_path}")
+    assert result.returncode == 0, result.stderr
+    assert {p.name for p in tmp_path.iterdir()} == {"0", "1", "2", "3"}
+    assert result.stdout.count("Success, created") == 4
+    assert "TEST_SENTINEL_PARENT = sentinel" in result.stdout
+    assert_no_strays(bed)
+
+
+def test_peer_test_script_failing_fails_the_job_with_its_error(bed: TestBed, peer_bin: Path,
+                                                               tmp_path: Path) -> None:
+    result = run_peer(bed, "-x", "TEST_SENTINEL_PARENT=sentinel", str(peer_bin / "test_script.py"),
+                      "--fail", f"--touch_file_dir={tmp_path}")
+    assert result.returncode == 1, result.stderr
+    assert "raising exception since --fail flag was set" in result.stderr
+    assert not list(tmp_path.iterdir())
+    assert_no_strays(bed)
+
+
+def test_peer_shell_script_runs_as_a_worker(bed: TestBed, peer_bin: Path,
+                                            tmp_path: Path) -> None:
+    # torchrun --no-python's case: the worker is not Python.
+    result = run_peer(bed, "bash", str(peer_bin / "test_script.sh"), str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert {p.name for p in tmp_path.iterdir()} == {"0", "1", "2", "3"}
+    assert_no_strays(bed)
+
+
+def test_peer_local_rank_argument_matches_local_rank(bed: TestBed, peer_bin: Path) -> None:
+    # torch.distributed.launch's contract: --local_rank=N appended, N == LOCAL_RANK.
+    result = run_peer(bed, "--local-rank-arg", "--local_rank",
+                      str(peer_bin / "test_script_local_rank.py"))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("End execution") == 4
+    assert_no_strays(bed)
+
+
+def test_peer_is_torchelastic_launched(bed: TestBed, peer_bin: Path, tmp_path: Path) -> None:
+    out = tmp_path / "launched"
+    result = run_peer(bed, str(peer_bin / "test_script_is_torchelastic_launched.py"),
+                      f"--out_file={out}")
+    assert result.returncode == 0, result.stderr
+    assert out.read_text() == "True"
+    assert_no_strays(bed)
+
+
+def test_peer_init_method_env_all_reduces_across_hosts(bed: TestBed, peer_bin: Path) -> None:
+    # init_process_group("env://") on the job's store; a one-hot all_reduce gives the world.
+    result = run_peer(bed, str(peer_bin / "test_script_init_method.py"), "--init_method=env://")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("Done") == 4
+    assert_no_strays(bed)
