@@ -7,9 +7,9 @@ and the checks return the report's CheckResult.
 from __future__ import annotations
 
 import re
+from collections import Counter
 from dataclasses import dataclass
 
-QUERY_ARGS = ("--query-gpu=index,name,uuid,driver_version,memory.total", "--format=csv,noheader")
 _HEADER_RE = re.compile(r"Driver Version:\s*([0-9][0-9.]*).*?CUDA Version:\s*([0-9][0-9.]*|N/A)")
 _MIB_RE = re.compile(r"^(\d+)\s*MiB$")
 NO_DRIVER_PREFIX = "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver"
@@ -116,7 +116,5 @@ def describe_gpus(facts: GpuFacts) -> str:
         return f"nvidia-smi failed: {facts.error}"
     if not facts.gpus:
         return f"none ({facts.note})" if facts.note else "none"
-    groups: dict[str, int] = {}
-    for gpu in facts.gpus:
-        groups[gpu.name] = groups.get(gpu.name, 0) + 1
+    groups = Counter(gpu.name for gpu in facts.gpus)  # in index order, as first seen
     return ", ".join(f"{n} x {name}" for name, n in groups.items())

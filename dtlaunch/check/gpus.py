@@ -14,20 +14,12 @@ GPU) once the run's pre-flight, or its cache, has counted them (session.launch).
 from __future__ import annotations
 
 import re
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from dtlaunch.check.gpu_facts import GpuFacts
 from dtlaunch.check.report import FAIL, PASS, SKIP, WARN, CheckResult
 from dtlaunch.job.hosts import Host
-
-
-def gpu_slots(hosts: Sequence[Host], gpus: Mapping[str, GpuFacts],
-              slots_given: Collection[str]) -> tuple[Host, ...]:
-    """One slot per GPU on hosts whose slots the user did not give; the others are kept."""
-    return tuple(Host(h.name, gpus[h.name].count)
-                 if h.name not in slots_given and h.name in gpus and gpus[h.name].count else h
-                 for h in hosts)
 
 
 def _versions(values: Mapping[str, str | None]) -> str:

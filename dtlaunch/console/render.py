@@ -8,6 +8,9 @@ The only module that imports rich (lazily, inside the functions that draw).
 from __future__ import annotations
 
 import json
+import sys
+import threading
+import time
 from dataclasses import asdict
 from typing import IO, TYPE_CHECKING, Any
 
@@ -31,8 +34,6 @@ JSON_ROLES = {LOCAL: "launcher"}
 
 def _console(console_class: Any, stream: IO[str] | None) -> Any:
     """Wide enough for the table when the output is a file or a pipe."""
-    import sys
-
     out = stream or sys.stdout
     wide = None if out.isatty() else 200
     return console_class(file=out, highlight=False, width=wide)
@@ -80,16 +81,6 @@ def gpus_to_dict(gpus: GpuFacts | None, nccl: str | None) -> dict[str, Any] | No
 
 def report_to_json(report: DoctorReport) -> str:
     return json.dumps(report_to_dict(report), indent=2)
-
-
-def fix_lines(report: DoctorReport) -> list[str]:
-    """One line per failure (and warning): host, check, what is wrong, how to fix it."""
-    lines = []
-    for host, check in (*report.failures(), *report.warnings()):
-        word = "FAIL" if check.status == FAIL else "warn"
-        lines.append(f"{word} {host} {check.name}: {check.detail}"
-                     + (f"\n     fix: {check.hint}" if check.hint else ""))
-    return lines
 
 
 def preload() -> None:
@@ -149,8 +140,6 @@ class ProgressLine:
     (`pause`) for a message; the next count draws it again."""
 
     def __init__(self, enabled: bool) -> None:
-        import threading
-
         self.enabled = enabled
         self.counts: dict[str, tuple[int, int]] = {}
         self.live: Any = None
@@ -228,8 +217,6 @@ STAGES = (HOSTS_CHECKED, HOSTS_UP, RANKS_RUNNING)
 
 
 def _clock(at: float) -> str:
-    import time
-
     return time.strftime("%H:%M:%S", time.localtime(at)) + f".{int(at % 1 * 1000):03d}"
 
 
@@ -306,14 +293,10 @@ ATTEMPTS_REPORT_VERSION = 1
 
 def clock_time(at: float) -> str:
     """Local wall-clock time of day, to the second: enough to match the job's own logs."""
-    import time
-
     return time.strftime("%H:%M:%S", time.localtime(at))
 
 
 def iso_utc(at: float) -> str:
-    import time
-
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(at)) + f".{int(at % 1 * 1000):03d}Z"
 
 

@@ -1,6 +1,6 @@
 """Gloo as a way of starting a job (the MpiFamily seam), with no MPI at all: dtlaunch's own
 fan-out (dtlaunch.agents.gloo_start) starts one agent per host over ssh, which starts the
-host's ranks. Pure; the job itself is prepared in dtlaunch.gloo.start.
+host's ranks. Pure; the job itself is prepared in dtlaunch.gloo.kind.
 
 The shown command (`dtlaunch-gloo -np N -H HOSTS PROGRAM...`) names what runs; nothing of it
 is a real command line: the job reaches the fan-out on its standard input.

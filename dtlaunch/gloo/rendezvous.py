@@ -92,7 +92,6 @@ class Store:
         default_factory=dict)
     port: int = 0
     refusals: list[Refusal] = field(default_factory=list)
-    served: int = 0
     _data: dict[str, dict[str, bytes]] = field(default_factory=dict)
     _finished: dict[str, set[str]] = field(default_factory=dict)
     _nonces: dict[bytes, float] = field(default_factory=dict)  # nonce -> when it came (or inf)
@@ -109,7 +108,7 @@ class Store:
         again when another address has it taken)."""
         for attempt in range(5):
             try:
-                self._bind_all(self.port)
+                self._bind(self.addresses, self.port)
                 break
             except OSError as exc:
                 for sock in self._socks:
@@ -123,10 +122,7 @@ class Store:
             threading.Thread(target=self._accept, args=(sock,), daemon=True,
                              name="dtlaunch-gloo-store").start()
 
-    def _bind_all(self, port: int) -> None:
-        self._bind_all_of(self.addresses, port)
-
-    def _bind_all_of(self, addresses: Sequence[str], port: int) -> None:
+    def _bind(self, addresses: Sequence[str], port: int) -> None:
         for address in addresses:
             family = socket.AF_INET6 if ":" in address else socket.AF_INET
             sock = socket.socket(family, socket.SOCK_STREAM)
@@ -147,7 +143,7 @@ class Store:
         self.addresses = [*self.addresses, address]
         before = len(self._socks)
         try:
-            self._bind_all_of([address], self.port)
+            self._bind([address], self.port)
         except OSError as exc:
             self.addresses = self.addresses[:-1]
             raise DtlaunchError(f"the rendezvous store cannot listen on {address} port "
@@ -277,11 +273,8 @@ class Store:
         scope, key = where
         hook = self.hooks.get(scope)
         if hook is not None:
-            with self._lock:
-                self.served += 1
             return hook(method, key, body)
         with self._lock:
-            self.served += 1
             values = self._data.get(scope, {})
             if method == b"GET":
                 value = values.get(key)

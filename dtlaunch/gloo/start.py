@@ -1,6 +1,6 @@
-"""What starts a Gloo job: the rendezvous store, bound to the job's addresses, and the job for
-dtlaunch.agents.gloo_start (each host's argv and the bytes its agent reads), which goes to it
-on standard input, never on a command line.
+"""What each host's agent is started with, for dtlaunch.agents.gloo_start (Gloo, elastic and
+torch.distributed jobs): each host's argv and the bytes its agent reads, which go to it on
+standard input, never on a command line.
 
 Each host reaches the store at the address this machine uses towards that host (the source
 address of its route), found without sending anything; a host named as this machine
@@ -15,24 +15,11 @@ import os
 import shlex
 import socket
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 from dtlaunch import agents
 from dtlaunch.core.errors import DtlaunchError
-from dtlaunch.gloo.ranks import place_ranks, scope_sizes
-from dtlaunch.gloo.rendezvous import Store, new_secret
 from dtlaunch.job.hosts import local_names
 from dtlaunch.reach.ssh_options import SshOptions
-
-
-@dataclass(frozen=True)
-class GlooJob:
-    """The fan-out's argv, its environment, and what it reads on standard input."""
-
-    argv: tuple[str, ...]
-    env: dict[str, str]
-    stdin: bytes
-    store: Store
 
 
 def is_local(host: str) -> bool:
@@ -61,11 +48,6 @@ def source_address(host: str, ssh: SshOptions, known: str | None = None) -> str:
             return str(probe.getsockname()[0])
     raise DtlaunchError(f"--gloo: no route to host {host} ({target.hostname}) for the "
                         "rendezvous")
-
-
-def remote_words(argv: Sequence[str]) -> list[str]:
-    """ssh hands its command to the remote shell as one line: every word quoted."""
-    return [shlex.quote(word) for word in argv]
 
 
 # What an agent started by srun keeps of dtlaunch's environment (with Slurm's own SLURM_*):
@@ -117,7 +99,8 @@ def host_entry(host: str, job: Mapping[str, object], python: str, via_srun: bool
     elif via_srun:
         argv = srun_argv(host, boot)
     else:
-        argv = [*agents.ship("rsh.py").here(), host, *remote_words(boot)]
+        # ssh hands its command to the remote shell as one line: every word quoted.
+        argv = [*agents.ship("rsh.py").here(), host, *map(shlex.quote, boot)]
     return {"name": host, "argv": argv, "input": payload.decode("utf-8")}
 
 
@@ -125,51 +108,3 @@ def store_address(host: str, ssh: SshOptions, known: str | None = None) -> str:
     """Where `host`'s agent reaches the store: 127.0.0.1 for this machine, else the route's
     source address."""
     return "127.0.0.1" if is_local(host) else source_address(host, ssh, known)
-
-
-def prepare_gloo_job(
-    rank_hosts: Sequence[str],
-    common_env: Mapping[str, str],
-    shim_argv: Sequence[str],
-    python: str,
-    ssh: SshOptions,
-    ssh_args_env: Mapping[str, str],
-    launcher_env: Mapping[str, str],
-    host_iface: Mapping[str, str] | None = None,
-    iface_cidrs: Sequence[str] = (),
-    addresses: Mapping[str, str] | None = None,
-    via_srun: bool = False,
-    node_addresses: Mapping[str, str] | None = None,
-) -> GlooJob:
-    """Start the store and describe the job for the fan-out. `addresses` (tests): the store
-    address per host instead of the route's. `via_srun`: inside a Slurm allocation, each
-    host's agent is started as a one-task step on its node instead of over ssh;
-    `node_addresses`: where the scheduler reaches each node, for names that do not resolve."""
-    ranks = place_ranks(rank_hosts)
-    hosts = list(dict.fromkeys(rank_hosts))
-    where = dict(addresses or {})
-    for host in hosts:
-        if host not in where:
-            where[host] = store_address(host, ssh, (node_addresses or {}).get(host))
-    secret = new_secret()
-    store = Store(sorted(set(where.values())), secret, scope_sizes(ranks))
-    store.start()
-    try:
-        entries = []
-        for host in hosts:
-            env = dict(common_env)
-            if host_iface and host in host_iface:
-                env["HOROVOD_GLOO_IFACE"] = host_iface[host]
-            job = agent_job(host, where[host], store.port, secret, env, shim_argv, iface_cidrs,
-                            via_srun)
-            job["ranks"] = [{"env": r.env(len(ranks))} for r in ranks if r.host == host]
-            entries.append(host_entry(host, job, python, via_srun))
-        fanout = tuple(agents.ship("gloo_start.py").here())
-        env = dict(launcher_env)
-        env.update(ssh_args_env)
-        stdin = json.dumps({"hosts": entries}).encode("utf-8")
-        return GlooJob(fanout, env, stdin, store)
-    except BaseException:
-        store.close()
-        raise
-

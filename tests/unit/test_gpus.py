@@ -20,7 +20,6 @@ from dtlaunch.check.gpu_facts import (
 from dtlaunch.check.gpus import (
     check_gpus,
     choose_slots,
-    gpu_slots,
     slots_pending,
     unchecked_slots_text,
     visible_devices,
@@ -78,9 +77,11 @@ def test_query_round_trip(gpus: list[Gpu]) -> None:
 def test_slots_per_gpu_where_none_were_given() -> None:
     facts = {"h1": parse_gpu_facts(smi.H100_QUERY, smi.H100_HEADER), "h2": parse_gpu_facts(smi.A100_QUERY, smi.A100_HEADER),
              "h3": GpuFacts(smi=False)}
-    hosts = (Host("h1"), Host("h2", 2), Host("h3"))
-    assert gpu_slots(hosts, facts, slots_given={"h2"}) == (Host("h1", 8), Host("h2", 2), Host("h3"))
-    assert gpu_slots(hosts, facts, slots_given=()) == (Host("h1", 8), Host("h2", 4), Host("h3"))
+    counts = {h: f.count for h, f in facts.items()}
+    hosts = (Host("h1", slots_given=False), Host("h2", 2), Host("h3", slots_given=False))
+    assert choose_slots(hosts, counts, None).hosts == (Host("h1", 8), Host("h2", 2), Host("h3"))
+    hosts = tuple(Host(h.name, h.slots, slots_given=False) for h in hosts)
+    assert choose_slots(hosts, counts, None).hosts == (Host("h1", 8), Host("h2", 4), Host("h3"))
 
 
 def statuses(results: tuple[object, ...]) -> list[tuple[str, str]]:
