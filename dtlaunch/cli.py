@@ -87,7 +87,7 @@ def _event_printer(verbose: bool, line: Any = None) -> Callable[[Any], None]:
 def run(ctx: click.Context, /, **params: Any) -> None:
     """Run a command on every host through mpirun: SCRIPT.py [ARGS], -m MODULE [ARGS],
     python SCRIPT.py [ARGS] or any EXECUTABLE [ARGS] (horovodrun's options work too)."""
-    from dtlaunch.console.run_args import RunOptions, config_from_args, read_horovod
+    from dtlaunch.console.run_args import RunOptions, check_build_text, config_from_args, read_horovod
     from dtlaunch.run import session
 
     options = RunOptions.from_params(params)
@@ -95,8 +95,6 @@ def run(ctx: click.Context, /, **params: Any) -> None:
     for line in hvd.warnings:
         _warn(line)
     if hvd.check_build:
-        from dtlaunch.console.run_args import check_build_text
-
         with signals_raise():
             click.echo(check_build_text(options.python))
         return
@@ -150,7 +148,7 @@ def _leave(code: int) -> NoReturn:
 
 def show_job_end(outcome: RunOutcome, as_json: bool) -> None:
     """The job's report on stderr (root cause first) and, with --json, as data on stdout."""
-    from dtlaunch.console.render import job_report_to_dict
+    from dtlaunch.console.render import job_report_to_dict, render_report
 
     if as_json:
         import json
@@ -159,8 +157,6 @@ def show_job_end(outcome: RunOutcome, as_json: bool) -> None:
                                                  outcome.refused), indent=2))
     if outcome.refused is not None:
         if outcome.preflight is not None:
-            from dtlaunch.console.render import render_report
-
             render_report(outcome.preflight, sys.stderr)
         raise DtlaunchError(outcome.refused.describe())
     if outcome.report is not None:
@@ -277,34 +273,24 @@ def install_horovod_cmd(force: bool, mpi: str | None) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 @kind_doctor_flags
 @click.argument("script", required=False)
-def doctor(hosts: str | None, hostfile: str | None, iface: str | None, python: str | None,
-           ssh_port: int | None, ssh_identity_file: str | None, ssh_config: str | None,
-           connect_timeout: int, accept_new_host_keys: bool, via: str, timeout: float | None,
-           module: str | None, pairwise: bool, as_json: bool, script: str | None,
-           **kinds: bool) -> None:
+def doctor(as_json: bool, **params: Any) -> None:
     """Check every host (and this one) before a job: SSH, Open MPI, Python, Horovod, network."""
     from dtlaunch.console.doctor_args import DoctorArgs, read_doctor
+    from dtlaunch.console.render import ProgressLine, preload, render_report, report_to_json
     from dtlaunch.doctor.doctor import run_doctor
 
+    flags = [name for name in params if name.startswith("kind_")]  # kind_doctor_flags
     setup = read_doctor(DoctorArgs(
-        hosts, hostfile, iface, python, ssh_port, ssh_identity_file, ssh_config, connect_timeout,
-        accept_new_host_keys, via, timeout, module, pairwise, script,
-        tuple(name.removeprefix("kind_") for name, given in kinds.items() if given)))
+        **{k: v for k, v in params.items() if k not in flags},
+        kinds=tuple(name.removeprefix("kind_") for name in flags if params[name])))
     if setup.source and not as_json:
         _note(setup.source)
-    request, reach = setup.request, setup.reach
-    from dtlaunch.console.render import ProgressLine, preload
-
     with signals_raise(), ProgressLine(enabled=not as_json and sys.stderr.isatty()) as line:
-        report = run_doctor(request, progress=line.hosts_checked,
-                            while_waiting=None if as_json else preload, reach=reach)
+        report = run_doctor(setup.request, progress=line.hosts_checked,
+                            while_waiting=None if as_json else preload, reach=setup.reach)
     if as_json:
-        from dtlaunch.console.render import report_to_json
-
         click.echo(report_to_json(report))
     else:
-        from dtlaunch.console.render import render_report
-
         render_report(report)
     sys.exit(EXIT_OK if report.ok else EXIT_FAILURE)
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -60,10 +60,6 @@ class JobEnd:
     stopped: bool  # dtlaunch stopped it (a signal, --timeout): its word stands
 
 
-def _unchanged(end: JobEnd) -> JobEnd:
-    return end
-
-
 @dataclass(frozen=True)
 class StartedJob:
     """What runs (argv, its environment, its standard input), how its output and failures
@@ -76,7 +72,7 @@ class StartedJob:
     stdin: bytes | Callable[[IO[bytes]], None] | None = None
     on_lost_host: Callable[[str], None] | None = None
     close: Callable[[], None] = lambda: None
-    finish: Callable[[JobEnd], JobEnd] = field(default=_unchanged)
+    finish: Callable[[JobEnd], JobEnd] = lambda end: end
 
 
 class JobKind(Protocol):
@@ -126,10 +122,6 @@ class KindOption:
     type: type[str] | type[int] | None = str  # None: a flag (True when given)
 
 
-def _as_given(request: RunRequest, values: Mapping[str, Any]) -> RunRequest:
-    return request
-
-
 @dataclass(frozen=True)
 class KindOptions:
     """What a kind adds to the command line: its section of `dtlaunch run --help` with its
@@ -140,7 +132,7 @@ class KindOptions:
     section: str = ""  # "": no section (the kind's options, if any, are declared elsewhere)
     run: tuple[KindOption, ...] = ()
     doctor: KindOption | None = None
-    refine: Callable[[RunRequest, Mapping[str, Any]], RunRequest] = _as_given
+    refine: Callable[[RunRequest, Mapping[str, Any]], RunRequest] = lambda request, values: request
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,8 @@ that text into `HostFacts`, which the pure checks (dtlaunch.check.host_checks) j
 
 from __future__ import annotations
 
+import contextlib
+import ipaddress
 import json
 import re
 from dataclasses import dataclass, field
@@ -26,6 +28,16 @@ class Iface:
     def describe(self) -> str:
         state = "up" if self.up else "down"
         return f"{self.name} ({state}{', ' + ', '.join(self.addresses) if self.addresses else ''})"
+
+    def ipv4(self) -> list[ipaddress.IPv4Interface]:
+        """Its IPv4 addresses, each with its prefix; text that is no address is left out."""
+        found = []
+        for text in self.addresses:
+            with contextlib.suppress(ValueError):
+                value = ipaddress.ip_interface(text)
+                if isinstance(value, ipaddress.IPv4Interface):
+                    found.append(value)
+        return found
 
 
 @dataclass(frozen=True)
@@ -126,8 +138,8 @@ def parse_python_json(text: str) -> PythonFacts:
     try:
         data = json.loads(last)
     except ValueError:
-        detail = text.strip().splitlines()[-1] if text.strip() else "no output"
-        return PythonFacts(found=True, error=f"the interpreter could not run the probe: {detail}")
+        return PythonFacts(found=True, error="the interpreter could not run the probe: "
+                           f"{last or 'no output'}")
     if not isinstance(data, dict):
         return PythonFacts(found=True, error="unexpected probe output")
     if data.get("missing"):

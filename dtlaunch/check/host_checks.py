@@ -43,10 +43,9 @@ class Expectations:
     needs: HostNeeds = field(default_factory=HostNeeds)
 
 
-def _path_hint(what: str) -> str:
-    return (f"put {what} on the PATH of a non-interactive login: set PATH in ~/.bashrc ABOVE its "
-            "'If not running interactively' guard (or in /etc/environment), then check with "
-            "'ssh HOST command -v mpirun orted'")
+PATH_HINT = ("put Open MPI's bin directory on the PATH of a non-interactive login: set PATH in "
+             "~/.bashrc ABOVE its 'If not running interactively' guard (or in /etc/environment), "
+             "then check with 'ssh HOST command -v mpirun orted'")
 
 
 # --- single checks ------------------------------------------------------------------------------
@@ -63,7 +62,7 @@ def check_mpirun(facts: HostFacts, role: Role, needs_orted: bool = True) -> Chec
         names = " and ".join(missing)
         where = "this machine's PATH" if role == LOCAL else "the PATH of a non-interactive login"
         return CheckResult("mpirun", FAIL, f"{names} not found on {where} (PATH={facts.path})",
-                           INSTALL_OMPI_HINT + "; " + _path_hint("Open MPI's bin directory"))
+                           INSTALL_OMPI_HINT + "; " + PATH_HINT)
     return CheckResult("mpirun", PASS, str(facts.mpirun))
 
 
@@ -105,10 +104,6 @@ def check_python(py: PythonFacts, expect: Expectations,
     return CheckResult("python", PASS, f"{py.version} {py.executable}")
 
 
-def _ref_version(imported: str | None, metadata: str | None) -> str | None:
-    return imported or metadata
-
-
 def check_torch(py: PythonFacts, local: PythonFacts | None) -> CheckResult:
     if not py.found or py.error:
         return CheckResult("torch", SKIP, "no python")
@@ -118,8 +113,8 @@ def check_torch(py: PythonFacts, local: PythonFacts | None) -> CheckResult:
     if py.torch_error:
         return CheckResult("torch", FAIL, f"import torch fails: {py.torch_error}",
                            f"reinstall torch for {py.executable}")
-    mine = _ref_version(py.torch_imported, py.torch_version)
-    theirs = _ref_version(local.torch_imported, local.torch_version) if local else None
+    mine = py.torch_imported or py.torch_version
+    theirs = (local.torch_imported or local.torch_version) if local else None
     if theirs and mine != theirs:
         return CheckResult("torch", FAIL, f"torch {mine} here, {theirs} on this machine",
                            f"install torch=={theirs} on this host")
@@ -137,11 +132,11 @@ def check_horovod(py: PythonFacts, local: PythonFacts | None,
     if py.horovod_error:
         return CheckResult("horovod", FAIL, f"import horovod fails: {py.horovod_error}",
                            INSTALL_HOROVOD_HINT)
-    mine = _ref_version(py.horovod_imported, py.horovod_version)
+    mine = py.horovod_imported or py.horovod_version
     build = (f"frameworks {','.join(py.frameworks) or 'none'}; "
              f"controllers {','.join(py.controllers) or 'none'}; "
              f"tensor ops {','.join(py.tensor_ops) or 'none'}")
-    theirs = _ref_version(local.horovod_imported, local.horovod_version) if local else None
+    theirs = (local.horovod_imported or local.horovod_version) if local else None
     if theirs and mine != theirs:
         return CheckResult("horovod", FAIL, f"horovod {mine} here, {theirs} on this machine",
                            f"install horovod {theirs} on this host")
@@ -181,22 +176,6 @@ def check_script(facts: HostFacts, expect: Expectations) -> CheckResult:
     return CheckResult("script", SKIP, "no script given")
 
 
-def _likely_unroutable(name: str) -> bool:
-    return name.startswith(UNROUTABLE_PREFIXES)
-
-
-def _ipv4(addresses: Sequence[str]) -> list[ipaddress.IPv4Interface]:
-    found: list[ipaddress.IPv4Interface] = []
-    for text in addresses:
-        try:
-            value = ipaddress.ip_interface(text)
-        except ValueError:
-            continue
-        if isinstance(value, ipaddress.IPv4Interface):
-            found.append(value)
-    return found
-
-
 def _listing(ifaces: Sequence[Iface]) -> str:
     return "; ".join(i.describe() for i in ifaces) or "none"
 
@@ -208,7 +187,7 @@ def check_iface(facts: HostFacts, iface: Interfaces | None) -> CheckResult:
                            "install iproute2 so the interfaces can be checked")
     if iface is None:
         suspicious = [i.name for i in ifaces if i.up and i.name != "lo"
-                      and _likely_unroutable(i.name) and _ipv4(i.addresses)]
+                      and i.name.startswith(UNROUTABLE_PREFIXES) and i.ipv4()]
         if suspicious:
             return CheckResult("iface", WARN, "no --iface given and likely unroutable networks "
                                "are up: " + ", ".join(suspicious),
@@ -229,7 +208,7 @@ def check_iface(facts: HostFacts, iface: Interfaces | None) -> CheckResult:
                                "bring a down interface up with 'ip link set NAME up'")
         return CheckResult("iface", PASS, ", ".join(iface.names))
     networks = [ipaddress.ip_network(c) for c in iface.cidrs]
-    matches = [(i.name, str(a)) for i in ifaces if i.up for a in _ipv4(i.addresses)
+    matches = [(i.name, str(a)) for i in ifaces if i.up for a in i.ipv4()
                if any(a.ip in n for n in networks)]
     if not matches:
         return CheckResult("iface", FAIL, f"no address in {', '.join(iface.cidrs)} on an interface "

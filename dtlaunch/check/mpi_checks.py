@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dtlaunch.check.facts import HostFacts
 from dtlaunch.check.report import FAIL, PASS, SKIP, CheckResult
-from dtlaunch.core.mpi_kinds import MPI_KINDS, PREFERRED_MPI, HostRule, MpiImpl
+from dtlaunch.core.mpi_kinds import MPI_KINDS, PREFERRED_MPI, MpiImpl
 
 NAME = "mpi"  # the report's column for the MPI implementation
 
@@ -21,11 +21,7 @@ def host_daemon(local: MpiImpl | None) -> str:
     """The daemon each host must have on its PATH ("": none) for a job started by this
     machine's MPI, `local`."""
     kind = local.kind if local is not None else None
-    return (kind.rule if kind else _preferred()).daemon
-
-
-def _preferred() -> HostRule:
-    return MPI_KINDS[PREFERRED_MPI].rule
+    return (kind.rule if kind else MPI_KINDS[PREFERRED_MPI].rule).daemon
 
 
 def _too_old(impl: MpiImpl) -> str | None:
@@ -45,7 +41,7 @@ def check_mpi(facts: HostFacts, local: MpiImpl | None) -> CheckResult:
     kind = local.kind if local is not None else None
     against = local if kind is not None else None
     # Alone: by its own family's rule when dtlaunch knows it.
-    rule = kind.rule if kind else impl.kind.rule if impl.kind else _preferred()
+    rule = kind.rule if kind else impl.kind.rule if impl.kind else MPI_KINDS[PREFERRED_MPI].rule
     least = _too_old(impl)
     texts = {"mpirun": facts.mpirun, "here": _named(impl, rule.unknown),
              "here_version": impl.version, "least": least or "",

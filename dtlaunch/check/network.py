@@ -73,19 +73,8 @@ class NetworkChoice:
 
 
 def _addresses(ifaces: Sequence[Iface]) -> list[Addr]:
-    found: list[Addr] = []
-    for iface in ifaces:
-        if not iface.up:
-            continue
-        for text in iface.addresses:
-            try:
-                addr = ipaddress.ip_interface(text)
-            except ValueError:
-                continue
-            if (isinstance(addr, ipaddress.IPv4Interface) and not addr.ip.is_loopback
-                    and not addr.ip.is_link_local and not addr.ip.is_unspecified):
-                found.append((iface.name, addr))
-    return found
+    return [(i.name, a) for i in ifaces if i.up for a in i.ipv4()
+            if not (a.ip.is_loopback or a.ip.is_link_local or a.ip.is_unspecified)]
 
 
 def _listing(name: str, ifaces: Sequence[Iface]) -> str:
@@ -113,15 +102,6 @@ def _participants(hosts: Mapping[str, Sequence[Iface]],
 def _host_local(net: Net, usable: Mapping[str, list[Addr]]) -> list[str]:
     return sorted({n for addrs in usable.values() for n, a in addrs
                    if a.ip in net and n.startswith(HOST_LOCAL_PREFIXES)})
-
-
-def _refuse(problem: str, hosts: Mapping[str, Sequence[Iface]],
-            local: Sequence[Iface] | None, left_out: Sequence[str] = ()) -> NetworkChoice:
-    listing = [_listing(h, i) for h, i in hosts.items()]
-    if local is not None:
-        listing.append(_listing(LOCAL.value, local))
-    detail = f"{problem} ({'; '.join(listing)})"
-    return NetworkChoice(left_out=tuple(left_out), problem=detail, fix=IFACE_FIX)
 
 
 def choose_network(hosts: Mapping[str, Sequence[Iface] | None],
@@ -166,7 +146,11 @@ def choose_network(hosts: Mapping[str, Sequence[Iface] | None],
             problem = ("several networks connect every host "
                        f"({', '.join(str(c) for c in chosen)}) and dtlaunch does not guess "
                        "which one the job should use")
-        return _refuse(problem, known, local, left_out)
+        listing = [_listing(h, i) for h, i in known.items()]
+        if local is not None:
+            listing.append(_listing(LOCAL.value, local))
+        return NetworkChoice(left_out=tuple(left_out), problem=f"{problem} ({'; '.join(listing)})",
+                             fix=IFACE_FIX)
     return _with_names(chosen[0], owners, known, tuple(left_out))
 
 

@@ -13,30 +13,28 @@ if TYPE_CHECKING:
     from dtlaunch.check.gpu_facts import GpuFacts
 
 
-class Status(str, Enum):
-    """A check's verdict. A str, so JSON and comparisons with "pass" keep working."""
+class _Word(str, Enum):
+    """A str that prints as its value, so JSON and comparisons with "pass" keep working."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
+class Status(_Word):
+    """A check's verdict."""
 
     PASS = "pass"
     WARN = "warn"
     FAIL = "fail"
     SKIP = "skip"
 
-    def __str__(self) -> str:
-        return self.value
 
-    def __format__(self, spec: str) -> str:
-        return format(self.value, spec)
-
-
-class Role(str, Enum):
+class Role(_Word):
     LOCAL = "this machine"  # the machine running dtlaunch
     HOST = "host"  # a host reached through a Prober
-
-    def __str__(self) -> str:
-        return self.value
-
-    def __format__(self, spec: str) -> str:
-        return format(self.value, spec)
 
 
 PASS, WARN, FAIL, SKIP = Status.PASS, Status.WARN, Status.FAIL, Status.SKIP
@@ -58,11 +56,7 @@ class CheckResult:
 
 
 def worst(statuses: Iterable[Status]) -> Status:
-    result = SKIP
-    for status in statuses:
-        if _RANK[status] > _RANK[result]:
-            result = status
-    return result
+    return max(statuses, key=_RANK.__getitem__, default=SKIP)
 
 
 @dataclass(frozen=True)

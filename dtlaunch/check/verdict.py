@@ -54,9 +54,8 @@ def check_host(facts: HostFacts, role: Role, expect: Expectations, local: HostFa
         python = tuple(CheckResult(name, SKIP, "not a Python command")
                        for name in ("python", "torch", "horovod"))
     if not needs.mpi:
-        mpi: tuple[CheckResult, ...] = (
-            CheckResult("mpirun", SKIP, f"not needed ({needs.option})"),
-            CheckResult("mpi", SKIP, f"not needed ({needs.option})"))
+        mpi = tuple(CheckResult(name, SKIP, f"not needed ({needs.option})")
+                    for name in ("mpirun", "mpi"))
     else:
         mpi = (check_mpirun(facts, role, needs_orted=bool(host_daemon(local_mpi))),
                check_mpi(facts, local_mpi))
@@ -101,12 +100,6 @@ def gpu_checks(outcomes: Sequence[HostOutcome]) -> tuple[CheckResult, ...]:
                       {h: nccl_of(f.python) or None for h, f in rank.items()})
 
 
-def skipped_after_ssh(problem: CheckResult) -> tuple[CheckResult, ...]:
-    rest = [CheckResult(name, SKIP, "not reached") for name in CHECK_NAMES[1:]
-            if name != "hostname"]
-    return (problem, *rest)
-
-
 def evaluate(outcomes: Sequence[HostOutcome], expect: Expectations, seconds: float = 0.0,
              peers: Sequence[str] = ()) -> DoctorReport:
     """Every host's facts (or SSH problem) into the doctor's report."""
@@ -117,8 +110,9 @@ def evaluate(outcomes: Sequence[HostOutcome], expect: Expectations, seconds: flo
     reports: list[HostReport] = []
     for outcome in outcomes:
         if outcome.facts is None:
-            problem = outcome.problem or unreachable("no answer", "")
-            checks = skipped_after_ssh(problem)
+            checks = (outcome.problem or unreachable("no answer", ""),
+                      *(CheckResult(name, SKIP, "not reached") for name in CHECK_NAMES[1:]
+                        if name != "hostname"))
             versions: tuple[tuple[str, str], ...] = ()
             hostname = ""
             warnings: tuple[str, ...] = ()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from dtlaunch.cluster.allocation import detect
@@ -21,13 +21,12 @@ from dtlaunch.doctor.doctor import (
     build_expectations,
     network_to_choose,
 )
-from dtlaunch.job.hosts import Host
 from dtlaunch.mpi import HostNeeds, parse_iface
 from dtlaunch.mpijob.launcher_choice import job_launcher
 from dtlaunch.plan.plan import RunRequest, check_module_name
 from dtlaunch.probe import reach_for
 from dtlaunch.probe.prober import Reach
-from dtlaunch.reach.ssh_options import SshOptions, ssh_options_from
+from dtlaunch.reach.ssh_options import ssh_options_from
 
 
 @dataclass(frozen=True)
@@ -58,19 +57,6 @@ class DoctorSetup:
     source: str  # where the hosts came from ("" when given with -H or --hostfile)
 
 
-def doctor_placement(hosts: Sequence[Host], via: str, ssh: SshOptions,
-                     environ: Mapping[str, str] | None = None,
-                     ) -> tuple[tuple[str, ...], Reach, str]:
-    """Which hosts doctor checks and how: inside a Slurm job with no -H, exactly the allocated
-    nodes through srun. Returns the host names, the Reach and where they came from."""
-    placement = plan_allocation(RunRequest(hosts=tuple(hosts), python=sys.executable,
-                                           via=via),
-                                detect(dict(os.environ) if environ is None else environ), via)
-    names = tuple(h.name for h in placement.request.hosts)
-    source = placement.source if placement.allocation is not None else ""
-    return names, reach_for(placement.request.via, ssh), source
-
-
 def kind_needs(kinds: Sequence[str]) -> HostNeeds:
     """What the hosts need for the job kind whose doctor flag was given (at most one): its
     family's needs; an MPI job's without one."""
@@ -90,8 +76,11 @@ def kind_needs(kinds: Sequence[str]) -> HostNeeds:
 def read_doctor(args: DoctorArgs) -> DoctorSetup:
     ssh = ssh_options_from(args.ssh_port, args.ssh_identity_file, args.ssh_config,
                            args.connect_timeout, args.accept_new_host_keys)
-    host_names, reach, source = doctor_placement(read_hosts(args.hosts, args.hostfile),
-                                                 args.via, ssh)
+    # Inside a Slurm job with no -H: exactly the allocated nodes, through srun.
+    placement = plan_allocation(RunRequest(hosts=read_hosts(args.hosts, args.hostfile),
+                                           python=sys.executable, via=args.via),
+                                detect(dict(os.environ)), args.via)
+    host_names = tuple(h.name for h in placement.request.hosts)
     needs = kind_needs(args.kinds)
     if args.script is not None and args.module is not None:
         raise UsageError("doctor: give either SCRIPT or -m MODULE, not both")
@@ -109,4 +98,5 @@ def read_doctor(args: DoctorArgs) -> DoctorSetup:
         mpi_launcher=job_launcher() if needs.mpi else "",
         job_path=os.environ.get("PATH", ""),  # what run exports to the ranks
     )
-    return DoctorSetup(request, reach, source)
+    return DoctorSetup(request, reach_for(placement.request.via, ssh),
+                       placement.source if placement.allocation is not None else "")

@@ -208,14 +208,16 @@ def horovod_click_options(exclude_flags: tuple[str, ...] = ()) -> Callable[[F], 
 RUN_OWN_FLAGS = ("--min-np",)
 
 
-class SectionedCommand(click.Command):
-    """A command whose --help shows its options under their sections' headings (`option_group`),
-    in `sections`' order; -h/--help itself is shown under EXIT."""
-
-    sections: tuple[str, ...] = RUN_SECTIONS
+class RunCommand(click.Command):
+    """`dtlaunch run`: click reads only the words before the program; the program's words
+    (dtlaunch.job.command.split_program) reach the command as `program`, untouched, so an option
+    after `-m MODULE` or after the script (`-p`, `-H`, `--`) is the program's, never dtlaunch's.
+    What click leaves over (`args`) can only be options it does not know. Its --help shows the
+    options under their sections' headings (`option_group`), in RUN_SECTIONS' order; -h/--help
+    itself is shown under EXIT."""
 
     def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        rows: dict[str, list[tuple[str, str]]] = {title: [] for title in self.sections}
+        rows: dict[str, list[tuple[str, str]]] = {title: [] for title in RUN_SECTIONS}
         help_names = set(self.get_help_option_names(ctx))
         for param in self.get_params(ctx):
             record = param.get_help_record(ctx)
@@ -227,13 +229,6 @@ class SectionedCommand(click.Command):
             if found:
                 with formatter.section(title):
                     formatter.write_dl(found)
-
-
-class RunCommand(SectionedCommand):
-    """`dtlaunch run`: click reads only the words before the program; the program's words
-    (dtlaunch.job.command.split_program) reach the command as `program`, untouched, so an option
-    after `-m MODULE` or after the script (`-p`, `-H`, `--`) is the program's, never dtlaunch's.
-    What click leaves over (`args`) can only be options it does not know."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         short: dict[str, int] = {}

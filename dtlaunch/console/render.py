@@ -14,7 +14,7 @@ import time
 from dataclasses import asdict
 from typing import IO, TYPE_CHECKING, Any
 
-from dtlaunch.check.report import FAIL, LOCAL, PASS, SKIP, WARN, DoctorReport, Role
+from dtlaunch.check.report import FAIL, LOCAL, PASS, SKIP, WARN, CheckResult, DoctorReport
 from dtlaunch.core.failure import signal_name
 from dtlaunch.run.progress import HOSTS_CHECKED, HOSTS_UP, RANKS_RUNNING, Progress
 
@@ -39,10 +39,6 @@ def _console(console_class: Any, stream: IO[str] | None) -> Any:
     return console_class(file=out, highlight=False, width=wide)
 
 
-def json_role(role: Role) -> str:
-    return JSON_ROLES.get(role, role.value)
-
-
 def report_to_dict(report: DoctorReport) -> dict[str, Any]:
     return {
         "status": report.status if report.status != SKIP else PASS,
@@ -55,7 +51,7 @@ def report_to_dict(report: DoctorReport) -> dict[str, Any]:
         "hosts": [
             {
                 "host": h.host,
-                "role": json_role(h.role),
+                "role": JSON_ROLES.get(h.role, h.role.value),
                 "hostname": h.hostname,
                 "status": h.status,
                 "seconds": round(h.seconds, 3),
@@ -122,10 +118,7 @@ def render_report(report: DoctorReport, stream: IO[str] | None = None) -> None:
         if check.status not in (FAIL, WARN):
             console.print(f"[dim]{check.name}: {escape(check.detail)}[/]")
     for host_name, check in (*report.failures(), *report.warnings()):
-        word = "[bold red]FAIL[/]" if check.status == FAIL else "[yellow]warn[/]"
-        console.print(f"{word} [bold]{escape(host_name)}[/] {check.name}: {escape(check.detail)}")
-        if check.hint:
-            console.print(f"     [cyan]fix:[/] {escape(check.hint)}")
+        _print_problem(console, f"[bold]{escape(host_name)}[/]", check)
     total = len(report.hosts)
     bad = len({h for h, _ in report.failures()})
     summary = (f"all {total} host(s) ready" if report.ok
@@ -300,18 +293,14 @@ def iso_utc(at: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(at)) + f".{int(at % 1 * 1000):03d}Z"
 
 
-def attempt_line(record: AttemptRecord) -> str:
-    hosts = ",".join(record.hosts)
-    return (f"  #{record.number} {clock_time(record.started_at)} {record.duration_s:7.1f} s  "
-            f"{record.ranks} rank(s) on {hosts}: {record.ended} (exit {record.exit_code})")
-
-
 def restart_report_lines(report: RestartReport) -> list[str]:
     """One line per attempt, the hosts dropped and why, and why the loop stopped (each line is
     given the `dtlaunch: ` prefix by the CLI)."""
     used = max(len(report.attempts) - 1, 0)
     lines = [f"attempts ({used} of {report.max_restarts} restart(s) used):"]
-    lines += [attempt_line(record) for record in report.attempts]
+    lines += [f"  #{r.number} {clock_time(r.started_at)} {r.duration_s:7.1f} s  "
+              f"{r.ranks} rank(s) on {','.join(r.hosts)}: {r.ended} (exit {r.exit_code})"
+              for r in report.attempts]
     for record in report.attempts:
         for host, why in record.dropped:
             lines.append(f"dropped {host} before attempt #{record.number}: {why}")
@@ -375,9 +364,15 @@ def render_env(report: EnvReport, stream: IO[str] | None = None) -> None:
                       f"[{STYLES[check.status]}]{SYMBOLS[check.status]}[/]")
     console.print(table)
     for item in items:
-        check = item.check
-        if check.status in (FAIL, WARN) and check.hint:
-            word = "[bold red]FAIL[/]" if check.status == FAIL else "[yellow]warn[/]"
-            console.print(f"{word} {escape(item.section)} {escape(check.name)}: "
-                          f"{escape(check.detail)}")
-            console.print(f"     [cyan]fix:[/] {escape(check.hint)}")
+        if item.check.status in (FAIL, WARN) and item.check.hint:
+            _print_problem(console, escape(item.section), item.check)
+
+
+def _print_problem(console: Any, where: str, check: CheckResult) -> None:
+    """A failure or warning (`where`: its host or section, as markup) with its fix."""
+    from rich.markup import escape
+
+    word = "[bold red]FAIL[/]" if check.status == FAIL else "[yellow]warn[/]"
+    console.print(f"{word} {where} {escape(check.name)}: {escape(check.detail)}")
+    if check.hint:
+        console.print(f"     [cyan]fix:[/] {escape(check.hint)}")

@@ -5,9 +5,6 @@ horovodrun's, generated from their table and placed by
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, TypeVar
-
 import click
 
 from dtlaunch.console.options import (
@@ -22,14 +19,13 @@ from dtlaunch.console.options import (
     RUN_OWN_FLAGS,
     SECONDS,
     SSH,
+    F,
     horovod_click_options,
     host_option,
     kind_option_groups,
     option_group,
     single_option,
 )
-
-F = TypeVar("F", bound=Callable[..., Any])
 
 _GROUPS = (
     option_group(

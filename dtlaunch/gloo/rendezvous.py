@@ -63,14 +63,11 @@ def split_path(path: bytes) -> tuple[str, str] | None:
     except UnicodeDecodeError:
         return None
     parts = text.split("/")
-    if len(parts) != 3 or parts[0]:
+    if len(parts) != 3 or parts[0] or not all(
+            0 < len(name) <= MAX_NAME and _NAME_CHARS.issuperset(name) and name[0] != "."
+            for name in parts[1:]):
         return None
-    scope, key = parts[1], parts[2]
-    for name in (scope, key):
-        if (not name or len(name) > MAX_NAME or not _NAME_CHARS.issuperset(name)
-                or name.startswith(".")):
-            return None
-    return scope, key
+    return parts[1], parts[2]
 
 
 @dataclass

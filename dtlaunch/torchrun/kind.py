@@ -11,17 +11,20 @@ import binascii
 import json
 import os
 import secrets
+import socket
 from collections.abc import Sequence
 
 from dtlaunch import agents
+from dtlaunch.core.errors import DtlaunchError
 from dtlaunch.gloo.start import SRUN_TASK_VARIABLES, host_entry, is_local, source_address
 from dtlaunch.jobkind import JobContext, OwnFanout, StartedJob
 from dtlaunch.mpi import SLURM
 from dtlaunch.plan.plan import build_program, shim_python
+from dtlaunch.reach.ssh_config import load_ssh_config, resolve_target
 from dtlaunch.reach.ssh_options import SshOptions
 from dtlaunch.torchrun.family import TORCH
+from dtlaunch.torchrun.options import TorchSpec
 from dtlaunch.torchrun.ranks import place_workers, program_for, worker_env
-from dtlaunch.torchrun.spec import TorchSpec
 
 # Placeholders the fan-out fills once host 0's agent has bound the master address and port
 # (agents/gloo_start.py).
@@ -36,16 +39,10 @@ def master_hint(hosts: Sequence[str], ssh: SshOptions, node_address: str | None)
     if is_local(first):
         others = [h for h in hosts if not is_local(h)]
         return "127.0.0.1" if not others else source_address(others[0], ssh)
-    from dtlaunch.reach.ssh_config import load_ssh_config, resolve_target
-
     target = resolve_target(first, ssh, load_ssh_config(ssh.config_file))
-    import socket
-
     try:
         infos = socket.getaddrinfo(node_address or target.hostname, None, type=socket.SOCK_STREAM)
     except (OSError, UnicodeError) as exc:
-        from dtlaunch.core.errors import DtlaunchError
-
         raise DtlaunchError(f"--torch: cannot resolve host {first} ({target.hostname}), "
                             f"where the job's store is held: {exc}") from None
     ipv4 = [i for i in infos if i[0] == socket.AF_INET]
@@ -55,7 +52,6 @@ def master_hint(hosts: Sequence[str], ssh: SshOptions, node_address: str | None)
 class TorchJobKind(OwnFanout):
     name = "torch"
     FAMILY = TORCH
-
 
     def start(self, context: JobContext) -> StartedJob:
         request, plan, network = context.request, context.plan, context.network
@@ -85,10 +81,8 @@ class TorchJobKind(OwnFanout):
                      for w in workers if w.host == host]
             serve = index == 0
             c10d = {"serve": serve, "secret": secret,
-                    "addr": master_hint(hosts, request.ssh, nodes.get(host)) if serve
-                    else MASTER_ADDR,
-                    "port": spec.master_port or 0 if serve
-                    else MASTER_PORT,
+                    "addr": master_hint(hosts, request.ssh, nodes.get(host)) if serve else MASTER_ADDR,
+                    "port": (spec.master_port or 0) if serve else MASTER_PORT,
                     "cidrs": list(network.cidrs if network is not None else
                                   request.iface.cidrs if request.iface is not None else ())}
             job = {"host": host, "env": env, "ranks": ranks, "shim": list(context.rank_program),
@@ -96,8 +90,8 @@ class TorchJobKind(OwnFanout):
                    "unset": list(SRUN_TASK_VARIABLES) if via_srun else []}
             entries.append(host_entry(host, job, context.python, via_srun, "torch_host.py"))
         stdin = json.dumps({"hosts": entries, "prefix": TORCH.prefix}).encode("utf-8")
-        env = dict(plan.launcher_env)
-        return StartedJob(tuple(agents.ship("gloo_start.py").here()), env, TORCH, stdin=stdin)
+        return StartedJob(tuple(agents.ship("gloo_start.py").here()), dict(plan.launcher_env),
+                          TORCH, stdin=stdin)
 
 
 TORCH_JOB = TorchJobKind()

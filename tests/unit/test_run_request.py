@@ -207,7 +207,7 @@ def test_a_kinds_options_reach_the_request_through_the_registry(
         caught: dict[str, LaunchRequest]) -> None:
     """--torch's options are declared from its KindOptions and read by its refine, on every
     path; a library caller names them in RunOptions.kinds."""
-    from dtlaunch.torchrun.spec import TorchSpec
+    from dtlaunch.torchrun.options import TorchSpec
 
     through_every_path(["-H", "a,b", "--torch", "--nproc-per-node", "2", "--master-port", "29600",
                         "train.py"])

@@ -9,13 +9,13 @@ from hypothesis import strategies as st
 from dtlaunch.core.errors import UsageError
 from dtlaunch.jobkind import KINDS, kind_for
 from dtlaunch.plan.plan import RunRequest
-from dtlaunch.torchrun.ranks import place_workers, program_for, worker_env
-from dtlaunch.torchrun.spec import (
+from dtlaunch.torchrun.options import (
     GPU,
     parse_local_rank_arg,
     parse_master_port,
     parse_nproc_per_node,
 )
+from dtlaunch.torchrun.ranks import place_workers, program_for, worker_env
 
 
 def test_workers_fill_the_hosts_in_order_with_torchruns_places() -> None:
