@@ -14,7 +14,7 @@ import time
 from dataclasses import asdict
 from typing import IO, TYPE_CHECKING, Any
 
-from dtlaunch.check.report import FAIL, LOCAL, PASS, SKIP, WARN, CheckResult, DoctorReport
+from dtlaunch.check.report import FAIL, LOCAL, PASS, SKIP, WARN, CheckResult, DoctorReport, Status
 from dtlaunch.core.failure import signal_name
 from dtlaunch.run.progress import HOSTS_CHECKED, HOSTS_UP, RANKS_RUNNING, Progress
 
@@ -99,11 +99,8 @@ def render_report(report: DoctorReport, stream: IO[str] | None = None) -> None:
     table.add_column("time", justify="right")
     for host in report.hosts:
         label = host.host + (f" ({LOCAL})" if host.role == LOCAL else "")
-        cells = []
-        for name in report.columns:
-            check = host.check(name)
-            status = check.status if check else SKIP
-            cells.append(f"[{STYLES[status]}]{SYMBOLS[status]}[/]")
+        cells = [_cell(check.status if check else SKIP)
+                 for check in map(host.check, report.columns)]
         table.add_row(escape(label), *cells, f"{host.seconds:.2f}s")
     console.print(table)
     for host in report.hosts:
@@ -361,11 +358,15 @@ def render_env(report: EnvReport, stream: IO[str] | None = None) -> None:
     for item in items:
         check = item.check
         table.add_row(escape(item.section), escape(check.name), escape(check.detail),
-                      f"[{STYLES[check.status]}]{SYMBOLS[check.status]}[/]")
+                      _cell(check.status))
     console.print(table)
     for item in items:
         if item.check.status in (FAIL, WARN) and item.check.hint:
             _print_problem(console, escape(item.section), item.check)
+
+
+def _cell(status: Status) -> str:
+    return f"[{STYLES[status]}]{SYMBOLS[status]}[/]"
 
 
 def _print_problem(console: Any, where: str, check: CheckResult) -> None:

@@ -10,7 +10,7 @@ from the network the pre-flight chose.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 
@@ -68,12 +68,6 @@ def host_ifaces(names: Sequence[tuple[str, Sequence[str]]], common: str | None,
                 hosts: Sequence[str]) -> dict[str, str]:
     """HOROVOD_GLOO_IFACE for each host: its own interface on the chosen network (names may
     differ between hosts, which one horovodrun value cannot say), else the common one."""
-    own: Mapping[str, Sequence[str]] = dict(names)
-    out: dict[str, str] = {}
-    for host in hosts:
-        found = own.get(host)
-        if found:
-            out[host] = found[0]
-        elif common:
-            out[host] = common
-    return out
+    own = dict(names)
+    chosen = {host: own[host][0] if own.get(host) else common for host in hosts}
+    return {host: iface for host, iface in chosen.items() if iface}

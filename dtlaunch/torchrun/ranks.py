@@ -18,6 +18,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from dtlaunch.gloo.ranks import place_ranks
+
 ROLE = "default"  # torchrun's only role
 # The user's own value wins for these, as under torchrun.
 USER_FIRST = ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "OMP_NUM_THREADS")
@@ -33,16 +35,11 @@ class Worker:
 
 
 def place_workers(rank_hosts: Sequence[str]) -> tuple[Worker, ...]:
-    """Every worker's place, from the host of each rank (in rank order)."""
+    """Every worker's place, from the host of each rank (in rank order): a Gloo rank's, with
+    its host's index in the job."""
     order = list(dict.fromkeys(rank_hosts))
-    sizes = {h: rank_hosts.count(h) for h in order}
-    seen: dict[str, int] = {}
-    out = []
-    for rank, host in enumerate(rank_hosts):
-        local = seen.get(host, 0)
-        seen[host] = local + 1
-        out.append(Worker(rank, host, local, sizes[host], order.index(host)))
-    return tuple(out)
+    return tuple(Worker(r.rank, r.host, r.local_rank, r.local_size, order.index(r.host))
+                 for r in place_ranks(rank_hosts))
 
 
 def worker_env(worker: Worker, world_size: int, group_world_size: int, *, attempt: int,
