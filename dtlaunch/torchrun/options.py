@@ -40,9 +40,7 @@ def parse_nproc_per_node(text: str | None) -> int | str | None:
 
 
 def parse_local_rank_arg(text: str | None) -> str | None:
-    if text is None:
-        return None
-    if not _OPTION.fullmatch(text):
+    if text is not None and not _OPTION.fullmatch(text):
         raise UsageError(f"--local-rank-arg: expected an option name such as --local-rank or "
                          f"--local_rank, got {text!r}")
     return text
