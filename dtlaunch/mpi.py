@@ -178,8 +178,6 @@ class MpiFamily(Protocol):
         return chosen
 
 
-FamilyDefaults = MpiFamily  # the name gloo/family.py still derives from
-
 
 def local_mpi(family: MpiFamily, program: str, refuse: bool = True) -> MpiImpl:
     """Ask the local launcher what it is; refuse one that this family cannot drive."""

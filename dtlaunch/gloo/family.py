@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from dtlaunch.agents import PIPE_BUF, SSH_ARGS_ENV
 from dtlaunch.core.errors import UsageError
 from dtlaunch.job.hosts import format_hosts
-from dtlaunch.mpi import FamilyDefaults, HostNeeds, JobSpec, MpiImpl
+from dtlaunch.mpi import HostNeeds, JobSpec, MpiFamily, MpiImpl
 
 if TYPE_CHECKING:
     from dtlaunch.core.failure import Failure
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 LAUNCHER = "dtlaunch-gloo"
 
 
-class Gloo(FamilyDefaults):
+class Gloo(MpiFamily):
     """No launcher of anyone else's: no launcher defaults, no support files, no ssh setting
     files; the chosen network as is."""
 
