@@ -331,6 +331,7 @@ class C10dStoreServer:
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self.refused = 0  # connections closed unadmitted (for tests)
+        self._agent_hosts: Set[str] = set()
         self.admitted = 0
 
     # --- life ---
@@ -339,6 +340,11 @@ class C10dStoreServer:
     def address(self) -> Tuple[str, int]:
         here = self._listener.getsockname()
         return here[0], here[1]
+
+    @property
+    def agents_seen(self) -> int:
+        """How many other hosts' agents (by address) have proven they know the job's secret."""
+        return len(self._agent_hosts)
 
     @property
     def connections(self) -> int:
@@ -610,6 +616,7 @@ class C10dStoreServer:
             return
         c.key = _c10d_session_key(secret, client_nonce, server_nonce)
         c.phase = _C10D_CONTROL
+        self._agent_hosts.add(c.peer[0])
         c.deadline = None
         self._controls[c.serial] = c
         for waiting in list(self._conns.values()):

@@ -151,7 +151,12 @@ def torch_main(stream: BinaryIO) -> int:
             agent.end_ranks()
             return code
         code = agent.wait()
-        while code == 0 and server is not None and server.connections \
+        # Host 0 serves until every other host's agent has come and gone: its own workers may
+        # end before another host's agent has even connected (a job that never uses the
+        # store). A host whose agent fails ends the job through the fan-out (agent.stop).
+        peers = int(c10d.get("peers") or 0)
+        while code == 0 and server is not None and \
+                (server.agents_seen < peers or server.connections) \
                 and not agent.stop.wait(SERVE_AFTER):
             pass  # the other hosts' workers still use the store
         return code

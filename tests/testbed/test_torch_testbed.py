@@ -114,6 +114,20 @@ def test_sigkill_of_dtlaunch_on_host_0_leaves_nothing(bed: TestBed, tmp_path: Pa
     assert_no_strays(bed, pids=tuple(r["pid"] for r in found))
 
 
+def test_host_0_serves_until_a_late_host_has_come(bed: TestBed, tmp_path: Path) -> None:
+    """Host 0's workers end at once (they never use the store) while h2's agent connects
+    seconds later (its ssh runs a LocalCommand first): host 0's agent keeps the store until
+    h2's agent has come and gone, and the job succeeds."""
+    config = tmp_path / "ssh_config"
+    config.write_text("Host h2\n  PermitLocalCommand yes\n  LocalCommand sleep 4\n"
+                      + bed.ssh_config.read_text())
+    argv = dtlaunch_argv("run", "--torch", "--no-check", "--iface", bed.subnet, "-H", "h1,h2",
+                         "--ssh-config", str(config), sys.executable, "-c", "pass")
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=HANG)
+    assert result.returncode == 0, result.stderr
+    assert_no_strays(bed)
+
+
 # A raw TCPStore client (c10d's wire format: VALIDATE with its magic, then PING): prints what
 # the store answered, "" when it closed the connection unanswered.
 KNOCK = r"""
