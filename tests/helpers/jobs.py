@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from helpers.procs import HANG, alive, cmdline, survivors, wait_for
+from helpers.procs import HANG, alive, cmdline, descendants, survivors, wait_for
 from helpers.testbed import TestBed
 
 
@@ -68,3 +68,16 @@ def assert_stopped_by(proc: subprocess.Popen[str], how: signal.Signals) -> None:
     _, err = proc.communicate(timeout=HANG)
     assert proc.returncode == 128 + how, err
     assert f"stopped by {how.name}" in err
+
+
+def assert_sigkill_on_h1_leaves_nothing(bed: TestBed, job_argv: list[str], out: Path) -> None:
+    """Start a job of 2 ranks on h1 and 1 on h2 with dtlaunch itself on h1 (h1's agent runs
+    beside it, without ssh), SIGKILL dtlaunch: every rank, the local ones included, ends."""
+    proc = start_job(bed.nsenter_argv("h1", job_argv, mounts=True), out, 3)
+    found = records(out).values()
+    assert sorted(r["host"] for r in found) == ["h1", "h1", "h2"]
+    # h1's ranks run below dtlaunch itself (its fan-out and local agent), not below an sshd.
+    assert {r["pid"] for r in found if r["host"] == "h1"} <= set(descendants(proc.pid))
+    proc.kill()
+    proc.communicate(timeout=HANG)
+    assert_no_strays(bed, pids=tuple(r["pid"] for r in found))

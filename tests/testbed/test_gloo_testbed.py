@@ -16,7 +16,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from helpers.jobs import assert_no_strays, assert_stopped_by, records, start_job
+from helpers.jobs import (
+    assert_no_strays,
+    assert_sigkill_on_h1_leaves_nothing,
+    assert_stopped_by,
+    records,
+    start_job,
+)
 from helpers.procs import HANG, cmdline, descendants, listening_ports, wait_for
 from helpers.suite import SCRIPTS, dtlaunch_argv, recording_thread_imports, require_testbed
 from helpers.testbed import TestBed
@@ -126,16 +132,8 @@ def test_sigkill_of_dtlaunch_on_a_host_of_the_job_leaves_nothing(gbed: TestBed,
                                                                  tmp_path: Path) -> None:
     """Started on h1, where h1's agent runs beside dtlaunch without ssh: a SIGKILLed dtlaunch
     still ends every rank, the local ones included."""
-    argv = gbed.nsenter_argv("h1", gloo_argv(gbed, "h1:2,h2:1", PROBE, "--out", str(tmp_path),
-                                             "--sleep", "600"), mounts=True)
-    proc = start_job(argv, tmp_path, 3)
-    found = records(tmp_path).values()
-    assert sorted(r["host"] for r in found) == ["h1", "h1", "h2"]
-    # h1's ranks run below dtlaunch itself (its fan-out and local agent), not below an sshd.
-    assert {r["pid"] for r in found if r["host"] == "h1"} <= set(descendants(proc.pid))
-    proc.kill()
-    proc.communicate(timeout=HANG)
-    assert_no_strays(gbed, pids=tuple(r["pid"] for r in found))
+    assert_sigkill_on_h1_leaves_nothing(gbed, gloo_argv(gbed, "h1:2,h2:1", PROBE, "--out",
+                                        str(tmp_path), "--sleep", "600"), tmp_path)
 
 
 def test_timeout_and_max_restarts(gbed: TestBed, tmp_path: Path) -> None:

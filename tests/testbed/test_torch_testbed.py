@@ -11,8 +11,14 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers.jobs import assert_no_strays, assert_stopped_by, records, start_job
-from helpers.procs import HANG, descendants
+from helpers.jobs import (
+    assert_no_strays,
+    assert_sigkill_on_h1_leaves_nothing,
+    assert_stopped_by,
+    records,
+    start_job,
+)
+from helpers.procs import HANG
 from helpers.suite import SCRIPTS, dtlaunch_argv
 from helpers.testbed import TestBed
 
@@ -102,16 +108,8 @@ def test_sigint_and_sigkill_leave_nothing_on_any_host(bed: TestBed, tmp_path: Pa
 def test_sigkill_of_dtlaunch_on_host_0_leaves_nothing(bed: TestBed, tmp_path: Path) -> None:
     """Started on h1, host 0, whose agent (and the job's store) runs beside dtlaunch without
     ssh: a SIGKILLed dtlaunch still ends every worker on every host."""
-    argv = bed.nsenter_argv("h1", torch_argv(bed, "h1:2,h2:1", PROBE, "--out", str(tmp_path),
-                                             "--sleep", "600"), mounts=True)
-    proc = start_job(argv, tmp_path, 3)
-    found = records(tmp_path).values()
-    assert sorted(r["host"] for r in found) == ["h1", "h1", "h2"]
-    # h1's ranks run below dtlaunch itself (its fan-out and local agent), not below an sshd.
-    assert {r["pid"] for r in found if r["host"] == "h1"} <= set(descendants(proc.pid))
-    proc.kill()
-    proc.communicate(timeout=HANG)
-    assert_no_strays(bed, pids=tuple(r["pid"] for r in found))
+    assert_sigkill_on_h1_leaves_nothing(bed, torch_argv(bed, "h1:2,h2:1", PROBE, "--out",
+                                        str(tmp_path), "--sleep", "600"), tmp_path)
 
 
 def test_host_0_serves_until_a_late_host_has_come(bed: TestBed, tmp_path: Path) -> None:
