@@ -45,9 +45,7 @@ import time
 
 TYPE_CHECKING = False  # the checkers' name for it: the typing module is never imported here
 if TYPE_CHECKING:
-    from typing import Callable, Deque, Dict, Iterable, Iterator, List, Optional, Set, Tuple
-
-    C10dJob = Iterable[int]  # the job's pids (each look iterates it afresh)
+    from typing import Callable, Deque, Dict, List, Optional, Set, Tuple
 if TYPE_CHECKING or __name__ != "dtlaunch_torch_host":
     # Shipped, this text follows gloo_host's in one module (agents.JOINED); imported as a
     # module (tests, the checkers), it takes its names from its package.
@@ -92,73 +90,46 @@ def _c10d_norm_ip(ip: str) -> str:
     return str(addr)
 
 
-def c10d_inode_in_job(inode: int, job: C10dJob) -> bool:
-    """Whether socket `inode` is open in one of the job's processes (`job`: their pids).
-    Inode 0 never is."""
-    return inode > 0 and next(iter(holders(job, inode)), None) is not None
+def c10d_job_owns(root: int, local: Tuple[str, int], remote: Tuple[str, int]) -> bool:
+    """Whether the socket here from `local` to `remote` (addresses as _c10d_norm_ip spells
+    them) is open in `root` or a process below it, read afresh on each look (a rank started
+    after the store still counts). Inode 0 (no such socket, or one closed already) never is."""
+    inode = socket_inode(local, remote)
+    return inode > 0 and next(iter(holders(descendants(root), inode)), None) is not None
 
 
-class C10dDescendants:
-    """The job's processes as `root` and every process below it, read afresh on each look
-    (a rank started after the store still counts)."""
-
-    def __init__(self, root: int) -> None:
-        self.root = root
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(descendants(self.root))
-
-
-def c10d_job_owns(job: C10dJob, local: Tuple[str, int], remote: Tuple[str, int]) -> bool:
-    """Whether the socket here from `local` to `remote` is one of the job's processes'."""
-    inode = socket_inode((_c10d_norm_ip(local[0]), local[1]), (_c10d_norm_ip(remote[0]), remote[1]))
-    return c10d_inode_in_job(inode, job)
-
-
-def c10d_host_addresses() -> Set[str]:
-    """This host's own addresses (IPv4 from /proc/net/fib_trie's LOCAL routes, IPv6 from
-    /proc/net/if_inet6), loopback included."""
-    found = {"127.0.0.1", "::1"}
+def c10d_is_local(ip: str) -> bool:
+    """Whether `ip` is this host's: loopback, or one of its addresses (IPv4 from
+    /proc/net/fib_trie's LOCAL routes, IPv6 from /proc/net/if_inet6)."""
+    addr = ipaddress.ip_address(_c10d_norm_ip(ip))
+    if addr.is_loopback:
+        return True
     try:
+        if addr.version == 6:
+            with open("/proc/net/if_inet6") as handle:
+                return any(line.split()[:1] == [addr.packed.hex()] for line in handle)
         with open("/proc/net/fib_trie") as handle:
             last = None
             for line in handle:
                 words = line.split()
                 if len(words) == 2 and words[0] == "|--":
                     last = words[1]
-                elif last and "/32 host LOCAL" in line:
-                    found.add(last)
+                elif last == str(addr) and "/32 host LOCAL" in line:
+                    return True
     except OSError:
         pass
-    try:
-        with open("/proc/net/if_inet6") as handle:
-            for line in handle:
-                word = line.split()[0] if line.split() else ""
-                if len(word) == 32:
-                    found.add(_c10d_norm_ip(":".join(word[i:i + 4] for i in range(0, 32, 4))))
-    except (OSError, ValueError):
-        pass
-    return found
+    return False
 
 
-def c10d_is_local(ip: str) -> bool:
-    """Whether `ip` is this host's: loopback, or one of its addresses."""
-    addr = ipaddress.ip_address(_c10d_norm_ip(ip))
-    return addr.is_loopback or str(addr) in c10d_host_addresses()
-
-
-def c10d_job_admission(job: C10dJob, is_local: Optional[Callable[[str], bool]] = None,
-                       ) -> Callable[[socket.socket, Tuple[str, int]], Optional[bool]]:
-    """The torch mode's `admit`: a peer on this host is the job's if its socket is open in
-    one of the job's processes (True or False); another host's peer is left to that host's
-    agent to vouch for (None)."""
+def c10d_job_admission(root: int, is_local: Optional[Callable[[str], bool]] = None,
+                       ) -> Callable[[Tuple[str, int], Tuple[str, int]], Optional[bool]]:
+    """The torch mode's `admit(peer, here)`: a peer on this host is the job's if its socket is
+    open in `root` or a process below it (True or False); another host's peer is left to that
+    host's agent to vouch for (None)."""
     local_test = is_local or c10d_is_local
 
-    def admit(conn: socket.socket, peer: Tuple[str, int]) -> Optional[bool]:
-        if not local_test(peer[0]):
-            return None
-        here = conn.getsockname()
-        return c10d_job_owns(job, (peer[0], peer[1]), (here[0], here[1]))
+    def admit(peer: Tuple[str, int], here: Tuple[str, int]) -> Optional[bool]:
+        return c10d_job_owns(root, peer, here) if local_test(peer[0]) else None
 
     return admit
 
@@ -172,8 +143,12 @@ def c10d_mac(key: bytes, *parts: bytes) -> bytes:
     return hmac.new(key, text, hashlib.sha256).digest()
 
 
-def _c10d_session_key(secret: bytes, client_nonce: bytes, server_nonce: bytes) -> bytes:
-    return c10d_mac(secret, b"dtlaunch-c10d session", client_nonce, server_nonce)
+def _c10d_proofs(secret: bytes, client_nonce: bytes, server_nonce: bytes,
+                 ) -> Tuple[bytes, bytes, bytes]:
+    """The store's proof that it knows the job's secret, the agent's, and their session key."""
+    return (c10d_mac(secret, b"dtlaunch-c10d store", client_nonce, server_nonce),
+            c10d_mac(secret, b"dtlaunch-c10d agent", server_nonce, client_nonce),
+            c10d_mac(secret, b"dtlaunch-c10d session", client_nonce, server_nonce))
 
 
 def _c10d_frame(key: bytes, direction: bytes, seq: int, payload: bytes) -> bytes:
@@ -209,11 +184,7 @@ _C10D_TO_AGENT, _C10D_TO_STORE = b"store->agent", b"agent->store"
 
 
 class _C10dIncomplete(Exception):
-    """The request's bytes are not all there yet; `need`: at least this many in all."""
-
-    def __init__(self, need: int) -> None:
-        Exception.__init__(self, need)
-        self.need = need
+    """The request's bytes are not all there yet; args[0]: at least this many in all."""
 
 
 class C10dProtocolError(Exception):
@@ -235,17 +206,12 @@ class _C10dReader:
         self.pos = end
         return data
 
-    def u32(self) -> int:
-        return int(struct.unpack("<I", self.take(4))[0])
-
-    def u64(self) -> int:
-        return int(struct.unpack("<Q", self.take(8))[0])
-
-    def i64(self) -> int:
-        return int(struct.unpack("<q", self.take(8))[0])
+    def num(self, fmt: str) -> int:
+        """One integer: "<I" (u32), "<Q" (u64) or "<q" (i64)."""
+        return int(struct.unpack(fmt, self.take(struct.calcsize(fmt)))[0])
 
     def _size(self, limit: int, what: str) -> int:
-        n = self.u64()
+        n = self.num("<Q")
         if n > limit:
             raise C10dProtocolError(what)
         return n
@@ -268,17 +234,15 @@ def _c10d_i64(n: int) -> bytes:
     return struct.pack("<q", n)
 
 
-# A connection's phases.
+# A connection's phases; those before _C10D_CONTROL are not admitted yet.
 _C10D_PEEK, _C10D_VOUCH, _C10D_HANDSHAKE, _C10D_CONTROL, _C10D_CLIENT = range(5)
 
 
 class _C10dConn:
-    __slots__ = ("asked", "closing", "deadline", "here", "inbox", "key", "nonces", "outbox", "peer",
-                 "pending", "phase", "seq_in", "seq_out", "serial", "sock", "validated", "waiting")
+    __slots__ = ("asked", "closing", "deadline", "here", "inbox", "key", "outbox", "peer",
+                 "pending", "phase", "proof", "seq_in", "seq_out", "sock", "validated", "waiting")
 
-    def __init__(self, sock: socket.socket, peer: Tuple[str, int], here: Tuple[str, int],
-                 serial: int) -> None:
-        self.serial = serial
+    def __init__(self, sock: socket.socket, peer: Tuple[str, int], here: Tuple[str, int]) -> None:
         self.sock = sock
         self.peer = peer
         self.here = here
@@ -287,10 +251,10 @@ class _C10dConn:
         self.deadline: Optional[float] = None
         self.validated = False
         self.waiting: Set[bytes] = set()
-        self.nonces = (b"", b"")  # a control connection's (client, server) nonces
-        self.key = b""  # a control connection's session key
+        self.proof = b""  # a control connection's: the agent's proof it expects
+        self.key = b""  # a control connection's session key, once it has sent its challenge
         self.seq_in = self.seq_out = 0  # a control connection's frames, each way
-        self.asked: Set[int] = set()  # a client: the control connections asked
+        self.asked: Set[_C10dConn] = set()  # a client: the control connections asked
         self.pending: Set[int] = set()  # a client: the questions not yet answered
         self.closing = False
 
@@ -298,21 +262,20 @@ class _C10dConn:
 class C10dStoreServer:
     """A TCPStore server on `listener` (bound and listening; the caller holds the port).
 
-    `admit(conn, peer)` decides each accepted connection before any byte is read: True serves
+    `admit(peer, here)` decides each accepted connection before any byte is read: True serves
     it, False closes it, None asks the job's agents (control connections authenticated with
-    `secret`; without a secret None refuses). The default admits every peer (tests, and
-    torch's own behaviour); the torch mode passes `c10d_job_admission(...)`."""
+    `secret`). The default admits every peer (tests, and torch's own behaviour); the torch
+    mode passes `c10d_job_admission(...)`."""
 
-    def __init__(self, listener: socket.socket,
-                 admit: Optional[Callable[[socket.socket, Tuple[str, int]], Optional[bool]]] = None,
-                 secret: Optional[bytes] = None,
+    def __init__(self, listener: socket.socket, secret: bytes,
+                 admit: Optional[Callable[[Tuple[str, int], Tuple[str, int]], Optional[bool]]] = None,
                  admit_timeout: float = C10D_ADMIT_TIMEOUT,
                  request_timeout: float = C10D_REQUEST_TIMEOUT,
                  max_connections: int = C10D_MAX_CONNECTIONS) -> None:
-        if secret is not None and len(secret) < 16:
+        if len(secret) < 16:
             raise ValueError("the job's secret is too short")
         self._listener = listener
-        self._admit = admit if admit is not None else (lambda conn, peer: True)
+        self._admit = admit if admit is not None else (lambda peer, here: True)
         self._secret = secret
         self._admit_timeout = admit_timeout
         self._request_timeout = request_timeout
@@ -322,10 +285,9 @@ class C10dStoreServer:
         self._size = 0
         self._waiters: Dict[bytes, List[_C10dConn]] = {}
         self._conns: Dict[int, _C10dConn] = {}
-        self._controls: Dict[int, _C10dConn] = {}  # by serial
+        self._controls: Set[_C10dConn] = set()
         self._questions: Dict[int, _C10dConn] = {}  # a question's id: whom it is about
         self._next_question = 1
-        self._serial = 0
         self._sel = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
         self._stop = threading.Event()
@@ -413,7 +375,7 @@ class C10dStoreServer:
         now = time.monotonic()
         for c in list(self._conns.values()):
             if c.deadline is not None and now >= c.deadline:
-                self._drop(c, refused=c.phase in (_C10D_PEEK, _C10D_VOUCH, _C10D_HANDSHAKE))
+                self._drop(c, refused=c.phase < _C10D_CONTROL)
 
     def _accept(self) -> None:
         for _ in range(64):  # a burst, then back to the others
@@ -421,29 +383,22 @@ class C10dStoreServer:
                 sock, addr = self._listener.accept()
             except OSError:  # none left (BlockingIOError), or the listener closed
                 return
-            if len(self._conns) >= self._max_connections:
-                self.refused += 1
-                sock.close()
-                continue
-            try:
-                peer = (_c10d_norm_ip(addr[0]), int(addr[1]))
-                here_raw = sock.getsockname()
-                here = (_c10d_norm_ip(here_raw[0]), int(here_raw[1]))
-                verdict = self._admit(sock, peer)
-            except (OSError, ValueError):
-                self.refused += 1
-                sock.close()
-                continue
+            verdict: Optional[bool] = False
+            if len(self._conns) < self._max_connections:
+                with contextlib.suppress(OSError, ValueError):
+                    peer = (_c10d_norm_ip(addr[0]), int(addr[1]))
+                    here_raw = sock.getsockname()
+                    here = (_c10d_norm_ip(here_raw[0]), int(here_raw[1]))
+                    verdict = self._admit(peer, here)
             if verdict is None and self._pending_from(peer[0]) >= C10D_MAX_PENDING_PER_ADDRESS:
                 verdict = False
-            if verdict is False or (verdict is None and self._secret is None):
+            if verdict is False:
                 self.refused += 1
                 sock.close()
                 continue
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self._serial += 1
-            c = _C10dConn(sock, peer, here, self._serial)
+            c = _C10dConn(sock, peer, here)
             self._conns[sock.fileno()] = c
             if verdict:
                 self._admitted(c)
@@ -453,7 +408,7 @@ class C10dStoreServer:
 
     def _pending_from(self, ip: str) -> int:
         return sum(1 for c in self._conns.values()
-                   if c.peer[0] == ip and c.phase in (_C10D_PEEK, _C10D_VOUCH, _C10D_HANDSHAKE))
+                   if c.peer[0] == ip and c.phase < _C10D_CONTROL)
 
     def _admitted(self, c: _C10dConn) -> None:
         self.admitted += 1
@@ -486,7 +441,7 @@ class C10dStoreServer:
             self.refused += 1
         self._clear_wait(c)
         self._conns.pop(c.sock.fileno(), None)
-        self._controls.pop(c.serial, None)
+        self._controls.discard(c)
         self._forget_questions(c)
         with contextlib.suppress(KeyError, OSError, ValueError):
             self._sel.unregister(c.sock)
@@ -523,7 +478,7 @@ class C10dStoreServer:
             self._drop(c)
             return
         if not data:
-            self._drop(c, refused=c.phase != _C10D_CLIENT and c.phase != _C10D_CONTROL)
+            self._drop(c, refused=c.phase < _C10D_CONTROL)
             return
         if not c.inbox and c.phase == _C10D_CLIENT:
             c.deadline = time.monotonic() + self._request_timeout  # a request starts
@@ -556,16 +511,18 @@ class C10dStoreServer:
 
     def _ask(self, c: _C10dConn) -> None:
         """Asks each control connection from the peer's address whether `c` is its job's."""
-        for control in list(self._controls.values()):
-            if control.peer[0] != c.peer[0] or control.serial in c.asked:
+        for control in list(self._controls):
+            if control.peer[0] != c.peer[0] or control in c.asked:
                 continue
-            c.asked.add(control.serial)
+            c.asked.add(control)
             qid = self._next_question
             self._next_question += 1
             self._questions[qid] = c
             c.pending.add(qid)
             body = json.dumps({"q": qid, "peer": list(c.peer), "store": list(c.here)})
-            self._control_send(control, body.encode("utf-8"))
+            self._send(control, _c10d_frame(control.key, _C10D_TO_AGENT, control.seq_out,
+                                            body.encode("utf-8")))
+            control.seq_out += 1
 
     def _answer(self, qid: int, yes: bool) -> None:
         c = self._questions.pop(qid, None)
@@ -585,15 +542,9 @@ class C10dStoreServer:
             self._questions.pop(qid, None)
         c.pending = set()
 
-    def _control_send(self, control: _C10dConn, payload: bytes) -> None:
-        self._send(control, _c10d_frame(control.key, _C10D_TO_AGENT, control.seq_out, payload))
-        control.seq_out += 1
-
     def _handshake(self, c: _C10dConn) -> None:
-        secret = self._secret
-        assert secret is not None
         need = len(C10D_CONTROL_MAGIC) + C10D_NONCE
-        if not c.nonces[1]:
+        if not c.key:
             if len(c.inbox) < need:
                 return
             if bytes(c.inbox[:len(C10D_CONTROL_MAGIC)]) != C10D_CONTROL_MAGIC:
@@ -602,23 +553,19 @@ class C10dStoreServer:
             client_nonce = bytes(c.inbox[len(C10D_CONTROL_MAGIC):need])
             del c.inbox[:need]
             server_nonce = os.urandom(C10D_NONCE)
-            c.nonces = (client_nonce, server_nonce)
-            self._send(c, server_nonce + c10d_mac(secret, b"dtlaunch-c10d store", client_nonce,
-                                                  server_nonce))
+            ours, c.proof, c.key = _c10d_proofs(self._secret, client_nonce, server_nonce)
+            self._send(c, server_nonce + ours)
         if len(c.inbox) < C10D_MAC:
             return
         proof = bytes(c.inbox[:C10D_MAC])
         del c.inbox[:C10D_MAC]
-        client_nonce, server_nonce = c.nonces
-        if not hmac.compare_digest(proof, c10d_mac(secret, b"dtlaunch-c10d agent", server_nonce,
-                                                   client_nonce)):
+        if not hmac.compare_digest(proof, c.proof):
             self._drop(c, refused=True)  # the agent does not know the job's secret
             return
-        c.key = _c10d_session_key(secret, client_nonce, server_nonce)
         c.phase = _C10D_CONTROL
         self._agent_hosts.add(c.peer[0])
         c.deadline = None
-        self._controls[c.serial] = c
+        self._controls.add(c)
         for waiting in list(self._conns.values()):
             if waiting.phase == _C10D_VOUCH and waiting.peer[0] == c.peer[0]:
                 self._ask(waiting)
@@ -652,7 +599,7 @@ class C10dStoreServer:
             try:
                 answer = self._request(c, reader)
             except _C10dIncomplete as more:
-                if more.need > C10D_MAX_REQUEST:
+                if more.args[0] > C10D_MAX_REQUEST:
                     self._drop(c)
                 return
             except (C10dProtocolError, ValueError):
@@ -667,26 +614,22 @@ class C10dStoreServer:
         """One whole request's answer (b"" for none); changes nothing until it is whole."""
         kind = r.take(1)[0]
         if not c.validated:
-            if kind != C10D_VALIDATE or r.u32() != C10D_VALIDATION_MAGIC:
+            if kind != C10D_VALIDATE or r.num("<I") != C10D_VALIDATION_MAGIC:
                 raise C10dProtocolError("the first request is not VALIDATE with c10d's magic")
             c.validated = True
             return b""
         if kind == C10D_PING:
-            return struct.pack("<I", r.u32())
+            return struct.pack("<I", r.num("<I"))
         if kind == C10D_SET:
-            key, value = r.key(), r.value()
-            self._set(key, value)
+            self._set(r.key(), r.value())
             return b""
         if kind == C10D_COMPARE_SET:
             key, expected, desired = r.key(), r.value(), r.value()
             current = self._data.get(key)
-            if current is None:
-                if expected:
-                    self._wake(key)
-                    return _c10d_vec(expected)
-                self._set(key, desired)
-                return _c10d_vec(desired)
-            if current == expected:
+            if current is None and expected:
+                self._wake(key)
+                return _c10d_vec(expected)
+            if current is None or current == expected:
                 self._set(key, desired)
             else:
                 self._wake(key)
@@ -694,7 +637,7 @@ class C10dStoreServer:
         if kind == C10D_GET:
             return _c10d_vec(self._data.get(r.key(), b""))
         if kind == C10D_ADD:
-            key, delta = r.key(), r.i64()
+            key, delta = r.key(), r.num("<q")
             total = self._number(key) + delta
             self._set(key, str(total).encode("ascii"))
             return _c10d_i64(total)
@@ -723,9 +666,8 @@ class C10dStoreServer:
             keys = [r.key() for _ in range(r.count())]
             return b"".join(_c10d_vec(self._data.get(key, b"")) for key in keys)
         if kind == C10D_MULTI_SET:
-            pairs = [(r.key(), r.value()) for _ in range(r.count())]
-            for key, value in pairs:
-                self._set(key, value)
+            for key, value in [(r.key(), r.value()) for _ in range(r.count())]:
+                self._set(key, value)  # once the request is whole
             return b""
         if kind == C10D_CANCEL_WAIT:
             self._clear_wait(c)
@@ -740,17 +682,16 @@ class C10dStoreServer:
             queue = self._queues.get(r.key())
             if not queue:
                 return _c10d_i64(0)
-            length = len(queue)
             value = queue.popleft()
             self._size -= len(value)
-            return _c10d_i64(length) + _c10d_vec(value)
+            return _c10d_i64(len(queue) + 1) + _c10d_vec(value)
         if kind == C10D_QUEUE_LEN:
             queue = self._queues.get(r.key())
             return _c10d_i64(len(queue) if queue else 0)
         if kind == C10D_LIST_KEYS:
             return _c10d_i64(len(self._data)) + b"".join(_c10d_vec(k) for k in self._data)
         if kind == C10D_BARRIER:
-            key, world = r.key(), r.i64()
+            key, world = r.key(), r.num("<q")
             count = self._number(key) + 1
             self._set(key, str(count).encode("ascii"))  # wakes the ones waiting
             if count >= world:
@@ -820,11 +761,11 @@ class C10dStoreServer:
 class C10dVoucher:
     """The job's agent on another host: holds the control connection to the store at `store`,
     proves it knows `secret` (and checks the store does), then answers each "is this socket
-    yours?": yes when it is open in one of `job`'s processes.
-    Reconnects after a loss until closed; `on_lost(reason)` hears each loss, `lost` is set
-    while it has none."""
+    yours?": yes when it is open in `root` or a process below it.
+    Reconnects after a loss until closed; `on_lost(reason)` hears each loss, `connected` is set
+    while it has one."""
 
-    def __init__(self, store: Tuple[str, int], secret: bytes, job: C10dJob,
+    def __init__(self, store: Tuple[str, int], secret: bytes, root: int,
                  timeout: float = C10D_REQUEST_TIMEOUT,
                  retry: float = 1.0,
                  on_lost: Optional[Callable[[str], None]] = None,
@@ -832,7 +773,7 @@ class C10dVoucher:
         self.store = store
         self._source = source  # the address to connect from (this host's on the job's network)
         self._secret = secret
-        self._job = job
+        self._root = root
         self._timeout = timeout
         self._retry = retry
         self._on_lost = on_lost
@@ -895,7 +836,7 @@ class C10dVoucher:
                 question = json.loads(payload.decode("utf-8"))
                 peer, store = question["peer"], question["store"]
                 try:
-                    yes = c10d_job_owns(self._job, (str(peer[0]), int(peer[1])),
+                    yes = c10d_job_owns(self._root, (str(peer[0]), int(peer[1])),
                                         (str(store[0]), int(store[1])))
                 except (OSError, ValueError):
                     yes = False
@@ -910,24 +851,18 @@ class C10dVoucher:
         deadline = time.monotonic() + self._timeout
         client_nonce = os.urandom(C10D_NONCE)
         sock.sendall(C10D_CONTROL_MAGIC + client_nonce)
-        reply = _c10d_recv_exact(sock, C10D_NONCE + C10D_MAC, deadline)
-        server_nonce, proof = reply[:C10D_NONCE], reply[C10D_NONCE:]
-        if not hmac.compare_digest(proof, c10d_mac(self._secret, b"dtlaunch-c10d store",
-                                                   client_nonce, server_nonce)):
+        reply = b""
+        while len(reply) < C10D_NONCE + C10D_MAC:  # the whole handshake within the timeout
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise socket.timeout("timed out")
+            sock.settimeout(left)
+            data = sock.recv(C10D_NONCE + C10D_MAC - len(reply))
+            if not data:
+                raise ConnectionError("closed during the handshake")
+            reply += data
+        store, agent, key = _c10d_proofs(self._secret, client_nonce, reply[:C10D_NONCE])
+        if not hmac.compare_digest(reply[C10D_NONCE:], store):
             raise C10dFrameError("the store did not prove it knows the job's secret")
-        sock.sendall(c10d_mac(self._secret, b"dtlaunch-c10d agent", server_nonce, client_nonce))
-        return _c10d_session_key(self._secret, client_nonce, server_nonce)
-
-
-def _c10d_recv_exact(sock: socket.socket, n: int, deadline: float) -> bytes:
-    buf = b""
-    while len(buf) < n:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise socket.timeout("timed out")
-        sock.settimeout(left)
-        data = sock.recv(n - len(buf))
-        if not data:
-            raise ConnectionError("closed during the handshake")
-        buf += data
-    return buf
+        sock.sendall(agent)
+        return key

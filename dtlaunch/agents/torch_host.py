@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 if TYPE_CHECKING or __name__ != "dtlaunch_torch_host":
     # Shipped, this text follows gloo_host's and c10d_store's in one module; imported as a
     # module (tests, the checkers), it takes their names from its package.
-    from .c10d_store import C10dDescendants, C10dStoreServer, C10dVoucher, c10d_job_admission
+    from .c10d_store import C10dStoreServer, C10dVoucher, c10d_job_admission
     from .gloo_host import Agent, _in_cidr, gloo_iface, ipv4_ifaces, run
 
 TORCH_PREFIX = "dtlaunch-torch: "
@@ -118,7 +118,6 @@ def torch_main(stream: BinaryIO) -> int:
         return 2
     agent = TorchAgent(job)
     agent.stop_on_signals_and_eof()
-    ours = C10dDescendants(os.getpid())
     server = voucher = None
     try:
         if c10d.get("serve"):
@@ -130,13 +129,13 @@ def torch_main(stream: BinaryIO) -> int:
                     "--master-port" % (host, c10d.get("port") or "(any)", address,
                                        exc.strerror or exc))
                 return 1
-            server = C10dStoreServer(listener, admit=c10d_job_admission(ours), secret=secret)
+            server = C10dStoreServer(listener, secret, c10d_job_admission(os.getpid()))
             server.start()
             master = server.address
             say("master %s %d" % master)  # the fan-out completes the other hosts' jobs
         else:
             master = (str(c10d["addr"]), int(c10d["port"]))
-            voucher = C10dVoucher(master, secret, job=ours).start()
+            voucher = C10dVoucher(master, secret, os.getpid()).start()
             deadline = time.monotonic() + CONNECT_TIMEOUT
             while not voucher.connected.wait(0.1):
                 if agent.stop.is_set():

@@ -35,7 +35,7 @@ def serve(**kw: Any) -> Iterator[cs.C10dStoreServer]:
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(128)
-    server = cs.C10dStoreServer(listener, **kw).start()
+    server = cs.C10dStoreServer(listener, SECRET, **kw).start()
     try:
         yield server
     finally:
@@ -189,7 +189,7 @@ def test_init_process_group_with_the_agent_store() -> None:
     """torchrun's worker environment, TORCHELASTIC_USE_AGENT_STORE=True: every rank is a client
     of this store (none opens a listener), admitted as the job's (descendants of this process)."""
     world = 3
-    admit = cs.c10d_job_admission(cs.C10dDescendants(os.getpid()))
+    admit = cs.c10d_job_admission(os.getpid())
     with serve(admit=admit) as server:
         base = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(server.address[1]),
                 "TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_RESTART_COUNT": "0",
@@ -215,11 +215,11 @@ def test_init_process_group_with_the_agent_store() -> None:
 def test_a_process_outside_the_job_is_refused_and_the_jobs_own_admitted() -> None:
     other = sleeper()
     try:
-        with serve(admit=cs.c10d_job_admission({other.pid})) as server:
+        with serve(admit=cs.c10d_job_admission(other.pid)) as server:
             with connect(server) as sock:  # this process is not the job's
                 assert closed_without_data(sock, 5)
             assert server.refused == 1 and server.admitted == 0
-        with serve(admit=cs.c10d_job_admission({other.pid, os.getpid()})) as server:
+        with serve(admit=cs.c10d_job_admission(os.getpid())) as server:  # other's parent
             with connect(server) as sock:
                 assert ping(sock) == 4242
             assert server.admitted == 1
@@ -236,7 +236,7 @@ def test_a_socket_closed_at_once_is_refused() -> None:
     sock = socket.create_connection(listener.getsockname(), timeout=5)
     sock.close()  # before the store accepts it
     time.sleep(0.1)
-    server = cs.C10dStoreServer(listener, admit=cs.c10d_job_admission({os.getpid()})).start()
+    server = cs.C10dStoreServer(listener, SECRET, cs.c10d_job_admission(os.getpid())).start()
     try:
         deadline = time.monotonic() + 5
         while server.refused == 0 and time.monotonic() < deadline:
@@ -247,35 +247,40 @@ def test_a_socket_closed_at_once_is_refused() -> None:
 
 
 def test_socket_inode_reads_the_exact_four_tuple() -> None:
-    with serve() as server, connect(server) as sock:
-        here, there = sock.getsockname(), sock.getpeername()
-        inode = cs.socket_inode(here, there)
-        assert inode > 0
-        assert os.fstat(sock.fileno()).st_ino == inode
-        assert cs.c10d_inode_in_job(inode, {os.getpid()})
-        assert not cs.c10d_inode_in_job(inode, {1})
-        assert cs.socket_inode(here, (there[0], there[1] + 1 or 1)) == 0
-        assert not cs.c10d_inode_in_job(0, {os.getpid()})
+    other = sleeper()
+    try:
+        with serve() as server, connect(server) as sock:
+            here, there = sock.getsockname(), sock.getpeername()
+            inode = cs.socket_inode(here, there)
+            assert inode > 0
+            assert os.fstat(sock.fileno()).st_ino == inode
+            assert cs.c10d_job_owns(os.getpid(), here, there)
+            assert not cs.c10d_job_owns(other.pid, here, there)  # another process
+            elsewhere = (there[0], there[1] + 1 or 1)
+            assert cs.socket_inode(here, elsewhere) == 0
+            assert not cs.c10d_job_owns(os.getpid(), here, elsewhere)  # inode 0: never the job's
+    finally:
+        other.kill()
+        other.wait()
 
 
 # --- admission of other hosts' peers: the agents vouch ----------------------------------------
 
 
 def remote_store(**kw: Any) -> contextlib.AbstractContextManager[cs.C10dStoreServer]:
-    return serve(admit=cs.c10d_job_admission({os.getpid()}, is_local=only_127_0_0_1),
-                 secret=SECRET, **kw)
+    return serve(admit=cs.c10d_job_admission(os.getpid(), is_local=only_127_0_0_1), **kw)
 
 
-def voucher(server: cs.C10dStoreServer, job: set[int], secret: bytes = SECRET,
+def voucher(server: cs.C10dStoreServer, root: int, secret: bytes = SECRET,
             source: str = "127.0.0.2", lost: list[str] | None = None) -> cs.C10dVoucher:
-    v = cs.C10dVoucher(server.address, secret, job=job, source=(source, 0), timeout=5,
+    v = cs.C10dVoucher(server.address, secret, root, source=(source, 0), timeout=5,
                        retry=0.2, on_lost=(lost.append if lost is not None else None))
     return v.start()
 
 
 def test_a_vouched_remote_connection_is_admitted() -> None:
     with remote_store() as server:
-        agent = voucher(server, {os.getpid()})
+        agent = voucher(server, os.getpid())
         try:
             assert agent.connected.wait(5)
             with connect(server, "127.0.0.2") as sock:
@@ -290,7 +295,7 @@ def test_a_connection_before_its_agent_waits_for_the_agent() -> None:
         sock = connect(server, "127.0.0.2")
         sock.sendall(MAGIC)
         time.sleep(0.3)
-        agent = voucher(server, {os.getpid()})
+        agent = voucher(server, os.getpid())
         try:
             assert ping(sock, validate=False) == 4242
         finally:
@@ -302,7 +307,7 @@ def test_an_unvouched_or_disowned_remote_connection_is_refused() -> None:
     other = sleeper()
     try:
         with remote_store(admit_timeout=1.0) as server:
-            agent = voucher(server, {other.pid})  # the agent's job is not this process
+            agent = voucher(server, other.pid)  # the agent's job is not this process
             try:
                 assert agent.connected.wait(5)
                 with connect(server, "127.0.0.2") as sock:  # its agent says no: at once
@@ -326,7 +331,7 @@ def test_an_unvouched_or_disowned_remote_connection_is_refused() -> None:
 def test_a_forged_vouch_is_refused_both_ways() -> None:
     lost: list[str] = []
     with remote_store(admit_timeout=1.0) as server:
-        agent = voucher(server, {os.getpid()}, secret=b"x" * 32, lost=lost)
+        agent = voucher(server, os.getpid(), secret=b"x" * 32, lost=lost)
         try:
             with connect(server, "127.0.0.2") as sock:
                 sock.sendall(MAGIC)
@@ -465,7 +470,7 @@ def test_one_address_cannot_fill_the_store_with_unadmitted_connections() -> None
         try:
             with connect(server, "127.0.0.3") as extra:
                 assert closed_without_data(extra, 5)
-            agent = voucher(server, {os.getpid()})
+            agent = voucher(server, os.getpid())
             try:
                 with connect(server, "127.0.0.2") as sock:  # another host still gets in
                     assert ping(sock) == 4242
