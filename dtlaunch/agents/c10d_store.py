@@ -160,9 +160,8 @@ class C10dFrameError(Exception):
     """A control frame that is malformed, too large, or not signed by the session."""
 
 
-def _c10d_unframe(buf: bytearray, key: bytes, direction: bytes, seq: int,
-                  ) -> Optional[Tuple[bytes, int]]:
-    """(payload, bytes used) of the first whole frame in `buf`, None if not all there yet."""
+def _c10d_unframe(buf: bytearray, key: bytes, direction: bytes, seq: int) -> Optional[bytes]:
+    """The payload of the first whole frame in `buf`, taken from it; None if not all there."""
     if len(buf) < 4:
         return None
     (size,) = struct.unpack_from("<I", buf, 0)
@@ -174,7 +173,8 @@ def _c10d_unframe(buf: bytearray, key: bytes, direction: bytes, seq: int,
     tag = bytes(buf[4 + size:4 + size + C10D_MAC])
     if not hmac.compare_digest(tag, c10d_mac(key, direction, struct.pack("<Q", seq), payload)):
         raise C10dFrameError("control frame not signed by the session")
-    return payload, 4 + size + C10D_MAC
+    del buf[:4 + size + C10D_MAC]
+    return payload
 
 
 _C10D_TO_AGENT, _C10D_TO_STORE = b"store->agent", b"agent->store"
@@ -342,7 +342,9 @@ class C10dStoreServer:
 
     def _loop(self) -> None:
         while not self._stop.is_set():
-            timeout = self._next_timeout()
+            soonest = min((c.deadline for c in self._conns.values() if c.deadline is not None),
+                          default=None)
+            timeout = None if soonest is None else max(0.0, soonest - time.monotonic()) + 0.001
             try:
                 events = self._sel.select(timeout)
             except (OSError, ValueError):
@@ -350,26 +352,15 @@ class C10dStoreServer:
                     return
                 raise
             for sk, mask in events:
+                c: Optional[_C10dConn] = sk.data  # None: the listener, or close()'s wake-up
                 if sk.fileobj is self._listener:
                     self._accept()
-                elif sk.fileobj is self._wake_r:
-                    with contextlib.suppress(OSError):
-                        self._wake_r.recv(64)
-                else:
-                    c: _C10dConn = sk.data
-                    if c.sock.fileno() < 0 or c.closing:
-                        continue
+                elif c is not None and not c.closing and c.sock.fileno() >= 0:
                     if mask & selectors.EVENT_WRITE:
                         self._flush(c)
                     if mask & selectors.EVENT_READ and not c.closing:
                         self._readable(c)
             self._expire()
-
-    def _next_timeout(self) -> Optional[float]:
-        deadlines = [c.deadline for c in self._conns.values() if c.deadline is not None]
-        if not deadlines:
-            return None
-        return max(0.0, min(deadlines) - time.monotonic()) + 0.001
 
     def _expire(self) -> None:
         now = time.monotonic()
@@ -575,11 +566,9 @@ class C10dStoreServer:
     def _control(self, c: _C10dConn) -> None:
         while not c.closing:
             try:
-                got = _c10d_unframe(c.inbox, c.key, _C10D_TO_STORE, c.seq_in)
-                if got is None:
+                payload = _c10d_unframe(c.inbox, c.key, _C10D_TO_STORE, c.seq_in)
+                if payload is None:
                     return
-                payload, used = got
-                del c.inbox[:used]
                 c.seq_in += 1
                 message = json.loads(payload.decode("utf-8"))
                 qid, yes = int(message["a"]), message["yes"] is True
@@ -823,15 +812,13 @@ class C10dVoucher:
             buf = bytearray()
             seq_in = seq_out = 0
             while not self._stop.is_set():
-                got = _c10d_unframe(buf, key, _C10D_TO_AGENT, seq_in)
-                if got is None:
+                payload = _c10d_unframe(buf, key, _C10D_TO_AGENT, seq_in)
+                if payload is None:
                     data = sock.recv(65536)
                     if not data:
                         return
                     buf += data
                     continue
-                payload, used = got
-                del buf[:used]
                 seq_in += 1
                 question = json.loads(payload.decode("utf-8"))
                 peer, store = question["peer"], question["store"]
