@@ -3,6 +3,9 @@
 a Gloo job's, gives each worker torchrun's contract (ranks.py); host 0's agent holds the master
 address and port and serves the job's c10d store, which admits the job's processes only; a
 new attempt (--max-restarts) gets a new store, a new secret and TORCHELASTIC_RESTART_COUNT + 1.
+Its family (the MpiFamily seam, TORCH) is Gloo's with its own words: no MPI, output and failures
+that read the same, and a shown command (`dtlaunch-torch -np N -H HOSTS PROGRAM...`) that names
+what runs.
 """
 
 from __future__ import annotations
@@ -16,15 +19,26 @@ from collections.abc import Sequence
 
 from dtlaunch import agents
 from dtlaunch.core.errors import DtlaunchError
+from dtlaunch.gloo.family import Gloo
 from dtlaunch.gloo.start import SRUN_TASK_VARIABLES, host_entry, is_local, source_address
 from dtlaunch.jobkind import JobContext, OwnFanout, StartedJob
-from dtlaunch.mpi import SLURM
+from dtlaunch.mpi import SLURM, HostNeeds
 from dtlaunch.plan.plan import build_program, shim_python
 from dtlaunch.reach.ssh_config import load_ssh_config, resolve_target
 from dtlaunch.reach.ssh_options import SshOptions
-from dtlaunch.torchrun.family import TORCH
 from dtlaunch.torchrun.options import TorchSpec
 from dtlaunch.torchrun.ranks import place_workers, program_for, worker_env
+
+
+class TorchDistributed(Gloo):
+    name = "torch.distributed"
+    launcher = "dtlaunch-torch"
+    prefix = "dtlaunch-torch: "
+    needs = HostNeeds(mpi=False, horovod=None, option="--torch")  # the same PyTorch everywhere
+    install_hint = "torch.distributed needs PyTorch (the same release) on every host"
+
+
+TORCH = TorchDistributed()
 
 # Placeholders the fan-out fills once host 0's agent has bound the master address and port
 # (agents/gloo_start.py).

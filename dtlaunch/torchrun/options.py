@@ -56,7 +56,6 @@ def refine(request: RunRequest, values: Mapping[str, Any]) -> RunRequest:
     """`--torch`: torch.distributed with torchrun's contract; its own options go with it only."""
     from dtlaunch.job.hosts import Host
 
-
     given = [option.names[0] for option in OPTIONS.run[1:]
              if values.get(option.param) is not None]
     if not values.get("torch"):
@@ -69,13 +68,10 @@ def refine(request: RunRequest, values: Mapping[str, Any]) -> RunRequest:
     spec = TorchSpec(parse_nproc_per_node(values.get("nproc_per_node")),
                      parse_local_rank_arg(values.get("local_rank_arg")),
                      parse_master_port(values.get("master_port")))
-    hosts = request.hosts
-    if isinstance(spec.nproc_per_node, int):  # every host takes exactly that many
-        hosts = tuple(Host(h.name, spec.nproc_per_node) for h in hosts) or \
-            (Host("localhost", spec.nproc_per_node),)
-    elif spec.nproc_per_node is not None:  # gpu: slots the pre-flight fills from each host's GPUs
-        hosts = tuple(Host(h.name, 1, slots_given=False) for h in hosts) or \
-            (Host("localhost", 1, slots_given=False),)
+    hosts, n = request.hosts, spec.nproc_per_node
+    if n is not None:  # every host takes exactly n; gpu: slots the pre-flight fills from its GPUs
+        hosts = tuple(Host(h.name, n if isinstance(n, int) else 1, slots_given=n != GPU)
+                      for h in hosts or (Host("localhost", 1),))
     return replace(request, controller="torch", spec=spec, hosts=hosts)
 
 

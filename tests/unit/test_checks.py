@@ -255,7 +255,7 @@ def test_a_gloo_job_needs_no_mpi_but_horovod_with_gloo():
 
 
 def test_a_torch_job_needs_neither_mpi_nor_horovod_but_the_same_torch():
-    from dtlaunch.torchrun.family import TORCH
+    from dtlaunch.torchrun.kind import TORCH
 
     torch = Expectations(python="/venv/bin/python", script="/job/train.py", needs=TORCH.needs)
     bare = facts(mpirun=None, orted=None, mpi=None,
