@@ -37,15 +37,14 @@ import time
 
 TYPE_CHECKING = False  # the checkers' name for it: the typing module is never imported here
 if TYPE_CHECKING:
-    from typing import Any, BinaryIO, Dict, Optional, Tuple
+    from typing import Any, BinaryIO, Dict, Tuple
 if TYPE_CHECKING or __name__ != "dtlaunch_torch_host":
     # Shipped, this text follows gloo_host's and c10d_store's in one module; imported as a
     # module (tests, the checkers), it takes their names from its package.
     from .c10d_store import C10dStoreServer, C10dVoucher, c10d_job_admission
     from .gloo_host import Agent, _in_cidr, gloo_iface, ipv4_ifaces, run
 
-TORCH_PREFIX = "dtlaunch-torch: "
-PREFIX = TORCH_PREFIX  # the Gloo agent's words (a rank that cannot start) say it too
+PREFIX = "dtlaunch-torch: "  # the Gloo agent's words (a rank that cannot start) say it too
 CONNECT_TIMEOUT = 60.0  # seconds another host's agent may take to reach the store
 SERVE_AFTER = 1.0  # host 0's poll while the other hosts finish
 
@@ -61,8 +60,7 @@ def master_address(c10d: Dict[str, Any]) -> str:
 
 
 def hold_port(address: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in address else socket.AF_INET
-    listener = socket.socket(family, socket.SOCK_STREAM)
+    listener = socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET)
     try:
         listener.bind((address, port))
         listener.listen(1024)
@@ -72,15 +70,8 @@ def hold_port(address: str, port: int) -> socket.socket:
     return listener
 
 
-def socket_ifname(master: Tuple[str, int]) -> Optional[str]:
-    """The interface this host reaches the master through ("lo" for a job on this machine)."""
-    if master[0].startswith("127.") or master[0] == "::1":
-        return "lo"
-    return gloo_iface([], master)
-
-
 def say(text: str) -> None:
-    sys.stderr.write(TORCH_PREFIX + text + "\n")
+    sys.stderr.write(PREFIX + text + "\n")
     sys.stderr.flush()
 
 
@@ -91,7 +82,9 @@ class TorchAgent(Agent):
 
     def worker_env(self, master: Tuple[str, int]) -> Dict[str, str]:
         extra = {"MASTER_ADDR": master[0], "MASTER_PORT": str(master[1])}
-        ifname = socket_ifname(master)
+        # The interface this host reaches the master through ("lo" for a job on this machine).
+        local = master[0].startswith("127.") or master[0] == "::1"
+        ifname = "lo" if local else gloo_iface([], master)
         base = self.base_env()
         for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
             if ifname is not None and name not in base:
