@@ -121,19 +121,6 @@ def c10d_is_local(ip: str) -> bool:
     return False
 
 
-def c10d_job_admission(root: int, is_local: Optional[Callable[[str], bool]] = None,
-                       ) -> Callable[[Tuple[str, int], Tuple[str, int]], Optional[bool]]:
-    """The torch mode's `admit(peer, here)`: a peer on this host is the job's if its socket is
-    open in `root` or a process below it (True or False); another host's peer is left to that
-    host's agent to vouch for (None)."""
-    local_test = is_local or c10d_is_local
-
-    def admit(peer: Tuple[str, int], here: Tuple[str, int]) -> Optional[bool]:
-        return c10d_job_owns(root, peer, here) if local_test(peer[0]) else None
-
-    return admit
-
-
 # --- the control connection: both sides ---------------------------------------------------------
 
 
@@ -262,20 +249,22 @@ class _C10dConn:
 class C10dStoreServer:
     """A TCPStore server on `listener` (bound and listening; the caller holds the port).
 
-    `admit(peer, here)` decides each accepted connection before any byte is read: True serves
-    it, False closes it, None asks the job's agents (control connections authenticated with
-    `secret`). The default admits every peer (tests, and torch's own behaviour); the torch
-    mode passes `c10d_job_admission(...)`."""
+    The job's processes are `root` and those below it. Each accepted connection is decided
+    before any byte is read: from this host (`is_local`), served if its socket is open in one
+    of them, else closed; from another host, served once the job's agent there vouches for it
+    (control connections authenticated with `secret`). `root` None serves every peer (tests,
+    and torch's own behaviour)."""
 
-    def __init__(self, listener: socket.socket, secret: bytes,
-                 admit: Optional[Callable[[Tuple[str, int], Tuple[str, int]], Optional[bool]]] = None,
+    def __init__(self, listener: socket.socket, secret: bytes, root: Optional[int] = None,
+                 is_local: Callable[[str], bool] = c10d_is_local,
                  admit_timeout: float = C10D_ADMIT_TIMEOUT,
                  request_timeout: float = C10D_REQUEST_TIMEOUT,
                  max_connections: int = C10D_MAX_CONNECTIONS) -> None:
         if len(secret) < 16:
             raise ValueError("the job's secret is too short")
         self._listener = listener
-        self._admit = admit if admit is not None else (lambda peer, here: True)
+        self._root = root
+        self._is_local = is_local
         self._secret = secret
         self._admit_timeout = admit_timeout
         self._request_timeout = request_timeout
@@ -380,7 +369,12 @@ class C10dStoreServer:
                     peer = (_c10d_norm_ip(addr[0]), int(addr[1]))
                     here_raw = sock.getsockname()
                     here = (_c10d_norm_ip(here_raw[0]), int(here_raw[1]))
-                    verdict = self._admit(peer, here)
+                    if self._root is None:
+                        verdict = True
+                    elif self._is_local(peer[0]):
+                        verdict = c10d_job_owns(self._root, peer, here)
+                    else:
+                        verdict = None  # another host's: its agent vouches for it, or no one
             if verdict is None and self._pending_from(peer[0]) >= C10D_MAX_PENDING_PER_ADDRESS:
                 verdict = False
             if verdict is False:

@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 if TYPE_CHECKING or __name__ != "dtlaunch_torch_host":
     # Shipped, this text follows gloo_host's and c10d_store's in one module; imported as a
     # module (tests, the checkers), it takes their names from its package.
-    from .c10d_store import C10dStoreServer, C10dVoucher, c10d_job_admission
+    from .c10d_store import C10dStoreServer, C10dVoucher
     from .gloo_host import Agent, _in_cidr, gloo_iface, ipv4_ifaces, run
 
 PREFIX = "dtlaunch-torch: "  # the Gloo agent's words (a rank that cannot start) say it too
@@ -122,7 +122,7 @@ def torch_main(stream: BinaryIO) -> int:
                     "--master-port" % (host, c10d.get("port") or "(any)", address,
                                        exc.strerror or exc))
                 return 1
-            server = C10dStoreServer(listener, secret, c10d_job_admission(os.getpid()))
+            server = C10dStoreServer(listener, secret, os.getpid())
             server.start()
             master = server.address
             say("master %s %d" % master)  # the fan-out completes the other hosts' jobs

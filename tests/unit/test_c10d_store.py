@@ -189,8 +189,7 @@ def test_init_process_group_with_the_agent_store() -> None:
     """torchrun's worker environment, TORCHELASTIC_USE_AGENT_STORE=True: every rank is a client
     of this store (none opens a listener), admitted as the job's (descendants of this process)."""
     world = 3
-    admit = cs.c10d_job_admission(os.getpid())
-    with serve(admit=admit) as server:
+    with serve(root=os.getpid()) as server:
         base = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(server.address[1]),
                 "TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_RESTART_COUNT": "0",
                 "TORCHELASTIC_RUN_ID": "none", "WORLD_SIZE": str(world),
@@ -215,11 +214,11 @@ def test_init_process_group_with_the_agent_store() -> None:
 def test_a_process_outside_the_job_is_refused_and_the_jobs_own_admitted() -> None:
     other = sleeper()
     try:
-        with serve(admit=cs.c10d_job_admission(other.pid)) as server:
+        with serve(root=other.pid) as server:
             with connect(server) as sock:  # this process is not the job's
                 assert closed_without_data(sock, 5)
             assert server.refused == 1 and server.admitted == 0
-        with serve(admit=cs.c10d_job_admission(os.getpid())) as server:  # other's parent
+        with serve(root=os.getpid()) as server:  # other's parent
             with connect(server) as sock:
                 assert ping(sock) == 4242
             assert server.admitted == 1
@@ -236,7 +235,7 @@ def test_a_socket_closed_at_once_is_refused() -> None:
     sock = socket.create_connection(listener.getsockname(), timeout=5)
     sock.close()  # before the store accepts it
     time.sleep(0.1)
-    server = cs.C10dStoreServer(listener, SECRET, cs.c10d_job_admission(os.getpid())).start()
+    server = cs.C10dStoreServer(listener, SECRET, os.getpid()).start()
     try:
         deadline = time.monotonic() + 5
         while server.refused == 0 and time.monotonic() < deadline:
@@ -268,7 +267,7 @@ def test_socket_inode_reads_the_exact_four_tuple() -> None:
 
 
 def remote_store(**kw: Any) -> contextlib.AbstractContextManager[cs.C10dStoreServer]:
-    return serve(admit=cs.c10d_job_admission(os.getpid(), is_local=only_127_0_0_1), **kw)
+    return serve(root=os.getpid(), is_local=only_127_0_0_1, **kw)
 
 
 def voucher(server: cs.C10dStoreServer, root: int, secret: bytes = SECRET,
