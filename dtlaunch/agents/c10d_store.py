@@ -282,7 +282,7 @@ class C10dStoreServer:
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self.refused = 0  # connections closed unadmitted (for tests)
-        self._agent_hosts: Set[str] = set()
+        self.agent_hosts: Set[str] = set()  # other hosts' agents that proved they know the secret
         self.admitted = 0
 
     # --- life ---
@@ -291,11 +291,6 @@ class C10dStoreServer:
     def address(self) -> Tuple[str, int]:
         here = self._listener.getsockname()
         return here[0], here[1]
-
-    @property
-    def agents_seen(self) -> int:
-        """How many other hosts' agents (by address) have proven they know the job's secret."""
-        return len(self._agent_hosts)
 
     @property
     def connections(self) -> int:
@@ -548,7 +543,7 @@ class C10dStoreServer:
             self._drop(c, refused=True)  # the agent does not know the job's secret
             return
         c.phase = _C10D_CONTROL
-        self._agent_hosts.add(c.peer[0])
+        self.agent_hosts.add(c.peer[0])
         c.deadline = None
         self._controls.add(c)
         for waiting in list(self._conns.values()):
@@ -708,9 +703,7 @@ class C10dStoreServer:
         self._wake(key)
 
     def _wake(self, key: bytes, one: bool = False) -> None:
-        waiting = self._waiters.get(key)
-        if not waiting:
-            return
+        waiting = self._waiters.get(key, [])
         for c in list(waiting):
             waiting.remove(c)
             c.waiting.discard(key)
