@@ -230,9 +230,7 @@ class _C10dConn:
                  "pending", "phase", "proof", "seq_in", "seq_out", "sock", "validated", "waiting")
 
     def __init__(self, sock: socket.socket, peer: Tuple[str, int], here: Tuple[str, int]) -> None:
-        self.sock = sock
-        self.peer = peer
-        self.here = here
+        self.sock, self.peer, self.here = sock, peer, here
         self.phase = _C10D_PEEK
         self.inbox, self.outbox = bytearray(), bytearray()
         self.deadline: Optional[float] = None
@@ -299,10 +297,9 @@ class C10dStoreServer:
         return len(self._conns)
 
     def start(self) -> C10dStoreServer:
-        self._listener.setblocking(False)
-        self._wake_r.setblocking(False)
-        self._sel.register(self._listener, selectors.EVENT_READ, None)
-        self._sel.register(self._wake_r, selectors.EVENT_READ, None)
+        for s in (self._listener, self._wake_r):
+            s.setblocking(False)
+            self._sel.register(s, selectors.EVENT_READ, None)
         self._thread = threading.Thread(target=self._loop, name="c10d-store", daemon=True)
         self._thread.start()
         return self
@@ -344,12 +341,8 @@ class C10dStoreServer:
                         self._flush(c)
                     if mask & selectors.EVENT_READ and not c.closing:
                         self._readable(c)
-            self._expire()
-
-    def _expire(self) -> None:
-        now = time.monotonic()
-        for c in list(self._conns.values()):
-            if c.deadline is not None and now >= c.deadline:
+            now = time.monotonic()
+            for c in [c for c in self._conns.values() if c.deadline and now >= c.deadline]:
                 self._drop(c, refused=c.phase < _C10D_CONTROL)
 
     def _accept(self) -> None:
@@ -422,7 +415,8 @@ class C10dStoreServer:
         self._clear_wait(c)
         self._conns.pop(c.sock.fileno(), None)
         self._controls.discard(c)
-        self._forget_questions(c)
+        for qid in c.pending:
+            self._questions.pop(qid, None)
         with contextlib.suppress(KeyError, OSError, ValueError):
             self._sel.unregister(c.sock)
         with contextlib.suppress(OSError):
@@ -478,8 +472,7 @@ class C10dStoreServer:
         except (BlockingIOError, InterruptedError):
             return
         except OSError:
-            self._drop(c, refused=True)
-            return
+            first = b""
         if not first:
             self._drop(c, refused=True)
         elif first == C10D_CONTROL_MAGIC[:1]:
@@ -512,15 +505,9 @@ class C10dStoreServer:
         if c.closing or c.phase != _C10D_VOUCH:
             return
         if yes:
-            self._forget_questions(c)
-            self._admitted(c)
+            self._admitted(c)  # questions still out are dropped as they are answered
         elif not c.pending:
             self._drop(c, refused=True)  # no agent of the job vouched for it
-
-    def _forget_questions(self, c: _C10dConn) -> None:
-        for qid in c.pending:
-            self._questions.pop(qid, None)
-        c.pending = set()
 
     def _handshake(self, c: _C10dConn) -> None:
         need = len(C10D_CONTROL_MAGIC) + C10D_NONCE
