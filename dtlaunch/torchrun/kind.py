@@ -10,7 +10,6 @@ what runs.
 
 from __future__ import annotations
 
-import binascii
 import json
 import os
 import secrets
@@ -77,7 +76,7 @@ class TorchJobKind(OwnFanout):
         names = dict(network.names) if network is not None else {}
         workers = place_workers(plan.rank_hosts)
         run_id = "dtlaunch-" + secrets.token_hex(6)
-        secret = binascii.hexlify(os.urandom(32)).decode("ascii")
+        secret = secrets.token_hex(32)
         program = build_program(request)
         python = shim_python(request)
         arg = spec.local_rank_arg

@@ -1,16 +1,10 @@
 """Each worker's torchrun contract, from the plan's rank placement. Pure.
 
-torchrun's agent (torch/distributed/elastic/agent/server/local_elastic_agent.py) gives every
-worker RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK (its node's index),
-GROUP_WORLD_SIZE, ROLE_RANK, ROLE_WORLD_SIZE, ROLE_NAME, MASTER_ADDR, MASTER_PORT,
-TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_MAX_RESTARTS, TORCHELASTIC_RUN_ID,
-TORCHELASTIC_USE_AGENT_STORE, TORCHELASTIC_ERROR_FILE and TORCH_NCCL_ASYNC_ERROR_HANDLING, and
-OMP_NUM_THREADS=1 where a node runs more than one worker and the user set none. Ranks fill the
-hosts in order; a host's first rank is the sum of the workers before it.
-
-MASTER_ADDR and MASTER_PORT come from host 0's agent, which holds the store (the address and
-port are known once it has bound them); TORCHELASTIC_ERROR_FILE from each host's agent (a
-private directory there). The rest is here.
+The variables torchrun's agent (torch/distributed/elastic/agent/server/local_elastic_agent.py)
+gives every worker; ranks fill the hosts in order, a host's first rank the sum of the workers
+before it. MASTER_ADDR and MASTER_PORT come from host 0's agent, which holds the store (they are
+known once it has bound them), TORCHELASTIC_ERROR_FILE from each host's agent (a private
+directory there); the rest is here.
 """
 
 from __future__ import annotations
