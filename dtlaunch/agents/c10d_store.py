@@ -602,19 +602,13 @@ class C10dStoreServer:
         if kind == C10D_GET:
             return _c10d_vec(self._data.get(r.key(), b""))
         if kind == C10D_ADD:
-            key, delta = r.key(), r.num("<q")
-            total = self._number(key) + delta
-            self._set(key, str(total).encode("ascii"))
-            return _c10d_i64(total)
+            return _c10d_i64(self._add(r.key(), r.num("<q")))
         if kind == C10D_CHECK:
             keys = [r.key() for _ in range(r.count())]
             return bytes([C10D_READY if self._present(keys) else C10D_NOT_READY])
         if kind == C10D_WAIT:
             keys = [r.key() for _ in range(r.count())]
-            if self._present(keys):
-                return bytes([C10D_STOP_WAITING])
-            self._wait_for(c, [key for key in keys if not self._present([key])])
-            return b""
+            return self._wait_for(c, [key for key in keys if not self._present([key])])
         if kind == C10D_GETNUMKEYS:
             return _c10d_i64(len(self._data))
         if kind == C10D_DELETE_KEY:
@@ -651,28 +645,22 @@ class C10dStoreServer:
             self._size -= len(value)
             return _c10d_i64(len(queue) + 1) + _c10d_vec(value)
         if kind == C10D_QUEUE_LEN:
-            queue = self._queues.get(r.key())
-            return _c10d_i64(len(queue) if queue else 0)
+            return _c10d_i64(len(self._queues.get(r.key(), ())))
         if kind == C10D_LIST_KEYS:
             return _c10d_i64(len(self._data)) + b"".join(_c10d_vec(k) for k in self._data)
         if kind == C10D_BARRIER:
             key, world = r.key(), r.num("<q")
-            count = self._number(key) + 1
-            self._set(key, str(count).encode("ascii"))  # wakes the ones waiting
-            if count >= world:
-                return bytes([C10D_STOP_WAITING])
-            self._wait_for(c, [key])
-            return b""
+            count = self._add(key, 1)  # wakes the ones waiting
+            return self._wait_for(c, [key] if count < world else [])
         raise C10dProtocolError(f"unknown request type {kind}")
 
-    def _number(self, key: bytes) -> int:
-        value = self._data.get(key)
-        if value is None:
-            return 0
+    def _add(self, key: bytes, delta: int) -> int:
         try:
-            return int(value.decode("ascii").strip())
+            total = int(self._data.get(key, b"0").decode("ascii").strip()) + delta
         except (UnicodeDecodeError, ValueError):
             raise C10dProtocolError("ADD on a value that is not a number") from None
+        self._set(key, str(total).encode("ascii"))
+        return total
 
     def _present(self, keys: List[bytes]) -> bool:
         return all(k in self._data or bool(self._queues.get(k)) for k in keys)
@@ -701,12 +689,16 @@ class C10dStoreServer:
         if not waiting:
             self._waiters.pop(key, None)
 
-    def _wait_for(self, c: _C10dConn, keys: List[bytes]) -> None:
-        """`c` is answered once each of `keys` has been set (any earlier wait of its ends)."""
+    def _wait_for(self, c: _C10dConn, keys: List[bytes]) -> bytes:
+        """STOP_WAITING now if `keys` is empty, else nothing: `c` is answered once each of them
+        has been set (any earlier wait of its ends)."""
+        if not keys:
+            return bytes([C10D_STOP_WAITING])
         self._clear_wait(c)
         for key in keys:
             c.waiting.add(key)
             self._waiters.setdefault(key, []).append(c)
+        return b""
 
     def _clear_wait(self, c: _C10dConn) -> None:
         for key in c.waiting:
