@@ -279,9 +279,8 @@ class C10dStoreServer:
         self._wake_r, self._wake_w = socket.socketpair()
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
-        self.refused = 0  # connections closed unadmitted (for tests)
+        self.refused = self.admitted = 0  # connections closed unadmitted, and served (tests)
         self.agent_hosts: Set[str] = set()  # other hosts' agents that proved they know the secret
-        self.admitted = 0
 
     # --- life ---
 
@@ -723,7 +722,7 @@ class C10dVoucher:
     def __init__(self, store: Tuple[str, int], secret: bytes, root: int,
                  timeout: float = C10D_REQUEST_TIMEOUT,
                  retry: float = 1.0,
-                 on_lost: Optional[Callable[[str], None]] = None,
+                 on_lost: Callable[[str], None] = lambda reason: None,
                  source: Optional[Tuple[str, int]] = None) -> None:
         self.store = store
         self._source = source  # the address to connect from (this host's on the job's network)
@@ -761,8 +760,7 @@ class C10dVoucher:
             self.connected.clear()
             if self._stop.is_set():
                 return
-            if self._on_lost is not None:
-                self._on_lost(reason)
+            self._on_lost(reason)
             self._stop.wait(self._retry)
 
     def _session(self) -> None:

@@ -273,7 +273,7 @@ def remote_store(**kw: Any) -> contextlib.AbstractContextManager[cs.C10dStoreSer
 def voucher(server: cs.C10dStoreServer, root: int, secret: bytes = SECRET,
             source: str = "127.0.0.2", lost: list[str] | None = None) -> cs.C10dVoucher:
     v = cs.C10dVoucher(server.address, secret, root, source=(source, 0), timeout=5,
-                       retry=0.2, on_lost=(lost.append if lost is not None else None))
+                       retry=0.2, on_lost=(lost if lost is not None else []).append)
     return v.start()
 
 
