@@ -496,18 +496,6 @@ class C10dStoreServer:
                                             body.encode("utf-8")))
             control.seq_out += 1
 
-    def _answer(self, qid: int, yes: bool) -> None:
-        c = self._questions.pop(qid, None)
-        if c is None:
-            return
-        c.pending.discard(qid)
-        if c.closing or c.phase != _C10D_VOUCH:
-            return
-        if yes:
-            self._admitted(c)  # questions still out are dropped as they are answered
-        elif not c.pending:
-            self._drop(c, refused=True)  # no agent of the job vouched for it
-
     def _handshake(self, c: _C10dConn) -> None:
         need = len(C10D_CONTROL_MAGIC) + C10D_NONCE
         if not c.key:
@@ -550,7 +538,14 @@ class C10dStoreServer:
             except (C10dFrameError, ValueError, KeyError, TypeError):
                 self._drop(c)
                 return
-            self._answer(qid, yes)
+            asked = self._questions.pop(qid, None)
+            if asked is None or asked.closing or asked.phase != _C10D_VOUCH:
+                continue
+            asked.pending.discard(qid)
+            if yes:
+                self._admitted(asked)  # questions still out are dropped as they are answered
+            elif not asked.pending:
+                self._drop(asked, refused=True)  # no agent of the job vouched for it
 
     # --- the TCPStore protocol ---
 
