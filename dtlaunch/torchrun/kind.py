@@ -50,16 +50,15 @@ def master_hint(hosts: Sequence[str], ssh: SshOptions, node_address: str | None)
     machine; loopback when every host is)."""
     first = hosts[0]
     if is_local(first):
-        others = [h for h in hosts if not is_local(h)]
-        return "127.0.0.1" if not others else source_address(others[0], ssh)
+        other = next((h for h in hosts if not is_local(h)), None)
+        return source_address(other, ssh) if other else "127.0.0.1"
     target = resolve_target(first, ssh, load_ssh_config(ssh.config_file))
     try:
         infos = socket.getaddrinfo(node_address or target.hostname, None, type=socket.SOCK_STREAM)
     except (OSError, UnicodeError) as exc:
         raise DtlaunchError(f"--torch: cannot resolve host {first} ({target.hostname}), "
                             f"where the job's store is held: {exc}") from None
-    ipv4 = [i for i in infos if i[0] == socket.AF_INET]
-    return str((ipv4 or infos)[0][4][0])
+    return str(sorted(infos, key=lambda i: i[0] != socket.AF_INET)[0][4][0])  # IPv4 first
 
 
 class TorchJobKind(OwnFanout):
