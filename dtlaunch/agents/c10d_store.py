@@ -193,8 +193,7 @@ class _C10dReader:
         self.pos = end
         return data
 
-    def num(self, fmt: str) -> int:
-        """One integer: "<I" (u32), "<Q" (u64) or "<q" (i64)."""
+    def num(self, fmt: str) -> int:  # "<I" (u32), "<Q" (u64) or "<q" (i64)
         return int(struct.unpack(fmt, self.take(struct.calcsize(fmt)))[0])
 
     def _size(self, limit: int, what: str) -> int:
@@ -261,6 +260,8 @@ class C10dStoreServer:
         if len(secret) < 16:
             raise ValueError("the job's secret is too short")
         self._listener = listener
+        here = listener.getsockname()
+        self.address: Tuple[str, int] = (here[0], here[1])
         self._root = root
         self._is_local = is_local
         self._secret = secret
@@ -283,11 +284,6 @@ class C10dStoreServer:
         self.agent_hosts: Set[str] = set()  # other hosts' agents that proved they know the secret
 
     # --- life ---
-
-    @property
-    def address(self) -> Tuple[str, int]:
-        here = self._listener.getsockname()
-        return here[0], here[1]
 
     @property
     def connections(self) -> int:

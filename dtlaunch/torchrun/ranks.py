@@ -14,7 +14,6 @@ from dataclasses import dataclass
 
 from dtlaunch.gloo.ranks import place_ranks
 
-ROLE = "default"  # torchrun's only role
 # The user's own value wins for these, as under torchrun.
 USER_FIRST = ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "OMP_NUM_THREADS")
 
@@ -49,7 +48,7 @@ def worker_env(worker: Worker, world_size: int, group_world_size: int, *, attemp
         "GROUP_WORLD_SIZE": str(group_world_size),
         "ROLE_RANK": str(worker.rank),
         "ROLE_WORLD_SIZE": str(world_size),
-        "ROLE_NAME": ROLE,
+        "ROLE_NAME": "default",  # torchrun's only role
         "TORCHELASTIC_RESTART_COUNT": str(attempt),
         "TORCHELASTIC_MAX_RESTARTS": str(max_restarts),
         "TORCHELASTIC_RUN_ID": run_id,
