@@ -233,14 +233,13 @@ class _C10dConn:
         self.phase = _C10D_PEEK
         self.inbox, self.outbox = bytearray(), bytearray()
         self.deadline: Optional[float] = None
-        self.validated = False
+        self.validated = self.closing = False
         self.waiting: Set[bytes] = set()
         self.proof = b""  # a control connection's: the agent's proof it expects
         self.key = b""  # a control connection's session key, once it has sent its challenge
         self.seq_in = self.seq_out = 0  # a control connection's frames, each way
         self.asked: Set[_C10dConn] = set()  # a client: the control connections asked
         self.pending: Set[int] = set()  # a client: the questions not yet answered
-        self.closing = False
 
 
 class C10dStoreServer:

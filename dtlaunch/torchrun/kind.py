@@ -92,8 +92,7 @@ class TorchJobKind(OwnFanout):
                           program_for(program, w.local_rank, arg), python, agents.PIPE_BUF))}
                      for w in workers if w.host == host]
             serve = index == 0
-            # peers: the other hosts' agents host 0 serves until each has come and gone (its
-            # own workers may end before another host's agent has even connected).
+            # peers: host 0 serves until each other host's agent has come and gone (torch_host).
             c10d = {"serve": serve, "secret": secret, "peers": len(hosts) - 1 if serve else 0,
                     "addr": master_hint(hosts, request.ssh, nodes.get(host)) if serve else MASTER_ADDR,
                     "port": (spec.master_port or 0) if serve else MASTER_PORT,
