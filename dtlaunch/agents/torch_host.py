@@ -26,7 +26,6 @@ Standard library only, no dtlaunch imports, Python >= 3.7 (the ranks' interprete
 
 from __future__ import annotations  # no annotation is evaluated at run time
 
-import binascii
 import json
 import os
 import shutil
@@ -104,7 +103,7 @@ def torch_main(stream: BinaryIO) -> int:
     try:
         job = json.loads(stream.readline().decode("utf-8"))
         c10d = job["c10d"]
-        secret = binascii.unhexlify(c10d["secret"])
+        secret = bytes.fromhex(c10d["secret"])
         host = str(job["host"])
     except (ValueError, KeyError, TypeError):
         say("expected the job on standard input")
