@@ -357,8 +357,9 @@ class C10dStoreServer:
                         verdict = c10d_job_owns(self._root, peer, here)
                     else:
                         verdict = None  # another host's: its agent vouches for it, or no one
-            if verdict is None and self._pending_from(peer[0]) >= C10D_MAX_PENDING_PER_ADDRESS:
-                verdict = False
+            if verdict is None and sum(1 for o in self._conns.values() if o.phase < _C10D_CONTROL
+                                       and o.peer[0] == peer[0]) >= C10D_MAX_PENDING_PER_ADDRESS:
+                verdict = False  # one address does not fill the store with unadmitted ones
             if verdict is False:
                 self.refused += 1
                 sock.close()
@@ -372,10 +373,6 @@ class C10dStoreServer:
             else:
                 c.deadline = time.monotonic() + self._admit_timeout
                 self._sel.register(sock, selectors.EVENT_READ, c)
-
-    def _pending_from(self, ip: str) -> int:
-        return sum(1 for c in self._conns.values()
-                   if c.peer[0] == ip and c.phase < _C10D_CONTROL)
 
     def _admitted(self, c: _C10dConn) -> None:
         self.admitted += 1
