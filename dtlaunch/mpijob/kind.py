@@ -23,8 +23,7 @@ class MpiJobKind:
 
     def start(self, context: JobContext) -> StartedJob:
         plan = context.plan
-        argv = plan.launch_argv or plan.argv
-        return StartedJob((context.program or plan.family.launcher, *argv[1:]),
+        return StartedJob((context.program or plan.family.launcher, *plan.launch_argv[1:]),
                           plan.launcher_env, plan.family)
 
 

@@ -66,8 +66,7 @@ class RunPlan:
     # Variables the launcher needs beyond the ranks' (dtlaunch's ssh options): shown first.
     shown_env: tuple[tuple[str, str], ...] = ()
     support_files: tuple[tuple[str, str], ...] = ()  # (path, text) written before the start
-    # What runs: `argv` with each rank started through dtlaunch.agents.rank_shim; () for a plan made
-    # by hand, which then runs `argv` as it is.
+    # What runs: `argv` with each rank started through dtlaunch.agents.rank_shim.
     launch_argv: tuple[str, ...] = ()
     # (name, value) set here but kept from the launcher: they would defeat how it starts the job
     # (MpiFamily.stray_launcher_env).
@@ -79,13 +78,6 @@ class RunPlan:
     def display(self) -> str:
         """Shell-quoted and pasteable; values of secrets never appear in it."""
         return format_command(self.argv, self.shown_env)
-
-
-def resolve_hosts(hosts: tuple[Host, ...], cpu_count: int) -> tuple[Host, ...]:
-    """No hosts given: this machine, one slot per core."""
-    if hosts:
-        return hosts
-    return (Host("localhost", max(cpu_count, 1)),)
 
 
 def choose_num_proc(hosts: tuple[Host, ...], num_proc: int | None, oversubscribe: bool,
@@ -135,7 +127,6 @@ def plan_run(
     environ: Mapping[str, str],
     *,
     family: MpiFamily,
-    launcher: str | None = None,
     mpi_version: tuple[int, ...] = (),
     as_root: bool = False,
     cpu_count: int = 1,
@@ -143,7 +134,8 @@ def plan_run(
 ) -> RunPlan:
     """`launcher_set_in`: the plm choices in the launcher's parameter files
     (MpiFamily.stray_launcher_files, read by the caller)."""
-    hosts = resolve_hosts(request.hosts, cpu_count)
+    # No hosts given: this machine, one slot per core.
+    hosts = request.hosts or (Host("localhost", max(cpu_count, 1)),)
     num_proc = choose_num_proc(hosts, request.num_proc, request.oversubscribe,
                                local=not request.hosts)
     program = build_program(request)
@@ -175,11 +167,11 @@ def plan_run(
         binding=request.binding,
         launcher_set_in=launcher_set_in,
     )
-    argv = family.build_argv(spec, launcher or family.launcher)
+    argv = family.build_argv(spec, family.launcher)
     # What really runs: every rank through the rank shim, its argv one opaque word.
     # Records as large as the launcher can take apart.
     wrapped = ship("rank_shim.py").inline(program, shim_python(request), family.record_limit)
-    launch_argv = family.build_argv(replace(spec, program=wrapped), launcher or family.launcher)
+    launch_argv = family.build_argv(replace(spec, program=wrapped), family.launcher)
     launcher_env = build_launcher_env(environ, env)
     own = family.launcher_env(spec)
     launcher_env.update(own)

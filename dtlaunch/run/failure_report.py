@@ -121,14 +121,10 @@ def _root(failure: Failure, ranks: JobRanks) -> RootCause:
     first = first_in_time(ranks.ends)
     mine = ends.get(failure.rank) if failure.rank is not None else None
     # The launcher names the failure it noticed; the ranks' own records say which came first.
-    # A plain exit or signal of a rank that ended later gives way to the first one.
-    if (first is not None and failure.rank is not None and first.rank != failure.rank
-            and not failure.reason and mine is not None and mine.at is not None
-            and first.at is not None and first.at < mine.at):
-        code, sig = split_how(first.how)
-        failure = Failure(first.rank, first.host, exit_code=code, signal=sig)
-        mine = first
-    elif failure.rank is None and not failure.reason and first is not None:
+    # A plain exit or signal of no rank, or of a rank that ended later, gives way to the first.
+    if first is not None and not failure.reason and (failure.rank is None or (
+            first.rank != failure.rank and mine is not None and mine.at is not None
+            and first.at is not None and first.at < mine.at)):
         code, sig = split_how(first.how)
         failure = replace(failure, rank=first.rank, host=first.host, exit_code=code, signal=sig)
         mine = first
@@ -196,16 +192,13 @@ def build_report(exit_code: int, failure: Failure | None, ranks: JobRanks, *,
 
 def number_ranges(numbers: Sequence[int]) -> str:
     """0,1,2,5,7,8 -> `0-2,5,7-8`."""
-    parts: list[str] = []
-    values = sorted(set(numbers))
-    index = 0
-    while index < len(values):
-        end = index
-        while end + 1 < len(values) and values[end + 1] == values[end] + 1:
-            end += 1
-        parts.append(str(values[index]) if end == index else f"{values[index]}-{values[end]}")
-        index = end + 1
-    return ",".join(parts)
+    runs: list[list[int]] = []
+    for number in sorted(set(numbers)):
+        if runs and number == runs[-1][-1] + 1:
+            runs[-1].append(number)
+        else:
+            runs.append([number])
+    return ",".join(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}" for run in runs)
 
 
 _NUMBERED = re.compile(r"(.*?)(\d+)(\D*)")

@@ -165,14 +165,9 @@ def is_lost_host(failure: Failure | None) -> bool:
 
 def host_named(name: str, hosts: Sequence[Host]) -> Host | None:
     """mpirun may name a node by its full name where the host list has the short one."""
-    for host in hosts:
-        if host.name == name:
-            return host
     short = name.split(".")[0]
-    for host in hosts:
-        if host.name.split(".")[0] == short:
-            return host
-    return None
+    return next((h for h in hosts if h.name == name), None) \
+        or next((h for h in hosts if h.name.split(".")[0] == short), None)
 
 
 def blame_hosts(outcome: AttemptOutcome, hosts: Sequence[Host]) -> dict[str, str]:
@@ -188,15 +183,10 @@ def blame_hosts(outcome: AttemptOutcome, hosts: Sequence[Host]) -> dict[str, str
     return {host.name: f.describe()}
 
 
-def restart_env(restart_count: int) -> dict[str, str]:
-    """What every rank of an attempt sees in addition to the job's environment."""
-    return {RESTART_COUNT_ENV: str(restart_count)}
-
-
 def with_restart_count(env_items: Sequence[str], restart_count: int) -> tuple[str, ...]:
     """``-x`` items for an attempt: the user's, then ours (a user's own value is replaced)."""
     kept = [item for item in env_items if item.split("=", 1)[0] != RESTART_COUNT_ENV]
-    return (*kept, *(f"{k}={v}" for k, v in restart_env(restart_count).items()))
+    return (*kept, f"{RESTART_COUNT_ENV}={restart_count}")
 
 
 # ---------------------------------------------------------------- what the loop reports

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from dtlaunch.check.gpus import choose_slots, slots_pending, unchecked_slots_text, visible_devices
 from dtlaunch.core.errors import EXIT_FAILURE, UsageError
@@ -406,11 +406,6 @@ def _execute(request: LaunchRequest, plan: RunPlan, run_request: RunRequest, job
     timeout, total = request.timeout, None
     if request.deadline is not None:
         timeout, total = max(request.deadline - time.time(), 0.001), request.timeout
-    extra: dict[str, Any] = {}
-    if job.stdin is not None:
-        extra["stdin_data"] = job.stdin
-    if job.on_lost_host is not None:
-        extra["on_lost_host"] = job.on_lost_host
     try:
         result = executor(
             job.argv, job.env, plan.rank_hosts, timeout=timeout, timeout_total=total,
@@ -422,7 +417,8 @@ def _execute(request: LaunchRequest, plan: RunPlan, run_request: RunRequest, job
             new_demux=functools.partial(plan.family.new_demux, release=prepared.mpi_version),
             prefix_timestamp=request.prefix_timestamp, shown_ranks=shown,
             ranks_to_stderr=request.ranks_to_stderr,
-            on_progress=lambda progress: on_event(progress_event(progress)), **extra)
+            on_progress=lambda progress: on_event(progress_event(progress)),
+            stdin_data=job.stdin, on_lost_host=job.on_lost_host)
     finally:
         if nodes is not None:
             nodes.close()

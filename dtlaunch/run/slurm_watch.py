@@ -239,10 +239,6 @@ _ENDED_HOW = {"CANCELLED": "was cancelled (scancel)", "TIMEOUT": "reached its ti
               "DEADLINE": "reached its time limit", "gone": "has ended (slurmctld no longer knows it)"}
 
 
-def allocation_end_reason(job_id: str, state: str) -> str:
-    return f"the Slurm job {job_id} {_ENDED_HOW.get(state, f'has ended ({state})')}"
-
-
 def blame_allocation(result: LaunchResult, job_id: str | None,
                      end: Callable[[str], str | None] = allocation_end) -> LaunchResult:
     """A job that failed inside a Slurm allocation that has itself ended (scancel, its time
@@ -253,7 +249,8 @@ def blame_allocation(result: LaunchResult, job_id: str | None,
     state = end(job_id)
     if state is None:
         return result
-    return replace(result, failure=Failure(reason=allocation_end_reason(job_id, state),
+    how = _ENDED_HOW.get(state, f"has ended ({state})")
+    return replace(result, failure=Failure(reason=f"the Slurm job {job_id} {how}",
                                            final="allocation"))
 
 

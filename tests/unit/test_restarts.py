@@ -29,7 +29,6 @@ from dtlaunch.run.restarts import (
     check_policy,
     decide,
     is_lost_host,
-    restart_env,
     with_restart_count,
     without,
 )
@@ -267,7 +266,7 @@ def test_report_json_has_every_attempt() -> None:
 
 
 def test_restart_count_environment() -> None:
-    assert restart_env(2) == {RESTART_COUNT_ENV: "2"}
+    assert with_restart_count((), 2) == (f"{RESTART_COUNT_ENV}=2",)
     items = with_restart_count(("A=1", f"{RESTART_COUNT_ENV}=7", "B"), 1)
     assert items == ("A=1", "B", f"{RESTART_COUNT_ENV}=1")
 

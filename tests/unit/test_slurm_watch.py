@@ -11,7 +11,6 @@ from dtlaunch.run.slurm_watch import (
     STARTUP,
     TASK_CODE,
     NodeWatch,
-    allocation_end_reason,
     blame,
     blame_allocation,
     failed_node,
@@ -122,4 +121,5 @@ def test_a_failure_inside_an_ended_allocation_is_the_allocations() -> None:
     assert blame_allocation(lost, None, end=lambda job: "CANCELLED") is lost  # not in a job
     ok = LaunchResult(0, None)
     assert blame_allocation(ok, "7", end=lambda job: "CANCELLED") is ok
-    assert "reached its time limit" in allocation_end_reason("7", "TIMEOUT")
+    late = blame_allocation(lost, "7", end=lambda job: "TIMEOUT").failure
+    assert late is not None and "reached its time limit" in late.describe()
