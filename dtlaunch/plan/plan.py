@@ -122,16 +122,9 @@ def shim_python(request: RunRequest) -> str:
     return request.python
 
 
-def plan_run(
-    request: RunRequest,
-    environ: Mapping[str, str],
-    *,
-    family: MpiFamily,
-    mpi_version: tuple[int, ...] = (),
-    as_root: bool = False,
-    cpu_count: int = 1,
-    launcher_set_in: tuple[str, ...] = (),
-) -> RunPlan:
+def plan_run(request: RunRequest, environ: Mapping[str, str], *, family: MpiFamily,
+             mpi_version: tuple[int, ...] = (), as_root: bool = False, cpu_count: int = 1,
+             launcher_set_in: tuple[str, ...] = ()) -> RunPlan:
     """`launcher_set_in`: the plm choices in the launcher's parameter files
     (MpiFamily.stray_launcher_files, read by the caller)."""
     # No hosts given: this machine, one slot per core.
@@ -150,23 +143,12 @@ def plan_run(
     fixed.update(request.extra_env)
     family.refuse_insecure(request.mpi_args, environ)
     env = plan_environment(environ, request.env_items, fixed, typed=request.typed_env)
-    spec = JobSpec(
-        hosts=hosts,
-        num_proc=num_proc,
-        program=program,
-        env=env,
-        iface=request.iface,
-        ssh=request.ssh,
-        as_root=as_root,
-        oversubscribe=request.oversubscribe,
-        tree_spawn=request.tree_spawn,
-        mpi_version=mpi_version,
-        mpi_args=request.mpi_args,
-        rsh_agent=request.rsh_agent,
-        via=SSH if request.via == "auto" else request.via,
-        binding=request.binding,
-        launcher_set_in=launcher_set_in,
-    )
+    spec = JobSpec(hosts=hosts, num_proc=num_proc, program=program, env=env, iface=request.iface,
+                   ssh=request.ssh, as_root=as_root, oversubscribe=request.oversubscribe,
+                   tree_spawn=request.tree_spawn, mpi_version=mpi_version,
+                   mpi_args=request.mpi_args, rsh_agent=request.rsh_agent,
+                   via=SSH if request.via == "auto" else request.via, binding=request.binding,
+                   launcher_set_in=launcher_set_in)
     argv = family.build_argv(spec, family.launcher)
     # What really runs: every rank through the rank shim, its argv one opaque word.
     # Records as large as the launcher can take apart.
@@ -182,16 +164,7 @@ def plan_run(
         launcher_env.setdefault(name, value)
     left_out = tuple((name, launcher_env.pop(name))
                      for name in family.stray_launcher_env(spec, launcher_env))
-    return RunPlan(
-        argv=argv,
-        launch_argv=launch_argv,
-        launcher_env=launcher_env,
-        rank_hosts=assign_ranks(hosts, num_proc),
-        env=env,
-        hosts=hosts,
-        family=family,
-        shown_env=tuple(own.items()),
-        support_files=family.support_files(spec),
-        left_out_env=left_out,
-        launcher_overridden=launcher_set_in if family.overrides_launcher_files(spec) else (),
-    )
+    overridden = launcher_set_in if family.overrides_launcher_files(spec) else ()
+    return RunPlan(argv, launcher_env, assign_ranks(hosts, num_proc), env, hosts, family,
+                   shown_env=tuple(own.items()), support_files=family.support_files(spec),
+                   launch_argv=launch_argv, left_out_env=left_out, launcher_overridden=overridden)

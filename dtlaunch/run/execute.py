@@ -23,7 +23,7 @@ from dtlaunch.core.errors import EXIT_TIMEOUT, DtlaunchError, exit_for_signal
 from dtlaunch.core.failure import Failure
 from dtlaunch.core.private_files import NotPrivate, write_private_program
 from dtlaunch.mpi import MpiFamily, OutputDemux
-from dtlaunch.run.failure_report import JobRanks, first_in_time, split_how
+from dtlaunch.run.failure_report import JobRanks, first_in_time
 from dtlaunch.run.job_output import JobOutput
 from dtlaunch.run.progress import RANKS_RUNNING, Progress
 from dtlaunch.run.spool import Spool
@@ -104,27 +104,17 @@ def _feed(proc: subprocess.Popen[bytes], data: bytes | Callable[[IO[bytes]], Non
         proc.stdin.close()
 
 
-def execute(
-    argv: Sequence[str],
-    env: Mapping[str, str],
-    rank_hosts: Sequence[str],
-    timeout: float | None = None,
-    timeout_total: float | None = None,
-    output_dir: Path | None = None,
-    log_label: str | None = None,
-    announce: Callable[[str], None] = lambda msg: None,
-    stop_when: Callable[[], str | None] | None = None,
-    new_demux: Callable[[str], OutputDemux] | None = None,
-    prefix_timestamp: bool = False,
-    *,
-    family: MpiFamily,
-    support_files: Sequence[tuple[str, str]] = (),
-    shown_ranks: frozenset[int] | None = None,
-    ranks_to_stderr: bool = False,
-    on_progress: Callable[[Progress], None] | None = None,
-    stdin_data: bytes | Callable[[IO[bytes]], None] | None = None,
-    on_lost_host: Callable[[str], None] | None = None,
-) -> LaunchResult:
+def execute(argv: Sequence[str], env: Mapping[str, str], rank_hosts: Sequence[str],
+            timeout: float | None = None, timeout_total: float | None = None,
+            output_dir: Path | None = None, log_label: str | None = None,
+            announce: Callable[[str], None] = lambda msg: None,
+            stop_when: Callable[[], str | None] | None = None,
+            new_demux: Callable[[str], OutputDemux] | None = None,
+            prefix_timestamp: bool = False, *, family: MpiFamily,
+            support_files: Sequence[tuple[str, str]] = (), shown_ranks: frozenset[int] | None = None,
+            ranks_to_stderr: bool = False, on_progress: Callable[[Progress], None] | None = None,
+            stdin_data: bytes | Callable[[IO[bytes]], None] | None = None,
+            on_lost_host: Callable[[str], None] | None = None) -> LaunchResult:
     """Run mpirun to the end. ``stop_when`` is polled while it runs: a returned reason stops
     the job (used by the pre-flight's host-key check that runs alongside the start).
     ``new_demux(stream)`` reads the launcher's output (default: the family's).
@@ -306,10 +296,7 @@ def first_failed_rank(exits: Mapping[int, str], rank_hosts: Sequence[str],
                     (times or {}).get(rank), index)
             for index, (rank, how) in enumerate(exits.items())]
     first = first_in_time(ends)
-    if first is None:
-        return None
-    code, sig = split_how(first.how)
-    return Failure(first.rank, first.host or None, exit_code=code, signal=sig)
+    return first.failure() if first is not None else None
 
 
 def write_private_executable(path: Path, text: str) -> None:

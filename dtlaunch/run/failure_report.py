@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 import signal
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from dtlaunch.core.failure import Failure, signal_name
 
@@ -31,6 +31,10 @@ class RankEnd:
     @property
     def failed(self) -> bool:
         return self.how != "exit 0"
+
+    def failure(self) -> Failure:
+        code, sig = split_how(self.how)
+        return Failure(self.rank, self.host or None, exit_code=code, signal=sig)
 
 
 @dataclass(frozen=True)
@@ -125,9 +129,7 @@ def _root(failure: Failure, ranks: JobRanks) -> RootCause:
     if first is not None and not failure.reason and (failure.rank is None or (
             first.rank != failure.rank and mine is not None and mine.at is not None
             and first.at is not None and first.at < mine.at)):
-        code, sig = split_how(first.how)
-        failure = replace(failure, rank=first.rank, host=first.host, exit_code=code, signal=sig)
-        mine = first
+        failure, mine = first.failure(), first
     tail = ranks.tails.get(failure.rank, ()) if failure.rank is not None else ()
     return RootCause(failure.describe(), failure.rank, failure.host, failure.exit_code,
                      failure.signal, failure.reason, mine.at if mine else None, tail)

@@ -294,11 +294,9 @@ class JobOutput:
     def _launcher_text(self, data: bytes) -> None:
         for line in data.decode("utf-8", "replace").splitlines():
             if line.startswith(LOST_PREFIX) and self.lost_host is None:
-                words = line[len(LOST_PREFIX):].split()
-                self.lost_host = words[0] if words else "?"
+                self.lost_host = (line[len(LOST_PREFIX):].split() or ["?"])[0]
             if line.startswith(HOST_KEY_PREFIX) and self.host_key_refused is None:
-                words = line[len(HOST_KEY_PREFIX):].split()
-                self.host_key_refused = words[0] if words else "?"
+                self.host_key_refused = (line[len(HOST_KEY_PREFIX):].split() or ["?"])[0]
             if line.strip():
                 self.launcher_lines.append(line)
         self._put("stderr", -1, data if data.endswith(b"\n") else data + b"\n", b"")

@@ -261,8 +261,10 @@ def launch(request: LaunchRequest, on_event: OnEvent, *, executor: Executor | No
     key went bad, the checks again.
     `executor` runs the job (default: run.execute); `reach`: how the checks reach the hosts
     (default: dtlaunch.probe.reach_for, by the request's via)."""
+    def say(level: str, text: str) -> None:  # "note", "warning" or "detail": an EventLevel
+        on_event(Event(EventLevel(level), text))
+
     kind = kind_for(request.run)
-    say = _say(on_event)
     prepared = prepare(kind.first_request(request.run, say), on_event, kind=kind,
                        defer_slots=request.check)
     run_request = prepared.request
@@ -297,12 +299,6 @@ def launch(request: LaunchRequest, on_event: OnEvent, *, executor: Executor | No
                               report=job_report(result, request.timeout))
     return RunOutcome(plan, None, result, result.exit_code,
                       report=job_report(result, request.timeout))
-
-
-def _say(on_event: OnEvent) -> Say:
-    levels = {"note": EventLevel.NOTE, "warning": EventLevel.WARNING,
-              "detail": EventLevel.DETAIL}
-    return lambda level, text: on_event(Event(levels.get(level, EventLevel.NOTE), text))
 
 
 Checked = tuple[RunPlan, RunRequest, "NetworkChoice | None", "DeferredKeyCheck | None"]

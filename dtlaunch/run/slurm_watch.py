@@ -99,31 +99,27 @@ class NodeWatch:
     def _start(self) -> None:
         try:
             self._proc = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                          stderr=subprocess.PIPE, text=True,
+                                          stderr=subprocess.STDOUT, text=True,
                                           start_new_session=True)
         except OSError:
             return  # no srun: the job still runs, just unwatched
         self.started = self.clock()
         threading.Thread(target=self._read, daemon=True).start()
-        threading.Thread(target=self._read_errors, daemon=True).start()
         threading.Thread(target=self._beat, daemon=True).start()
 
     def _read(self) -> None:
+        """The tasks' answers (`0: h1`), and srun's errors: srun names a node it cannot start
+        the step on (one already gone when the watch starts), and that node is lost too."""
         assert self._proc is not None and self._proc.stdout is not None
         for line in self._proc.stdout:
+            node = failed_node(line, self.nodes)
+            if node is not None:
+                self.failed = self.failed or node
+                continue
             _, _, name = line.strip().partition(": ")
             if name in self.nodes:
                 with self._lock:
                     self.last_seen[name] = self.clock()
-
-    def _read_errors(self) -> None:
-        """srun names a node it cannot start the step on (one already gone when the watch
-        starts): that node is lost too."""
-        assert self._proc is not None and self._proc.stderr is not None
-        for line in self._proc.stderr:
-            node = failed_node(line, self.nodes)
-            if node is not None and self.failed is None:
-                self.failed = node
 
     def _beat(self) -> None:
         assert self._proc is not None and self._proc.stdin is not None
