@@ -147,7 +147,7 @@ class Registered:
 
 # The registry: a request's kind -> its implementation.
 KINDS: dict[str, Registered] = {
-    "mpi": Registered("dtlaunch.mpijob.kind:MPI_JOB"),
+    "mpi": Registered("dtlaunch.mpijob.launcher_choice:MPI_JOB"),
     "gloo": Registered("dtlaunch.gloo.kind:GLOO_JOB", "dtlaunch.gloo.options:OPTIONS"),
     "elastic": Registered("dtlaunch.elastic.kind:ELASTIC_JOB"),
     "torch": Registered("dtlaunch.torchrun.kind:TORCH_JOB", "dtlaunch.torchrun.options:OPTIONS"),

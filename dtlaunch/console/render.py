@@ -16,7 +16,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from dtlaunch.check.report import FAIL, LOCAL, PASS, SKIP, WARN, CheckResult, DoctorReport, Status
 from dtlaunch.core.failure import signal_name
-from dtlaunch.run.progress import HOSTS_CHECKED, HOSTS_UP, RANKS_RUNNING, Progress
+from dtlaunch.run.events import HOSTS_CHECKED, HOSTS_UP, RANKS_RUNNING, Progress
 
 if TYPE_CHECKING:
     from dtlaunch.check.gpu_facts import GpuFacts

@@ -1,5 +1,7 @@
-"""Which MPI the job starts with, asked on this machine: Open MPI's mpirun, or Hydra's mpiexec
-for MPICH and Intel MPI, and dtlaunch's ssh wrapper each of them is given."""
+"""The MPI job kind: the MPI first on PATH starts every rank (Open MPI's mpirun, Hydra's
+mpiexec for MPICH and Intel MPI, each given dtlaunch's ssh wrapper), its daemons over
+dtlaunch's ssh or, inside a Slurm allocation, through srun. The plan's launch argv is what
+runs; the family reads its output and failures."""
 
 from __future__ import annotations
 
@@ -7,10 +9,12 @@ import os
 import shutil
 import sys
 from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 from dtlaunch import agents
 from dtlaunch.core.errors import DtlaunchError
 from dtlaunch.hydra.family import Hydra
+from dtlaunch.jobkind import JobContext, Say, StartedJob
 from dtlaunch.mpi import (
     HYDRA_FAMILY,
     MPI_KINDS,
@@ -21,6 +25,9 @@ from dtlaunch.mpi import (
     local_mpi,
 )
 from dtlaunch.openmpi.family import OPEN_MPI
+
+if TYPE_CHECKING:
+    from dtlaunch.plan.plan import RunRequest
 
 
 def launcher_family(environ: Mapping[str, str] | None = None,
@@ -92,3 +99,21 @@ def rsh_agent_command() -> str | None:
     if not wrapper.endswith(".py") or not (rsh_safe(sys.executable) and rsh_safe(wrapper)):
         return None
     return f"{sys.executable} -I -S {wrapper}"
+
+
+class MpiJobKind:
+    name = "mpi"
+
+    def family(self, environ: Mapping[str, str]) -> tuple[MpiFamily, str | None, MpiImpl | None]:
+        return launcher_family(environ)
+
+    def first_request(self, request: RunRequest, say: Say) -> RunRequest:
+        return request
+
+    def start(self, context: JobContext) -> StartedJob:
+        plan = context.plan
+        return StartedJob((context.program or plan.family.launcher, *plan.launch_argv[1:]),
+                          plan.launcher_env, plan.family)
+
+
+MPI_JOB = MpiJobKind()

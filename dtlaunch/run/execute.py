@@ -23,9 +23,9 @@ from dtlaunch.core.errors import EXIT_TIMEOUT, DtlaunchError, exit_for_signal
 from dtlaunch.core.failure import Failure
 from dtlaunch.core.private_files import NotPrivate, write_private_program
 from dtlaunch.mpi import MpiFamily, OutputDemux
+from dtlaunch.run.events import RANKS_RUNNING, Progress
 from dtlaunch.run.failure_report import JobRanks, first_in_time
 from dtlaunch.run.job_output import JobOutput
-from dtlaunch.run.progress import RANKS_RUNNING, Progress
 from dtlaunch.run.spool import Spool
 
 # After forwarding a signal, how long mpirun gets to take its ranks down before we kill it.

@@ -30,8 +30,8 @@ from dtlaunch.agents import HOST_KEY_PREFIX, LOST_PREFIX
 from dtlaunch.core.records import Event, Piece, RankExit, RankHost, RankNotStarted
 from dtlaunch.job.hosts import LOOPBACK
 from dtlaunch.openmpi.output import OpenMpiDemux
+from dtlaunch.run.events import HOSTS_UP, RANKS_RUNNING, Progress
 from dtlaunch.run.failure_report import TAIL_BYTES, JobRanks, RankEnd, tail_lines
-from dtlaunch.run.progress import HOSTS_UP, RANKS_RUNNING, Progress
 
 if TYPE_CHECKING:
     from dtlaunch.mpi import OutputDemux

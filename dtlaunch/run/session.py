@@ -24,12 +24,11 @@ from dtlaunch.jobkind import JobContext, JobEnd, JobKind, Say, StartedJob, kind_
 from dtlaunch.mpi import SLURM, local_mpi
 from dtlaunch.plan.plan import RunPlan, RunRequest, plan_run
 from dtlaunch.probe import reach_for
+from dtlaunch.run.events import HOSTS_CHECKED, Progress, progress_event
 from dtlaunch.run.events import Event as Event  # the run's events, named here for its callers
 from dtlaunch.run.events import EventLevel as EventLevel
 from dtlaunch.run.events import OnEvent as OnEvent
-from dtlaunch.run.events import progress_event
 from dtlaunch.run.failure_report import JobReport, build_report
-from dtlaunch.run.progress import HOSTS_CHECKED, Progress
 from dtlaunch.run.request import LaunchRequest as LaunchRequest  # named here for its callers
 
 if TYPE_CHECKING:

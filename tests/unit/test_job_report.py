@@ -20,6 +20,7 @@ from dtlaunch.core.failure import Failure
 from dtlaunch.core.records import RankExit, parse_record
 from dtlaunch.doctor.preflight import PreflightFailure
 from dtlaunch.plan.rank_filter import RankFilter, parse_rank_filter
+from dtlaunch.run.events import HOSTS_CHECKED, HOSTS_UP, RANKS_RUNNING, Progress
 from dtlaunch.run.execute import first_failed_rank
 from dtlaunch.run.failure_report import (
     TAIL_BYTES,
@@ -31,7 +32,6 @@ from dtlaunch.run.failure_report import (
     tail_lines,
 )
 from dtlaunch.run.job_output import JobOutput
-from dtlaunch.run.progress import HOSTS_CHECKED, HOSTS_UP, RANKS_RUNNING, Progress
 
 # --- --ranks ------------------------------------------------------------------------------------
 
