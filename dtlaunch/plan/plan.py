@@ -93,14 +93,11 @@ def choose_num_proc(hosts: tuple[Host, ...], num_proc: int | None, oversubscribe
         raise UsageError(f"-np: {what} is more than the {MAX_NUM_PROC} dtlaunch starts")
     if chosen > slots and not oversubscribe:
         if local:
-            raise UsageError(
-                f"-np: {chosen} processes but this machine has only {slots} cores (one slot "
-                "each without -H); pass --oversubscribe to run more processes than cores"
-            )
-        raise UsageError(
-            f"-np: {chosen} processes but the hosts have only {slots} slots; "
-            "add slots (host:N) or pass --oversubscribe"
-        )
+            raise UsageError(f"-np: {chosen} processes but this machine has only {slots} cores "
+                             "(one slot each without -H); pass --oversubscribe to run more "
+                             "processes than cores")
+        raise UsageError(f"-np: {chosen} processes but the hosts have only {slots} slots; "
+                         "add slots (host:N) or pass --oversubscribe")
     return chosen
 
 
@@ -135,8 +132,7 @@ def plan_run(request: RunRequest, environ: Mapping[str, str], *, family: MpiFami
     fixed: dict[str, str] = {"PYTHONUNBUFFERED": "1"}
     if request.iface is not None and request.iface.names:
         # NCCL and Gloo take names only; a CIDR is resolved per host by doctor.
-        names = ",".join(request.iface.names)
-        fixed["NCCL_SOCKET_IFNAME"] = names
+        fixed["NCCL_SOCKET_IFNAME"] = ",".join(request.iface.names)
         fixed["HOROVOD_GLOO_IFACE"] = request.iface.names[0]
     if request.timeline:
         fixed["HOROVOD_TIMELINE"] = request.timeline

@@ -9,6 +9,7 @@ as torchrun's `--local-ranks-filter` reads them: `0` is the first rank on every 
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -34,34 +35,26 @@ class RankFilter:
 
     def shown(self, rank_hosts: Sequence[str]) -> frozenset[int]:
         """The ranks (of a job with these hosts, rank -> host) whose output is shown."""
-        count = len(rank_hosts)
-        if self.everything:
-            return frozenset(range(count))
+        # With `local` a rank's number is its index among its host's ranks, and `last` the
+        # highest of them; else the job is one group, numbered by rank.
+        groups = tuple(rank_hosts) if self.local else ("",) * len(rank_hosts)
+        size = Counter(groups)
+        seen: Counter[str] = Counter()
         picked: set[int] = set()
-        if self.local:
-            seen: dict[str, int] = {}
-            per_host = {h: rank_hosts.count(h) for h in set(rank_hosts)}
-            for rank, host in enumerate(rank_hosts):
-                index = seen.get(host, 0)
-                seen[host] = index + 1
-                if self._holds(index) or (self.last and index == per_host[host] - 1):
-                    picked.add(rank)
-            return frozenset(picked)
-        picked = {r for r in range(count) if self._holds(r)}
-        if self.last and count:
-            picked.add(count - 1)
+        for rank, group in enumerate(groups):
+            number = seen[group]
+            seen[group] += 1
+            if self.everything or self._holds(number) or (self.last and number == size[group] - 1):
+                picked.add(rank)
         return frozenset(picked)
 
     def unused(self, rank_hosts: Sequence[str]) -> str | None:
         """A note when the spec names no rank of this job at all (`--ranks 9` on 4 ranks)."""
         if self.shown(rank_hosts):
             return None
-        what = "local rank" if self.local else "rank"
-        return (f"{self.option()} {self.spec}: the job has no such {what} "
+        option, what = ("--local-ranks-filter", "local rank") if self.local else ("--ranks", "rank")
+        return (f"{option} {self.spec}: the job has no such {what} "
                 f"({len(rank_hosts)} rank(s)); only failures will be shown")
-
-    def option(self) -> str:
-        return "--local-ranks-filter" if self.local else "--ranks"
 
 
 def parse_rank_filter(spec: str, *, local: bool = False) -> RankFilter:
