@@ -1,6 +1,6 @@
 """What a run tells its caller along the way: the events `on_event` gets (the CLI renders them).
 
-Below the single run (`session.py`) and the restart loop (`restart_loop.py`) alike, so the
+Below the single run (`session.py`) and the restart loop (`restarts.py`) alike, so the
 loop speaks the run's language without importing the run. Among them, progress while a job
 starts: how many hosts the pre-flight has checked, on how many hosts ranks are up, how many
 ranks are running; the CLI draws it as one live line on a terminal, and nothing elsewhere.

@@ -180,8 +180,7 @@ def start(request: LaunchRequest, on_event: OnEvent) -> JobOutcome:
     if policy is None:
         outcome = launch(request, on_event)
         return JobOutcome(outcome.exit_code, single=outcome)
-    from dtlaunch.run.restart_loop import run_attempts
-    from dtlaunch.run.restarts import Attempt, check_policy
+    from dtlaunch.run.restarts import Attempt, check_policy, run_attempts
 
     # Each attempt is a single run: the policy stays with the loop. The attempts keep the slots
     # planned here: one per GPU needs the pre-flight first, which the loop does not run before

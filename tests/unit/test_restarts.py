@@ -17,7 +17,6 @@ from dtlaunch.core.errors import DtlaunchError, UsageError
 from dtlaunch.core.failure import Failure
 from dtlaunch.job.hosts import Host
 from dtlaunch.run.events import Event
-from dtlaunch.run.restart_loop import run_attempts
 from dtlaunch.run.restarts import (
     RESTART_COUNT_ENV,
     Attempt,
@@ -29,6 +28,7 @@ from dtlaunch.run.restarts import (
     check_policy,
     decide,
     is_lost_host,
+    run_attempts,
     with_restart_count,
     without,
 )
