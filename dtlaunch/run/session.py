@@ -65,14 +65,8 @@ class Prepared:
     request: RunRequest  # hosts, -np and via resolved (allocation)
     mpi_version: tuple[int, ...]
     provisional: bool  # planned before the GPUs decide the slots: plan again after
-    launcher_set_in: tuple[str, ...]  # the launcher's parameter files' plm choices (plan_run's)
-
-
-def replan(request: RunRequest, prepared: Prepared) -> RunPlan:
-    """The plan again for a changed request (the network the pre-flight chose)."""
-    return plan_run(request, dict(os.environ), family=prepared.plan.family,
-                    mpi_version=prepared.mpi_version, as_root=os.geteuid() == 0,
-                    cpu_count=os.cpu_count() or 1, launcher_set_in=prepared.launcher_set_in)
+    # The plan again for a changed request (the network the pre-flight chose), as this one was.
+    replan: Callable[[RunRequest], RunPlan]
 
 
 def prepare(request: RunRequest, on_event: OnEvent, *, dry_run: bool = False,
@@ -110,9 +104,10 @@ def prepare(request: RunRequest, on_event: OnEvent, *, dry_run: bool = False,
     # The launcher's parameter files are read here, at the edge; the plan says what wins.
     set_in = family.stray_launcher_files(program) if program is not None else ()
     family.refuse_insecure_files(program or "", request.mpi_args, env)
-    plan = plan_run(replace(request, oversubscribe=True) if provisional else request, env,
-                    family=family, mpi_version=version, as_root=os.geteuid() == 0,
-                    cpu_count=os.cpu_count() or 1, launcher_set_in=set_in)
+    replan = functools.partial(plan_run, environ=env, family=family, mpi_version=version,
+                               as_root=os.geteuid() == 0, cpu_count=os.cpu_count() or 1,
+                               launcher_set_in=set_in)
+    plan = replan(replace(request, oversubscribe=True) if provisional else request)
     if pending and not defer_slots:
         text = unchecked_slots_text(request.hosts, "a dry run does not probe the hosts"
                                     if dry_run else "planned without the pre-flight")
@@ -132,7 +127,7 @@ def prepare(request: RunRequest, on_event: OnEvent, *, dry_run: bool = False,
         on_event(Event(EventLevel.NOTE, f"{where} (a parameter file) picks a launcher other "
                        f"than ssh for {family.launcher}; overridden on its command line, as "
                        "this job starts its daemons over ssh across hosts"))
-    return Prepared(plan, program, request, version, provisional, set_in)
+    return Prepared(plan, program, request, version, provisional, replan)
 
 
 def dry_run(request: LaunchRequest, on_event: OnEvent) -> RunPlan:
@@ -332,7 +327,7 @@ def _preflight(request: LaunchRequest, prepared: Prepared, run_request: RunReque
                               preflight_failure(checked.report, job_started=False))
         for host, why in kept[1].items():
             on_event(Event(EventLevel.WARNING, f"elastic: host {host} left out: {why}"))
-        fewer = replace(prepared, plan=replan(kept[0], prepared), request=kept[0])
+        fewer = replace(prepared, plan=prepared.replan(kept[0]), request=kept[0])
         return _preflight(request, fewer, kept[0], reach, on_event)
     choice = checked.network
     run = run_request
@@ -345,7 +340,7 @@ def _preflight(request: LaunchRequest, prepared: Prepared, run_request: RunReque
         run = replace(run, hosts=slots.hosts) if slots.changed else run
         on_event(Event(EventLevel.NOTE if slots.changed else EventLevel.DETAIL, slots.text))
     if run is not run_request or prepared.provisional:
-        plan = replan(run, prepared)
+        plan = prepared.replan(run)
     return plan, run, choice, checked.keys
 
 
