@@ -242,8 +242,8 @@ def recheck(request: LaunchRequest, hosts: tuple[Host, ...], left: float | None,
     names = {h.name for h in hosts}
     failing: dict[str, str] = {}
     for host, check in checked.report.failures():
-        if host in names and host not in failing:
-            failing[host] = f"{checked.report.label(check.name)}: {check.detail}"
+        if host in names:  # its first failed check
+            failing.setdefault(host, f"{checked.report.label(check.name)}: {check.detail}")
     return failing
 
 
@@ -275,6 +275,10 @@ def launch(request: LaunchRequest, on_event: OnEvent, *, executor: Executor | No
     if (end.exit_code, end.failure) != (result.exit_code, result.failure):
         result = replace(result, exit_code=end.exit_code, failure=end.failure)
     result = _blamed(result, run_request)
+    # How the job ended, root cause first (see failure_report); the CLI renders it.
+    report = build_report(result.exit_code, result.failure, result.ranks,
+                          interrupted_by=result.interrupted_by, timed_out=result.timed_out,
+                          timeout=request.timeout)
     failed_itself = (result.exit_code != 0 and result.interrupted_by is None
                      and not result.timed_out)
     if keys is not None and failed_itself and keys.failed():
@@ -288,10 +292,8 @@ def launch(request: LaunchRequest, on_event: OnEvent, *, executor: Executor | No
                                   command_timeout=request.start_timeout)
         if not again.ok:
             return RunOutcome(plan, again.report, result, EXIT_FAILURE,
-                              preflight_failure(again.report, job_started=True),
-                              report=job_report(result, request.timeout))
-    return RunOutcome(plan, None, result, result.exit_code,
-                      report=job_report(result, request.timeout))
+                              preflight_failure(again.report, job_started=True), report)
+    return RunOutcome(plan, None, result, result.exit_code, report=report)
 
 
 Checked = tuple[RunPlan, RunRequest, "NetworkChoice | None", "DeferredKeyCheck | None"]
@@ -427,10 +429,3 @@ def _blamed(result: LaunchResult, run_request: RunRequest) -> LaunchResult:
 
         result = replace(result, failure=blame_mpi_args(result.failure, run_request.mpi_args))
     return result
-
-
-def job_report(result: LaunchResult, timeout: float | None) -> JobReport:
-    """How the job ended, root cause first (see failure_report); the CLI renders it."""
-    return build_report(result.exit_code, result.failure, result.ranks,
-                        interrupted_by=result.interrupted_by, timed_out=result.timed_out,
-                        timeout=timeout)

@@ -17,6 +17,7 @@ from dtlaunch.job.hosts import Host
 from dtlaunch.plan.plan import RunRequest
 from dtlaunch.run import session
 from dtlaunch.run.execute import LaunchResult
+from dtlaunch.run.failure_report import build_report
 
 needs_mpirun = pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs mpirun")
 
@@ -79,7 +80,9 @@ def test_launch_without_checks_returns_the_outcome_and_prints_nothing(
 
 def test_outcome_lines_for_signals_and_timeouts() -> None:
     def lines(result: LaunchResult, timeout: float | None) -> list[str]:
-        return job_report_lines(session.job_report(result, timeout))
+        return job_report_lines(build_report(
+            result.exit_code, result.failure, result.ranks, interrupted_by=result.interrupted_by,
+            timed_out=result.timed_out, timeout=timeout))
 
     assert lines(LaunchResult(130, None, interrupted_by=2), None) == [
         "stopped by SIGINT; all ranks were told to exit"]
