@@ -260,7 +260,13 @@ def _ended(code: int, out: JobOutput, family: MpiFamily, received: list[int], ti
         return LaunchResult(exit_code or 1, Failure(reason=stopped_for))
     key_refused = key_refused or out.host_key_refused
     if key_refused is not None:
-        return LaunchResult(exit_code or 1, host_key_failure(key_refused))
+        # A changed or unknown key, not a lost host: the fix is the user's, and a restart would
+        # be refused again.
+        return LaunchResult(exit_code or 1, Failure(host=key_refused, final="host-key", reason=(
+            f"ssh refused the host key of host {key_refused} (Host key verification failed): "
+            "its key changed or is not in known_hosts; if the change is expected, remove the "
+            "old key (ssh-keygen -R, as ssh's message says) and check the new one, or see "
+            "'dtlaunch doctor' with the same hosts")))
     if lost_host is not None:
         lost = Failure(host=lost_host, reason=f"lost the SSH connection to host {lost_host}")
         return LaunchResult(exit_code or 1, lost)
@@ -274,16 +280,6 @@ def _ended(code: int, out: JobOutput, family: MpiFamily, received: list[int], ti
     if exit_code != 0 and failure is None:
         failure = Failure(reason=f"{family.launcher} exited with status {exit_code}")
     return LaunchResult(exit_code, failure)
-
-
-def host_key_failure(host: str) -> Failure:
-    """ssh refused a host's key (Host key verification failed): a changed or unknown key, not
-    a lost host; the fix is the user's, and restarting would be refused again."""
-    return Failure(host=host, final="host-key", reason=(
-        f"ssh refused the host key of host {host} (Host key verification failed): its key "
-        "changed or is not in known_hosts; if the change is expected, remove the old key "
-        "(ssh-keygen -R, as ssh's message says) and check the new one, or see 'dtlaunch "
-        "doctor' with the same hosts"))
 
 
 def first_failed_rank(exits: Mapping[int, str], rank_hosts: Sequence[str],

@@ -135,15 +135,6 @@ def _root(failure: Failure, ranks: JobRanks) -> RootCause:
                      failure.signal, failure.reason, mine.at if mine else None, tail)
 
 
-def _cause(how: str | None) -> str:
-    code, sig = split_how(how)
-    if sig is not None:
-        return signal_name(sig)
-    if code is not None:
-        return f"exit code {code}"
-    return "no exit record (ended with the job)"
-
-
 def group_failures(ends: Sequence[RankEnd], hosts: Sequence[str], after: str = "",
                    skip: int | None = None) -> tuple[FailureGroup, ...]:
     """The failed ranks (all but `skip`), one group per cause, in rank order of first rank."""
@@ -155,10 +146,12 @@ def group_failures(ends: Sequence[RankEnd], hosts: Sequence[str], after: str = "
     groups = []
     for how, members in by_cause.items():
         code, sig = split_how(how)
+        cause = (signal_name(sig) if sig is not None else f"exit code {code}" if code is not None
+                 else "no exit record (ended with the job)")
         names = tuple(dict.fromkeys(e.host or (hosts[e.rank] if e.rank < len(hosts) else "?")
                                     for e in members))
-        groups.append(FailureGroup(_cause(how) + after, tuple(e.rank for e in members), names,
-                                   code, sig))
+        groups.append(FailureGroup(cause + after, tuple(e.rank for e in members), names, code,
+                                   sig))
     return tuple(groups)
 
 

@@ -58,14 +58,11 @@ def host_name(reported: str, predicted: str | None, given: Sequence[str]) -> str
     return reported
 
 
-LOG_NAMES = ("rank.*.log", "mpirun.log")
-
-
 def earlier_logs(directory: Path) -> list[str]:
     """The log files an earlier run left in an --output-dir, sorted; [] when there are none."""
     try:
-        return sorted({p.name for pattern in LOG_NAMES for p in directory.glob(pattern)},
-                      key=lambda n: (len(n), n))
+        return sorted({p.name for pattern in ("rank.*.log", "mpirun.log")
+                       for p in directory.glob(pattern)}, key=lambda n: (len(n), n))
     except OSError:
         return []
 
