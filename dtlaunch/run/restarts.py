@@ -303,7 +303,7 @@ def _loop(first: Attempt, policy: RestartPolicy, launch: Launch, recheck: Rechec
                 return Stop("recheck-error", f"re-check failed: {exc}"), outcome.exit_code
             recheck_s = clock() - checked
             note(f"re-check done in {recheck_s:.1f} s")
-            if _late(deadline, clock):
+            if deadline is not None and clock() >= deadline:
                 return _timeout("during the re-check")
             for name, why in failing.items():
                 note(f"dropping {name}: {why}")
@@ -318,13 +318,9 @@ def _loop(first: Attempt, policy: RestartPolicy, launch: Launch, recheck: Rechec
         waited_s = clock() - waited
         if signum is not None:
             return _interrupted(signum)
-        if _late(deadline, clock):
+        if deadline is not None and clock() >= deadline:
             return _timeout("before a restart")
         attempt = step
-
-
-def _late(deadline: float | None, clock: Callable[[], float]) -> bool:
-    return deadline is not None and clock() >= deadline
 
 
 def _timeout(when: str) -> tuple[Stop, int]:
