@@ -163,11 +163,9 @@ class NodeWatch:
             if sig is not None:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(proc.pid, sig)
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=wait)
                 return
-            except subprocess.TimeoutExpired:
-                continue
 
 
 def lost_reason(node: str) -> str:
