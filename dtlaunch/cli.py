@@ -286,7 +286,7 @@ def doctor(as_json: bool, **params: Any) -> None:
     if setup.source and not as_json:
         _note(setup.source)
     with signals_raise(), ProgressLine(enabled=not as_json and sys.stderr.isatty()) as line:
-        report = run_doctor(setup.request, progress=line.hosts_checked,
+        report, _ = run_doctor(setup.request, progress=line.hosts_checked,
                             while_waiting=None if as_json else preload, reach=setup.reach)
     if as_json:
         click.echo(report_to_json(report))

@@ -11,16 +11,12 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from dtlaunch.check.host_checks import Expectations
 from dtlaunch.cluster.allocation import detect
 from dtlaunch.cluster.placement import plan_allocation
 from dtlaunch.console.hostfile import read_hosts
 from dtlaunch.core.errors import UsageError
-from dtlaunch.doctor.doctor import (
-    COMMAND_TIMEOUT,
-    DoctorRequest,
-    build_expectations,
-    network_to_choose,
-)
+from dtlaunch.doctor.doctor import COMMAND_TIMEOUT, DoctorRequest
 from dtlaunch.mpi import HostNeeds, parse_iface
 from dtlaunch.mpijob.launcher_choice import job_launcher
 from dtlaunch.plan.plan import RunRequest, check_module_name
@@ -89,12 +85,13 @@ def read_doctor(args: DoctorArgs) -> DoctorSetup:
     iface = parse_iface(args.iface) if args.iface is not None else None
     request = DoctorRequest(
         hosts=host_names,
-        expect=build_expectations(args.python or sys.executable, args.script, args.module,
-                                  iface, args.pairwise, needs),
+        expect=Expectations(python=args.python or sys.executable, module=args.module,
+                            script=os.path.abspath(args.script) if args.script else None,
+                            iface=iface, pairwise=args.pairwise, needs=needs),
         ssh=ssh,
         cwd=os.getcwd(),
         command_timeout=args.timeout if args.timeout is not None else COMMAND_TIMEOUT,
-        choose_network=network_to_choose(iface, host_names),
+        choose_network=True,
         mpi_launcher=job_launcher() if needs.mpi else "",
         job_path=os.environ.get("PATH", ""),  # what run exports to the ranks
     )

@@ -6,10 +6,9 @@ overall deadline; Ctrl-C returns at once, and the prober ends whatever it still 
 
 from __future__ import annotations
 
-import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from dtlaunch.check.host_checks import Expectations
@@ -17,19 +16,12 @@ from dtlaunch.check.network import NetworkChoice, check_network, choose_from_out
 from dtlaunch.check.report import HOST, LOCAL, DoctorReport, HostOutcome, unreachable
 from dtlaunch.check.verdict import evaluate
 from dtlaunch.core.tracker import Tracker
-from dtlaunch.mpi import HostNeeds
 from dtlaunch.probe.command import ProbeArgs
 from dtlaunch.probe.prober import Reach, fan_out, local_names
 from dtlaunch.reach.ssh_options import SshOptions
 
 Progress = Callable[[int, int, str], None]
 COMMAND_TIMEOUT = 150.0  # seconds a host's checks may run: a cold probe imports torch once
-
-
-def network_to_choose(iface: object | None, hosts: Sequence[str]) -> bool:
-    """Without --iface, doctor and run's pre-flight choose the network the hosts share, once
-    there is more than one host."""
-    return iface is None and len(hosts) > 1
 
 
 @dataclass(frozen=True)
@@ -39,7 +31,8 @@ class DoctorRequest:
     ssh: SshOptions = field(default_factory=SshOptions)
     cwd: str = ""
     command_timeout: float = COMMAND_TIMEOUT
-    # No --iface: choose the network the hosts share (dtlaunch.check.network) and report it.
+    # Choose the network the hosts share (dtlaunch.check.network) and report it, when there
+    # is no --iface and more than one host.
     choose_network: bool = False
     # This machine's mpirun (absolute): the job starts that path on every host. "": the PATH's.
     mpi_launcher: str = ""
@@ -68,32 +61,13 @@ def probe_args(request: DoctorRequest, host: str | None) -> ProbeArgs:
                      program=expect.program or "")
 
 
-def _probe_local(request: DoctorRequest, name: str, rank: bool, reach: Reach,
-                 tracker: Tracker) -> HostOutcome:
-    start = time.monotonic()
-    try:
-        facts = reach.here(probe_args(request, None), request.command_timeout, tracker)
-    except Exception as exc:
-        return HostOutcome(name, LOCAL, problem=unreachable(
-            f"the local probe failed: {exc}", "check that 'sh' and the Python work"),
-            seconds=time.monotonic() - start, is_rank_host=rank)
-    return HostOutcome(name, LOCAL, facts, seconds=time.monotonic() - start, is_rank_host=rank)
-
-
 def run_doctor(request: DoctorRequest, progress: Progress | None = None,
                while_waiting: Callable[[], None] | None = None, *,
-               reach: Reach) -> DoctorReport:
-    """The doctor's report (see doctor_and_network)."""
-    return doctor_and_network(request, progress, while_waiting, reach=reach)[0]
-
-
-def doctor_and_network(request: DoctorRequest, progress: Progress | None = None,
-                       while_waiting: Callable[[], None] | None = None, *,
-                       reach: Reach) -> tuple[DoctorReport, NetworkChoice | None]:
-    """Probe this machine and every host in parallel, within one overall deadline.
-    `while_waiting` runs once on this thread after every probe has started (e.g. importing
-    the renderer while the hosts answer); `reach`: how hosts are reached, decided by the caller
-    (dtlaunch.probe.reach_for)."""
+               reach: Reach) -> tuple[DoctorReport, NetworkChoice | None]:
+    """Probe this machine and every host in parallel, within one overall deadline: the report,
+    and the network chosen when the request asks for one. `while_waiting` runs once on this
+    thread after every probe has started (e.g. importing the renderer while the hosts answer);
+    `reach`: how hosts are reached, decided by the caller (dtlaunch.probe.reach_for)."""
     start = time.monotonic()
     here = local_names()
     local_in_list = [h for h in request.hosts if h in here]
@@ -108,7 +82,15 @@ def doctor_and_network(request: DoctorRequest, progress: Progress | None = None,
 
     def work(host: str | None) -> HostOutcome:
         if host is None:
-            return _probe_local(request, local_name, local_is_rank_host, reach, here_probe)
+            began = time.monotonic()
+            try:
+                facts = reach.here(probe_args(request, None), request.command_timeout, here_probe)
+            except Exception as exc:
+                return HostOutcome(local_name, LOCAL, problem=unreachable(
+                    f"the local probe failed: {exc}", "check that 'sh' and the Python work"),
+                    seconds=time.monotonic() - began, is_rank_host=local_is_rank_host)
+            return HostOutcome(local_name, LOCAL, facts, seconds=time.monotonic() - began,
+                               is_rank_host=local_is_rank_host)
         prepared.wait()
         return prober.probe(host, probe_args(request, host), request.command_timeout)
 
@@ -144,18 +126,9 @@ def doctor_and_network(request: DoctorRequest, progress: Progress | None = None,
     judged = evaluate(outcomes, request.expect, time.monotonic() - start,
                       peers=remote if request.expect.pairwise else ())
     choice = None
-    if request.choose_network and request.expect.iface is None:
+    if request.choose_network and request.expect.iface is None and len(request.hosts) > 1:
         choice = choose_from_outcomes(outcomes)
         if choice is not None:
             judged = replace(judged, job=(check_network(choice), *judged.job))
     return judged, choice
 
-
-def build_expectations(python: str, script: str | None, module: str | None,
-                       iface: object, pairwise: bool, needs: HostNeeds | None = None,
-                       ) -> Expectations:
-    from dtlaunch.mpi import Interfaces
-
-    return Expectations(python=python, script=os.path.abspath(script) if script else None,
-                        module=module, iface=iface if isinstance(iface, Interfaces) else None,
-                        pairwise=pairwise, needs=needs or HostNeeds())

@@ -191,25 +191,21 @@ def run_preflight(request: RunRequest, plan: RunPlan, job_started: bool = False,
     if job_started:
         drop_cache(key)
     # The checks themselves: imported only now, a cache hit never needs them (~15 ms).
+    from dtlaunch.check.host_checks import Expectations
     from dtlaunch.check.network import choice_to_json
-    from dtlaunch.doctor.doctor import (
-        COMMAND_TIMEOUT,
-        DoctorRequest,
-        build_expectations,
-        doctor_and_network,
-        network_to_choose,
-    )
+    from dtlaunch.doctor.doctor import COMMAND_TIMEOUT, DoctorRequest, run_doctor
 
     python, script, module = checked_program(request)
     needs = plan.family.needs  # what the way the job starts needs on every host
-    expect = build_expectations(python or request.python, script, module, request.iface,
-                                pairwise=request.tree_spawn, needs=needs)
+    expect = Expectations(python or request.python, os.path.abspath(script) if script else None,
+                          module, request.iface, pairwise=request.tree_spawn,
+                          check_python=python is not None,
+                          program=checked_executable(request), needs=needs)
     doctor_request = DoctorRequest(
-        hosts, replace(expect, check_python=python is not None, program=checked_executable(request)),
-        request.ssh, cwd, command_timeout if command_timeout is not None else COMMAND_TIMEOUT,
-        choose_network=network_to_choose(request.iface, hosts),
+        hosts, expect, request.ssh, cwd,
+        command_timeout if command_timeout is not None else COMMAND_TIMEOUT, choose_network=True,
         mpi_launcher=mpirun if needs.mpi else "", job_path=job_path)
-    report, network = doctor_and_network(doctor_request, progress, reach=reach)
+    report, network = run_doctor(doctor_request, progress, reach=reach)
     warnings += report.warning_lines(said=problem)
     if not report.ok:
         return PreflightOutcome(report, warnings=tuple(warnings))

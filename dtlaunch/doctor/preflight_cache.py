@@ -91,10 +91,6 @@ def _cache_name(key: str) -> str:
     return f"preflight-{key[:40]}.json"
 
 
-def _cache_path(key: str) -> str:
-    return os.path.join(cache_dir(), _cache_name(key))
-
-
 def cache_problem() -> str | None:
     """Why the cache directory cannot be used (created 0700 when missing), or None."""
     try:
@@ -104,10 +100,6 @@ def cache_problem() -> str | None:
         return str(exc)
     except OSError as exc:
         return f"cannot create {cache_dir()}: {exc.strerror or exc}"
-
-
-def read_cache(key: str, now: float | None = None) -> bool:
-    return cached_entry(key, now) is not None
 
 
 def cached_entry(key: str, now: float | None = None) -> dict[str, Any] | None:

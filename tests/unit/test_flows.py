@@ -69,7 +69,7 @@ CHANGED = unreachable("the host key of h2 has CHANGED", "POSSIBLE MAN-IN-THE-MID
 def doctor(world: FakeWorld, *hosts: str, command_timeout: float = 30) -> Any:
     request = DoctorRequest(hosts=hosts, expect=Expectations(python=sys.executable, script=SCRIPT),
                             command_timeout=command_timeout)
-    return run_doctor(request, reach=world.reach())
+    return run_doctor(request, reach=world.reach())[0]
 
 
 def test_doctor_all_healthy() -> None:
@@ -320,7 +320,7 @@ def test_doctor_shows_the_chosen_network() -> None:
     request = DoctorRequest(hosts=("h1", "h2"), expect=Expectations(python=sys.executable),
                             ssh=SshOptions(connect_timeout=1), command_timeout=30,
                             choose_network=True)
-    report = run_doctor(request, reach=world.reach())
+    report, _ = run_doctor(request, reach=world.reach())
     assert report.ok and [c.name for c in report.job] == ["network"]
     assert report.job[0].detail.startswith("network: 10.1.2.0/24 (h1 eth0, h2 eth0)")
 

@@ -125,7 +125,7 @@ def test_this_machine_one_slot_per_visible_gpu(cache: Path,
 def doctor(world: FakeWorld, *hosts: str) -> Any:
     request = DoctorRequest(hosts=hosts, expect=Expectations(python=sys.executable),
                             ssh=SshOptions(connect_timeout=1), command_timeout=30)
-    return run_doctor(request, reach=world.reach())
+    return run_doctor(request, reach=world.reach())[0]
 
 
 def test_doctor_lists_each_hosts_gpus_and_passes_a_uniform_cluster() -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from dtlaunch.core.private_files import cache_dir
 from dtlaunch.doctor import preflight, preflight_cache
 from dtlaunch.job.hosts import Host
 from dtlaunch.openmpi.family import OPEN_MPI
@@ -24,7 +25,16 @@ def request(**kw: object) -> RunRequest:
 
 
 def cache_name(key: str) -> str:
-    return os.path.basename(preflight_cache._cache_path(key))
+    return os.path.basename(cache_path(key))
+
+
+def cache_path(key: str) -> str:
+    return os.path.join(cache_dir(), preflight_cache._cache_name(key))
+
+
+def read_cache(key: str, now: float | None = None) -> bool:
+    """A fresh entry for `key` is there (what run_preflight reads)."""
+    return preflight_cache.cached_entry(key, now) is not None
 
 
 @pytest.fixture
@@ -49,15 +59,15 @@ def victim_file(tmp_path) -> Path:
 
 
 def test_cache_round_trip_and_expiry(key):
-    assert not preflight_cache.read_cache(key)
+    assert not read_cache(key)
     preflight_cache.write_cache(key)
-    path = preflight_cache._cache_path(key)
+    path = cache_path(key)
     assert os.stat(path).st_mode & 0o777 == 0o600
     assert os.stat(os.path.dirname(path)).st_mode & 0o777 == 0o700
-    assert preflight_cache.read_cache(key)
-    assert not preflight_cache.read_cache(key, now=time.time() + preflight_cache.CACHE_SECONDS + 1)
+    assert read_cache(key)
+    assert not read_cache(key, now=time.time() + preflight_cache.CACHE_SECONDS + 1)
     os.chmod(path, 0o666)  # writable by others: never trusted
-    assert not preflight_cache.read_cache(key)
+    assert not read_cache(key)
 
 
 def test_key_changes_with_what_matters(tmp_path):
@@ -86,32 +96,32 @@ def test_key_check_overlaps_the_launch_only_while_dtlaunch_owns_mpiruns_ssh() ->
 
 def test_a_damaged_cache_file_is_ignored_not_a_crash(key):
     preflight_cache.write_cache(key)
-    path = preflight_cache._cache_path(key)
+    path = cache_path(key)
     for junk in ("[]", '{"time": "abc"}', '{"time": null}', '{"key": 1}', "3", '"x"',
                  '{"time": "nan", "key": "' + key + '"}', "{"):
         with open(path, "w") as handle:
             handle.write(junk)
-        assert preflight_cache.read_cache(key) is False, junk
+        assert read_cache(key) is False, junk
 
 
 def test_a_damaged_cache_file_is_rewritten_by_the_next_success(tmp_path, key):
     path = private_folder(tmp_path) / cache_name(key)
     path.write_text('{"time": "abc"}')
     path.chmod(0o600)
-    assert preflight_cache.read_cache(key) is False
+    assert read_cache(key) is False
     preflight_cache.write_cache(key)
-    assert preflight_cache.read_cache(key)
+    assert read_cache(key)
 
 
 def test_a_link_planted_at_the_cache_path_leaves_its_target_untouched(tmp_path, key):
     folder = private_folder(tmp_path)
     victim = victim_file(tmp_path)
     (folder / cache_name(key)).symlink_to(victim)
-    assert preflight_cache.read_cache(key) is False  # a link is never believed
+    assert read_cache(key) is False  # a link is never believed
     preflight_cache.write_cache(key)  # replaces the link, never writes through it
     assert victim.read_text() == "precious\n"
     assert not (folder / cache_name(key)).is_symlink()
-    assert preflight_cache.read_cache(key)
+    assert read_cache(key)
 
 
 def test_a_file_planted_at_a_temporary_name_is_never_written(tmp_path, key):
@@ -120,15 +130,15 @@ def test_a_file_planted_at_a_temporary_name_is_never_written(tmp_path, key):
     private_folder(tmp_path)
     victim = victim_file(tmp_path)
     victim.chmod(0o600)
-    os.link(victim, f"{preflight_cache._cache_path(key)}.{os.getpid()}.tmp")
+    os.link(victim, f"{cache_path(key)}.{os.getpid()}.tmp")
     preflight_cache.write_cache(key)
     assert victim.read_text() == "precious\n"
-    assert preflight_cache.read_cache(key)
+    assert read_cache(key)
 
 
 def test_a_fifo_at_the_cache_path_does_not_block(tmp_path, key):
     os.mkfifo(private_folder(tmp_path) / cache_name(key), 0o600)
-    assert preflight_cache.read_cache(key) is False
+    assert read_cache(key) is False
 
 
 @pytest.mark.parametrize("setup", ["group-writable", "link", "other-owner"])
@@ -155,7 +165,7 @@ def test_a_cache_directory_that_is_not_private_is_refused_with_a_reason(
     assert problem is not None and expected in problem and str(folder) in problem
     key = preflight_cache.cache_key(request(), ("h1", "h2"), "/work")
     preflight_cache.write_cache(key)
-    assert not preflight_cache.read_cache(key)
+    assert not read_cache(key)
     assert list(elsewhere.iterdir()) == []
     if setup != "link":
         assert list(folder.iterdir()) == []
@@ -178,7 +188,7 @@ def test_expired_entries_are_removed_when_a_new_one_is_written(tmp_path, monkeyp
     new_key = preflight_cache.cache_key(request(), ("h1", "h2"), "/work")
     preflight_cache.write_cache(old_key)
     preflight_cache.write_cache(fresh_key)
-    old = preflight_cache._cache_path(old_key)
+    old = cache_path(old_key)
     stale = time.time() - preflight_cache.CACHE_SECONDS - 5
     os.utime(old, (stale, stale))
     other = os.path.join(os.path.dirname(old), "imports-abc.json")  # not the pre-flight's
@@ -187,5 +197,5 @@ def test_expired_entries_are_removed_when_a_new_one_is_written(tmp_path, monkeyp
     os.utime(other, (stale, stale))
     preflight_cache.write_cache(new_key)
     assert not os.path.exists(old)
-    assert preflight_cache.read_cache(fresh_key) and preflight_cache.read_cache(new_key)
+    assert read_cache(fresh_key) and read_cache(new_key)
     assert os.path.exists(other)
