@@ -116,13 +116,13 @@ class DoctorReport:
         """A check's name as the user reads it: the reach check by how hosts were reached."""
         return self.reach if check == "reach" else check
 
-    def failures(self) -> tuple[tuple[str, CheckResult], ...]:
-        return (tuple((h.host, c) for h in self.hosts for c in h.checks if c.status == FAIL)
-                + tuple((JOB, c) for c in self.job if c.status == FAIL))
+    def failures(self, status: Status = FAIL) -> tuple[tuple[str, CheckResult], ...]:
+        """(host, check) of every check with `status`; checks of the whole job under JOB."""
+        return (*((h.host, c) for h in self.hosts for c in h.checks if c.status == status),
+                *((JOB, c) for c in self.job if c.status == status))
 
     def warnings(self) -> tuple[tuple[str, CheckResult], ...]:
-        return (tuple((h.host, c) for h in self.hosts for c in h.checks if c.status == WARN)
-                + tuple((JOB, c) for c in self.job if c.status == WARN))
+        return self.failures(WARN)
 
     def warning_lines(self, said: str | None = None, shown: int = 8) -> list[str]:
         """The hosts' own warnings (HostReport.warnings), one line per distinct text (a shared

@@ -8,7 +8,6 @@ from collections.abc import Sequence
 from dtlaunch.check.facts import HostFacts, PythonFacts
 from dtlaunch.check.gpu_facts import describe_gpus
 from dtlaunch.check.gpus import check_gpus
-from dtlaunch.check.horovod_mpi import check_horovod_mpi
 from dtlaunch.check.host_checks import (
     Expectations,
     check_horovod,
@@ -20,7 +19,7 @@ from dtlaunch.check.host_checks import (
     check_script,
     check_torch,
 )
-from dtlaunch.check.mpi_checks import check_mpi, host_daemon
+from dtlaunch.check.mpi_checks import check_horovod_mpi, check_mpi, host_daemon
 from dtlaunch.check.report import (
     CHECK_NAMES,
     HOST,

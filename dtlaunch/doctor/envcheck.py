@@ -130,18 +130,13 @@ def gather_env(python: str | None = None) -> tuple[dict[str, Any], HostFacts]:
                      "count": gpus.count, "driver": gpus.driver, "cuda": gpus.cuda,
                      "nccl": nccl_of(py) if gpus.count else None,
                      "error": gpus.error or None, "note": gpus.note or None}
-    try:
-        import psutil
+    import psutil
 
-        memory: dict[str, Any] = {"total_bytes": psutil.virtual_memory().total,
-                                  "available_bytes": psutil.virtual_memory().available}
-        physical = psutil.cpu_count(logical=False)
-    except ImportError:
-        memory, physical = {}, None
-    facts["cpu"] = {"logical_cores": os.cpu_count(), "physical_cores": physical,
+    facts["cpu"] = {"logical_cores": os.cpu_count(), "physical_cores": psutil.cpu_count(logical=False),
                     "usable_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
                     else os.cpu_count()}
-    facts["memory"] = memory
+    facts["memory"] = {"total_bytes": psutil.virtual_memory().total,
+                       "available_bytes": psutil.virtual_memory().available}
     facts["interfaces"] = [{"name": i.name, "up": i.up, "addresses": list(i.addresses),
                             "likely_unroutable": i.name.startswith(UNROUTABLE_PREFIXES)}
                            for i in host.ifaces or ()]
@@ -172,8 +167,11 @@ def evaluate_env(facts: Mapping[str, Any], host: HostFacts) -> tuple[EnvItem, ..
     judged by the doctor's checks (dtlaunch.check.host_checks) on this machine's own facts. Pure."""
     items: list[EnvItem] = []
 
-    def add(section: str, name: str, value: str, status: Status = PASS, hint: str = "") -> None:
-        items.append(EnvItem(section, CheckResult(name, status, value, hint)))
+    def add(section: str, name: str, value: str, ok: object = True, hint: str = "",
+            bad: Status = WARN) -> None:
+        """A row that passes, or has status `bad` and its fix `hint` when not `ok`."""
+        items.append(EnvItem(section, CheckResult(name, PASS if ok else bad, value,
+                                                  "" if ok else hint)))
 
     osf = facts["os"]
     add("os", "system", f"{osf['distribution'] or osf['system']} ({osf['machine']})")
@@ -181,9 +179,9 @@ def evaluate_env(facts: Mapping[str, Any], host: HostFacts) -> tuple[EnvItem, ..
     py = facts["python"]
     add("python", "interpreter", f"{py['version']} {py['executable']}")
     env = py["venv"] or py["conda"]
-    add("python", "environment", env or "system interpreter (no venv)", PASS if env else WARN,
-        "" if env else "use a virtual environment at the same path on every host, so "
-        "'--python' names the same interpreter and packages everywhere")
+    add("python", "environment", env or "system interpreter (no venv)", env,
+        "use a virtual environment at the same path on every host, so '--python' names the "
+        "same interpreter and packages everywhere")
     add("dtlaunch", "version", facts["dtlaunch"]["version"])
     mpi = facts["openmpi"]
     items += _judged("mpi", "mpirun", check_mpirun(host, LOCAL),
@@ -197,14 +195,11 @@ def evaluate_env(facts: Mapping[str, Any], host: HostFacts) -> tuple[EnvItem, ..
         items += _judged("mpi", "version", check_mpi(host, None), shown)
         if "btl" in mpi:
             add("mpi", "btl components", ",".join(mpi["btl"]) or "none")
-            add("mpi", "tcp", "yes" if mpi["tcp"] else "missing",
-                PASS if mpi["tcp"] else FAIL,
-                "" if mpi["tcp"] else "the TCP BTL is needed between hosts: reinstall "
-                "Open MPI with its TCP component")
+            add("mpi", "tcp", "yes" if mpi["tcp"] else "missing", mpi["tcp"], "the TCP BTL is "
+                "needed between hosts: reinstall Open MPI with its TCP component", FAIL)
             add("mpi", "shared memory", "yes" if mpi["shared_memory"] else "missing",
-                PASS if mpi["shared_memory"] else WARN,
-                "" if mpi["shared_memory"] else "ranks on one host will talk over TCP "
-                "(slower); install Open MPI's vader/sm component")
+                mpi["shared_memory"], "ranks on one host will talk over TCP (slower); install "
+                "Open MPI's vader/sm component")
     hvd = facts["horovod"]
     items += _judged("horovod", "import", check_horovod(host.python, None), [
         ("version", str(hvd["version"])),
@@ -230,33 +225,26 @@ def evaluate_env(facts: Mapping[str, Any], host: HostFacts) -> tuple[EnvItem, ..
     if not any(i["up"] and not i["likely_unroutable"] and any("." in a for a in i["addresses"])
                for i in facts["interfaces"]):
         add("network", "routable", "no interface up with an IPv4 address besides "
-            "loopback/bridges", WARN, "connect a network, or launch on this host only")
+            "loopback/bridges", False, "connect a network, or launch on this host only")
     ssh = facts["ssh"]
-    if not ssh["client"]:
-        add("ssh", "client", "not found", FAIL,
-            "install the OpenSSH client: 'apt-get install openssh-client'")
-    else:
-        add("ssh", "client", f"{ssh['client']} ({ssh['version']})")
-    if not ssh["keys"] and not ssh["agent"]:
-        add("ssh", "keys", "no key in ~/.ssh and no agent", WARN,
-            "create one with 'ssh-keygen -t ed25519' and install it on every host with "
-            "'ssh-copy-id HOST'")
-    else:
-        add("ssh", "keys", ", ".join(ssh["keys"]) + (" + agent" if ssh["agent"] else ""))
+    add("ssh", "client", f"{ssh['client']} ({ssh['version']})" if ssh["client"] else "not found",
+        ssh["client"], "install the OpenSSH client: 'apt-get install openssh-client'", FAIL)
+    keys = ssh["keys"] or ssh["agent"]
+    add("ssh", "keys", ", ".join(ssh["keys"]) + (" + agent" if ssh["agent"] else "") if keys
+        else "no key in ~/.ssh and no agent", keys, "create one with 'ssh-keygen -t ed25519' "
+        "and install it on every host with 'ssh-copy-id HOST'")
     stray = foreign_plm_choice(facts["environment"])
     for name, value in facts["environment"].items():
-        if name in stray:  # an image's default for one machine (docs/run.md, "At scale")
-            add("environment", name, value, WARN,
-                "a hand-typed mpirun across hosts would run every rank here with it: unset it "
-                "(dtlaunch run leaves it out for a job across hosts)")
-        else:
-            add("environment", name, value)
+        # Stray: an image's default for one machine (docs/run.md, "At scale").
+        add("environment", name, value, name not in stray, "a hand-typed mpirun across hosts "
+            "would run every rank here with it: unset it (dtlaunch run leaves it out for a job "
+            "across hosts)")
     for where in facts["openmpi"].get("launcher_set_in", ()):
-        add("environment", "parameter file", where, WARN,
+        add("environment", "parameter file", where, False,
             "a hand-typed mpirun across hosts fails with it: remove the line (dtlaunch run "
             "names ssh's launcher on mpirun's command line for a job across hosts)")
     for problem in facts["openmpi"].get("unusable_files", ()):
-        add("environment", "parameter file", problem, WARN,
+        add("environment", "parameter file", problem, False,
             "mpirun would hang on it or stop without saying why, and dtlaunch run refuses it: "
             "remove it or make it a regular file")
     return tuple(items)

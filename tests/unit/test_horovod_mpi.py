@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dtlaunch.check.facts import PythonFacts
-from dtlaunch.check.horovod_mpi import LoadedMpi, check_horovod_mpi, library_mpi
+from dtlaunch.check.mpi_checks import LoadedMpi, check_horovod_mpi, library_mpi
 from dtlaunch.check.report import FAIL, PASS, CheckResult
 from dtlaunch.mpi import MpiImpl
 
