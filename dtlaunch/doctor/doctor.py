@@ -80,19 +80,23 @@ def run_doctor(request: DoctorRequest, progress: Progress | None = None,
     # machine's probe (which imports nothing) runs: no two threads import at once.
     prepared = threading.Event()
 
+    def probe_here() -> HostOutcome:
+        try:
+            facts = reach.here(probe_args(request, None), request.command_timeout, here_probe)
+        except Exception as exc:
+            return HostOutcome(local_name, LOCAL, problem=unreachable(
+                f"the local probe failed: {exc}", "check that 'sh' and the Python work"),
+                is_rank_host=local_is_rank_host)
+        return HostOutcome(local_name, LOCAL, facts, is_rank_host=local_is_rank_host)
+
     def work(host: str | None) -> HostOutcome:
-        if host is None:
-            began = time.monotonic()
-            try:
-                facts = reach.here(probe_args(request, None), request.command_timeout, here_probe)
-            except Exception as exc:
-                return HostOutcome(local_name, LOCAL, problem=unreachable(
-                    f"the local probe failed: {exc}", "check that 'sh' and the Python work"),
-                    seconds=time.monotonic() - began, is_rank_host=local_is_rank_host)
-            return HostOutcome(local_name, LOCAL, facts, seconds=time.monotonic() - began,
-                               is_rank_host=local_is_rank_host)
-        prepared.wait()
-        return prober.probe(host, probe_args(request, host), request.command_timeout)
+        """A host's outcome with the seconds its probe took (a Prober leaves them out)."""
+        if host is not None:
+            prepared.wait()
+        began = time.monotonic()
+        outcome = (probe_here() if host is None else
+                   prober.probe(host, probe_args(request, host), request.command_timeout))
+        return replace(outcome, seconds=time.monotonic() - began)
 
     def meanwhile() -> None:
         try:

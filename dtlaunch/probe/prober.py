@@ -43,7 +43,8 @@ class Prober(Protocol):
         ...
 
     def probe(self, host: str, args: ProbeArgs, timeout: float) -> HostOutcome:
-        """Run the probe on `host`; facts, or the problem that stopped it (never raises)."""
+        """Run the probe on `host`; facts, or the problem that stopped it (never raises; the
+        caller times it)."""
         ...
 
     def verify(self, host: str) -> str | None:

@@ -11,7 +11,6 @@ import contextlib
 import os
 import signal
 import subprocess
-import time
 
 from dtlaunch.check.report import HOST, HostOutcome, unreachable
 from dtlaunch.cluster.slurm import build_srun_probe_argv, parse_srun_labeled, parse_srun_task_errors
@@ -40,9 +39,8 @@ class _Step:
                     os.killpg(self.proc.pid, signal.SIGKILL)
 
 
-def _failed(host: str, detail: str, hint: str, start: float) -> HostOutcome:
-    return HostOutcome(host, HOST, problem=unreachable(detail, hint),
-                       seconds=time.monotonic() - start, path=PATH)
+def _failed(host: str, detail: str, hint: str) -> HostOutcome:
+    return HostOutcome(host, HOST, problem=unreachable(detail, hint), path=PATH)
 
 
 class SrunProber:
@@ -57,7 +55,6 @@ class SrunProber:
     def probe(self, host: str, args: ProbeArgs, timeout: float) -> HostOutcome:
         from dtlaunch.check.facts import parse_probe_output
 
-        start = time.monotonic()
         argv = build_srun_probe_argv([host], build_probe_argv(args), export=EXPORT,
                                      srun=self.srun)
         try:
@@ -69,8 +66,7 @@ class SrunProber:
                 self._tracker.add(step)
         except OSError as exc:
             return _failed(host, f"cannot run srun: {exc.strerror or exc}",
-                           "run dtlaunch inside salloc or sbatch, with Slurm's srun on PATH",
-                           start)
+                           "run dtlaunch inside salloc or sbatch, with Slurm's srun on PATH")
         try:
             try:
                 out, err = proc.communicate(timeout=timeout + self.connect_timeout)
@@ -80,7 +76,7 @@ class SrunProber:
                 return _failed(host, f"no answer through srun within "
                                f"{timeout + self.connect_timeout:g} s",
                                f"check the node: 'scontrol show node {host}', "
-                               f"'srun -w {host} -N1 hostname'", start)
+                               f"'srun -w {host} -N1 hostname'")
         finally:
             self._tracker.discard(step)
         text = parse_srun_labeled(out, [host]).by_node[host]
@@ -89,8 +85,8 @@ class SrunProber:
             why = parse_srun_task_errors(err).get(host) or (
                 (err.strip().splitlines() or [f"srun exit {proc.returncode}"])[-1])
             return _failed(host, f"the probe did not run through srun: {why}",
-                           f"try 'srun -w {host} -N1 sh -c true' inside this allocation", start)
-        return HostOutcome(host, HOST, facts, seconds=time.monotonic() - start, path=PATH)
+                           f"try 'srun -w {host} -N1 sh -c true' inside this allocation")
+        return HostOutcome(host, HOST, facts, path=PATH)
 
     def verify(self, host: str) -> str | None:
         return None  # no host keys: Slurm authenticates with munge

@@ -7,7 +7,6 @@ ends them all and nothing is left behind; a remote command ends when its channel
 from __future__ import annotations
 
 import threading
-import time
 from typing import TYPE_CHECKING, Any
 
 from dtlaunch.check.report import HOST, HostOutcome, unreachable
@@ -53,7 +52,6 @@ class SshProber:
         from dtlaunch.probe.command import END_MARK, build_remote_command
         from dtlaunch.ssh import connect
 
-        start = time.monotonic()
         try:
             conn = connect(self._target(host), tracker=self._tracker)
             try:
@@ -66,16 +64,13 @@ class SshProber:
                 return HostOutcome(host, HOST, problem=unreachable(
                     f"the remote command failed (exit {result.exit_code}): {tail}",
                     "the login shell must be POSIX-like (sh, bash, zsh); try "
-                    f"'ssh {host} sh -c true'"), seconds=time.monotonic() - start)
-            return HostOutcome(host, HOST, facts, seconds=time.monotonic() - start,
-                               note=conn.host_key_note)
+                    f"'ssh {host} sh -c true'"))
+            return HostOutcome(host, HOST, facts, note=conn.host_key_note)
         except SshFailure as exc:
-            return HostOutcome(host, HOST, problem=unreachable(exc.detail, exc.hint),
-                               seconds=time.monotonic() - start)
+            return HostOutcome(host, HOST, problem=unreachable(exc.detail, exc.hint))
         except Exception as exc:  # a bug or an odd server must not hide the other hosts' results
             return HostOutcome(host, HOST, problem=unreachable(
-                f"{type(exc).__name__}: {exc}", f"try 'ssh -v {host} true'"),
-                seconds=time.monotonic() - start)
+                f"{type(exc).__name__}: {exc}", f"try 'ssh -v {host} true'"))
 
     def verify(self, host: str) -> str | None:
         from dtlaunch.ssh import verify_host_key
