@@ -1,4 +1,1 @@
-"""Facts judged, pure: what the hosts reported, the checks with their fixes, the one report
-model.
-
-See docs/architecture.md."""
+"""Facts judged, pure: what hosts reported, the checks with their fixes, the one report model."""

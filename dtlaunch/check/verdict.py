@@ -108,27 +108,23 @@ def evaluate(outcomes: Sequence[HostOutcome], expect: Expectations, seconds: flo
     hostname_checks = check_hostnames(names)
     reports: list[HostReport] = []
     for outcome in outcomes:
-        if outcome.facts is None:
-            checks = (outcome.problem or unreachable("no answer", ""),
-                      *(CheckResult(name, SKIP, "not reached") for name in CHECK_NAMES[1:]
-                        if name != "hostname"))
-            versions: tuple[tuple[str, str], ...] = ()
-            hostname = ""
-            warnings: tuple[str, ...] = ()
-        else:
-            others = [p for p in peers if p != outcome.host]
-            checks = check_host(outcome.facts, outcome.role, expect, local, others,
-                                outcome.path)
-            versions = versions_of(outcome.facts)
-            hostname = outcome.facts.hostname
-            cache = outcome.facts.python.import_cache_problem
-            warnings = (f"import cache not used: {cache}",) if cache else ()
+        facts = outcome.facts
+        hostname = facts.hostname if facts is not None else ""
         hostname_check = hostname_checks.get(
             outcome.host, CheckResult("hostname", SKIP, hostname or "not a rank host"))
-        checks = (*checks[:8], hostname_check, *checks[8:])
-        reports.append(HostReport(outcome.host, outcome.role, checks, versions, outcome.seconds,
-                                  outcome.note, hostname,
-                                  outcome.facts.gpus if outcome.facts is not None else None,
-                                  warnings))
+        if facts is None:
+            checks = (outcome.problem or unreachable("no answer", ""), *(
+                hostname_check if name == "hostname" else CheckResult(name, SKIP, "not reached")
+                for name in CHECK_NAMES[1:]))
+            reports.append(HostReport(outcome.host, outcome.role, checks,
+                                      seconds=outcome.seconds, note=outcome.note))
+            continue
+        checks = check_host(facts, outcome.role, expect, local,
+                            [p for p in peers if p != outcome.host], outcome.path)
+        cache = facts.python.import_cache_problem
+        reports.append(HostReport(
+            outcome.host, outcome.role, (*checks[:8], hostname_check, *checks[8:]),
+            versions_of(facts), outcome.seconds, outcome.note, hostname, facts.gpus,
+            (f"import cache not used: {cache}",) if cache else ()))
     reach = next((o.path for o in outcomes if o.path), "ssh")
     return DoctorReport(tuple(reports), seconds, reach=reach, job=gpu_checks(outcomes))

@@ -52,16 +52,14 @@ class ProbeArgs:
     path: str = ""
     program: str = ""  # the command's executable, when it is not the interpreter ("": none)
 
-    def positional(self) -> tuple[str, ...]:
-        """probe.sh's positional parameters, in its order."""
-        return (self.python, self.script or "", self.module or "", self.cwd,
-                ship("remote_probe.py").text, " ".join(self.peers), " ".join(self.peer_ssh_args),
-                "1" if self.imports else "0", ship("import_probe.py").text,
-                str(max(1, round(self.gpu_timeout * 1000))), self.mpi_launcher, self.path, self.program)
-
 
 def build_probe_argv(args: ProbeArgs, shell: str = "sh") -> tuple[str, ...]:
-    return (*ship("probe.sh").shell(shell, "dtlaunch-probe"), *args.positional())
+    """probe.sh with its positional parameters, in its order."""
+    return (*ship("probe.sh").shell(shell, "dtlaunch-probe"), args.python, args.script or "",
+            args.module or "", args.cwd, ship("remote_probe.py").text, " ".join(args.peers),
+            " ".join(args.peer_ssh_args), "1" if args.imports else "0",
+            ship("import_probe.py").text, str(max(1, round(args.gpu_timeout * 1000))),
+            args.mpi_launcher, args.path, args.program)
 
 
 def build_tied_probe_argv(args: ProbeArgs, shell: str = "sh") -> tuple[str, ...]:
