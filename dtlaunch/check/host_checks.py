@@ -199,8 +199,8 @@ def check_iface(facts: HostFacts, iface: Interfaces | None) -> CheckResult:
         missing = [n for n in iface.names if n not in by_name]
         down = [n for n in iface.names if n in by_name and not by_name[n].up]
         if missing or down:
-            parts = ([f"missing: {', '.join(missing)}"] if missing else []) + (
-                [f"down: {', '.join(down)}"] if down else [])
+            parts = [f"{what}: {', '.join(names)}"
+                     for what, names in (("missing", missing), ("down", down)) if names]
             detail = f"{'; '.join(parts)}; this host has {_listing(ifaces)}"
             return CheckResult("iface", FAIL, detail,
                                "interface names differ between hosts: pass the subnet as a CIDR "

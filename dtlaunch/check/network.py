@@ -83,13 +83,11 @@ def _listing(name: str, ifaces: Sequence[Iface]) -> str:
     return f"{name}: {', '.join(shown) or 'no interface up'}"
 
 
-def _participants(hosts: Mapping[str, Sequence[Iface]],
-                  local: Sequence[Iface] | None) -> dict[str, list[Addr]]:
+def _participants(machines: Mapping[str, Sequence[Iface]]) -> dict[str, list[Addr]]:
     """Each machine once: this machine, or a host listed twice, is told by its address set."""
     found: dict[str, list[Addr]] = {}
     seen: dict[frozenset[str], str] = {}
-    items = list(hosts.items()) + ([(LOCAL.value, local)] if local is not None else [])
-    for name, ifaces in items:
+    for name, ifaces in machines.items():
         addrs = _addresses(ifaces)
         key = frozenset(str(a.ip) for _, a in addrs)
         if key and key in seen:
@@ -115,7 +113,8 @@ def choose_network(hosts: Mapping[str, Sequence[Iface] | None],
         return NetworkChoice(problem=f"cannot list the interfaces of {', '.join(unknown)} "
                              "('ip' not found there) to choose a network", fix=IFACE_FIX)
     known = {h: i for h, i in hosts.items() if i is not None}
-    machines = _participants(known, local)
+    everyone = {**known, **({LOCAL.value: local} if local is not None else {})}
+    machines = _participants(everyone)
     if len(machines) < 2:
         return NetworkChoice()
     owners: dict[str, set[str]] = {}
@@ -146,10 +145,8 @@ def choose_network(hosts: Mapping[str, Sequence[Iface] | None],
             problem = ("several networks connect every host "
                        f"({', '.join(str(c) for c in chosen)}) and dtlaunch does not guess "
                        "which one the job should use")
-        listing = [_listing(h, i) for h, i in known.items()]
-        if local is not None:
-            listing.append(_listing(LOCAL.value, local))
-        return NetworkChoice(left_out=tuple(left_out), problem=f"{problem} ({'; '.join(listing)})",
+        listing = "; ".join(_listing(h, i) for h, i in everyone.items())
+        return NetworkChoice(left_out=tuple(left_out), problem=f"{problem} ({listing})",
                              fix=IFACE_FIX)
     return _with_names(chosen[0], owners, known, tuple(left_out))
 

@@ -92,16 +92,16 @@ def probe_local(args: ProbeArgs, timeout: float = 180.0,
     everything it started (a hung `ip` or interpreter included), and no pipe stays open. It is
     also tied (tied.sh) to a pipe only dtlaunch holds open: if dtlaunch is killed outright
     (SIGKILL), the pipe closes and the probe ends as a remote one does when its channel goes."""
+    tracker = Tracker() if tracker is None else tracker
     read_end, tie = os.pipe()  # neither end is inherited by anything else dtlaunch starts
     try:
-        with tracker.opening() if tracker is not None else contextlib.nullcontext():
+        with tracker.opening():
             proc = subprocess.Popen(list(build_tied_probe_argv(args, LOCAL_SHELL)),
                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                     stdin=read_end, env=dict(os.environ),
                                     start_new_session=True)
             session = _Session(proc)
-            if tracker is not None:
-                tracker.add(session)
+            tracker.add(session)
     except BaseException:
         os.close(tie)
         raise
@@ -112,8 +112,7 @@ def probe_local(args: ProbeArgs, timeout: float = 180.0,
     finally:
         session.close()
         os.close(tie)
-        if tracker is not None:
-            tracker.discard(session)
+        tracker.discard(session)
         proc.wait()
         if proc.stdout is not None:
             proc.stdout.close()  # not read to its end: a daemon may hold it open for ever
