@@ -1,14 +1,9 @@
-"""NVIDIA GPUs on the hosts: slots from them, mismatches. Pure code.
+"""NVIDIA GPUs on the hosts (HostFacts.gpus, read by gpu_facts.py): mismatches, slots. Pure.
 
-The probe (agents/probe.sh) runs on each host, beside its other work and given up on
-after a deadline (a hung nvidia-smi is a fact, never a hang; no nvidia-smi costs nothing):
-    nvidia-smi --query-gpu=index,name,uuid,driver_version,memory.total --format=csv,noheader
-    nvidia-smi          (only its header: the driver and the highest CUDA it supports)
-`gpu_facts.parse_gpu_probe` reads its sections into `GpuFacts` (HostFacts.gpus); `check_gpus` compares
-the rank hosts and returns one result with a fix per mismatch (driver, CUDA, NCCL, GPU count),
-which doctor shows as rows of the whole job (verdict.gpu_checks); `choose_slots` gives hosts
-whose slots were not written (Host.slots_given) one slot per GPU (Horovod's one process per
-GPU) once the run's pre-flight, or its cache, has counted them (session.launch).
+`check_gpus` compares the rank hosts and returns one result with a fix per mismatch (driver,
+CUDA, NCCL, GPU count), which doctor shows as rows of the whole job (verdict.gpu_checks);
+`choose_slots` gives hosts whose slots were not written (Host.slots_given) one slot per GPU
+(Horovod's one process per GPU) once the run's pre-flight, or its cache, has counted them.
 """
 
 from __future__ import annotations

@@ -34,11 +34,8 @@ class DoctorRequest:
     # Choose the network the hosts share (dtlaunch.check.network) and report it, when there
     # is no --iface and more than one host.
     choose_network: bool = False
-    # This machine's mpirun (absolute): the job starts that path on every host. "": the PATH's.
-    mpi_launcher: str = ""
-    # The PATH the job exports to its ranks, where a bare interpreter name is looked up on
-    # every host, as the ranks will. "": each host's login PATH.
-    job_path: str = ""
+    mpi_launcher: str = ""  # for ProbeArgs.mpi_launcher
+    job_path: str = ""  # for ProbeArgs.path: the PATH the job exports to its ranks
 
 
 def rotated_peers(hosts: list[str], host: str) -> tuple[str, ...]:

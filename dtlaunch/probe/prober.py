@@ -1,10 +1,8 @@
 """How hosts are reached for checks (the seam), and one fan-out with an overall deadline.
 
-A `Prober` runs the probe on one host and returns what it found: over SSH
-(dtlaunch.probe.ssh_prober), or `srun` inside a Slurm allocation (srun_prober); a `Tracker` holds
-what a prober has open, for `close()` (dtlaunch.core.tracker). `fan_out` runs one
-piece of work per host on daemon threads, bounded in number, and returns by a deadline
-whatever happens: a host that has not answered by then gets the caller's fallback result.
+A `Prober` runs the probe on one host and returns what it found: over SSH (ssh_prober.py), or
+`srun` inside a Slurm allocation (srun_prober.py); a `Tracker` (dtlaunch.core.tracker) holds
+what a prober has open, for `close()`.
 """
 
 from __future__ import annotations
