@@ -16,11 +16,8 @@ if TYPE_CHECKING:
 class _Word(str, Enum):
     """A str that prints as its value, so JSON and comparisons with "pass" keep working."""
 
-    def __str__(self) -> str:
+    def __str__(self) -> str:  # f-strings too: Enum.__format__ uses an overridden __str__
         return str(self.value)
-
-    def __format__(self, spec: str) -> str:
-        return format(self.value, spec)
 
 
 class Status(_Word):
