@@ -104,10 +104,11 @@ def _recv(conn: socket.socket, size: int, deadline: Optional[float]) -> bytes:
 
 
 def read_request(conn: socket.socket, buf: bytes, max_body: int = MAX_BODY,
-                 deadline: Optional[float] = None,
+                 deadline: Optional[float] = None, status_line: bool = False,
                  ) -> Optional[Tuple[bytes, bytes, Dict[str, str], bytes, bytes]]:
     """One HTTP/1.x request from `conn` (bytes already read first in `buf`): (method, path,
-    headers with lower-case names, body, what was read beyond it). None: the peer closed
+    headers with lower-case names, body, what was read beyond it); with `status_line`, an
+    answer (its version and status in place of method and path). None: the peer closed
     between requests. Raises BadRequest for anything malformed or too large, or not complete
     by `deadline`."""
     while b"\r\n\r\n" not in buf:
@@ -123,8 +124,11 @@ def read_request(conn: socket.socket, buf: bytes, max_body: int = MAX_BODY,
     if len(head) > MAX_HEAD:
         raise BadRequest(431, "request head too large")
     lines = head.split(b"\r\n")
-    parts = lines[0].split(b" ")
-    if len(parts) != 3 or not parts[2].startswith(b"HTTP/1."):
+    parts = lines[0].split(b" ", 2 if status_line else -1)
+    if status_line:
+        if len(parts) < 2 or not is_number(parts[1].decode("latin-1")):
+            raise BadRequest(502, "store answer unreadable")
+    elif len(parts) != 3 or not parts[2].startswith(b"HTTP/1."):
         raise BadRequest(400, "not an HTTP/1 request line")
     headers = {}
     for line in lines[1:]:
@@ -165,34 +169,17 @@ def response_bytes(status: int, body: bytes = b"", headers: Sequence[Tuple[str, 
 
 
 def read_response(conn: socket.socket) -> Tuple[int, Dict[str, str], bytes]:
-    """(status, headers, body) of the store's answer."""
-    buf = b""
-    while b"\r\n\r\n" not in buf:
-        if len(buf) > MAX_HEAD:
-            raise BadRequest(502, "store answer head too large")
-        data = conn.recv(65536)
-        if not data:
-            raise BadRequest(502, "store closed the connection")
-        buf += data
-    head, _, body = buf.partition(b"\r\n\r\n")
-    lines = head.split(b"\r\n")
-    parts = lines[0].split(b" ", 2)
-    if len(parts) < 2 or not is_number(parts[1].decode("latin-1")):
-        raise BadRequest(502, "store answer unreadable")
-    headers = {}
-    for line in lines[1:]:
-        name, _, value = line.partition(b":")
-        headers[name.strip().lower().decode("latin-1")] = value.strip().decode("latin-1")
-    length_text = headers.get("content-length", "0")
-    if not is_number(length_text) or int(length_text) > MAX_BODY:
-        raise BadRequest(502, "store answer too large")
-    length = int(length_text)
-    while len(body) < length:
-        data = conn.recv(min(65536, length - len(body)))
-        if not data:
-            raise BadRequest(502, "store answer cut short")
-        body += data
-    return int(parts[1]), headers, body[:length]
+    """(status, headers, body) of the store's answer: BadRequest(502) when it is not one, and
+    OSError (as for a refused connection) when it does not come in time."""
+    try:
+        got = read_request(conn, b"", status_line=True)
+    except BadRequest as exc:
+        if exc.status == 408:  # no deadline here: the socket's own timeout
+            raise OSError(str(exc)) from None
+        raise BadRequest(502, str(exc)) from None
+    if got is None:
+        raise BadRequest(502, "store closed the connection")
+    return int(got[1]), got[2], got[3]
 
 
 # --- the forwarder ---------------------------------------------------------------------------
@@ -283,26 +270,16 @@ def holders(pids: Iterable[int], inode: int) -> Iterable[int]:
                 break
 
 
-def holds_socket(pids: Iterable[int], inode: int) -> bool:
-    """Some of `pids` have the socket `inode` open, each running as this agent's user (a
-    descendant that became another user is that user's, not the job's)."""
-    own = os.geteuid()
-    found = False
-    for pid in holders(pids, inode):
-        uids = process_uids(pid)
-        if not uids or any(uid != own for uid in uids):
-            return False
-        found = True
-    return found
-
-
 def from_own_process(peer: Tuple[str, int], own_port: int) -> bool:
     """The connection from `peer` was opened, and is still held, by this agent or one of its
-    descendants: its socket's inode (0 once closed) is open in one of them. Not the uid of
-    /proc/net/tcp, which a socket closed at once (FIN_WAIT2) reports as root's. The processes
-    are found afresh each time (a remembered pid could be another user's by now)."""
+    descendants: its socket's inode (0 once closed) is open in one of them, and every process
+    that holds it runs as this agent's user (a descendant that became another user is that
+    user's, not the job's). Not the uid of /proc/net/tcp, which a socket closed at once
+    (FIN_WAIT2) reports as root's. The processes are found afresh each time (a remembered pid
+    could be another user's by now)."""
     inode = socket_inode(peer, ("127.0.0.1", own_port))
-    return inode != 0 and holds_socket(descendants(os.getpid()), inode)
+    held = list(holders(descendants(os.getpid()), inode)) if inode else []
+    return bool(held) and all(set(process_uids(pid)) == {os.geteuid()} for pid in held)
 
 
 class Forwarder:
@@ -539,7 +516,6 @@ class Agent:
         """Every rank of this host under the rank shim: the job's variables, the rank's,
         `extra` and `each(rank)`'s. A rank may carry an argv of its own (a torch job's
         per-local-rank arguments)."""
-        cwd = self.cwd()
         base = self.base_env()
         for rank in self.job["ranks"]:
             env = dict(base)
@@ -547,16 +523,21 @@ class Agent:
             env.update(extra)
             if each is not None:
                 env.update(each(rank))
-            try:
-                proc = subprocess.Popen(rank.get("argv") or self.job["shim"], env=env, cwd=cwd,
-                                        stdin=subprocess.DEVNULL)
-            except OSError as exc:
-                sys.stderr.write(PREFIX + "cannot start rank %s: %s\n"
-                                 % (rank["env"].get("HOROVOD_RANK", rank["env"].get("RANK")),
-                                    exc.strerror or exc))
+            name = rank["env"].get("HOROVOD_RANK", rank["env"].get("RANK"))
+            proc = self.spawn(rank.get("argv") or self.job["shim"], env, "rank %s" % name)
+            if proc is None:
                 return 127
             self.procs.append(proc)
         return None
+
+    def spawn(self, argv: List[str], env: Dict[str, str], what: str,
+              ) -> Optional[subprocess.Popen[bytes]]:
+        """One rank under the rank shim, or None when it cannot start (said on stderr)."""
+        try:
+            return subprocess.Popen(argv, env=env, cwd=self.cwd(), stdin=subprocess.DEVNULL)
+        except OSError as exc:
+            sys.stderr.write(PREFIX + "cannot start %s: %s\n" % (what, exc.strerror or exc))
+            return None
 
     def end_ranks(self) -> None:
         """SIGTERM to every rank's shim (which stops its program), then SIGKILL to whatever is
@@ -716,11 +697,8 @@ class ElasticAgent(Agent):
         env["HOROVOD_GLOO_RENDEZVOUS_ADDR"] = "127.0.0.1"
         env["HOROVOD_GLOO_RENDEZVOUS_PORT"] = str(self.forwarder.port)
         self.forwarder.workers.pop(lr, None)
-        try:
-            proc = subprocess.Popen(self.job["shim"], env=env, cwd=self.cwd(),
-                                    stdin=subprocess.DEVNULL)
-        except OSError as exc:
-            sys.stderr.write(PREFIX + "cannot start worker %d: %s\n" % (wid, exc.strerror or exc))
+        proc = self.spawn(self.job["shim"], env, "worker %d" % wid)
+        if proc is None:
             self.report(lr, wid, 127)
             return
         self.running[lr] = (wid, proc)
@@ -785,22 +763,20 @@ def main(stream: BinaryIO) -> int:
     except (ValueError, KeyError, TypeError):
         sys.stderr.write(PREFIX + "expected the job on standard input\n")
         return 2
-    agent = Agent(job)
     problem = own_name_problem()
     if problem is not None:
         sys.stderr.write(PREFIX + "host %s: %s; Horovod's Gloo controller needs every host to "
                          "resolve its own name: add it to /etc/hosts there (or DNS)\n"
                          % (job.get("host", "?"), problem))
         return 1
-    agent.stop_on_signals_and_eof()
     forwarder = Forwarder(store_host, store_port, secret,
                           float(job.get("round_timeout") or STORE_TIMEOUT))
+    agent = ElasticAgent(job, forwarder) if job.get("elastic") else Agent(job)
+    agent.stop_on_signals_and_eof()
     forwarder.start()
     try:
-        if job.get("elastic"):
-            elastic = ElasticAgent(job, forwarder)
-            elastic.stop = agent.stop
-            return elastic.run()
+        if isinstance(agent, ElasticAgent):
+            return agent.run()
         code = agent.start_with({"HOROVOD_GLOO_RENDEZVOUS_ADDR": "127.0.0.1",
                                  "HOROVOD_GLOO_RENDEZVOUS_PORT": str(forwarder.port)})
         if code is not None:
