@@ -52,36 +52,25 @@ _VERBOSE_ONLY = ("debug1: ", "debug2: ", "debug3: ", "Authenticated to ", "Trans
                  "Bytes per second: ", "OpenSSH_")
 
 
-def find_host(args: Sequence[str]) -> str:
+def without_quiet(args: Sequence[str]) -> tuple[list[str], str]:
+    """The arguments less `-q` before the host, and the host ("?" when none). Intel MPI's Hydra
+    runs `ssh -q -x HOST ...`; quiet, ssh would drop its own error lines ("Could not resolve
+    hostname", "Host key verification failed") and leave empty the log that tells a lost link
+    from a remote exit."""
+    out: list[str] = []
+    host: str | None = None
     skip = False
     for arg in args:
-        if skip:
-            skip = False
-            continue
-        if arg.startswith("-") and len(arg) >= 2:
-            skip = arg[-1] in _WITH_VALUE and len(arg) == 2
-            continue
-        return arg
-    return "?"
-
-
-def without_quiet(args: Sequence[str]) -> list[str]:
-    """The arguments less `-q` before the host. Intel MPI's Hydra runs `ssh -q -x HOST ...`;
-    quiet, ssh would drop its own error lines ("Could not resolve hostname", "Host key
-    verification failed") and leave empty the log that tells a lost link from a remote exit."""
-    out: list[str] = []
-    skip = at_host = False
-    for arg in args:
-        if at_host or skip:
+        if host is not None or skip:
             skip = False
         elif arg == "-q":
             continue
         elif arg.startswith("-") and len(arg) >= 2:
             skip = arg[-1] in _WITH_VALUE and len(arg) == 2
         else:
-            at_host = True
+            host = arg
         out.append(arg)
-    return out
+    return out, "?" if host is None else host
 
 
 def ssh_options(environ: Mapping[str, str]) -> list[str]:
@@ -248,7 +237,7 @@ def _ask_for_sigterm_when_parent_dies() -> None:
 
 def main(argv: Sequence[str] | None = None, end_with_parent: bool = False) -> int:
     parent = os.getppid()
-    args = without_quiet(sys.argv[1:] if argv is None else argv)
+    args, host = without_quiet(sys.argv[1:] if argv is None else argv)
     log = _private_log()
     verbose = ["-v", "-E", log[0]] if log is not None else []
     try:
@@ -276,9 +265,9 @@ def main(argv: Sequence[str] | None = None, end_with_parent: bool = False) -> in
         sys.stderr.write(messages(text))
     # Without a log (no temporary folder), every 255 counts as lost, as ssh(1) documents it.
     if text is not None and host_key_refused(code, text):
-        sys.stderr.write(f"{HOST_KEY_PREFIX}{find_host(args)} (Host key verification failed)\n")
+        sys.stderr.write(f"{HOST_KEY_PREFIX}{host} (Host key verification failed)\n")
     elif code == 255 and (text is None or link_lost(code, text)):
-        sys.stderr.write(f"{LOST_PREFIX}{find_host(args)} (ssh exit status 255)\n")
+        sys.stderr.write(f"{LOST_PREFIX}{host} (ssh exit status 255)\n")
     sys.stderr.flush()
     return code if code >= 0 else 128 - code
 

@@ -82,10 +82,12 @@ def test_ranks_fill_hosts_in_slot_order_and_wrap_when_oversubscribed() -> None:
 
 
 def test_quiet_is_dropped_before_the_host_only() -> None:
-    assert rsh.without_quiet(["-q", "-x", "h2", "/bin/proxy", "-q"]) == ["-x", "h2", "/bin/proxy", "-q"]
+    assert rsh.without_quiet(["-q", "-x", "h2", "/bin/proxy", "-q"]) == \
+        (["-x", "h2", "/bin/proxy", "-q"], "h2")
     assert rsh.without_quiet(["-o", "BatchMode=yes", "-l", "-q", "h2", "true"]) == \
-        ["-o", "BatchMode=yes", "-l", "-q", "h2", "true"]  # -l's value is a user named -q
-    assert rsh.without_quiet(["h2", "-q"]) == ["h2", "-q"]
+        (["-o", "BatchMode=yes", "-l", "-q", "h2", "true"], "h2")  # -l's value is a user named -q
+    assert rsh.without_quiet(["h2", "-q"]) == (["h2", "-q"], "h2")
+    assert rsh.without_quiet(["-p", "22", "-q"]) == (["-p", "22"], "?")
 
 
 def test_agent_runs_ssh_without_intels_quiet(tmp_path: Path) -> None:
