@@ -156,47 +156,41 @@ def main() -> int:
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, on_signal)
     hosts: list[Host] = []
-    code = 0
-    for name, argv, payload in specs:
-        try:
-            hosts.append(Host(name, argv, payload))
-        except OSError as exc:
-            sys.stderr.write(f"{STOPPING}cannot start the agent for host {name}: "
-                             f"{argv[0]}: {exc.strerror}\n")
-            code = 127
-            stop.set()
-            break
     selector = selectors.DefaultSelector()
 
-    def follow(host: Host) -> None:
+    def say(text: str) -> None:
+        write_all(2, f"{STOPPING}{text}\n".encode())
+
+    def start(name: str, argv: list[str], payload: bytes) -> bool:
+        """The host's agent started, fed and followed; False (said) when it cannot start."""
+        try:
+            host = Host(name, argv, payload)
+        except OSError as exc:
+            say(f"cannot start the agent for host {name}: {argv[0]}: {exc.strerror}")
+            return False
+        hosts.append(host)
         if not host.held:
             threading.Thread(target=host.feed_input, daemon=True).start()
         for fd_out, stream in ((1, host.proc.stdout), (2, host.proc.stderr)):
             assert stream is not None
             os.set_blocking(stream.fileno(), False)
             selector.register(stream.fileno(), selectors.EVENT_READ, (host, fd_out))
+        return True
 
-    for host in hosts:
-        follow(host)
-    open_streams = 2 * len(hosts)
+    code = 0
+    if not all(start(*spec) for spec in specs):
+        code = 127
+        stop.set()
     stop_at: float | None = None
     signalled = False
     ended: set[int] = set()
-    while (open_streams or any(h.proc.poll() is None for h in hosts)
+    while (selector.get_map() or any(h.proc.poll() is None for h in hosts)
            or (elastic and not stop.is_set())):
         with added_lock:
             new, added[:] = list(added), []
-        for name, argv, payload in new if not stop.is_set() else ():
-            try:
-                host = Host(name, argv, payload)
-            except OSError as exc:
-                write_all(2, f"{STOPPING}cannot start the agent for host {name}: "
-                             f"{argv[0]}: {exc.strerror}\n".encode())
-                continue
-            hosts.append(host)
-            follow(host)
-            open_streams += 2
-        if not open_streams:
+        for spec in new if not stop.is_set() else ():
+            start(*spec)
+        if not selector.get_map():
             time.sleep(0.1)  # an elastic job between hosts: nothing to select on
         for key, _ in selector.select(timeout=0.1):
             host, fd_out = key.data
@@ -206,7 +200,6 @@ def main() -> int:
                 continue
             if not data:
                 selector.unregister(key.fd)
-                open_streams -= 1
                 if host.partial[fd_out]:
                     write_all(fd_out, host.partial[fd_out] + b"\n")
                     host.partial[fd_out] = b""
@@ -228,15 +221,13 @@ def main() -> int:
             ended.add(id(host))
             if elastic:
                 if status != 0 and not stop.is_set():
-                    write_all(2, f"{STOPPING}the agent on host {host.name} ended with status "
-                                 f"{status}\n".encode())
+                    say(f"the agent on host {host.name} ended with status {status}")
                 continue
             if status != 0 and code == 0:
                 code = status if status > 0 else 128 - status
                 if not stop.is_set():
                     # Not stopped by us: its ranks failed, or the agent could not run there.
-                    write_all(2, f"{STOPPING}the agent on host {host.name} ended with status "
-                                 f"{code}\n".encode())
+                    say(f"the agent on host {host.name} ended with status {code}")
                     stop.set()
         if stop.is_set() and stop_at is None:
             stop_at = time.monotonic() + RANK_STOP
