@@ -465,13 +465,6 @@ def own_name_problem(timeout: float = 10.0) -> Optional[str]:
 # --- the ranks ---------------------------------------------------------------------------------
 
 
-def session_members() -> List[int]:
-    """Every live process in this agent's session (sshd gives the command one), but this one."""
-    sid, me = os.getsid(0), os.getpid()
-    return [pid for pid, fields in _stats()
-            if pid != me and len(fields) > 3 and int(fields[3]) == sid and fields[0] != b"Z"]
-
-
 def _signal(pid: int, signum: int) -> None:
     with contextlib.suppress(OSError):
         os.kill(pid, signum)
@@ -488,9 +481,17 @@ class Agent:
         def on_signal(_signum: int, _frame: object) -> None:
             self.stop.set()
 
+        def watch_stdin() -> None:
+            # Read from the descriptor: what the boot line's reader holds beyond the job is
+            # nothing.
+            with contextlib.suppress(OSError):
+                while os.read(0, 4096):
+                    pass
+            self.stop.set()
+
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(signum, on_signal)
-        threading.Thread(target=_watch_stdin, args=(self.stop,), daemon=True).start()
+        threading.Thread(target=watch_stdin, daemon=True).start()
 
     def cwd(self) -> Optional[str]:
         cwd = self.job.get("cwd")
@@ -549,9 +550,12 @@ class Agent:
         while time.monotonic() < deadline and any(p.poll() is None for p in self.procs):
             time.sleep(0.05)
         # Over ssh, sshd gave the command a session of its own: what a rank left there (a
-        # double-forked daemon) goes too. Here, beside dtlaunch, the session is the job's.
+        # double-forked daemon) goes too, every live process in it but this one and sshd.
+        # Here, beside dtlaunch, the session is the job's.
+        sid, spared = os.getsid(0), (os.getpid(), os.getppid())
         for _ in range(20 if self.job.get("sweep") else 0):
-            left = [pid for pid in session_members() if pid != os.getppid()]
+            left = [pid for pid, fields in _stats() if pid not in spared and len(fields) > 3
+                    and int(fields[3]) == sid and fields[0] != b"Z"]
             if not left:
                 break
             for pid in left:
@@ -742,17 +746,6 @@ class ElasticAgent(Agent):
             sys.stderr.write(PREFIX + "could not tell rank 0 on %s of the new hosts: %s\n"
                              % (self.host, exc))
         self.told, self.pending = timestamp, None
-
-
-def _watch_stdin(stop: threading.Event) -> None:
-    """The job lives while dtlaunch's end of standard input is open (read from the descriptor:
-    what the boot line's reader holds beyond the job is nothing)."""
-    try:
-        while os.read(0, 4096):
-            pass
-    except OSError:
-        pass
-    stop.set()
 
 
 def main(stream: BinaryIO) -> int:

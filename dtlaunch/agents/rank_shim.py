@@ -276,66 +276,57 @@ def _open_fds() -> List[int]:
 
 def _descendants(root: int) -> List[int]:
     """Every live process below `root`, read from /proc (orphans are reparented to the shim,
-    which is their subreaper, so the tree holds everything the program left)."""
-    if os.path.exists("/proc/%d/task/%d/children" % (root, root)):
-        return _walk_children(root)
-    return _scan_proc(root)
-
-
-def _walk_children(root: int) -> List[int]:
-    """The tree below `root` from each thread's `children` file: it reads the few processes of
-    the tree, where a scan reads every process on the machine (hundreds on a node with many
-    ranks, each rank's shim reading them all more than once)."""
+    which is their subreaper, so the tree holds everything the program left). From each
+    thread's `children` file where the kernel has them: they read the few processes of the
+    tree, where a scan reads every process on the machine (hundreds on a node with many ranks,
+    each rank's shim reading them all more than once)."""
+    walk = os.path.exists("/proc/%d/task/%d/children" % (root, root))
+    children: Dict[int, List[int]] = {}
+    if not walk:
+        try:
+            names = os.listdir("/proc")
+        except OSError:
+            return []
+        for name in names:
+            fields = _live_stat(name) if name.isdigit() else None
+            if fields is not None:
+                children.setdefault(int(fields[1]), []).append(int(name))
     found: List[int] = []
     todo = [root]
     while todo:
         pid = todo.pop()
-        try:
-            tids = os.listdir("/proc/%d/task" % pid)
-        except OSError:
-            continue  # gone meanwhile
-        for tid in tids:
-            try:
-                with open("/proc/%d/task/%s/children" % (pid, tid), "rb") as handle:
-                    kids = [int(k) for k in handle.read().split()]
-            except (OSError, ValueError):
-                continue
-            for kid in kids:
-                try:
-                    with open("/proc/%d/stat" % kid, "rb") as handle:
-                        state = handle.read().rsplit(b")", 1)[1].split()[0]
-                except (OSError, IndexError):
-                    continue
-                if state != b"Z":
-                    found.append(kid)
-                    todo.append(kid)
+        kids = _children(pid) if walk else children.get(pid, [])
+        for kid in kids:
+            if not walk or _live_stat(kid) is not None:
+                found.append(kid)
+                todo.append(kid)
     return found
 
 
-def _scan_proc(root: int) -> List[int]:
-    """`_descendants` where the kernel has no `children` files: every process's parent."""
-    children: Dict[int, List[int]] = {}
+def _children(pid: int) -> List[int]:
+    kids: List[int] = []
     try:
-        names = os.listdir("/proc")
+        tids = os.listdir("/proc/%d/task" % pid)
     except OSError:
-        return []
-    for name in names:
-        if not name.isdigit():
-            continue
+        return kids  # gone meanwhile
+    for tid in tids:
         try:
-            with open("/proc/%s/stat" % name, "rb") as handle:
-                fields = handle.read().rsplit(b")", 1)[1].split()
-        except (OSError, IndexError):
+            with open("/proc/%d/task/%s/children" % (pid, tid), "rb") as handle:
+                kids += [int(k) for k in handle.read().split()]
+        except (OSError, ValueError):
             continue
-        if fields[0] != b"Z":
-            children.setdefault(int(fields[1]), []).append(int(name))
-    found: List[int] = []
-    todo = [root]
-    while todo:
-        for pid in children.get(todo.pop(), []):
-            found.append(pid)
-            todo.append(pid)
-    return found
+    return kids
+
+
+def _live_stat(pid: object) -> Optional[List[bytes]]:
+    """The fields of /proc/PID/stat after the name (state, parent, ...); None for a zombie or
+    a process gone."""
+    try:
+        with open("/proc/%s/stat" % pid, "rb") as handle:
+            fields = handle.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return fields if fields and fields[0] != b"Z" else None
 
 
 def _kill(pids: List[int], signum: int) -> None:
