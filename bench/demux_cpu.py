@@ -24,11 +24,11 @@ REPO = Path(__file__).resolve().parent.parent
 
 CHILD = r"""
 import json, os, sys, time
-from dtlaunch.agents.rank_shim import record
+from dtlaunch.agents.rank_shim import records
 from dtlaunch.run.job_output import JobOutput
 ranks, mb, show_one = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3] == "1"
 line = b"x" * 99 + b"\n"
-chunk = [b"[1,%d]<stdout>:" % r + record(r, "o", line * 40) for r in range(ranks)]
+chunk = [b"[1,%d]<stdout>:" % r + records(r, "o", line * 40, 1 << 20)[0] for r in range(ranks)]
 rounds = max(1, int(mb * 1e6 / sum(map(len, chunk))))
 data = b"".join(chunk) * rounds
 kw = {"shown": frozenset({0})} if show_one else {}

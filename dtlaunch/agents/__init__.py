@@ -1,14 +1,5 @@
-"""What runs on the hosts (and beside mpirun here): each a file of its own, shipped as it is.
-
-- rank_shim.py: every rank starts as it; it runs the user's program and sends its output as records
-- rsh.py: the MPI launcher's ssh agent; says which host's link was lost
-- lifeline.py: ends the job when dtlaunch dies, even by SIGKILL
-- gloo_start.py: a Gloo job's launcher beside dtlaunch (one agent per host, their output joined)
-- gloo_host.py: a Gloo job's agent on each host: starts its ranks, signs their rendezvous requests
-- c10d_store.py: a torch job's c10d store (a TCPStore server that admits only the job's
-  processes) and, on the other hosts, the agent side that vouches for their sockets
-- probe.sh, remote_probe.py, import_probe.py: the probe doctor and the pre-flight run on each host
-- tied.sh, proxy_tied.sh: a remote command, or a ProxyCommand, tied to the life of its connection
+"""What runs on the hosts (and beside mpirun here): each a file of its own, shipped as it is,
+named with what it does in SHIPPING.
 
 They run under whatever interpreter and shell the host has: the Python files keep to the
 oldest Python each runs under and the standard library, and import nothing from dtlaunch;
@@ -69,18 +60,20 @@ LOCAL_SHELL = "/bin/sh" if os.path.exists("/bin/sh") else (__import__("shutil").
 HERE, TEXT, STDIN, INLINE = "here", "text", "stdin", "inline"
 # How each agent travels: one line per agent file (tests/unit/test_layers.py).
 SHIPPING = {
-    "rsh.py": HERE,
-    "lifeline.py": HERE,
-    "gloo_start.py": HERE,
-    "gloo_host.py": STDIN,
-    "torch_host.py": STDIN,
-    "c10d_store.py": TEXT,  # its text, joined to the torch host agent's on that agent's stdin
-    "rank_shim.py": INLINE,
-    "probe.sh": TEXT,
-    "tied.sh": TEXT,
-    "proxy_tied.sh": TEXT,
+    "rsh.py": HERE,  # the MPI launcher's ssh agent; says which host's link was lost
+    "lifeline.py": HERE,  # ends the job when dtlaunch dies, even by SIGKILL
+    "gloo_start.py": HERE,  # the launcher of Gloo and torch jobs: one agent per host, output joined
+    "gloo_host.py": STDIN,  # a Gloo job's agent on each host: starts its ranks, signs their rendezvous
+    "torch_host.py": STDIN,  # a torch job's agent on each host: its workers, host 0's c10d store
+    # A torch job's c10d store (admits only the job's processes) and the other hosts' side
+    # that vouches for their sockets: its text, joined to the torch host agent's on its stdin.
+    "c10d_store.py": TEXT,
+    "rank_shim.py": INLINE,  # every rank starts as it: runs the user's program, its output as records
+    "probe.sh": TEXT,  # the probe doctor and the pre-flight run on each host, with the next two
     "remote_probe.py": TEXT,
     "import_probe.py": TEXT,
+    "tied.sh": TEXT,  # a remote command tied to the life of its connection
+    "proxy_tied.sh": TEXT,  # a ProxyCommand tied to the life of its connection
 }
 
 

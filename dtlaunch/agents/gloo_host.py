@@ -406,14 +406,12 @@ def ipv4_ifaces() -> List[Tuple[str, str]]:
 
 
 def _in_cidr(address: str, cidr: str) -> bool:
-    net, _, bits = cidr.partition("/")
+    import ipaddress
+
     try:
-        mask = (0xFFFFFFFF << (32 - int(bits))) & 0xFFFFFFFF if bits else 0xFFFFFFFF
-        (a,) = struct.unpack("!I", socket.inet_aton(address))
-        (n,) = struct.unpack("!I", socket.inet_aton(net))
-    except (OSError, ValueError):
+        return ipaddress.ip_address(address) in ipaddress.ip_network(cidr, strict=False)
+    except ValueError:
         return False
-    return bool(a & mask == n & mask)
 
 
 def gloo_iface(cidrs: Sequence[str], store: Tuple[str, int]) -> Optional[str]:

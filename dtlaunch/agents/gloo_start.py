@@ -50,8 +50,6 @@ class Host:
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE)
         self.payload = payload
-        self.input_lock = threading.Lock()
-        self.input_closed = False
         self.partial = {1: b"", 2: b""}
         # A torch job's host other than host 0: its input waits for the master's address.
         self.held = MASTER_PORT in payload
@@ -73,10 +71,7 @@ class Host:
             pass
 
     def close_input(self) -> None:
-        with self.input_lock:
-            if self.input_closed:
-                return
-            self.input_closed = True
+        """Once, when the job stops (main's loop is its one caller)."""
         try:
             assert self.proc.stdin is not None
             self.proc.stdin.close()

@@ -59,7 +59,6 @@ MAGIC = b"\x1edtl2 "
 PIPE_BUF = 4096  # Linux's; POSIX guarantees 512, and every record here fits Linux's
 HEADER_MAX = 40  # MAGIC, a rank, a kind and the spaces
 MIN_RECORD = 256  # a smaller record_limit is raised to this
-CHUNK = (PIPE_BUF - HEADER_MAX) // 2  # payload bytes that always fit one PIPE_BUF record
 READ_SIZE = 1 << 16  # one read of the program's output
 ESC = b"\x10"
 _ESCAPES = ((ESC, ESC + b"0"), (b"\n", ESC + b"1"), (b"[", ESC + b"2"))
@@ -131,11 +130,6 @@ def records(rank: int, kind: str, payload: bytes, limit: int = PIPE_BUF) -> List
         start = end
         if start >= len(body):
             return out
-
-
-def record(rank: int, kind: str, payload: bytes) -> bytes:
-    """One record, whatever its size (tests and small payloads)."""
-    return b"%s%d %s %s\n" % (MAGIC, rank, kind.encode("ascii"), escape(payload))
 
 
 def wrap_program(program: Sequence[str], python: str,

@@ -39,9 +39,6 @@ class Gloo(MpiFamily):
     # it until their own timeout: horovodrun #3060).
     ends_job_on_rank_failure = False
 
-    def parse_version(self, text: str) -> MpiImpl:
-        return MpiImpl("unknown", "")
-
     def unsupported(self, impl: MpiImpl, program: str) -> str | None:
         return None
 

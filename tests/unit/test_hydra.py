@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 from helpers.mpis import INTEL, fake_mpi, spec
 from helpers.procs import assert_kill_leaves_no_sleeper
+from helpers.records import record
 from hypothesis import given
 from hypothesis import strategies as st
 
 from dtlaunch.agents import rsh
-from dtlaunch.agents.rank_shim import EXIT, STDOUT, record
+from dtlaunch.agents.rank_shim import EXIT, STDOUT
 from dtlaunch.agents.rank_shim import HOST as HOST_RECORD
 from dtlaunch.check.facts import HostFacts
 from dtlaunch.check.host_checks import check_mpirun

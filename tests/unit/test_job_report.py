@@ -10,10 +10,10 @@ import signal
 from pathlib import Path
 
 import pytest
+from helpers.records import record
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dtlaunch.agents.rank_shim import record
 from dtlaunch.console.render import ProgressLine, job_report_lines, job_report_to_dict
 from dtlaunch.core.errors import UsageError
 from dtlaunch.core.failure import Failure

@@ -3,10 +3,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from helpers.records import record
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dtlaunch.agents.rank_shim import record
 from dtlaunch.core.errors import UsageError
 from dtlaunch.core.records import Piece
 from dtlaunch.job.env import EnvPlan, EnvVar

@@ -3,7 +3,8 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
-from dtlaunch.agents.rank_shim import record
+from helpers.records import record
+
 from dtlaunch.openmpi.failures import analyze
 from dtlaunch.run.job_output import FRAGMENT, JobOutput, earlier_logs, host_name
 

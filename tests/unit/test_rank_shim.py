@@ -12,18 +12,17 @@ from pathlib import Path
 
 import pytest
 from helpers.procs import alive
+from helpers.records import CHUNK, record
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dtlaunch.agents.rank_shim import (
-    CHUNK,
     ESC,
     MIN_RECORD,
     PIPE_BUF,
     decode_argv,
     encode_argv,
     escape,
-    record,
     records,
     unescape,
     wrap_program,
