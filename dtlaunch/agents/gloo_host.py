@@ -43,8 +43,8 @@ import threading
 import time
 
 # The words the rest of dtlaunch shares with this agent (through dtlaunch.agents).
-__all__ = ["AUTH_HEADER", "MAX_BODY", "NONCE_HEADER", "BadRequest", "read_request", "request_mac",
-           "response_bytes", "response_mac"]
+__all__ = ["AUTH_HEADER", "NONCE_HEADER", "BadRequest", "read_request", "request_mac", "response_bytes",
+           "response_mac"]
 
 TYPE_CHECKING = False  # the checkers' name for it: the typing module is never imported here
 if TYPE_CHECKING:
@@ -103,8 +103,8 @@ def _recv(conn: socket.socket, size: int, deadline: Optional[float]) -> bytes:
         raise BadRequest(408, "request not complete in time") from None
 
 
-def read_request(conn: socket.socket, buf: bytes, max_body: int = MAX_BODY,
-                 deadline: Optional[float] = None, status_line: bool = False,
+def read_request(conn: socket.socket, buf: bytes, deadline: Optional[float] = None,
+                 status_line: bool = False,
                  ) -> Optional[Tuple[bytes, bytes, Dict[str, str], bytes, bytes]]:
     """One HTTP/1.x request from `conn` (bytes already read first in `buf`): (method, path,
     headers with lower-case names, body, what was read beyond it); with `status_line`, an
@@ -142,7 +142,7 @@ def read_request(conn: socket.socket, buf: bytes, max_body: int = MAX_BODY,
     if not is_number(length_text):
         raise BadRequest(400, "bad Content-Length")
     length = int(length_text)
-    if length > max_body:
+    if length > MAX_BODY:
         raise BadRequest(413, "body too large")
     while len(rest) < length:
         data = _recv(conn, min(65536, length - len(rest)), deadline)

@@ -7,7 +7,7 @@
   an unsigned, wrongly signed or replayed request gets 401 and changes nothing. Each answer is
   signed back, so nobody on the network can feed a rank a forged address either.
 - Values are bytes kept as bytes: nothing is ever decoded, let alone unpickled.
-- Bounded: the request head, the body (MAX_BODY), the keys per scope, the connections served
+- Bounded: the request head, the body (the agents' MAX_BODY), the keys per scope, the connections served
   at once (those of addresses not yet proven by a signed request apart, and each such address
   its share: strangers holding connections open leave the job's hosts room); each whole
   request has a deadline, every read and write a timeout.
@@ -30,9 +30,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from dtlaunch import agents
+from dtlaunch.agents import read_request  # its agent loaded here, never first by a serving thread
 from dtlaunch.core.errors import DtlaunchError
 
-MAX_BODY = agents.MAX_BODY
 MAX_KEYS = 100_000  # per scope; a job has a few per rank
 MAX_NONCES = 1_000_000  # remembered against replays; beyond it the store refuses new requests
 # A nonce may start with its sender's clock (`<unix seconds, hex>-<random>`): one older than
@@ -208,8 +208,7 @@ class Store:
         try:
             conn.settimeout(IO_TIMEOUT)
             try:
-                got = agents.read_request(conn, b"", max_body=MAX_BODY,
-                                          deadline=time.monotonic() + REQUEST_DEADLINE)
+                got = read_request(conn, b"", deadline=time.monotonic() + REQUEST_DEADLINE)
             except agents.BadRequest as exc:
                 self._refuse(peer, str(exc))
                 conn.sendall(agents.response_bytes(exc.status, close=True))
