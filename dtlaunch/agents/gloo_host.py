@@ -241,13 +241,10 @@ def descendants(root: int) -> List[int]:
 
 def process_uids(pid: int) -> Tuple[int, ...]:
     """The real, effective, saved and file-system uids of process `pid` (empty if gone)."""
-    try:
-        with open("/proc/%d/status" % pid) as handle:
-            for line in handle:
-                if line.startswith("Uid:"):
-                    return tuple(int(v) for v in line.split()[1:])
-    except (OSError, ValueError):
-        pass
+    with contextlib.suppress(OSError, ValueError), open("/proc/%d/status" % pid) as handle:
+        for line in handle:
+            if line.startswith("Uid:"):
+                return tuple(int(v) for v in line.split()[1:])
     return ()
 
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import queue
 import selectors
 import signal
 import subprocess
@@ -63,20 +64,16 @@ class Host:
     def feed_input(self) -> None:
         """The agent's code and job; its input then stays open (in a thread: a long job
         description must not wait for another host's ssh)."""
-        try:
-            assert self.proc.stdin is not None
+        assert self.proc.stdin is not None
+        with contextlib.suppress(OSError, ValueError):
             self.proc.stdin.write(self.payload)
             self.proc.stdin.flush()
-        except (OSError, ValueError):
-            pass
 
     def close_input(self) -> None:
         """Once, when the job stops (main's loop is its one caller)."""
-        try:
-            assert self.proc.stdin is not None
+        assert self.proc.stdin is not None
+        with contextlib.suppress(OSError, ValueError):
             self.proc.stdin.close()
-        except (OSError, ValueError):
-            pass
 
 
 def write_all(fd: int, data: bytes) -> None:
@@ -94,16 +91,14 @@ def host_spec(entry: dict) -> tuple[str, list[str], bytes]:  # type: ignore[type
     return entry["name"], list(entry["argv"]), entry["input"].encode("utf-8")
 
 
-def read_additions(added: list[tuple[str, list[str], bytes]], lock: threading.Lock,
+def read_additions(added: queue.SimpleQueue[tuple[str, list[str], bytes]],
                    stop: threading.Event) -> None:
     """An elastic job's later hosts, one JSON line each; the end of input ends the job."""
     for line in sys.stdin.buffer:
         try:
-            spec = host_spec(json.loads(line.decode("utf-8")))
+            added.put(host_spec(json.loads(line.decode("utf-8"))))
         except (ValueError, KeyError, TypeError):
             continue
-        with lock:
-            added.append(spec)
     stop.set()
 
 
@@ -138,11 +133,9 @@ def main() -> int:
     elastic = bool(job.get("elastic"))
     stop = threading.Event()
     received: list[int] = []
-    added: list[tuple[str, list[str], bytes]] = []
-    added_lock = threading.Lock()
+    added: queue.SimpleQueue[tuple[str, list[str], bytes]] = queue.SimpleQueue()
     if elastic:
-        threading.Thread(target=read_additions, args=(added, added_lock, stop),
-                         daemon=True).start()
+        threading.Thread(target=read_additions, args=(added, stop), daemon=True).start()
 
     def on_signal(signum: int, _frame: object) -> None:
         received.append(signum)
@@ -181,10 +174,10 @@ def main() -> int:
     ended: set[int] = set()
     while (selector.get_map() or any(h.proc.poll() is None for h in hosts)
            or (elastic and not stop.is_set())):
-        with added_lock:
-            new, added[:] = list(added), []
-        for spec in new if not stop.is_set() else ():
-            start(*spec)
+        while not added.empty():
+            spec = added.get()
+            if not stop.is_set():
+                start(*spec)
         if not selector.get_map():
             time.sleep(0.1)  # an elastic job between hosts: nothing to select on
         for key, _ in selector.select(timeout=0.1):

@@ -545,14 +545,13 @@ def main(argv: List[str]) -> None:
     if recorded:  # a torch worker's @record: its exception, as its last line
         shim.send(STDERR, b"torch.distributed.elastic's error file (@record): %s\n"
                   % recorded.encode("utf-8", "replace")[:4096])
+    if os.WIFSIGNALED(status):
+        end = b"signal %d" % os.WTERMSIG(status)
+    else:
+        end = b"exit %d" % (os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1)
     # The time the program ended, not the time its output was drained: what orders the
     # failures of a job ("the first in time").
-    when = b" @%.3f" % (shim.ended_at or time.time())
-    if os.WIFSIGNALED(status):
-        shim.send(EXIT, b"signal %d" % os.WTERMSIG(status) + when)
-    else:
-        shim.send(EXIT, b"exit %d" % (os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1)
-                  + when)
+    shim.send(EXIT, end + b" @%.3f" % (shim.ended_at or time.time()))
     _die_like(status)
 
 

@@ -159,7 +159,7 @@ def imports(dists: Dists, code: str) -> Tuple[Dict[str, Any], bool, str]:
         cached = read_cached(folder, name)
         if cached is not None:
             return cached, True, ""
-        try:
+        with contextlib.suppress(OSError, ImportError):
             import fcntl
 
             lock = os.open(name + ".lock", os.O_RDWR | os.O_CREAT | NOFOLLOW, 0o600,
@@ -168,8 +168,6 @@ def imports(dists: Dists, code: str) -> Tuple[Dict[str, Any], bool, str]:
             cached = read_cached(folder, name)
             if cached is not None:
                 return cached, True, ""
-        except (OSError, ImportError):
-            pass
         facts, keep = compute_imports(code)
         if keep and lock is not None:
             with contextlib.suppress(OSError):  # no cache is only slower
