@@ -156,13 +156,6 @@ class Store:
                 sock.shutdown(socket.SHUT_RDWR)
             sock.close()
 
-    def __enter__(self) -> Store:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     # --- serving ---------------------------------------------------------------------------
 
     def _accept(self, sock: socket.socket) -> None:

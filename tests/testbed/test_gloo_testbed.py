@@ -4,6 +4,7 @@ Gloo process sets look up the host's own name)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -260,7 +261,8 @@ def test_the_forwarder_serves_only_its_own_user() -> None:
     """Another user's process on a rank host gets 403 from the ranks' forwarder (root, to
     connect as nobody)."""
     require_testbed()
-    with Store(["127.0.0.1"], SECRET) as store:
+    with contextlib.closing(Store(["127.0.0.1"], SECRET)) as store:
+        store.start()
         forwarder = gloo_host.Forwarder("127.0.0.1", store.port, SECRET)
         forwarder.start()
         try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import os
 import pickle
 import socket
@@ -56,7 +57,8 @@ def test_other_paths_are_not(path: bytes) -> None:
 
 @pytest.fixture
 def store() -> Iterator[Store]:
-    with Store(["127.0.0.1"], SECRET, {"global": 2}) as running:
+    with contextlib.closing(Store(["127.0.0.1"], SECRET, {"global": 2})) as running:
+        running.start()
         yield running
 
 
@@ -177,7 +179,8 @@ def test_mpi_only_options_are_refused_under_gloo(tmp_path: Path) -> None:
 
 
 def test_the_store_listens_only_where_it_is_told_and_says_why_it_cannot() -> None:
-    with Store(["127.0.0.1", "127.0.0.2"], SECRET) as running:
+    with contextlib.closing(Store(["127.0.0.1", "127.0.0.2"], SECRET)) as running:
+        running.start()
         assert running.port > 0
         for address in ("127.0.0.1", "127.0.0.2"):
             socket.create_connection((address, running.port), timeout=5).close()

@@ -22,7 +22,8 @@ SECRET = b"s" * 32
 
 @pytest.fixture
 def store() -> Iterator[Store]:
-    with Store(["127.0.0.1"], SECRET, {"global": 2}) as running:
+    with contextlib.closing(Store(["127.0.0.1"], SECRET, {"global": 2})) as running:
+        running.start()
         yield running
 
 
