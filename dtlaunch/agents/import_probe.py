@@ -10,7 +10,22 @@ import os
 from typing import Any, Dict
 
 
-def probe_torch(found: Dict[str, Any]) -> None:
+def loaded_mpi_library() -> Any:
+    """The libmpi this process loaded with Horovod (its real file: the name carries the ABI),
+    or None; read from the process's own memory map, so no tool is needed."""
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                path = line.rstrip("\n").split(None, 5)[-1]
+                if os.path.basename(path).startswith("libmpi.so"):
+                    return path
+    except (OSError, IndexError):
+        pass
+    return None
+
+
+def main() -> None:
+    found: Dict[str, Any] = {}
     try:
         import torch
 
@@ -23,9 +38,6 @@ def probe_torch(found: Dict[str, Any]) -> None:
             found["torch_nccl"] = None
     except BaseException as e:
         found["torch_error"] = (type(e).__name__ + ": " + str(e)).strip()[:300]
-
-
-def probe_horovod(found: Dict[str, Any]) -> None:
     try:
         import horovod
 
@@ -49,26 +61,6 @@ def probe_horovod(found: Dict[str, Any]) -> None:
             found["horovod_mpi_lib"] = loaded_mpi_library()
     except BaseException as e:
         found["horovod_error"] = (type(e).__name__ + ": " + str(e)).strip()[:300]
-
-
-def loaded_mpi_library() -> Any:
-    """The libmpi this process loaded with Horovod (its real file: the name carries the ABI),
-    or None; read from the process's own memory map, so no tool is needed."""
-    try:
-        with open("/proc/self/maps") as maps:
-            for line in maps:
-                path = line.rstrip("\n").split(None, 5)[-1]
-                if os.path.basename(path).startswith("libmpi.so"):
-                    return path
-    except (OSError, IndexError):
-        pass
-    return None
-
-
-def main() -> None:
-    found: Dict[str, Any] = {}
-    probe_torch(found)
-    probe_horovod(found)
     print(json.dumps(found))
 
 
