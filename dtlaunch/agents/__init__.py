@@ -1,13 +1,12 @@
-"""What runs on the hosts (and beside mpirun here): each a file of its own, shipped as it is,
-named with what it does in SHIPPING.
+"""What runs on the hosts (and beside mpirun here): each a file of its own, shipped as it is.
 
 They run under whatever interpreter and shell the host has: the Python files keep to the
 oldest Python each runs under and the standard library, and import nothing from dtlaunch;
 the shell files keep to POSIX sh (tests/unit/test_layers.py holds them to it, OLDEST_PYTHON).
 
-How each travels is said once, in SHIPPING, and `ship(name)` is the one way the rest of
-dtlaunch starts or sends an agent (tests/unit/test_layers.py: no other), besides the few words
-(record kinds, environment names) each agent defines for itself and lists in its `__all__`:
+What each does and how it travels is said once, in SHIPPING, and `ship(name)` is the one way
+the rest of dtlaunch starts or sends an agent (tests/unit/test_layers.py: no other), besides
+the few words (record kinds, environment names) each agent defines and lists in its `__all__`:
 
 - HERE: run on this machine from its file, `python -I -S FILE` (beside mpirun: rsh, lifeline,
   the Gloo fan-out);

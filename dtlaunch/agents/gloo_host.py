@@ -489,10 +489,9 @@ class Agent:
         threading.Thread(target=watch_stdin, daemon=True).start()
 
     def cwd(self) -> Optional[str]:
+        """As MPI launchers do: dtlaunch's directory when the host has it."""
         cwd = self.job.get("cwd")
-        if not cwd or not os.path.isdir(cwd):
-            return None  # as MPI launchers do: dtlaunch's directory when the host has it
-        return str(cwd)
+        return str(cwd) if cwd and os.path.isdir(cwd) else None
 
     def base_env(self) -> Dict[str, str]:
         base = dict(os.environ)

@@ -243,12 +243,7 @@ def _spawn(program: List[str], keep: Tuple[int, ...]) -> Tuple[int, Tuple[int, i
                 os._exit(127)
     for fd in (out_w, err_w, fail_w, null):
         os.close(fd)
-    failed = b""
-    while True:
-        piece = os.read(fail_r, 32)
-        if not piece:
-            break
-        failed += piece
+    failed = b"".join(iter(lambda: os.read(fail_r, 32), b""))
     os.close(fail_r)
     if failed:
         os.waitpid(pid, 0)
@@ -474,14 +469,6 @@ class Shim:
         return got
 
 
-def _rank(environ: Dict[str, str]) -> int:
-    for name in RANK_VARIABLES:
-        value = environ.get(name, "")
-        if value.isdigit():
-            return int(value)
-    return -1
-
-
 def _die_like(status: int) -> NoReturn:
     """Exit as the program did: with its code, or killed by the same signal."""
     if os.WIFSIGNALED(status):
@@ -530,7 +517,8 @@ def main(argv: List[str]) -> None:
     if os.getppid() != ppid:  # the daemon died before the death signal was set
         os._exit(1)
     _prctl(PR_SET_CHILD_SUBREAPER, 1)
-    shim = Shim(program, _rank(dict(os.environ)), record_limit=max(limit, MIN_RECORD))
+    rank = next((int(os.environ[n]) for n in RANK_VARIABLES if os.environ.get(n, "").isdigit()), -1)
+    shim = Shim(program, rank, record_limit=max(limit, MIN_RECORD))
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
         signal.signal(signum, shim._on_signal if signum != signal.SIGCHLD else lambda *a: None)
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
