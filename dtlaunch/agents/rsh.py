@@ -132,11 +132,6 @@ def link_lost(code: int, log: str) -> bool:
     return code == 255 and not any(mark in log for mark in _REMOTE_ENDED)
 
 
-def host_key_refused(code: int, log: str) -> bool:
-    """ssh's 255 because it refused the host's key: no connection was ever made."""
-    return code == 255 and any(mark in log for mark in _HOST_KEY_REFUSED)
-
-
 def messages(log: str) -> str:
     """ssh's own messages from its -v log: what it would have printed without -v -E."""
     return "".join(line for line in log.splitlines(keepends=True)
@@ -160,7 +155,17 @@ class _Child:
     defaults, no descriptor but 0, 1 and 2 inherited), without importing subprocess."""
 
     def __init__(self, argv: list[str]) -> None:
-        _keep_descriptors_here()
+        # What mpirun left open beyond 0, 1 and 2 stays out of ssh (Popen's close_fds).
+        try:
+            names = os.listdir("/proc/self/fd")
+        except OSError:
+            names = []
+        for name in names:
+            if int(name) > 2:
+                try:
+                    os.set_inheritable(int(name), False)
+                except OSError:
+                    pass  # the directory's own descriptor, gone already
         self.pid = os.posix_spawnp(argv[0], argv, os.environ,
                                    setsigdef=(signal.SIGPIPE, signal.SIGXFSZ))
         self.code: int | None = None
@@ -184,20 +189,6 @@ class _Child:
                 os.kill(self.pid, signum)
             except ProcessLookupError:
                 pass
-
-
-def _keep_descriptors_here() -> None:
-    """What mpirun left open beyond 0, 1 and 2 stays out of ssh (Popen's close_fds)."""
-    try:
-        names = os.listdir("/proc/self/fd")
-    except OSError:
-        return
-    for name in names:
-        if int(name) > 2:
-            try:
-                os.set_inheritable(int(name), False)
-            except OSError:
-                pass  # the directory's own descriptor, gone already
 
 
 def _unlink_once_open(path: str, fd: int, proc: _Child) -> None:
@@ -264,7 +255,7 @@ def main(argv: Sequence[str] | None = None, end_with_parent: bool = False) -> in
     if text is not None:
         sys.stderr.write(messages(text))
     # Without a log (no temporary folder), every 255 counts as lost, as ssh(1) documents it.
-    if text is not None and host_key_refused(code, text):
+    if text is not None and code == 255 and any(mark in text for mark in _HOST_KEY_REFUSED):
         sys.stderr.write(f"{HOST_KEY_PREFIX}{host} (Host key verification failed)\n")
     elif code == 255 and (text is None or link_lost(code, text)):
         sys.stderr.write(f"{LOST_PREFIX}{host} (ssh exit status 255)\n")
