@@ -94,17 +94,6 @@ def guard(fd: int, leader: int, pdeathsig: bool) -> None:
             return
 
 
-def _set_pdeathsig(signum: int) -> bool:
-    """Linux: signal this process (mpirun, after exec) when the thread that started it dies."""
-    import ctypes  # here, not at the top: dtlaunch imports this file for guarded_argv too
-
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return bool(libc.prctl(_PR_SET_PDEATHSIG, signum, 0, 0, 0) == 0)
-    except (OSError, AttributeError):
-        return False
-
-
 FD_FLOOR = 10  # a descriptor handed to a child by number starts here, clear of those it uses
 
 
@@ -134,7 +123,13 @@ def main(argv: list[str]) -> int:
         sys.stderr.write("usage: lifeline.py FD PARENT_PID -- PROGRAM [ARG...]\n")
         return 2
     fd, parent, command = int(argv[0]), int(argv[1]), list(argv[3:])
-    pdeathsig = _set_pdeathsig(signal.SIGTERM)
+    # Linux: SIGTERM to this process (mpirun, after exec) when the thread that started it dies.
+    import ctypes  # here, not at the top: dtlaunch imports this file for guarded_argv too
+
+    try:
+        pdeathsig = ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        pdeathsig = False
     if os.getppid() != parent:  # dtlaunch died before the death signal was armed
         return 1
     leader = os.getpid()

@@ -326,14 +326,6 @@ def _kill(pids: List[int], signum: int) -> None:
             pass
 
 
-def _pmi_fds() -> Tuple[int, ...]:
-    """Descriptors the process manager hands each rank by number (Hydra's PMI_FD): the program
-    inherits them, and the shim keeps its copy open, so that the program's end is told by its
-    exit record rather than by the connection closing (which Hydra answers by killing us)."""
-    value = os.environ.get("PMI_FD", "")
-    return (int(value),) if value.isdigit() else ()
-
-
 class Shim:
     def __init__(self, program: List[str], rank: int, out_fd: int = 1,
                  record_limit: int = PIPE_BUF) -> None:
@@ -368,8 +360,13 @@ class Shim:
 
     def start(self) -> Optional[int]:
         """Start the program; returns an exit code when it cannot be started."""
+        # Descriptors the process manager hands each rank by number (Hydra's PMI_FD): the
+        # program inherits them, and the shim keeps its copy open, so that the program's end is
+        # told by its exit record rather than by the connection closing (which Hydra answers
+        # by killing us).
+        pmi = os.environ.get("PMI_FD", "")
         try:
-            self.pid, self.pipes = _spawn(self.program, _pmi_fds())
+            self.pid, self.pipes = _spawn(self.program, (int(pmi),) if pmi.isdigit() else ())
         except OSError as exc:
             why = exc.strerror or str(exc)
             self.send(STDERR, ("dtlaunch: cannot run %s: %s\n" % (self.program[0], why))
