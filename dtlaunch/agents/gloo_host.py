@@ -715,9 +715,7 @@ class ElasticAgent(Agent):
             if status is not None:
                 del self.running[lr]
                 self.report(lr, wid, status if status >= 0 else 128 - status)
-        for proc in list(self.drained):
-            if proc.poll() is not None:
-                self.drained.remove(proc)
+        self.drained = [proc for proc in self.drained if proc.poll() is None]
 
     def report(self, lr: int, wid: int, code: int) -> None:
         path = ("/%sexit/%s:%d:%d" % (CONTROL_PREFIX.decode(), self.host, lr, wid)).encode()

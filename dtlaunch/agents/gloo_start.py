@@ -78,13 +78,9 @@ class Host:
 
 def write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
-    while view:
-        try:
+    with contextlib.suppress(BrokenPipeError):  # a signal's EINTR is retried (PEP 475)
+        while view:
             view = view[os.write(fd, view):]
-        except BrokenPipeError:
-            return
-        except InterruptedError:
-            continue
 
 
 def host_spec(entry: dict) -> tuple[str, list[str], bytes]:  # type: ignore[type-arg]

@@ -444,10 +444,7 @@ class Shim:
     def _read(self, streams: Dict[int, str], wait: float, wake: int = -1) -> bool:
         """Pass on what the program wrote; True when there was something."""
         fds = list(streams) + ([wake] if wake >= 0 else [])
-        try:
-            ready = select.select(fds, [], [], wait)[0]
-        except InterruptedError:
-            return True
+        ready = select.select(fds, [], [], wait)[0]  # a signal's EINTR is retried (PEP 475)
         got = False
         for fd in ready:
             if fd == wake:

@@ -184,8 +184,7 @@ def main() -> None:
     version = ".".join(str(v) for v in sys.version_info[:3])
     out: Dict[str, Any] = {"executable": sys.executable, "version": version}
     dists = find_dists(("torch", "horovod"))
-    for dist in ("torch", "horovod"):
-        out[dist] = dists[dist][0] if dist in dists else None
+    out.update((dist, dists[dist][0] if dist in dists else None) for dist in ("torch", "horovod"))
     if module:
         import importlib.util
 
