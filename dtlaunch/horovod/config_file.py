@@ -55,7 +55,6 @@ class HorovodConfig:
     source: str
     values: tuple[tuple[str, Any], ...] = ()
     controller: str | None = None  # "mpi" or "gloo"
-    controller_where: str = ""
     warnings: tuple[str, ...] = ()  # one line each, for what horovodrun passes over in silence
 
 
@@ -156,7 +155,6 @@ def _walk(loader: Any, root: Any, source: str) -> HorovodConfig:
                          f"({', '.join(TOP_KEYS)}) at the top level")
     values: dict[str, Any] = {}
     controller: str | None = None
-    controller_where = ""
     warnings: list[str] = []
     for name, key_node, node in _pairs(loader, root, source, "at the top level", warnings):
         where = _at(source, node.start_mark)
@@ -166,7 +164,7 @@ def _walk(loader: Any, root: Any, source: str) -> HorovodConfig:
                 continue  # horovodrun: no controller given
             if not isinstance(value, str) or value.lower() not in ("mpi", "gloo"):
                 raise UsageError(f"{where}: controller: expected mpi or gloo, got {value!r}")
-            controller, controller_where = value.lower(), where
+            controller = value.lower()
         elif name in SECTIONS:
             values.update(_section(loader, name, node, source, warnings))
         else:
@@ -174,7 +172,7 @@ def _walk(loader: Any, root: Any, source: str) -> HorovodConfig:
                                      "at the top level"))
     order = [s.dest for s in SETTINGS]
     return HorovodConfig(source, tuple(sorted(values.items(), key=lambda kv: order.index(kv[0]))),
-                         controller, controller_where, tuple(warnings))
+                         controller, tuple(warnings))
 
 
 def parse_horovod_config(text: str, source: str = "config file") -> HorovodConfig:

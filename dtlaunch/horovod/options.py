@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from dtlaunch.core.errors import UsageError
@@ -206,7 +206,6 @@ class HorovodArgs:
     config_file: str | None = None
     binding_args: tuple[str, ...] | None = None  # checked by dtlaunch.job.binding; replaces its default
     prefix_timestamp: bool = False
-    given: tuple[str, ...] = field(default=())  # the horovodrun options used, for messages
     warnings: tuple[str, ...] = ()  # one line each (the config file's keys horovodrun ignores)
     controller: str = "mpi"  # "gloo": --gloo, or `controller: gloo` in the file without --mpi
     elastic: tuple[tuple[str, Any], ...] = ()  # elastic mode's options as given (ELASTIC_DESTS)
@@ -224,17 +223,6 @@ def _given(values: Mapping[str, Sequence[Any]], option: HorovodOption) -> tuple[
     return given
 
 
-def _split_nics(values: Sequence[str], flag: str) -> list[str]:
-    names: list[str] = []
-    for value in values:
-        for name in (part.strip() for part in value.split(",")):
-            if not name:
-                raise UsageError(f"{flag}: empty interface name in {value!r}")
-            if name not in names:
-                names.append(name)
-    return names
-
-
 def parse_horovod_args(values: Mapping[str, Sequence[Any]],
                        config: HorovodConfig | None = None) -> HorovodArgs:
     """From the CLI's parsed values (param -> tuple of values) and a config file to HorovodArgs.
@@ -245,14 +233,12 @@ def parse_horovod_args(values: Mapping[str, Sequence[Any]],
     set_by: dict[str, str] = {}
     launch: dict[str, Any] = {}
     nics: list[str] = []
-    used: list[str] = []
     mpi_controller = False
     for option in HOROVOD_OPTIONS:
         given = () if option.kind == SAME else _given(values, option)
         if not given:
             continue
         flag = option.flags[0]
-        used.append(flag)
         if option.kind == REFUSED:
             raise UsageError(f"{option.name} {option.refusal}")
         if option.kind == NOOP:
@@ -264,7 +250,12 @@ def parse_horovod_args(values: Mapping[str, Sequence[Any]],
             value = option.const if option.value == BOOL else given[0]
             from_flags[option.dest] = SETTING_BY_DEST[option.dest].check(value, flag)
         elif option.dest == "network_interfaces":
-            nics += [n for n in _split_nics(given, flag) if n not in nics]
+            for value in given:
+                for name in (part.strip() for part in value.split(",")):
+                    if not name:
+                        raise UsageError(f"{flag}: empty interface name in {value!r}")
+                    if name not in nics:
+                        nics.append(name)
         elif option.dest is not None:
             launch[option.dest] = True if option.value == BOOL else given[0]
     merged: dict[str, Any] = {}
@@ -289,7 +280,7 @@ def parse_horovod_args(values: Mapping[str, Sequence[Any]],
         check_build=bool(launch.get("check_build")), disable_cache=bool(launch.get("disable_cache")),
         start_timeout=timeout, config_file=launch.get("config_file"),
         binding_args=_split_binding(binding) if binding is not None else None,
-        prefix_timestamp=bool(launch.get("prefix_timestamp")), given=tuple(used),
+        prefix_timestamp=bool(launch.get("prefix_timestamp")),
         warnings=tuple(warnings), controller=controller,
         elastic=tuple((d, launch[d]) for d in ELASTIC_DESTS if d in launch))
 

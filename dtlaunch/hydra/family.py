@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -22,7 +23,7 @@ from dtlaunch.core.errors import UsageError
 from dtlaunch.core.mpi_kinds import INSTALL_MPICH_HINT
 from dtlaunch.core.textfile import read_launcher_file
 from dtlaunch.job.binding import intel_pinning
-from dtlaunch.job.hosts import Host, format_hosts
+from dtlaunch.job.hosts import Host, assign_ranks, format_hosts
 from dtlaunch.mpi import (
     HYDRA_FAMILY,
     MPI_FAMILIES,
@@ -104,16 +105,7 @@ def fabric_args(spec: JobSpec) -> tuple[str, ...]:
 def ranks_per_host(hosts: Sequence[Host], num_proc: int) -> list[tuple[str, int]]:
     """How many ranks each host gets, filling hosts in slot order as `-hosts h1:2,h2:2` does
     (again from the first host when there are more ranks than slots); hosts left out get none."""
-    counts = [0] * len(hosts)
-    left = num_proc
-    while left > 0 and hosts:
-        for i, host in enumerate(hosts):
-            take = min(max(host.slots, 1), left)
-            counts[i] += take
-            left -= take
-            if left == 0:
-                break
-    return [(h.name, n) for h, n in zip(hosts, counts) if n]
+    return list(Counter(assign_ranks(hosts, num_proc)).items())
 
 
 def placement_args(spec: JobSpec, intel: bool) -> tuple[list[str], list[list[str]]]:

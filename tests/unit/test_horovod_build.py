@@ -15,9 +15,7 @@ from helpers.suite import dtlaunch_argv
 
 from dtlaunch.core.errors import DtlaunchError, UsageError
 from dtlaunch.horovod import build as horovod_build
-from dtlaunch.horovod import source as horovod_source
-from dtlaunch.horovod.build import BuildKey, build_env, cache_dir, find_mpi
-from dtlaunch.horovod.source import extract_sdist
+from dtlaunch.horovod.build import BuildKey, build_env, cache_dir, extract_sdist, find_mpi
 
 
 def fake_launcher(folder: Path, name: str, banner: str) -> Path:
@@ -202,10 +200,10 @@ def test_cli_broken_mpi_is_one_line(tmp_path: Path) -> None:
 
 
 def test_patch_cxx_standard(tmp_path: Path) -> None:
-    for name in horovod_source.CMAKE_FILES:
+    for name in horovod_build.CMAKE_FILES:
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text("set(CMAKE_CXX_STANDARD 14)\n")
-    horovod_source.patch_cxx_standard(tmp_path)
+    horovod_build.patch_cxx_standard(tmp_path)
     assert "17" in (tmp_path / "CMakeLists.txt").read_text()
 
 
