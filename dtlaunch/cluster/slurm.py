@@ -136,14 +136,9 @@ def parse_sbatch_output(text: str) -> str:
 _NODE_ADDR = re.compile(r"(?:^|\s)NodeName=(\S+).*?(?:^|\s)NodeAddr=(\S+)")
 
 
-def parse_node_addresses(text: str) -> dict[str, str]:
-    """`scontrol show node -o NAMES`: each node's NodeAddr, the address Slurm reaches it at."""
-    return {m.group(1): m.group(2) for m in map(_NODE_ADDR.search, text.splitlines()) if m}
-
-
 def node_addresses(nodes: Sequence[str]) -> dict[str, str]:
-    """Where Slurm reaches each node (its NodeAddr): a node's name need not resolve on
-    this machine, as Slurm's own nodes list their addresses. {} when scontrol cannot tell."""
+    """Where Slurm reaches each node (its NodeAddr, from `scontrol show node -o NAMES`): a
+    node's name need not resolve on this machine. {} when scontrol cannot tell."""
     import subprocess
 
     from dtlaunch.core.bounded import run_bounded
@@ -154,4 +149,5 @@ def node_addresses(nodes: Sequence[str]) -> dict[str, str]:
         status, out = run_bounded(["scontrol", "show", "node", "-o", ",".join(nodes)], 20.0)
     except (OSError, subprocess.TimeoutExpired):
         return {}
-    return parse_node_addresses(out) if status == 0 else {}
+    found = map(_NODE_ADDR.search, out.splitlines() if status == 0 else ())
+    return {m.group(1): m.group(2) for m in found if m}

@@ -24,7 +24,6 @@ _CHDIR_OPTIONS = ("-D", "--chdir")
 
 @dataclass(frozen=True)
 class SubmitPlan:
-    sbatch_options: tuple[tuple[str, str | None], ...]
     run_args: tuple[str, ...]
     dry_run: bool
     output: str  # the job's output file, %j for the job id
@@ -80,7 +79,7 @@ def plan_submit(args: Sequence[str], python: str = sys.executable) -> SubmitPlan
         options = (*options, ("--output", output))
     workdir = next((v for o, v in options if o in _CHDIR_OPTIONS and v), None)
     script = build_batch_script(options, [python, "-m", "dtlaunch", "run", *run_args])
-    return SubmitPlan(options, run_args, dry_run, output, script, workdir)
+    return SubmitPlan(run_args, dry_run, output, script, workdir)
 
 
 def output_path(output: str, job_id: str, cwd: str) -> str:

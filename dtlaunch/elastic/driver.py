@@ -286,8 +286,10 @@ class ElasticDriver:
             return 200, json.dumps(self.plan_for(host)).encode("utf-8")
 
     def plan_for(self, host: str) -> dict[str, object]:
+        """The host's workers: each one's place, Horovod's elastic switch, its number (its tag)."""
         ranks = {} if self.finished else {
-            str(w.slot.local_rank): {"id": w.id, "env": worker_env(w)}
+            str(w.slot.local_rank): {"id": w.id, "env": {**w.slot.env(w.size), "HOROVOD_ELASTIC": "1",
+                                                          "DTLAUNCH_WORKER": str(w.id)}}
             for w in self.members.values() if w.slot.host == host}
         plan: dict[str, object] = {"gen": self.gen, "ranks": ranks, "end": self.finished}
         if host in self.notify:
@@ -389,11 +391,3 @@ class ElasticDriver:
             self.say("warning", f"elastic: host {host} lost: {why}")
         for key in lost:
             self._record_locked(key, FAILURE, 1)
-
-
-def worker_env(worker: Worker) -> dict[str, str]:
-    """A new worker's place and Horovod's elastic switch; the output tag is its number."""
-    env = worker.slot.env(worker.size)
-    env["HOROVOD_ELASTIC"] = "1"
-    env["DTLAUNCH_WORKER"] = str(worker.id)
-    return env

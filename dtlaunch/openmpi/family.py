@@ -122,6 +122,9 @@ class OpenMpi(MpiFamily):
     # exactly, so a record need not be one atomic write (see dtlaunch.agents.rank_shim).
     record_limit = 1 << 20
     ends_job_on_rank_failure = True
+    # The parameter files it reads by default, which may choose its plm or set its ssh.
+    stray_launcher_files = staticmethod(param_files_choose_plm)
+    ssh_setting_files = staticmethod(param_files_set_ssh)
 
     def unsupported(self, impl: MpiImpl, program: str) -> str | None:
         if impl.family != OPEN_MPI_FAMILY:
@@ -165,9 +168,6 @@ class OpenMpi(MpiFamily):
             return ()
         return foreign_plm_choice(env)
 
-    def stray_launcher_files(self, launcher: str) -> tuple[str, ...]:
-        return param_files_choose_plm(launcher)
-
     def overrides_launcher_files(self, spec: JobSpec) -> bool:
         """A job over ssh across machines, whose parameter files choose another plm, and whose
         --mpi-args do not choose one themselves."""
@@ -181,9 +181,6 @@ class OpenMpi(MpiFamily):
         """--mpi-args or OMPI_MCA_*/PRTE_MCA_* variables that set the launch agent or its
         arguments could weaken mpirun's host-key checking."""
         return not ssh_overrides(extra_args, environ)
-
-    def ssh_setting_files(self, launcher: str) -> list[str]:
-        return param_files_set_ssh(launcher)
 
     def refuse_insecure_files(self, launcher: str, extra_args: Sequence[str],
                               environ: Mapping[str, str]) -> None:

@@ -16,7 +16,7 @@ import pytest
 from dtlaunch.agents.gloo_host import hosts_updated_pickle, tell_hosts_updated, worker_address
 from dtlaunch.core.errors import UsageError
 from dtlaunch.elastic.discovery import DiscoveryError, parse_hosts, run_script
-from dtlaunch.elastic.driver import ElasticDriver, worker_env
+from dtlaunch.elastic.driver import ElasticDriver
 from dtlaunch.elastic.hosts import ADDED, NO_UPDATE, REMOVED, HostManager, assign
 from dtlaunch.gloo.rendezvous import Store
 from dtlaunch.job.elastic import elastic_spec
@@ -161,7 +161,7 @@ def test_a_round_answers_every_worker_after_all_have_asked() -> None:
                            store.reset_round)
     driver.start(found)
     assert started == ["h1", "h2"] and driver.round == 1
-    envs = {w.slot.host: worker_env(w) for w in driver.members.values()}
+    envs = {h: driver.plan_for(h)["ranks"]["0"]["env"] for h in ("h1", "h2")}  # type: ignore[index]
     assert envs["h2"]["HOROVOD_RANK"] == "1" and envs["h2"]["HOROVOD_ELASTIC"] == "1"
     # h3 appears: the next round has it; both old workers ask, then all are answered.
     found["h3"] = 1
