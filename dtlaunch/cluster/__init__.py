@@ -1,4 +1,1 @@
-"""Schedulers: the allocation dtlaunch runs in, where the hosts come from, srun and sbatch lines,
-submit.
-
-See docs/architecture.md."""
+"""Schedulers: the allocation dtlaunch runs in, where hosts come from, srun and sbatch, submit."""

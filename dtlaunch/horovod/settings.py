@@ -8,7 +8,7 @@ way that function does (gates, 1/0 encodings, MiB to bytes).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,8 +41,7 @@ class Setting:
     key: str | None
     minimum: float | None = None
     maximum: float | None = None
-    # How the value becomes the variable: plain str(), 1/0, 0/1, MiB -> bytes, "1" or unset.
-    encode: str = "plain"  # plain | bool | inverse | mebibytes | true_only
+    encode: str = "plain"  # how the value becomes the variable: a key of ENCODINGS
     unit: str = ""  # after the maximum in an error line: " (1 TiB)"
 
     def check(self, value: Any, where: str) -> Any:
@@ -67,18 +66,11 @@ class Setting:
                              f"got {value!r}")
         return value
 
-    def variable(self, value: Any) -> str | None:
-        if value is None:
-            return None
-        if self.encode == "bool":
-            return "1" if value else "0"
-        if self.encode == "inverse":
-            return "0" if value else "1"
-        if self.encode == "mebibytes":
-            return str(value * 1024 * 1024)
-        if self.encode == "true_only":
-            return "1" if value else None
-        return str(value)
+
+# A knob's value as its variable: plain str(), 1/0, 0/1, MiB -> bytes, "1" or unset.
+ENCODINGS: dict[str, Callable[[Any], str | None]] = {
+    "plain": str, "bool": lambda v: "1" if v else "0", "inverse": lambda v: "0" if v else "1",
+    "mebibytes": lambda v: str(v * 1024 * 1024), "true_only": lambda v: "1" if v else None}
 
 
 def _s(dest: str, type_: str, env: str, section: str | None, key: str | None = None,
@@ -147,7 +139,8 @@ def build_horovod_env(settings: Mapping[str, Any]) -> tuple[tuple[str, str], ...
         gate = _GATES.get(setting.dest)
         if gate is not None and not settings.get(gate):
             continue
-        variable = setting.variable(settings.get(setting.dest))
+        value = settings.get(setting.dest)
+        variable = None if value is None else ENCODINGS[setting.encode](value)
         if variable is not None:
             env.append((setting.env, variable))
     return tuple(env)

@@ -1,4 +1,1 @@
-"""The MpiFamily for MPICH and Intel MPI: Hydra's mpiexec, its ssh agent, its output and
-failures.
-
-See docs/architecture.md."""
+"""The MpiFamily for MPICH and Intel MPI: Hydra's mpiexec, its ssh agent, output and failures."""

@@ -82,26 +82,6 @@ def agent_path(directory: str, script: str) -> str:
     return str(Path(directory) / f"hydra-ssh-{digest}")
 
 
-def iface_arg(spec: JobSpec) -> tuple[str, ...]:
-    """Hydra's `-iface` takes one interface name (its proxies connect back over it)."""
-    if spec.iface is None:
-        return ()
-    if spec.iface.cidrs:
-        raise UsageError("--iface: Hydra (MPICH, Intel MPI) takes an interface name, not a subnet; "
-                         "give the name (e.g. eth0)")
-    return ("-iface", spec.iface.names[0])
-
-
-def fabric_args(spec: JobSpec) -> tuple[str, ...]:
-    """libfabric's TCP provider (Intel MPI's data path; MPICH's with its OFI netmod) picks an
-    interface of its own, a docker0 bridge as readily as eth0 (measured: Intel MPI's ranks
-    then wait for ever): the `--iface` name pins it too, unless the job sets FI_TCP_IFACE."""
-    if spec.iface is None or not spec.iface.names or any(
-            v.name == "FI_TCP_IFACE" for v in spec.env.variables):
-        return ()
-    return ("-genv", "FI_TCP_IFACE", spec.iface.names[0])
-
-
 def ranks_per_host(hosts: Sequence[Host], num_proc: int) -> list[tuple[str, int]]:
     """How many ranks each host gets, filling hosts in slot order as `-hosts h1:2,h2:2` does
     (again from the first host when there are more ranks than slots); hosts left out get none."""
@@ -140,14 +120,22 @@ def build_mpiexec_argv(spec: JobSpec, mpiexec: str = "mpiexec",
         argv += ["-launcher", "slurm"]
     else:
         argv += ["-launcher", "ssh", "-launcher-exec", launcher_exec or "ssh"]
-    argv += iface_arg(spec)
+    if spec.iface is not None:  # Hydra's -iface takes one name (its proxies connect back over it)
+        if spec.iface.cidrs:
+            raise UsageError("--iface: Hydra (MPICH, Intel MPI) takes an interface name, not a "
+                             "subnet; give the name (e.g. eth0)")
+        argv += ["-iface", spec.iface.names[0]]
     argv.append("-prepend-rank")
     names = [v.name for v in spec.env.variables if not v.inline]
     argv += ["-genvlist", ",".join(names)] if names else ["-genvnone"]
     for var in spec.env.variables:
         if var.inline:
             argv += ["-genv", var.name, var.value]
-    argv += fabric_args(spec)
+    # libfabric's TCP provider (Intel MPI's data path; MPICH's with its OFI netmod) picks an
+    # interface of its own, a docker0 bridge as readily as eth0 (measured: Intel MPI's ranks
+    # then wait for ever): the `--iface` name pins it too, unless the job sets FI_TCP_IFACE.
+    if spec.iface is not None and not any(v.name == "FI_TCP_IFACE" for v in spec.env.variables):
+        argv += ["-genv", "FI_TCP_IFACE", spec.iface.names[0]]
     if intel:
         for name, value in intel_pinning(spec.binding or (), spec.mpi_args):
             argv += ["-genv", name, value]

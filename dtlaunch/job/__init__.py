@@ -1,4 +1,1 @@
-"""What a job is made of, pure: its hosts and slots, the environment its ranks get, the
-command forms, CPU binding. Below the MPI families, which build a launcher's argv from them.
-
-See docs/architecture.md."""
+"""What a job is made of, pure: hosts and slots, the ranks' environment, commands, binding."""

@@ -78,18 +78,6 @@ def parse_env_item(item: str) -> tuple[str, str | None]:
     return name, (value if sep else None)
 
 
-def secret_warning(name: str, typed: bool) -> str:
-    """The one line for a secret-looking variable the user named. `typed`: its value was
-    written on dtlaunch's command line, where anyone on this machine can read it (ps) for as
-    long as the job runs."""
-    line = f"exporting {name}, which looks like a secret, to every rank because you named it"
-    if typed:
-        line += (f"; its value, typed on the command line, shows in dtlaunch's process entry "
-                 f"(ps) for the whole job: export {name} and pass -x {name}, or put it in an "
-                 "--env-file")
-    return line
-
-
 def plan_environment(environ: Mapping[str, str], requested: Iterable[str] = (),
                      fixed: Mapping[str, str] | None = None, typed: Collection[str] = ()) -> EnvPlan:
     """Decide the variables for the ranks.
@@ -120,7 +108,12 @@ def plan_environment(environ: Mapping[str, str], requested: Iterable[str] = (),
         else:
             value, inline = given, not secret
         if secret:
-            warnings.append(secret_warning(name, typed=given is not None and name in typed))
+            line = f"exporting {name}, which looks like a secret, to every rank because you named it"
+            if given is not None and name in typed:  # anyone here can read it (ps) for the whole job
+                line += (f"; its value, typed on the command line, shows in dtlaunch's process "
+                         f"entry (ps) for the whole job: export {name} and pass -x {name}, or put "
+                         "it in an --env-file")
+            warnings.append(line)
         chosen[name] = EnvVar(name, value, inline=inline, secret=secret)
     return EnvPlan(tuple(chosen.values()), tuple(warnings))
 

@@ -42,16 +42,6 @@ if TYPE_CHECKING:  # imported when a job runs, not for a dry run
 DEFAULT_MAJOR = 4  # assumed when the local mpirun cannot be asked (a dry run without one)
 
 
-def btl_for(major: int) -> str:
-    """Point-to-point transports: shared memory within a host, TCP between hosts.
-
-    The shared-memory BTL is `vader` in Open MPI 3 and 4 and `sm` in 5; naming it explicitly
-    (instead of horovodrun's `^openib`) keeps same-host ranks off TCP and never picks up
-    InfiniBand verbs or UCX paths that hang on hosts without them.
-    """
-    return "self,sm,tcp" if major >= 5 else "self,vader,tcp"
-
-
 def build_mpirun_argv(spec: JobSpec, mpirun: str = "mpirun") -> tuple[str, ...]:
     """The whole mpirun command line, as an argv tuple (never a shell string)."""
     major = spec.mpi_version[0] if spec.mpi_version else DEFAULT_MAJOR
@@ -62,7 +52,10 @@ def build_mpirun_argv(spec: JobSpec, mpirun: str = "mpirun") -> tuple[str, ...]:
     argv += double_dash(binding_for(spec.mpi_args, spec.binding))
     if spec.oversubscribe:
         argv.append("--oversubscribe")
-    argv += ["--mca", "pml", "ob1", "--mca", "btl", btl_for(major)]
+    # Point-to-point transports: shared memory within a host (`vader` in Open MPI 3 and 4,
+    # `sm` in 5), TCP between hosts. Naming them (not horovodrun's `^openib`) keeps same-host
+    # ranks off TCP and never picks up InfiniBand verbs or UCX paths that hang without them.
+    argv += ["--mca", "pml", "ob1", "--mca", "btl", "self,sm,tcp" if major >= 5 else "self,vader,tcp"]
     if spec.iface is not None:
         value = ",".join(spec.iface.names or spec.iface.cidrs)
         argv += ["--mca", "btl_tcp_if_include", value, "--mca", "oob_tcp_if_include", value]

@@ -1,4 +1,1 @@
-"""How hosts are reached over ssh: options, OpenSSH's config, failures with fixes, proxies, keys,
-known_hosts.
-
-See docs/architecture.md."""
+"""How hosts are reached over ssh: options, config, failures and fixes, proxies, keys."""
