@@ -135,10 +135,10 @@ def parse_slurm(environ: Mapping[str, str]) -> Allocation:
 
 def parse_nodefile(text: str, where: str) -> tuple[Host, ...]:
     """PBS_NODEFILE / LSB_DJOB_HOSTFILE: one host name per line per slot."""
-    names = [line.strip() for line in text.splitlines() if line.strip()]
     for lineno, line in enumerate(text.splitlines(), start=1):
-        if line.strip() and len(line.split()) != 1:
+        if len(line.split()) > 1:
             raise UsageError(f"{where}:{lineno}: expected one host name per line, got {line!r}")
+    names = text.split()
     if not names:
         raise UsageError(f"{where}: no hosts in the file")
     # One name per slot -> hosts in order of first appearance.
@@ -210,7 +210,7 @@ def detect(environ: Mapping[str, str],
     return None
 
 
-# --- checks and the launch environment --------------------------------------------------------
+# --- checks ------------------------------------------------------------------------------------
 
 def _short(name: str) -> str:
     return name if re.fullmatch(r"[0-9.]+", name) else name.split(".", 1)[0]

@@ -37,6 +37,7 @@ from dtlaunch.elastic.discovery import DiscoveryError
 from dtlaunch.elastic.hosts import NO_UPDATE, REMOVED, HostManager, assign
 from dtlaunch.gloo.ranks import GlooRank, place_ranks, scope_sizes
 from dtlaunch.job.elastic import ElasticSpec
+from dtlaunch.jobkind import Say
 
 READY, SUCCESS, FAILURE = "ready", "success", "failure"
 PLAN_SCOPE, EXIT_SCOPE, RANK_SCOPE = "_dtlaunch_plan", "_dtlaunch_exit", "rank_and_size"
@@ -45,8 +46,6 @@ POLL_WAIT = 5.0  # an agent's long poll is answered after this long without a ch
 LOST_AFTER = 20.0  # an agent not heard from this long has lost its host
 DRAIN_HOLD = 60.0  # a drained worker's rank_and_size is held this long before "-1"
 REMOVED_ANSWER = b"-1,-1,-1,-1,-1,-1"
-
-Say = Callable[[str, str], None]  # (level: "note" | "warning" | "detail", text)
 
 
 @dataclass(frozen=True)

@@ -169,16 +169,6 @@ def find_mpi(given: str | None = None, path: str | None = None) -> MpiInstall:
                       os.path.dirname(bin_dir), impl)
 
 
-def current_key(mpi: MpiInstall) -> BuildKey:
-    try:
-        import torch
-    except ImportError:
-        raise DtlaunchError("PyTorch is not installed: 'pip install torch' first") from None
-    return BuildKey(horovod=HOROVOD_VERSION, torch=str(torch.__version__),
-                    python=f"{sys.version_info.major}{sys.version_info.minor}", mpi=mpi,
-                    cuda=torch.version.cuda)
-
-
 def build_env(key: BuildKey, environ: dict[str, str]) -> dict[str, str]:
     """Horovod's build switches: PyTorch only, MPI and Gloo controllers, NCCL with CUDA; the
     chosen MPI's wrappers first on PATH (CMake's FindMPI asks them for flags)."""
@@ -357,7 +347,13 @@ def install_horovod(force: bool = False, mpi: str | None = None, say: Say | None
     """Install Horovod (from the cache when possible) for the MPI found; returns what was done.
     `say` is told each command before it runs."""
     found = find_mpi(mpi)
-    key = current_key(found)
+    try:
+        import torch
+    except ImportError:
+        raise DtlaunchError("PyTorch is not installed: 'pip install torch' first") from None
+    key = BuildKey(horovod=HOROVOD_VERSION, torch=str(torch.__version__),
+                   python=f"{sys.version_info.major}{sys.version_info.minor}", mpi=found,
+                   cuda=torch.version.cuda)
     if not force and horovod_problem(key) is None:
         return f"Horovod is already installed for {found.impl.name} {found.impl.version} ({found.launcher})"
     dest = cache_dir() / key.tag()

@@ -138,10 +138,9 @@ def _section(loader: Any, name: str, node: Any, source: str,
         # stall_check.enabled is the negation of horovodrun's no_stall_check.
         values[setting.dest] = (not value) if setting.dest == "no_stall_check" else value
     # A non-empty section sets its switch even without `enabled` (horovodrun's defaults).
-    if pairs and name == "autotune":
-        values.setdefault("autotune", False)
-    if pairs and name == "stall_check":
-        values.setdefault("no_stall_check", False)
+    switch = {"autotune": "autotune", "stall_check": "no_stall_check"}.get(name)
+    if pairs and switch is not None:
+        values.setdefault(switch, False)
     return values
 
 

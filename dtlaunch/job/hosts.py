@@ -48,14 +48,6 @@ def across_machines(hosts: Iterable[Host]) -> bool:
     return any(h.name not in LOOPBACK for h in hosts)
 
 
-def _check_name(name: str, where: str) -> None:
-    """A host name (an IPv4 address is one too: its labels are digits)."""
-    if not name:
-        raise UsageError(f"{where}: empty host name; {HOSTS_FORMAT}")
-    if not _HOSTNAME_RE.match(name) or len(name) > 253:
-        raise UsageError(f"{where}: invalid host name {name!r}; {HOSTS_FORMAT}")
-
-
 def _parse_slots(text: str, where: str) -> int:
     if not re.fullmatch(r"[0-9]+", text):
         raise UsageError(f"{where}: slots must be a positive whole number, got {text!r}")
@@ -78,7 +70,10 @@ def parse_host_entry(entry: str, where: str = "--hosts") -> Host:
                          "syntax; give the host a name in ssh config or /etc/hosts")
     name, sep, slots_text = entry.partition(":")
     name = name.strip()
-    _check_name(name, where)
+    if not name:
+        raise UsageError(f"{where}: empty host name; {HOSTS_FORMAT}")
+    if not _HOSTNAME_RE.match(name) or len(name) > 253:  # an IPv4 address is a name of digits
+        raise UsageError(f"{where}: invalid host name {name!r}; {HOSTS_FORMAT}")
     slots = _parse_slots(slots_text.strip(), where) if sep else 1
     return Host(name, slots, slots_given=bool(sep))
 
