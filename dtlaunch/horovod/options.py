@@ -273,13 +273,19 @@ def parse_horovod_args(values: Mapping[str, Sequence[Any]],
     if timeout is not None and not 1 <= timeout <= 86400:
         raise UsageError(f"--start-timeout: must be between 1 second and a day, got {timeout}")
     binding = launch.get("binding_args")
+    if binding is not None:
+        try:
+            words = tuple(shlex.split(binding))
+        except ValueError as exc:
+            raise UsageError(f"--binding-args: cannot split {binding!r}: {exc}") from None
+        binding = parse_binding_args(words)
     return HorovodArgs(
         env=build_horovod_env(merged),
         settings=tuple((s.dest, merged[s.dest]) for s in SETTINGS if s.dest in merged),
         network_interfaces=tuple(nics), output_filename=launch.get("output_filename"),
         check_build=bool(launch.get("check_build")), disable_cache=bool(launch.get("disable_cache")),
         start_timeout=timeout, config_file=launch.get("config_file"),
-        binding_args=_split_binding(binding) if binding is not None else None,
+        binding_args=binding,
         prefix_timestamp=bool(launch.get("prefix_timestamp")),
         warnings=tuple(warnings), controller=controller,
         elastic=tuple((d, launch[d]) for d in ELASTIC_DESTS if d in launch))
@@ -291,14 +297,6 @@ def read_horovod_args(values: Mapping[str, Sequence[Any]]) -> HorovodArgs:
 
     paths = _given(values, next(o for o in HOROVOD_OPTIONS if o.dest == "config_file"))
     return parse_horovod_args(values, read_horovod_config(paths[0]) if paths else None)
-
-
-def _split_binding(text: str) -> tuple[str, ...]:
-    try:
-        words = tuple(shlex.split(text))
-    except ValueError as exc:
-        raise UsageError(f"--binding-args: cannot split {text!r}: {exc}") from None
-    return parse_binding_args(words)
 
 
 def format_check_build(version: str, frameworks: Collection[str], controllers: Collection[str],

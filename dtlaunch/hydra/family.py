@@ -40,21 +40,11 @@ if TYPE_CHECKING:  # imported when a job runs, not for a dry run
     from dtlaunch.core.failure import Failure
     from dtlaunch.hydra.output import HydraDemux
 
-HYDRA_IMPLS = tuple(name for name, family in MPI_FAMILIES.items() if family == HYDRA_FAMILY)
-
 # What picks how Hydra reaches the hosts (its -launcher, formerly -bootstrap, and so how ssh is
 # run), on its command line or in its environment.
 BOOTSTRAP_ARGS = ("-launcher", "-launcher-exec", "-bootstrap", "-bootstrap-exec", "-rsh", "-ssh")
 BOOTSTRAP_VARIABLES = ("HYDRA_LAUNCHER", "HYDRA_LAUNCHER_EXEC", "HYDRA_BOOTSTRAP",
                        "HYDRA_BOOTSTRAP_EXEC", "I_MPI_HYDRA_BOOTSTRAP", "I_MPI_HYDRA_BOOTSTRAP_EXEC")
-
-def config_files(launcher: str, environ: Mapping[str, str]) -> tuple[str, ...]:
-    """The configuration files Hydra's mpiexec may read: HYDRA_CONFIG_FILE's, and the
-    installation's (its sysconfdir: beside the launcher's prefix, or /etc)."""
-    prefix = os.path.dirname(os.path.dirname(launcher)) if launcher else ""
-    named = (environ["HYDRA_CONFIG_FILE"],) if environ.get("HYDRA_CONFIG_FILE") else ()
-    beside = (os.path.join(prefix, "etc", "mpiexec.hydra.conf"),) if prefix else ()
-    return named + beside + ("/etc/mpiexec.hydra.conf",)
 
 
 SupportFile = tuple[str, str]  # (path, text) written (mode 0700) before the job starts
@@ -167,7 +157,7 @@ class Hydra(MpiFamily):
         self.name = name  # "MPICH" or "Intel MPI": how the ranks are placed differs
 
     def unsupported(self, impl: MpiImpl, program: str) -> str | None:
-        if impl.name not in HYDRA_IMPLS:
+        if MPI_FAMILIES.get(impl.name) != HYDRA_FAMILY:
             return f"{program} is {impl.name}, not MPICH or Intel MPI"
         least = impl.needs_newer()
         if least is not None:
@@ -208,9 +198,13 @@ class Hydra(MpiFamily):
 
     def refuse_insecure_files(self, launcher: str, extra_args: Sequence[str],
                               environ: Mapping[str, str]) -> None:
-        """Hydra's configuration file (mpiexec options read before the command line's):
-        HYDRA_CONFIG_FILE, else the installation's mpiexec.hydra.conf."""
-        for path in config_files(launcher, environ):
+        """Hydra's configuration files (mpiexec options read before the command line's):
+        HYDRA_CONFIG_FILE's, and the installation's (its sysconfdir: beside the launcher's
+        prefix, or /etc)."""
+        prefix = os.path.dirname(os.path.dirname(launcher)) if launcher else ""
+        named = (environ["HYDRA_CONFIG_FILE"],) if environ.get("HYDRA_CONFIG_FILE") else ()
+        beside = (os.path.join(prefix, "etc", "mpiexec.hydra.conf"),) if prefix else ()
+        for path in (*named, *beside, "/etc/mpiexec.hydra.conf"):
             text = read_launcher_file(path, "Hydra's configuration file")
             if text is not None:
                 refuse_any_host_key(f"Hydra's configuration file {path}", text)

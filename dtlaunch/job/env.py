@@ -42,10 +42,6 @@ def looks_secret(name: str) -> bool:
     return any(w in upper for w in SECRET_WORDS) or upper.startswith(SECRET_PREFIXES)
 
 
-def is_allowed(name: str) -> bool:
-    return name in ALLOW_NAMES or name.startswith(ALLOW_PREFIXES)
-
-
 @dataclass(frozen=True)
 class EnvVar:
     """One variable for the ranks.
@@ -69,15 +65,6 @@ class EnvPlan:
         return tuple(v.name for v in self.variables)
 
 
-def parse_env_item(item: str) -> tuple[str, str | None]:
-    """`NAME` or `NAME=VALUE` (the value may contain anything, '=' included)."""
-    name, sep, value = item.partition("=")
-    if not NAME_RE.match(name):
-        raise UsageError(f"--env: invalid variable name {name!r}; names are letters, digits and "
-                         "'_', not starting with a digit")
-    return name, (value if sep else None)
-
-
 def plan_environment(environ: Mapping[str, str], requested: Iterable[str] = (),
                      fixed: Mapping[str, str] | None = None, typed: Collection[str] = ()) -> EnvPlan:
     """Decide the variables for the ranks.
@@ -89,32 +76,34 @@ def plan_environment(environ: Mapping[str, str], requested: Iterable[str] = (),
     """
     chosen: dict[str, EnvVar] = {}
     for name in sorted(environ):
-        if is_allowed(name) and not looks_secret(name) and NAME_RE.match(name):
+        allowed = name in ALLOW_NAMES or name.startswith(ALLOW_PREFIXES)
+        if allowed and not looks_secret(name) and NAME_RE.match(name):
             chosen[name] = EnvVar(name, environ[name])
     for name, value in (fixed or {}).items():
         chosen[name] = EnvVar(name, value, inline=True)
     warnings: list[str] = []
     seen: set[str] = set()
-    for item in requested:
-        name, given = parse_env_item(item)
+    for item in requested:  # NAME or NAME=VALUE (the value may hold anything, '=' too)
+        name, sep, value = item.partition("=")
+        if not NAME_RE.match(name):
+            raise UsageError(f"--env: invalid variable name {name!r}; names are letters, digits "
+                             "and '_', not starting with a digit")
         if name in seen:
             raise UsageError(f"--env: {name} is given more than once")
         seen.add(name)
         secret = looks_secret(name)
-        if given is None:
+        if not sep:
             if name not in environ:
                 raise UsageError(f"--env: {name} is not set here; give it as {name}=VALUE")
-            value, inline = environ[name], False
-        else:
-            value, inline = given, not secret
+            value = environ[name]
         if secret:
             line = f"exporting {name}, which looks like a secret, to every rank because you named it"
-            if given is not None and name in typed:  # anyone here can read it (ps) for the whole job
+            if sep and name in typed:  # anyone here can read it (ps) for the whole job
                 line += (f"; its value, typed on the command line, shows in dtlaunch's process "
                          f"entry (ps) for the whole job: export {name} and pass -x {name}, or put "
                          "it in an --env-file")
             warnings.append(line)
-        chosen[name] = EnvVar(name, value, inline=inline, secret=secret)
+        chosen[name] = EnvVar(name, value, inline=bool(sep) and not secret, secret=secret)
     return EnvPlan(tuple(chosen.values()), tuple(warnings))
 
 

@@ -27,7 +27,7 @@ from dtlaunch.core.errors import DtlaunchError, UsageError
 from dtlaunch.core.records import Piece, RankExit, RankHost
 from dtlaunch.hydra.family import HYDRA, Hydra, agent_path, agent_script, build_mpiexec_argv
 from dtlaunch.hydra.output import HydraDemux, analyze_hydra
-from dtlaunch.job.env import EnvPlan, is_allowed
+from dtlaunch.job.env import EnvPlan, plan_environment
 from dtlaunch.job.hosts import Host
 from dtlaunch.mpi import Interfaces, MpiImpl, parse_mpirun_version
 from dtlaunch.mpijob import launcher_choice
@@ -325,7 +325,8 @@ def test_agent_folder_writable_by_others_is_refused(tmp_path: Path) -> None:
 def test_tree_spawn_is_refused_and_mpich_settings_reach_the_ranks() -> None:
     with pytest.raises(UsageError, match="--tree-spawn"):
         HYDRA.build_argv(spec(tree_spawn=True), "mpiexec")
-    assert is_allowed("MPIR_CVAR_CH4_NETMOD") and is_allowed("I_MPI_FABRICS")
+    environ = {"MPIR_CVAR_CH4_NETMOD": "ofi", "I_MPI_FABRICS": "shm"}
+    assert plan_environment(environ).names() == ("I_MPI_FABRICS", "MPIR_CVAR_CH4_NETMOD")
 
 
 def test_launch_with_mpich_first_on_path_starts_mpiexec_with_its_agent(
