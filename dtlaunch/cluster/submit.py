@@ -18,8 +18,6 @@ from dtlaunch.core.errors import DtlaunchError, UsageError
 
 SBATCH_TIMEOUT = 60.0
 DEFAULT_OUTPUT = "dtlaunch-%j.out"
-_OUTPUT_OPTIONS = ("-o", "--output")
-_CHDIR_OPTIONS = ("-D", "--chdir")
 
 
 @dataclass(frozen=True)
@@ -73,11 +71,11 @@ def parse_submit_args(args: Sequence[str]) -> tuple[tuple[tuple[str, str | None]
 
 def plan_submit(args: Sequence[str], python: str = sys.executable) -> SubmitPlan:
     options, run_args, dry_run = parse_submit_args(args)
-    output = next((v for o, v in options if o in _OUTPUT_OPTIONS and v), None)
+    output = next((v for o, v in options if o in ("-o", "--output") and v), None)
     if output is None:
         output = DEFAULT_OUTPUT
         options = (*options, ("--output", output))
-    workdir = next((v for o, v in options if o in _CHDIR_OPTIONS and v), None)
+    workdir = next((v for o, v in options if o in ("-D", "--chdir") and v), None)
     script = build_batch_script(options, [python, "-m", "dtlaunch", "run", *run_args])
     return SubmitPlan(run_args, dry_run, output, script, workdir)
 

@@ -72,23 +72,6 @@ def first_hosts(request: RunRequest, discover: Discover,
     return replace(request, hosts=hosts, num_proc=len(ranks))
 
 
-def elastic_end(end: JobEnd, outcome: Outcome | None) -> JobEnd:
-    """The run's end as the driver saw it: recovered failures are not the job's; a worker's
-    failure that ended it is named by its worker number (the output's tag) and host."""
-    if outcome is None or end.stopped:
-        return end
-    if outcome.code == 0:
-        return replace(end, exit_code=0, failure=None)
-    worker = outcome.worker
-    if worker is not None:
-        code = outcome.code
-        failure = Failure(worker.id, worker.slot.host, exit_code=code if code < 128 else None,
-                          signal=code - 128 if code > 128 else None)
-        return replace(end, exit_code=code, failure=failure)
-    why = outcome.message or "elastic: the job failed"
-    return replace(end, exit_code=outcome.code or 1, failure=Failure(reason=why))
-
-
 class ElasticJobKind(OwnFanout):
     name = "elastic"
     FAMILY = ELASTIC_GLOO
@@ -151,8 +134,21 @@ class ElasticJobKind(OwnFanout):
             raise
 
         def finish(end: JobEnd) -> JobEnd:
+            """The run's end as the driver saw it: recovered failures are not the job's; a
+            worker's failure that ended it is named by its worker number (its tag) and host."""
             driver.stop(Outcome(end.exit_code or 1, "the job was stopped"))
-            return elastic_end(end, driver.outcome)
+            outcome = driver.outcome
+            if outcome is None or end.stopped:
+                return end
+            code, worker = outcome.code, outcome.worker
+            if code == 0:
+                return replace(end, exit_code=0, failure=None)
+            if worker is not None:
+                failure = Failure(worker.id, worker.slot.host, exit_code=code if code < 128 else None,
+                                  signal=code - 128 if code > 128 else None)
+                return replace(end, exit_code=code, failure=failure)
+            why = outcome.message or "elastic: the job failed"
+            return replace(end, exit_code=code, failure=Failure(reason=why))
 
         return StartedJob(tuple(agents.ship("gloo_start.py").here()), dict(plan.launcher_env),
                           ELASTIC_GLOO, stdin=functools.partial(_feed, lines, driver),
