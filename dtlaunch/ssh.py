@@ -2,7 +2,7 @@
 
 One connection per host, made the way OpenSSH (and so mpirun) would make it (dtlaunch.reach.ssh_config):
 host keys are checked against known_hosts (dtlaunch.reach.known_hosts), and only public keys are
-offered (dtlaunch.reach.identity), no passwords, no keyboard-interactive. Every failure becomes an
+offered (its load_identities), no passwords, no keyboard-interactive. Every failure becomes an
 `SshFailure` of a named kind with its own fix (dtlaunch.reach.ssh_errors).
 """
 
@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from dtlaunch.core.tracker import Tracker
-from dtlaunch.reach.identity import load_identities
 from dtlaunch.reach.known_hosts import (
     append_known_host,
     check_host_key,
@@ -23,6 +22,7 @@ from dtlaunch.reach.known_hosts import (
     preferred_host_key_types,
 )
 from dtlaunch.reach.proxy import ProxySocket, open_socket
+from dtlaunch.reach.ssh_config import load_identities
 from dtlaunch.reach.ssh_errors import (
     AUTH,
     CHANGED_HOST_KEY,

@@ -67,7 +67,7 @@ def test_fan_out_bounds_parallelism() -> None:
 
 def test_a_stuck_ssh_agent_costs_at_most_the_connect_timeout(tmp_path: Path,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    from dtlaunch.reach.identity import load_identities
+    from dtlaunch.reach.ssh_config import load_identities
     from dtlaunch.reach.target import SshTarget
 
     path = str(tmp_path / "agent.sock")
