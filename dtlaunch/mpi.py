@@ -52,7 +52,7 @@ class JobSpec:
     # Command the launcher uses instead of plain ssh (dtlaunch's link watcher); None: plain ssh.
     rsh_agent: str | None = None
     # How the launcher reaches the hosts to start its daemons (proxies), decided once by
-    # cluster.placement: "ssh" (dtlaunch's ssh) or "slurm" (srun inside a Slurm job, no ssh).
+    # cluster.allocation: "ssh" (dtlaunch's ssh) or "slurm" (srun inside a Slurm job, no ssh).
     via: str = SSH
     # --binding-args (checked by dtlaunch.job.binding); None: dtlaunch's default binding.
     binding: tuple[str, ...] | None = None

@@ -12,8 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from dtlaunch.check.host_checks import Expectations
-from dtlaunch.cluster.allocation import detect
-from dtlaunch.cluster.placement import plan_allocation
+from dtlaunch.cluster.allocation import detect, plan_allocation
 from dtlaunch.console.hostfile import read_hosts
 from dtlaunch.core.errors import UsageError
 from dtlaunch.doctor.doctor import COMMAND_TIMEOUT, DoctorRequest

@@ -74,11 +74,10 @@ def prepare(request: RunRequest, on_event: OnEvent, *, dry_run: bool = False,
     """Find and ask the local launcher (the request's kind says which), then build the plan.
     A dry run needs no launcher.
 
-    Inside a scheduler's allocation the hosts come from it unless given (see dtlaunch.cluster.placement).
+    Inside a scheduler's allocation the hosts come from it unless given (see dtlaunch.cluster.allocation).
     ``defer_slots``: the pre-flight will run, and hosts without written slots get one per
     GPU it finds; until then -np is not held against the stand-in single slots."""
-    from dtlaunch.cluster.allocation import detect
-    from dtlaunch.cluster.placement import plan_allocation
+    from dtlaunch.cluster.allocation import detect, plan_allocation
 
     env = dict(os.environ)
     placement = plan_allocation(request, detect(env), request.via)

@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 from helpers.suite import dtlaunch_argv
 
-from dtlaunch.cluster.allocation import detect
-from dtlaunch.cluster.placement import choose_via, plan_allocation
+from dtlaunch.cluster.allocation import choose_via, detect, plan_allocation
 from dtlaunch.core.errors import UsageError
 from dtlaunch.job.env import SLURM_LAUNCH_NAMES
 from dtlaunch.job.hosts import Host

@@ -215,8 +215,7 @@ def test_written_slots_are_told_apart_from_the_stand_in_one() -> None:
 
 
 def test_a_slurm_job_without_task_counts_leaves_the_slots_to_the_gpus() -> None:
-    from dtlaunch.cluster.allocation import parse_slurm
-    from dtlaunch.cluster.placement import plan_allocation
+    from dtlaunch.cluster.allocation import parse_slurm, plan_allocation
     from dtlaunch.plan.plan import RunRequest
 
     bare = parse_slurm({"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-2]"})
