@@ -40,8 +40,10 @@ def parse_hosts(text: str, slots_per_host: int | None) -> dict[str, int]:
                     or not slots_text.strip("0"):
                 raise DiscoveryError(f"line {number}: {_shown(line)}: the slots after ':' must "
                                      "be a whole number of at least 1")
-            if len(slots_text.lstrip("0")) > len(str(MAX_SLOTS)) or int(slots_text) > MAX_SLOTS:
-                raise DiscoveryError(f"line {number}: {_shown(line)}: {_shown_number(slots_text)} "
+            digits = slots_text.lstrip("0")
+            if len(digits) > len(str(MAX_SLOTS)) or int(digits) > MAX_SLOTS:
+                shown = digits if len(digits) <= 20 else f"{digits[:8]}...({len(digits)} digits)"
+                raise DiscoveryError(f"line {number}: {_shown(line)}: {shown} "
                                      f"slots is more than the {MAX_SLOTS} dtlaunch accepts")
             slots = int(slots_text)
         elif slots_per_host is None:
@@ -51,11 +53,6 @@ def parse_hosts(text: str, slots_per_host: int | None) -> dict[str, int]:
             slots = slots_per_host
         found[host] = slots
     return found
-
-
-def _shown_number(digits: str) -> str:
-    digits = digits.lstrip("0")
-    return digits if len(digits) <= 20 else f"{digits[:8]}...({len(digits)} digits)"
 
 
 def _shown(line: str) -> str:

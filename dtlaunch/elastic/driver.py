@@ -163,13 +163,10 @@ class ElasticDriver:
         size = len(slots)
         before = self.members
         members: dict[tuple[str, int], Worker] = {}
-        for slot in slots:
+        for slot in slots:  # a slot kept keeps its worker's number; a new one gets the next
             old = before.get((slot.host, slot.local_rank))
-            if old is not None:
-                members[old.key] = Worker(old.id, slot, size)
-            else:
-                members[(slot.host, slot.local_rank)] = Worker(self.next_id, slot, size)
-                self.next_id += 1
+            members[(slot.host, slot.local_rank)] = Worker(old.id if old else self.next_id, slot, size)
+            self.next_id += 1 if old is None else 0
         self.round += 1
         self.members = members
         self.recorded = {}
