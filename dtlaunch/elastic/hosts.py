@@ -26,10 +26,7 @@ NO_UPDATE, REMOVED, ADDED = 0, 1, 2  # Horovod's HostUpdateResult flags
 class HostState:
     blacklisted: bool = False
     failures: int = 0
-    cooldown_until: float = 0.0
-
-    def resurrected(self, now: float) -> bool:
-        return self.blacklisted and 0 < self.cooldown_until <= now
+    cooldown_until: float = 0.0  # 0: for good
 
 
 @dataclass
@@ -58,7 +55,7 @@ class HostManager:
             elif count < before:
                 result |= REMOVED
             state = self.states.get(host)
-            if state is not None and state.resurrected(now):
+            if state is not None and state.blacklisted and 0 < state.cooldown_until <= now:
                 state.blacklisted = False  # its cooldown is over: it may take ranks again
                 result |= ADDED
         self.slots = dict(found)

@@ -23,7 +23,7 @@ from dtlaunch.gloo.family import ELASTIC_GLOO
 from dtlaunch.gloo.ranks import host_ifaces
 from dtlaunch.gloo.rendezvous import Store, new_secret
 from dtlaunch.gloo.start import agent_job, host_entry, store_address
-from dtlaunch.job.elastic import ElasticSpec
+from dtlaunch.job.elastic import DISCOVERY_TIMEOUT, ElasticSpec
 from dtlaunch.job.hosts import Host
 from dtlaunch.jobkind import JobContext, JobEnd, OwnFanout, Say, StartedJob
 from dtlaunch.mpi import SLURM
@@ -37,7 +37,7 @@ def discovery_for(request: RunRequest) -> Discover:
     assert spec is not None
     script = spec.discovery_script
     if script is not None:
-        return lambda: parse_hosts(run_script(script, spec.discovery_timeout), spec.slots_per_host)
+        return lambda: parse_hosts(run_script(script, DISCOVERY_TIMEOUT), spec.slots_per_host)
     hosts = {h.name: h.slots for h in request.hosts}
     return lambda: dict(hosts)
 

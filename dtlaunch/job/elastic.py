@@ -27,7 +27,6 @@ class ElasticSpec:
     timeout: float = ELASTIC_TIMEOUT
     reset_limit: int | None = None
     cooldown: tuple[int, int] | None = None
-    discovery_timeout: float = DISCOVERY_TIMEOUT
 
     @property
     def start_np(self) -> int:

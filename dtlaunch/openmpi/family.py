@@ -118,6 +118,7 @@ class OpenMpi(MpiFamily):
     # The parameter files it reads by default, which may choose its plm or set its ssh.
     stray_launcher_files = staticmethod(param_files_choose_plm)
     ssh_setting_files = staticmethod(param_files_set_ssh)
+    refuse_insecure = staticmethod(refuse_insecure)
 
     def unsupported(self, impl: MpiImpl, program: str) -> str | None:
         if impl.family != OPEN_MPI_FAMILY:
@@ -166,9 +167,6 @@ class OpenMpi(MpiFamily):
         --mpi-args do not choose one themselves."""
         return (bool(spec.launcher_set_in) and spec.via == SSH and across_machines(spec.hosts)
                 and not names_plm(spec.mpi_args))
-
-    def refuse_insecure(self, extra_args: Sequence[str], environ: Mapping[str, str]) -> None:
-        refuse_insecure(extra_args, environ)
 
     def ssh_left_to_dtlaunch(self, extra_args: Sequence[str], environ: Mapping[str, str]) -> bool:
         """--mpi-args or OMPI_MCA_*/PRTE_MCA_* variables that set the launch agent or its

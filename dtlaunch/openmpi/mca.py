@@ -58,10 +58,11 @@ def ssh_overrides(args: Sequence[str], environ: Mapping[str, str]) -> list[str]:
     return found + _env_overrides(environ)
 
 
-def refuse_insecure(args: Sequence[str], environ: Mapping[str, str]) -> None:
+def refuse_insecure(extra_args: Sequence[str], environ: Mapping[str, str]) -> None:
     """A launch agent or ssh arguments that accept any host key are refused, with or without
     --no-check: dtlaunch never logs in to a host whose key it cannot verify."""
-    places = [(f"--mpi-args {' '.join(args)!r}", " ".join(args))] if ssh_overrides(args, {}) else []
+    text = " ".join(extra_args)
+    places = [(f"--mpi-args {text!r}", text)] if ssh_overrides(extra_args, {}) else []
     places += [(f"the environment's {key}", environ[key]) for key in _env_overrides(environ)]
     for where, text in places:
         refuse_any_host_key(where, text)
