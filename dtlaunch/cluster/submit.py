@@ -88,14 +88,13 @@ def output_path(output: str, job_id: str, cwd: str) -> str:
 
 def submit_batch(plan: SubmitPlan) -> str:
     """Hand the script to sbatch on its stdin; the job id."""
-    sbatch, timeout = "sbatch", SBATCH_TIMEOUT
     try:
-        proc = subprocess.run([sbatch, "--parsable"], input=plan.script, capture_output=True,
-                              text=True, timeout=timeout)
+        proc = subprocess.run(["sbatch", "--parsable"], input=plan.script, capture_output=True,
+                              text=True, timeout=SBATCH_TIMEOUT)
     except FileNotFoundError:
-        raise UsageError(f"{sbatch} not found on PATH; submit needs Slurm's sbatch") from None
+        raise UsageError("sbatch not found on PATH; submit needs Slurm's sbatch") from None
     except subprocess.TimeoutExpired:
-        raise DtlaunchError(f"sbatch did not answer within {timeout:g} s; is slurmctld "
+        raise DtlaunchError(f"sbatch did not answer within {SBATCH_TIMEOUT:g} s; is slurmctld "
                             "reachable? (try 'sinfo')") from None
     if proc.returncode != 0:
         why = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
