@@ -52,7 +52,6 @@ MAX_CONFIG_BYTES = 1 << 20
 class HorovodConfig:
     """Knob values a config file sets: (dest, value) as horovodrun's set_args_from_config."""
 
-    source: str
     values: tuple[tuple[str, Any], ...] = ()
     controller: str | None = None  # "mpi" or "gloo"
     warnings: tuple[str, ...] = ()  # one line each, for what horovodrun passes over in silence
@@ -148,7 +147,7 @@ def _walk(loader: Any, root: Any, source: str) -> HorovodConfig:
     import yaml
 
     if root is None or _is_null(root):
-        return HorovodConfig(source)  # an empty file sets nothing
+        return HorovodConfig()  # an empty file sets nothing
     if not isinstance(root, yaml.MappingNode):
         raise UsageError(f"{_at(source, root.start_mark)}: expected horovodrun's sections "
                          f"({', '.join(TOP_KEYS)}) at the top level")
@@ -170,7 +169,7 @@ def _walk(loader: Any, root: Any, source: str) -> HorovodConfig:
             warnings.append(_unknown(name, TOP_KEYS, _at(source, key_node.start_mark),
                                      "at the top level"))
     order = [s.dest for s in SETTINGS]
-    return HorovodConfig(source, tuple(sorted(values.items(), key=lambda kv: order.index(kv[0]))),
+    return HorovodConfig(tuple(sorted(values.items(), key=lambda kv: order.index(kv[0]))),
                          controller, tuple(warnings))
 
 
