@@ -11,10 +11,13 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from dtlaunch.check.gpu_facts import GpuFacts
-from dtlaunch.check.report import FAIL, PASS, SKIP, WARN, CheckResult
 from dtlaunch.job.hosts import Host
+
+if TYPE_CHECKING:  # a run uses only the slots part: the checks' model is imported by check_gpus
+    from dtlaunch.check.gpu_facts import GpuFacts
+    from dtlaunch.check.report import CheckResult
 
 
 def _versions(values: Mapping[str, str | None]) -> str:
@@ -31,6 +34,8 @@ def _major_minor(version: str) -> tuple[int, ...]:
 def check_gpus(gpus: Mapping[str, GpuFacts], torch_cuda: Mapping[str, str | None] | None = None,
                nccl: Mapping[str, str | None] | None = None) -> tuple[CheckResult, ...]:
     """Compare the hosts' GPUs, drivers, CUDA and NCCL (torch's, from the probe's facts)."""
+    from dtlaunch.check.report import FAIL, PASS, SKIP, WARN, CheckResult
+
     torch_cuda, nccl = torch_cuda or {}, nccl or {}
     with_gpus = {h: f for h, f in gpus.items() if f.count}
     results: list[CheckResult] = []

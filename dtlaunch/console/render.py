@@ -14,22 +14,20 @@ import time
 from dataclasses import asdict
 from typing import IO, TYPE_CHECKING, Any
 
-from dtlaunch.check.report import FAIL, LOCAL, PASS, SKIP, WARN, CheckResult, DoctorReport, Status
 from dtlaunch.core.failure import signal_name
 from dtlaunch.run.events import HOSTS_CHECKED, HOSTS_UP, RANKS_RUNNING, Progress
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the checks' model is imported by what draws it, not by a job's run
     from dtlaunch.check.gpu_facts import GpuFacts
+    from dtlaunch.check.report import CheckResult, DoctorReport, Status
     from dtlaunch.doctor.envcheck import EnvReport
     from dtlaunch.doctor.preflight import PreflightFailure
     from dtlaunch.run.failure_report import JobReport
     from dtlaunch.run.restarts import AttemptRecord, RestartReport
 
-SYMBOLS = {PASS: "pass", WARN: "warn", FAIL: "FAIL", SKIP: "-"}
-STYLES = {PASS: "green", WARN: "yellow", FAIL: "bold red", SKIP: "dim"}
-# The JSON's word for this machine's row stays "launcher", as scripts that read doctor's
-# --json know it (docs/doctor.md); every other place calls it "this machine".
-JSON_ROLES = {LOCAL: "launcher"}
+# By a Status's word (a Status is that str: check.report).
+SYMBOLS = {"pass": "pass", "warn": "warn", "fail": "FAIL", "skip": "-"}
+STYLES = {"pass": "green", "warn": "yellow", "fail": "bold red", "skip": "dim"}
 
 
 def _console(console_class: Any, stream: IO[str] | None) -> Any:
@@ -40,6 +38,11 @@ def _console(console_class: Any, stream: IO[str] | None) -> Any:
 
 
 def report_to_dict(report: DoctorReport) -> dict[str, Any]:
+    from dtlaunch.check.report import LOCAL, PASS, SKIP
+
+    # The JSON's word for this machine's row stays "launcher", as scripts that read doctor's
+    # --json know it (docs/doctor.md); every other place calls it "this machine".
+    json_roles = {LOCAL: "launcher"}
     return {
         "status": report.status if report.status != SKIP else PASS,
         "ok": report.ok,
@@ -51,7 +54,7 @@ def report_to_dict(report: DoctorReport) -> dict[str, Any]:
         "hosts": [
             {
                 "host": h.host,
-                "role": JSON_ROLES.get(h.role, h.role.value),
+                "role": json_roles.get(h.role, h.role.value),
                 "hostname": h.hostname,
                 "status": h.status,
                 "seconds": round(h.seconds, 3),
@@ -90,6 +93,8 @@ def render_report(report: DoctorReport, stream: IO[str] | None = None) -> None:
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
+
+    from dtlaunch.check.report import FAIL, LOCAL, SKIP, WARN
 
     console = _console(Console, stream)
     table = Table(title=None, show_lines=False, pad_edge=False)
@@ -350,6 +355,8 @@ def render_env(report: EnvReport, stream: IO[str] | None = None) -> None:
     from rich.markup import escape
     from rich.table import Table
 
+    from dtlaunch.check.report import FAIL, WARN
+
     console = _console(Console, stream)
     table = Table(pad_edge=False)
     for column in ("section", "item", "value", "status"):
@@ -372,6 +379,8 @@ def _cell(status: Status) -> str:
 def _print_problem(console: Any, where: str, check: CheckResult) -> None:
     """A failure or warning (`where`: its host or section, as markup) with its fix."""
     from rich.markup import escape
+
+    from dtlaunch.check.report import FAIL
 
     word = "[bold red]FAIL[/]" if check.status == FAIL else "[yellow]warn[/]"
     console.print(f"{word} {where} {escape(check.name)}: {escape(check.detail)}")

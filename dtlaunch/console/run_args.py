@@ -131,7 +131,6 @@ def config_from_args(options: RunOptions, known_options: Collection[str] = (),
     a library caller all start from, with every check that needs no host: a bad value is a
     UsageError here. `known_options`: the spellings the parser knows (for 'did you mean');
     `hvd`: horovodrun's options, when the caller has read them already."""
-    from dtlaunch.plan.rank_filter import parse_rank_filter
     from dtlaunch.run.request import LaunchRequest
 
     hvd = read_horovod(options) if hvd is None else hvd
@@ -142,8 +141,12 @@ def config_from_args(options: RunOptions, known_options: Collection[str] = (),
     if options.ranks_spec is not None and options.local_ranks_spec is not None:
         raise UsageError("--ranks and --local-ranks-filter both pick the ranks shown; give one")
     if options.ranks_spec is not None:
+        from dtlaunch.plan.rank_filter import parse_rank_filter  # imported only when asked
+
         ranks = parse_rank_filter(options.ranks_spec)
     elif options.local_ranks_spec is not None:
+        from dtlaunch.plan.rank_filter import parse_rank_filter
+
         ranks = parse_rank_filter(options.local_ranks_spec, local=True)
     request = build_run_request(options, hvd, known_options)
     output_dir = resolve_output_dir(options.output_dir, hvd)

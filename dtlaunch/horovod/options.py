@@ -13,10 +13,9 @@ from __future__ import annotations
 import shlex
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dtlaunch.core.errors import UsageError
-from dtlaunch.horovod.config_file import HorovodConfig
 from dtlaunch.horovod.settings import (
     BOOL,
     FLOAT,
@@ -28,7 +27,9 @@ from dtlaunch.horovod.settings import (
     STR,
     build_horovod_env,
 )
-from dtlaunch.job.binding import parse_binding_args
+
+if TYPE_CHECKING:  # the file's reader is imported only when --config-file is given
+    from dtlaunch.horovod.config_file import HorovodConfig
 
 # What dtlaunch does with an option.
 SETTING = "setting"  # sets a Horovod knob (a variable for the ranks)
@@ -274,6 +275,8 @@ def parse_horovod_args(values: Mapping[str, Sequence[Any]],
         raise UsageError(f"--start-timeout: must be between 1 second and a day, got {timeout}")
     binding = launch.get("binding_args")
     if binding is not None:
+        from dtlaunch.job.binding import parse_binding_args  # only when given
+
         try:
             words = tuple(shlex.split(binding))
         except ValueError as exc:
@@ -293,10 +296,12 @@ def parse_horovod_args(values: Mapping[str, Sequence[Any]],
 
 def read_horovod_args(values: Mapping[str, Sequence[Any]]) -> HorovodArgs:
     """parse_horovod_args after reading `--config-file` when one is given (the only I/O here)."""
-    from dtlaunch.horovod.config_file import read_horovod_config
-
     paths = _given(values, next(o for o in HOROVOD_OPTIONS if o.dest == "config_file"))
-    return parse_horovod_args(values, read_horovod_config(paths[0]) if paths else None)
+    if not paths:
+        return parse_horovod_args(values)
+    from dtlaunch.horovod.config_file import read_horovod_config  # only for a file
+
+    return parse_horovod_args(values, read_horovod_config(paths[0]))
 
 
 def format_check_build(version: str, frameworks: Collection[str], controllers: Collection[str],

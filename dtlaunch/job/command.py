@@ -16,7 +16,6 @@ directory.
 
 from __future__ import annotations
 
-import difflib
 import os
 import re
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -62,6 +61,8 @@ def suggest_option(word: str, known: Collection[str]) -> str:
     starts = sorted(k for k in known if k.startswith(name) and len(name) > 2)
     if len(starts) == 1:
         return f"; did you mean {starts[0]}?"
+    import difflib  # only for a mistyped option
+
     close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.75)
     return f"; did you mean {close[0]}?" if close else ""
 

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING
 
 from dtlaunch import agents
 from dtlaunch.core.errors import DtlaunchError
-from dtlaunch.hydra.family import Hydra
 from dtlaunch.jobkind import JobContext, Say, StartedJob
 from dtlaunch.mpi import (
     HYDRA_FAMILY,
@@ -27,6 +26,7 @@ from dtlaunch.mpi import (
 from dtlaunch.openmpi.family import OPEN_MPI
 
 if TYPE_CHECKING:
+    from dtlaunch.hydra.family import Hydra  # imported only for an MPICH or Intel MPI job
     from dtlaunch.plan.plan import RunRequest
 
 
@@ -72,6 +72,8 @@ def job_launcher(environ: Mapping[str, str] | None = None) -> str:
 
 def hydra_family(environ: Mapping[str, str], name: str = "MPICH") -> Hydra:
     """Hydra (for MPICH or Intel MPI) with dtlaunch's ssh agent in the user's cache directory."""
+    from dtlaunch.hydra.family import Hydra
+
     home = environ.get("HOME") or os.path.expanduser("~")
     base = environ.get("XDG_CACHE_HOME") or os.path.join(home, ".cache")
     wrapper = agents.ship("rsh.py").file
