@@ -23,8 +23,9 @@ INSTALL_MPICH_HINT = (
 # Each implementation's `--version` banner; the version text itself is read by `packaging`.
 # Open MPI 4's mpiexec (Debian's too) answers as OpenRTE's, under its own name.
 _OMPI_RE = re.compile(r"\((?:Open MPI|OpenRTE)\)\s+(\S+)")
-_INTEL_RE = re.compile(r"Version\s+(\S+)")
-_HYDRA_RE = re.compile(r"Version:\s+(\S+)")
+# Compiled on first use (re's cache), as only another MPI's banner needs them.
+_INTEL_RE = r"Version\s+(\S+)"
+_HYDRA_RE = r"Version:\s+(\S+)"
 
 
 OPEN_MPI_FAMILY, HYDRA_FAMILY = "Open MPI", "Hydra"
@@ -173,9 +174,9 @@ def parse_mpirun_version(text: str) -> MpiImpl:
         return MpiImpl("Open MPI", match.group(1))
     lowered = text.lower()
     if "intel(r) mpi" in lowered or "intel mpi" in lowered:
-        found = _INTEL_RE.search(text)
+        found = re.search(_INTEL_RE, text)
         return MpiImpl("Intel MPI", found.group(1) if found else "")
-    found = _HYDRA_RE.search(text)
+    found = re.search(_HYDRA_RE, text)
     # "hydra" alone is no banner: Intel MPI's mpirun says "mpiexec.hydra: not found" when
     # mpiexec.hydra is not on PATH.
     if ("hydra" in lowered and found) or "mpich" in lowered:

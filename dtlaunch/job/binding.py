@@ -24,8 +24,9 @@ DEFAULT_BINDING = ("-bind-to", "none", "-map-by", "slot")
 # Objects inside one host: mapping or ranking by them keeps Open MPI's host-by-host order.
 _IN_HOST = ("slot", "hwthread", "core", "l1cache", "l2cache", "l3cache", "socket", "numa", "board",
             "package")
-_MAP_MODIFIER = re.compile(r"^(pe=\d+|pe-list=[\d,-]+|oversubscribe|nooversubscribe|display|"
-                           r"displaydevel|inherit|noinherit|hwtcpus|fill)$", re.IGNORECASE)
+# Compiled by the first modifier a user gives (re's cache).
+_MAP_MODIFIER = (r"(?i)^(pe=\d+|pe-list=[\d,-]+|oversubscribe|nooversubscribe|display|"
+                 r"displaydevel|inherit|noinherit|hwtcpus|fill)$")
 _VALUE_OPTIONS = {"bind-to", "map-by", "rank-by", "cpus-per-proc", "cpus-per-rank", "cpu-list"}
 _FLAGS = {"report-bindings", "use-hwthread-cpus", "bind-to-core", "bind-to-socket", "bind-to-none"}
 _REFUSED = {"npernode", "npersocket", "pernode", "rankfile", "rf", "nolocal"}
@@ -40,7 +41,7 @@ def _check_placement(option: str, value: str) -> None:
         raise UsageError(f"--binding-args: {option} {value} spreads ranks across hosts or is not "
                          f"known to keep slot order; {FIX}")
     mapping = option.endswith("map-by")
-    bad = [m for m in modifiers if not (_MAP_MODIFIER.match(m) if mapping else m.lower() == "fill")]
+    bad = [m for m in modifiers if not (re.match(_MAP_MODIFIER, m) if mapping else m.lower() == "fill")]
     if bad:
         raise UsageError(f"--binding-args: {option} {value}: modifier {bad[0]!r} may change which "
                          f"host runs each rank; {FIX}")

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from dtlaunch.core.errors import UsageError
 
-_MODULE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+_MODULE_RE = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"  # compiled by -m (re's cache)
 _PYTHON_RE = re.compile(r"^(python|pypy)(\d+(\.\d+)*)?$")
 # Interpreter options that take the next word as their value.
 _PYTHON_VALUE_OPTIONS = ("-W", "-X", "--check-hash-based-pycs")
@@ -45,7 +45,7 @@ class Program:
 
 
 def check_module_name(module: str) -> str:
-    if not _MODULE_RE.match(module):
+    if not re.match(_MODULE_RE, module):
         raise UsageError(f"-m: {module!r} is not a valid module name (e.g. package.module)")
     return module
 

@@ -4,7 +4,6 @@ hostfile is read in dtlaunch.console.hostfile)."""
 from __future__ import annotations
 
 import re
-import socket
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -26,6 +25,8 @@ LOOPBACK = frozenset({"localhost", "127.0.0.1", "::1", "localhost.localdomain"})
 
 def local_names() -> frozenset[str]:
     """Names that mean this machine: the loopback ones, and its host name, short and full."""
+    import socket  # here, not at the top: a job's start needs none of it
+
     name = socket.gethostname()
     return LOOPBACK | {name, name.split(".")[0]}
 
@@ -95,7 +96,7 @@ def parse_hosts(spec: str) -> tuple[Host, ...]:
     return merge_duplicates((parse_host_entry(p) for p in spec.split(",")), "--hosts")
 
 
-_SLOTS_KV = re.compile(r"^(slots|max_slots|max-slots)=(.*)$")
+_SLOTS_KV = r"^(slots|max_slots|max-slots)=(.*)$"  # compiled by a hostfile's slots= (re's cache)
 
 
 def parse_hostfile_text(text: str, path: str = "hostfile") -> tuple[Host, ...]:
@@ -113,7 +114,7 @@ def parse_hostfile_text(text: str, path: str = "hostfile") -> tuple[Host, ...]:
         host = parse_host_entry(head, where)
         slots, given = host.slots, host.slots_given
         for option in options:
-            match = _SLOTS_KV.match(option)
+            match = re.match(_SLOTS_KV, option)
             if not match:
                 raise UsageError(f"{where}: unexpected {option!r}; {HOSTFILE_FORMAT}")
             if match.group(1) == "slots":

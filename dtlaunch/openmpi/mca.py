@@ -20,8 +20,8 @@ from dtlaunch.reach.ssh_options import refuse_any_host_key
 
 # The launch agent and its arguments under every name Open MPI 1.x-5.x and PRRTE have used:
 # plm_rsh_*, plm_ssh_* (PRRTE), pls_rsh_* (1.x), orte_rsh_agent / orte_ssh_agent, prte_*.
-_AGENT_NAME = re.compile(r"(?:(?:plm|pls)_(?:rsh|ssh)_\w+|(?:orte|prte|opal)_(?:rsh|ssh)_\w+)",
-                         re.IGNORECASE)
+# Compiled by the first MCA variable in the environment (re's cache).
+_AGENT_NAME = r"(?i)(?:(?:plm|pls)_(?:rsh|ssh)_\w+|(?:orte|prte|opal)_(?:rsh|ssh)_\w+)"
 # Parameter files whose contents could set any of them.
 _PARAM_FILE_NAMES = ("mca_base_param_files", "mca_base_envar_file_prefix")
 _PARAM_FILE_FLAGS = ("-am", "--am", "-tune", "--tune")
@@ -42,7 +42,7 @@ def foreign_plm_choice(env: Mapping[str, str]) -> tuple[str, ...]:
 
 
 def _is_override(name: str) -> bool:
-    return bool(_AGENT_NAME.fullmatch(name)) or name in _PARAM_FILE_NAMES
+    return bool(re.fullmatch(_AGENT_NAME, name)) or name in _PARAM_FILE_NAMES
 
 
 def _env_overrides(environ: Mapping[str, str]) -> list[str]:

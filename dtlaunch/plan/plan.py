@@ -4,16 +4,19 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from dtlaunch.agents import ship
 from dtlaunch.core.errors import UsageError
 from dtlaunch.job.command import Program
 from dtlaunch.job.command import check_module_name as check_module_name  # re-exported for the CLI
-from dtlaunch.job.elastic import ElasticSpec
 from dtlaunch.job.env import EnvPlan, build_launcher_env, plan_environment, slurm_launch_env
 from dtlaunch.job.hosts import MAX_NUM_PROC, Host, assign_ranks, total_slots
 from dtlaunch.mpi import SLURM, SSH, Interfaces, JobSpec, MpiFamily, format_command
 from dtlaunch.reach.ssh_options import SshOptions
+
+if TYPE_CHECKING:  # an elastic job's spec is built (and its module imported) by its own option
+    from dtlaunch.job.elastic import ElasticSpec
 
 
 @dataclass(frozen=True)

@@ -196,7 +196,7 @@ def number_ranges(numbers: Sequence[int]) -> str:
     return ",".join(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}" for run in runs)
 
 
-_NUMBERED = re.compile(r"(.*?)(\d+)(\D*)")
+_NUMBERED = r"(.*?)(\d+)(\D*)"  # compiled on first use (re's cache): a failed job's report
 
 
 def host_ranges(hosts: Sequence[str], shown: int = HOSTS_SHOWN) -> str:
@@ -207,7 +207,7 @@ def host_ranges(hosts: Sequence[str], shown: int = HOSTS_SHOWN) -> str:
     last_key: tuple[str, str, int] | None = None
     last_number = -2
     for name in dict.fromkeys(hosts):
-        match = _NUMBERED.fullmatch(name)
+        match = re.fullmatch(_NUMBERED, name)
         if match is None:
             pieces.append([name])
             last_key = None

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import sys
 import threading
 import time
@@ -49,6 +48,8 @@ def _short(name: str) -> str:
 def host_name(reported: str, predicted: str | None, given: Sequence[str]) -> str:
     """The name to show for a rank's host: the user's own spelling (`-H` name) of the host the
     rank said it runs on, when one matches; else the name the rank reported."""
+    import socket  # here, not at the top: a job's start needs none of it
+
     if predicted is not None and (_short(reported) == _short(predicted) or (
             predicted in LOOPBACK and _short(reported) == _short(socket.gethostname()))):
         return predicted

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 SELECT = "--torch"
 GPU = "gpu"  # --nproc-per-node gpu: one worker per GPU the pre-flight finds on each host
 # An option name as torch.distributed.launch appended it (--local_rank, --local-rank).
-_OPTION = re.compile(r"-{1,2}[A-Za-z][A-Za-z0-9_-]*")
+_OPTION = r"-{1,2}[A-Za-z][A-Za-z0-9_-]*"  # compiled by its option (re's cache)
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ def parse_nproc_per_node(text: str | None) -> int | str | None:
 
 
 def parse_local_rank_arg(text: str | None) -> str | None:
-    if text is not None and not _OPTION.fullmatch(text):
+    if text is not None and not re.fullmatch(_OPTION, text):
         raise UsageError(f"--local-rank-arg: expected an option name such as --local-rank or "
                          f"--local_rank, got {text!r}")
     return text
