@@ -22,6 +22,20 @@ CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 NONBLOCK = getattr(os, "O_NONBLOCK", 0)  # a FIFO in place of a file must not block a read
 
 
+def name_digest(algorithm: str, data: bytes) -> str:
+    """hashlib's hex digest ("sha1", "sha256") of `data`, for a cached file's name, from
+    CPython's own module where it has one: hashlib loads OpenSSL, which every job's start
+    would pay for a name. The same digest, so the names written before stay valid."""
+    for module in (f"_{algorithm}", "_sha2"):  # sha256 is in _sha2 from Python 3.12
+        try:
+            return str(getattr(__import__(module), algorithm)(data).hexdigest())
+        except (ImportError, AttributeError):
+            continue
+    import hashlib
+
+    return hashlib.new(algorithm, data, usedforsecurity=False).hexdigest()
+
+
 def cache_dir(environ: Mapping[str, str] | None = None) -> str:
     """`$XDG_CACHE_HOME/dtlaunch`, or `~/.cache/dtlaunch`."""
     env = os.environ if environ is None else environ

@@ -5,7 +5,6 @@ the job depends on, and the stamps (size, mtime) of the files whose edit must st
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -16,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from dtlaunch.core.private_files import (
     NotPrivate,
     cache_dir,
+    name_digest,
     private_dir,
     read_cached,
     remove_private,
@@ -84,7 +84,7 @@ def cache_key(request: RunRequest, hosts: tuple[str, ...], cwd: str, launcher: s
         "uid": os.getuid(),
         "files": [_stamp(p) for p in watched],
     }
-    return hashlib.sha256(json.dumps(material, sort_keys=True, default=str).encode()).hexdigest()
+    return name_digest("sha256", json.dumps(material, sort_keys=True, default=str).encode())
 
 
 def _cache_name(key: str) -> str:

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from dtlaunch.check.facts import HostFacts
     from dtlaunch.core.tracker import Tracker
     from dtlaunch.probe.command import ProbeArgs
-    from dtlaunch.probe.prober import Reach
+    from dtlaunch.probe.prober import Prober, Reach
     from dtlaunch.reach.ssh_options import SshOptions
 
 
@@ -28,9 +28,14 @@ def reach_for(via: str, ssh: SshOptions) -> Reach:
 
         srun = shutil.which("srun") or "srun"
         return Reach(prober=lambda: SrunProber(srun), here=_probe_here)
-    from dtlaunch.probe.ssh_prober import SshProber
 
-    return Reach(prober=lambda: SshProber(ssh), here=_probe_here)
+    def over_ssh() -> Prober:
+        # Imported when a host is reached (a run on a cached pre-flight may reach none).
+        from dtlaunch.probe.ssh_prober import SshProber
+
+        return SshProber(ssh)
+
+    return Reach(prober=over_ssh, here=_probe_here)
 
 
 def _probe_here(args: ProbeArgs, timeout: float, tracker: Tracker) -> HostFacts:
