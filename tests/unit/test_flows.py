@@ -465,4 +465,49 @@ def test_a_run_on_a_cached_preflight_imports_neither_the_checks_nor_the_restart_
     assert "dtlaunch.run.execute" in imported
     assert not imported & {"dtlaunch.doctor.doctor", "dtlaunch.probe.command",
                            "dtlaunch.check.verdict", "dtlaunch.run.restarts",
-                           "dtlaunch.cluster.slurm", "paramiko", "ctypes"}
+                           "dtlaunch.cluster.slurm", "paramiko", "ctypes",
+                           "dtlaunch.probe.ssh_prober", "hashlib"}
+
+
+# What a job of another kind, a failure, the checks or an option not given would need, and
+# the start of an Open MPI job does not: each is imported where it is used, not on every run.
+NOT_ON_THE_LAUNCH_PATH = {
+    "dtlaunch.check.report", "dtlaunch.check.gpu_facts", "dtlaunch.hydra.family",
+    "dtlaunch.horovod.config_file", "dtlaunch.plan.rank_filter", "dtlaunch.job.elastic",
+    "dtlaunch.run.restarts", "dtlaunch.probe.prober", "hashlib"}
+
+
+def _modules_after(tmp_path: Path, *args: str) -> set[str]:
+    """Every module in sys.modules once `dtlaunch ARGS` has ended (importtime would miss
+    those importlib.import_module loads: the agents, the job kinds), on its second run: the
+    first of the day asks ssh and mpirun their versions and writes their caches."""
+    import os
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path),
+           "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    code = ("import sys\nfrom dtlaunch.cli import main\ntry:\n    main(sys.argv[1:])\n"
+            "except SystemExit as end:\n    assert not end.code, end.code\n"
+            "print('modules:', *sorted(sys.modules))\n")
+    for _ in range(2):
+        done = subprocess.run([sys.executable, "-c", code, "run", *args], capture_output=True,
+                              text=True, timeout=120, env=env)
+        assert done.returncode == 0, done.stderr[-2000:]
+    [line] = [line for line in done.stdout.splitlines() if line.startswith("modules: ")]
+    return set(line.split()[1:])
+
+
+def test_a_dry_run_imports_nothing_the_job_would_not_use(tmp_path: Path) -> None:
+    imported = _modules_after(tmp_path, "--dry-run", "-np", "2", "-H", "h1:1,h2:1", "/bin/true")
+    assert "dtlaunch.plan.plan" in imported
+    assert sorted(imported & (NOT_ON_THE_LAUNCH_PATH | {"socket", "dtlaunch.run.execute"})) == []
+
+
+@needs_mpirun
+def test_an_open_mpi_job_starts_without_the_other_kinds_failures_and_checks(
+        tmp_path: Path) -> None:
+    imported = _modules_after(tmp_path, "--no-check", "-np", "2", "-H", "localhost:2",
+                              "/bin/true")
+    assert "dtlaunch.run.execute" in imported
+    assert sorted(imported & NOT_ON_THE_LAUNCH_PATH) == []
