@@ -110,9 +110,8 @@ def read_private(folder: int, name: str, limit: int = 1 << 20) -> bytes | None:
 
 def write_private(folder: int, name: str, data: bytes, mode: int = 0o600) -> None:
     """Replace `name` in `folder` with `data` (`mode`) through a new file and a rename."""
-    import secrets  # here: ~20 ms to import, and reading never needs it
-
-    tmp = f".{name}.{os.getpid()}.{secrets.token_hex(8)}.tmp"
+    # An unguessable name: os.urandom, as secrets.token_hex takes it (secrets imports hashlib).
+    tmp = f".{name}.{os.getpid()}.{os.urandom(8).hex()}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW | CLOEXEC, mode,
                  dir_fd=folder)
     try:

@@ -74,9 +74,9 @@ def test_the_key_changes_with_the_day_and_needs_the_file(tmp_path: Path) -> None
     assert program_key([str(tmp_path / "absent"), "--version"], {}, 0) is None
 
 
-def test_cache_names_are_hashlibs_digests_without_loading_hashlib() -> None:
-    # hashlib loads OpenSSL, which every job's start would pay to name a cache file; CPython's
-    # own sha1/sha256 give the same names, so the files written before stay valid.
+def test_cache_names_are_hashlibs_digests_without_loading_hashlib(tmp_path: Path) -> None:
+    # hashlib loads OpenSSL, which every job's start would pay to name (or write) a cache file;
+    # CPython's own sha1/sha256 give the same names, so the files written before stay valid.
     import hashlib
     import subprocess
     import sys
@@ -86,11 +86,14 @@ def test_cache_names_are_hashlibs_digests_without_loading_hashlib() -> None:
     for data in (b"", b"version-", bytes(range(256)) * 9):
         assert name_digest("sha1", data) == hashlib.sha1(data).hexdigest()
         assert name_digest("sha256", data) == hashlib.sha256(data).hexdigest()
-    code = ("import sys\nfrom dtlaunch.core.version_cache import program_key\n"
+    code = ("import sys\nfrom dtlaunch.core.version_cache import version_output\n"
             "from dtlaunch.doctor.preflight_cache import name_digest\n"
-            "assert program_key([sys.executable], {}, 0.0)\nname_digest('sha256', b'')\n"
+            "assert version_output([sys.executable, '-V'], timeout=60)[0] == 0\n"
+            "name_digest('sha256', b'')\n"
             "print(sorted(m for m in sys.modules if 'hash' in m))\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=60, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+                          timeout=60, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path),
+                                           "XDG_CACHE_HOME": str(tmp_path)})
     assert done.returncode == 0, done.stderr
+    assert list((tmp_path / "dtlaunch").glob("version-*.txt"))  # it wrote the answer
     assert "'hashlib'" not in done.stdout and "'_hashlib'" not in done.stdout
