@@ -619,16 +619,21 @@ class C10dStoreServer:
             return bytes([C10D_WAIT_CANCELED])
         if kind == C10D_QUEUE_PUSH:
             key, value = r.key(), r.value()
-            self._grow(len(key) + len(value))
+            # A queue's key counts once, while the queue holds anything (POP takes it off).
+            self._grow(len(value) + (0 if key in self._queues else len(key)))
             self._queues.setdefault(key, collections.deque()).append(value)
             self._wake(key, one=True)
             return b""
         if kind == C10D_QUEUE_POP:
-            queue = self._queues.get(r.key())
+            key = r.key()
+            queue = self._queues.get(key)
             if not queue:
                 return _c10d_i64(0)
             value = queue.popleft()
             self._size -= len(value)
+            if not queue:
+                del self._queues[key]
+                self._size -= len(key)
             return _c10d_i64(len(queue) + 1) + _c10d_vec(value)
         if kind == C10D_QUEUE_LEN:
             return _c10d_i64(len(self._queues.get(r.key(), ())))

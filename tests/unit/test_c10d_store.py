@@ -428,6 +428,28 @@ def test_an_unknown_request_or_an_oversized_key_closes_the_connection() -> None:
             assert closed_without_data(sock, 5)
 
 
+def test_queued_items_leave_the_stores_size_as_they_are_popped(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A queue pushed and popped for a long job never fills the store: its key and its items
+    leave the count with the last item (they used to leave the key's bytes behind each time)."""
+    monkeypatch.setattr(cs, "C10D_MAX_STORE_BYTES", 4096)
+    name, item = b"q" * 1000, b"v" * 1000
+    push = bytes([cs.C10D_QUEUE_PUSH]) + key(name) + key(item)
+    pop = bytes([cs.C10D_QUEUE_POP]) + key(name)
+    with serve() as server, connect(server) as sock:
+        sock.sendall(MAGIC)
+        for _ in range(10):
+            sock.sendall(push + pop)
+            sock.settimeout(5)
+            assert struct.unpack("<q", recv_exact(sock, 8))[0] == 1
+            assert recv_exact(sock, 8 + len(item)) == key(item)
+        assert ping(sock, validate=False) == 4242
+        raw_set(server, b"k", b"x" * 3000)  # room for 3000 bytes is left: nothing leaked
+    with serve() as server, connect(server) as sock:  # and the bound itself holds
+        sock.sendall(MAGIC + push + push + push + push + push)
+        assert closed_without_data(sock, 5)
+
+
 def test_the_connection_limit() -> None:
     with serve(max_connections=2) as server:
         a, b = connect(server), connect(server)
