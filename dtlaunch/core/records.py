@@ -7,13 +7,13 @@ forwards, not every line: a record split by its I/O layer arrives as
 ranks' chunks. So the stream is cut at its tags, each rank's pieces are joined, and the joined
 stream is cut into records; untagged text is the launcher's own message.
 
-Tagged, a record's payload is passed on as its pieces come (its header read, what follows up
-to the newline is the rank's, unescaped piece by piece), so records may be of any size. A
-launcher that does not tag (RecordDemux) must deliver each record whole; there a record is
-held until its newline, up to a limit. Everything is linear in the input and holds at most a
-header per rank and stream (a record up to its limit where records come whole), plus one line
-of the launcher's own text, capped. Consecutive pieces of one rank from one read are passed on
-as one, so the cost per piece that mpirun cuts stays out of the rest of dtlaunch.
+Tagged, a record's payload is passed on as its pieces come (its header read, what follows up to
+the newline is the rank's, unescaped piece by piece), so records may be of any size. A launcher
+that does not tag must deliver each record whole; there a record is held until its newline, up
+to a limit. Everything is linear in the input and holds at most a header per rank and stream (a
+record up to its limit where records come whole), plus one line of the launcher's own text,
+capped. Consecutive pieces of one rank from one read are passed on as one, so the cost per piece
+that mpirun cuts stays out of the rest of dtlaunch.
 """
 
 from __future__ import annotations
@@ -117,7 +117,9 @@ class RecordParser:
     launcher's (rank None).
 
     `whole` None: the source is one rank's (tagged): a record's payload goes on as it comes.
-    `whole` N: records come whole, each at most N bytes, and are held until their newline."""
+    `whole` N: a launcher that does not tag its ranks' output; records come whole (each one
+    atomic write of at most N bytes, the shim's `record_limit`) and are held until their
+    newline; anything else is the launcher's own text."""
 
     rank: int | None = None  # the source's rank when the launcher told it (a tag)
     stream: str = "stdout"
@@ -190,22 +192,18 @@ class RecordParser:
 def merged(events: list[Event]) -> list[Event]:
     """Consecutive pieces of one rank and stream as one piece."""
     out: list[Event] = []
-    parts: list[bytes] = []
-    for event in events:
-        if isinstance(event, Piece) and event.rank is not None and out:
-            last = out[-1]
-            if isinstance(last, Piece) and last.rank == event.rank and last.stream == event.stream:
-                if not parts:
-                    parts.append(last.data)
-                parts.append(event.data)
-                continue
-        if parts:
-            out[-1] = Piece(out[-1].rank, out[-1].stream, b"".join(parts))  # type: ignore[union-attr]
-            parts = []
-        out.append(event)
-    if parts:
-        out[-1] = Piece(out[-1].rank, out[-1].stream, b"".join(parts))  # type: ignore[union-attr]
+    for key, group in itertools.groupby(events, key=_rank_stream):
+        found = list(group)
+        if key is None or len(found) == 1:
+            out += found
+        else:
+            out.append(Piece(*key, b"".join(p.data for p in found if isinstance(p, Piece))))
     return out
+
+
+def _rank_stream(event: Event) -> tuple[int, str] | None:
+    """What a rank's piece merges by; None for any other event (never merged)."""
+    return (event.rank, event.stream) if isinstance(event, Piece) and event.rank is not None else None
 
 
 @dataclass
@@ -316,22 +314,3 @@ class PieceRouter:
         for parser in self._parsers.values():
             out.extend(parser.flush())
         return out
-
-
-@dataclass
-class RecordDemux:
-    """A launcher that does not tag its ranks' output: records must arrive whole (each is one
-    atomic write of at most `record_limit` bytes, the shim's `record_limit`); anything else is
-    the launcher's own text."""
-
-    stream: str = "stdout"
-    record_limit: int = RECORD_LIMIT
-
-    def __post_init__(self) -> None:
-        self._records = RecordParser(None, self.stream, self.record_limit)
-
-    def feed(self, data: bytes) -> list[Event]:
-        return self._records.feed(data)
-
-    def flush(self) -> list[Event]:
-        return self._records.flush()

@@ -19,7 +19,7 @@ from dtlaunch.mpi import HostNeeds, JobSpec, MpiFamily, MpiImpl
 
 if TYPE_CHECKING:
     from dtlaunch.core.failure import Failure
-    from dtlaunch.core.records import RecordDemux
+    from dtlaunch.core.records import RecordParser
 
 LAUNCHER = "dtlaunch-gloo"
 
@@ -52,10 +52,10 @@ class Gloo(MpiFamily):
         return (self.launcher, "-np", str(spec.num_proc), "-H", format_hosts(spec.hosts), *names,
                 *spec.program)
 
-    def new_demux(self, stream: str, release: tuple[int, ...] = ()) -> RecordDemux:
-        from dtlaunch.core.records import RecordDemux
+    def new_demux(self, stream: str, release: tuple[int, ...] = ()) -> RecordParser:
+        from dtlaunch.core.records import RecordParser
 
-        return RecordDemux(stream, PIPE_BUF)
+        return RecordParser(None, stream, PIPE_BUF)
 
     def parse_failure(self, lines: Sequence[str], rank_hosts: Sequence[str]) -> Failure | None:
         # The ranks' exit records and rsh's lost-link lines say what failed; an agent that

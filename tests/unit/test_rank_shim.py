@@ -27,7 +27,14 @@ from dtlaunch.agents.rank_shim import (
     unescape,
     wrap_program,
 )
-from dtlaunch.core.records import Piece, RankExit, RankHost, RankNotStarted, RecordDemux
+from dtlaunch.core.records import (
+    RECORD_LIMIT,
+    Piece,
+    RankExit,
+    RankHost,
+    RankNotStarted,
+    RecordParser,
+)
 from dtlaunch.openmpi.output import OpenMpiDemux, TagSplitter
 
 HOSTILE = ["prog.py", "--sep", ":", "-np", "1", "/bin/echo", "X", "", "a b", "\udcff", "\n", "-H"]
@@ -91,7 +98,7 @@ def test_untagged_launcher_text_waits_for_its_line_but_is_capped() -> None:
     assert splitter.feed(b"abc") == [] and splitter.feed(b"def\n") == [(None, b"abcdef\n")]
     big = b"x" * 200_000
     assert sum(len(d) for _, d in splitter.feed(big)) == len(big)
-    plain = RecordDemux()
+    plain = RecordParser(whole=RECORD_LIMIT)
     assert plain.feed(record(4, "o", b"hi")[:-1]) == []  # no newline yet
     assert plain.feed(b"\n") == [Piece(4, "stdout", b"hi")]
 
@@ -99,12 +106,12 @@ def test_untagged_launcher_text_waits_for_its_line_but_is_capped() -> None:
 def test_untagged_records_must_come_whole_within_their_limit() -> None:
     """Without tags a record is only one when it arrives whole: one longer than the limit is
     the launcher's text, and so is a line that only starts like a record."""
-    plain = RecordDemux(record_limit=512)
+    plain = RecordParser(whole=512)
     long = record(4, "o", b"y" * 600)
     events = plain.feed(long) + plain.feed(record(5, "o", b"ok") + b"\x1edtl2 x\n") + plain.flush()
     assert events == [Piece(None, "stdout", long), Piece(5, "stdout", b"ok"),
                       Piece(None, "stdout", b"\x1edtl2 x\n")]
-    assert RecordDemux(record_limit=1024).feed(long) == [Piece(4, "stdout", b"y" * 600)]
+    assert RecordParser(whole=1024).feed(long) == [Piece(4, "stdout", b"y" * 600)]
 
 
 def test_a_tagged_record_is_passed_on_as_it_comes() -> None:
@@ -166,7 +173,7 @@ def test_any_interleaving_and_cutting_gives_each_rank_its_bytes_in_order(
        st.lists(st.integers(0, 1 << 16), max_size=8))
 def test_whole_records_among_launcher_lines_in_reads_of_any_size(
         writes: list[tuple[int, str, bytes]], reads: list[int]) -> None:
-    """Untagged (RecordDemux): records written whole between the launcher's own lines, read in
+    """Untagged (RecordParser's `whole`): records written whole between the launcher's own lines, read in
     any cuts, give each rank its bytes and the launcher its lines."""
     wire = b""
     want: dict[int | None, bytes] = {}
@@ -178,7 +185,7 @@ def test_whole_records_among_launcher_lines_in_reads_of_any_size(
         else:
             wire += b"".join(records(rank, kind, payload))
             want[rank] = want.get(rank, b"") + payload
-    demux = RecordDemux()
+    demux = RecordParser(whole=RECORD_LIMIT)
     events = []
     cuts = sorted(min(r, len(wire)) for r in reads)
     for a, b in zip([0, *cuts], [*cuts, len(wire)]):
@@ -212,7 +219,7 @@ def shim(program: list[str], **kw: object) -> subprocess.Popen[bytes]:
 
 
 def read_all(out: bytes, limit: int = PIPE_BUF) -> list[object]:
-    demux = RecordDemux(record_limit=limit)
+    demux = RecordParser(whole=limit)
     return demux.feed(out) + demux.flush()
 
 
