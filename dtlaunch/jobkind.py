@@ -159,18 +159,14 @@ def _load(path: str) -> Any:
     return getattr(importlib.import_module(module), name)
 
 
-def kind_name(request: RunRequest) -> str:
-    """Which kind runs `request`: Horovod's elastic mode, else its `controller`."""
-    return "elastic" if request.elastic is not None else request.controller
-
-
 def kind_named(name: str) -> JobKind:
     kind: JobKind = _load(KINDS[name].kind)
     return kind
 
 
 def kind_for(request: RunRequest) -> JobKind:
-    return kind_named(kind_name(request))
+    """Which kind runs `request`: Horovod's elastic mode, else its `controller`."""
+    return kind_named("elastic" if request.elastic is not None else request.controller)
 
 
 def kind_options() -> dict[str, KindOptions]:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from dtlaunch.check.host_checks import Expectations
 from dtlaunch.cluster.allocation import detect, plan_allocation
-from dtlaunch.console.hostfile import read_hosts
+from dtlaunch.console.hostfile import HostArgs
 from dtlaunch.core.errors import UsageError
 from dtlaunch.doctor.doctor import COMMAND_TIMEOUT, DoctorRequest
 from dtlaunch.mpi import HostNeeds, parse_iface
@@ -21,27 +21,16 @@ from dtlaunch.mpijob.launcher_choice import job_launcher
 from dtlaunch.plan.plan import RunRequest, check_module_name
 from dtlaunch.probe import reach_for
 from dtlaunch.probe.prober import Reach
-from dtlaunch.reach.ssh_options import ssh_options_from
 
 
 @dataclass(frozen=True)
-class DoctorArgs:
+class DoctorArgs(HostArgs):
     """What `dtlaunch doctor` was asked, as the CLI read it."""
 
-    hosts: str | None
-    hostfile: str | None
-    iface: str | None
-    python: str | None
-    ssh_port: int | None
-    ssh_identity_file: str | None
-    ssh_config: str | None
-    connect_timeout: int
-    accept_new_host_keys: bool
-    via: str  # --launcher: how the hosts are reached (auto, ssh, slurm)
-    timeout: float | None
-    module: str | None
-    pairwise: bool
-    script: str | None
+    timeout: float | None = None
+    module: str | None = None
+    pairwise: bool = False
+    script: str | None = None
     kinds: tuple[str, ...] = ()  # the job kinds whose doctor flag was given (--gloo, --torch)
 
 
@@ -69,10 +58,9 @@ def kind_needs(kinds: Sequence[str]) -> HostNeeds:
 
 
 def read_doctor(args: DoctorArgs) -> DoctorSetup:
-    ssh = ssh_options_from(args.ssh_port, args.ssh_identity_file, args.ssh_config,
-                           args.connect_timeout, args.accept_new_host_keys)
+    ssh = args.ssh_options()
     # Inside a Slurm job with no -H: exactly the allocated nodes, through srun.
-    placement = plan_allocation(RunRequest(hosts=read_hosts(args.hosts, args.hostfile),
+    placement = plan_allocation(RunRequest(hosts=args.read_hosts(),
                                            python=sys.executable, via=args.via),
                                 detect(dict(os.environ)), args.via)
     host_names = tuple(h.name for h in placement.request.hosts)

@@ -17,6 +17,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
 
+from dtlaunch.console.hostfile import HostArgs
 from dtlaunch.core.errors import DtlaunchError, UsageError
 from dtlaunch.horovod.options import HorovodArgs
 from dtlaunch.job.command import parse_command, suggest_option
@@ -30,20 +31,10 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class RunOptions:
+class RunOptions(HostArgs):
     """`dtlaunch run`'s options as given, nothing checked yet: the CLI's parameters by name, or
     a library caller's (`RunOptions(hosts="a:2,b:2", program=("train.py",))`)."""
 
-    hosts: str | None = None  # -H
-    hostfile: str | None = None
-    iface: str | None = None
-    python: str | None = None  # None: the interpreter running dtlaunch
-    ssh_port: int | None = None
-    ssh_identity_file: str | None = None
-    ssh_config: str | None = None
-    connect_timeout: int = 10
-    accept_new_host_keys: bool = False
-    via: str = "auto"  # --launcher: how the hosts are reached (auto, ssh, slurm)
     num_proc: int | None = None
     oversubscribe: bool = False
     env_items: tuple[str, ...] = ()  # -x
@@ -94,17 +85,14 @@ def resolve_iface(iface: str | None, hvd: HorovodArgs) -> Interfaces | None:
 
 
 def resolve_output_dir(output_dir: str | None, hvd: HorovodArgs) -> str | None:
-    """--output-dir (or horovodrun's --output-filename), checked before anything runs."""
+    """--output-dir (or horovodrun's --output-filename): a directory, or a path where one can
+    be made, found now, not after the pre-flight."""
     if output_dir is not None and hvd.output_filename is not None:
         raise UsageError("--output-dir and --output-filename name the same thing; give one")
-    chosen = output_dir if output_dir is not None else hvd.output_filename
-    if chosen is not None:
-        check_output_dir(chosen, "--output-dir" if output_dir is not None else "--output-filename")
-    return chosen
-
-
-def check_output_dir(path: str, option: str = "--output-dir") -> None:
-    """A directory, or a path where one can be made: found now, not after the pre-flight."""
+    path = output_dir if output_dir is not None else hvd.output_filename
+    if path is None:
+        return None
+    option = "--output-dir" if output_dir is not None else "--output-filename"
     if not path:
         raise UsageError(f"{option}: empty path")
     current = os.path.abspath(path)
@@ -115,6 +103,7 @@ def check_output_dir(path: str, option: str = "--output-dir") -> None:
         raise UsageError(f"{option}: {path} {what} not a directory")
     if not os.access(current, os.W_OK | os.X_OK):
         raise UsageError(f"{option}: cannot write in {current} (permission denied)")
+    return path
 
 
 def read_horovod(options: RunOptions) -> HorovodArgs:
@@ -167,14 +156,10 @@ def config_from_args(options: RunOptions, known_options: Collection[str] = (),
 def build_run_request(options: RunOptions, hvd: HorovodArgs,
                       known_options: Collection[str] = ()) -> RunRequest:
     """The hosts, the command (read as horovodrun reads it) and its environment."""
-    from dtlaunch.console.hostfile import read_hosts
     from dtlaunch.mpijob.launcher_choice import rsh_agent_command
-    from dtlaunch.reach.ssh_options import ssh_options_from
 
-    hosts = read_hosts(options.hosts, options.hostfile)
-    ssh = ssh_options_from(options.ssh_port, options.ssh_identity_file, options.ssh_config,
-                           options.connect_timeout, options.accept_new_host_keys,
-                           default_kex=options.ssh_default_kex)
+    hosts = options.read_hosts()
+    ssh = options.ssh_options(default_kex=options.ssh_default_kex)
     rsh_agent = rsh_agent_command()
     python = options.python
     if python is not None and not (os.path.isabs(python) or shutil.which(python)):

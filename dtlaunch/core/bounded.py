@@ -24,22 +24,19 @@ def _end_group(pgid: int) -> None:
 def run_bounded(argv: Sequence[str], timeout: float) -> tuple[int, str]:
     """(exit status, stdout and stderr together). A command that cannot start raises OSError;
     one still running after `timeout` seconds raises subprocess.TimeoutExpired, ended first."""
-    code, out, _ = _run(argv, timeout, subprocess.STDOUT)
+    code, out, _ = run_bounded_apart(argv, timeout, stderr=subprocess.STDOUT)
     return code, out.decode(errors="replace")
 
 
 def run_bounded_apart(argv: Sequence[str], timeout: float, *, env: Mapping[str, str] | None = None,
-                      cwd: str | None = None, tied: bool = False) -> tuple[int, bytes, bytes]:
-    """run_bounded with stdout and stderr kept apart (a program whose output is data), in
+                      cwd: str | None = None, tied: bool = False,
+                      stderr: int = subprocess.PIPE) -> tuple[int, bytes, bytes]:
+    """run_bounded with stdout and stderr kept apart (a program whose output is data; they are
+    joined with `stderr=subprocess.STDOUT`), in
     `env` (else this process's environment) and `cwd` (else this process's folder).
     `tied`: under the lifeline (dtlaunch.agents.lifeline), as a job's launcher is, so that its
     session ends with dtlaunch however dtlaunch ends (SIGKILL too), not only at the deadline:
     for a user's program that may hang (a discovery script)."""
-    return _run(argv, timeout, subprocess.PIPE, env, cwd, tied)
-
-
-def _run(argv: Sequence[str], timeout: float, stderr: int, env: Mapping[str, str] | None = None,
-         cwd: str | None = None, tied: bool = False) -> tuple[int, bytes, bytes]:
     command, keep = list(argv), -1
     if tied:
         from dtlaunch.agents import guarded_argv, ship
