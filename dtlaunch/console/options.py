@@ -56,48 +56,42 @@ def single_option(*decls: str, **kwargs: Any) -> Callable[[F], F]:
     return click.option(*decls, multiple=True, **kwargs)
 
 
-def _host_option_decls() -> dict[str, Callable[[Any], Any]]:
-    return {
-        "hosts": single_option("-H", "--hosts", "hosts", metavar="HOST[:SLOTS],...",
-                               help="Hosts and slots, e.g. host1:2,host2:4 (slots default to 1)."),
-        "hostfile": single_option("-hostfile", "--hostfile", "hostfile", metavar="FILE",
-                                  help="Open MPI style hostfile: 'host slots=N' or 'host:N' lines."),
-        "iface": single_option("--iface", metavar="NAMES|CIDR",
-                               help="Network to use: interface names (eth0,ib0) or a subnet "
-                                    "(10.0.0.0/24)."),
-        "python": single_option("--python", metavar="PATH",
-                                help="Interpreter for the ranks (default: the one running dtlaunch)."),
-        "ssh_port": single_option("-p", "--ssh-port", "ssh_port", type=click.IntRange(1, 65535),
-                                  help="SSH port on every host."),
-        "ssh_identity_file": single_option("-i", "--ssh-identity-file", "ssh_identity_file",
-                                           metavar="FILE", help="SSH private key to use."),
-        "ssh_config": single_option("--ssh-config", metavar="FILE",
-                                    help="OpenSSH config file (default ~/.ssh/config)."),
-        "connect_timeout": single_option("--connect-timeout", type=click.IntRange(1, 600),
-                                         default=(10,), show_default="10",
-                                         help="Seconds to wait for each SSH connection."),
-        "accept_new_host_keys": click.option(
-            "--accept-new-host-keys", is_flag=True,
-            help="Trust host keys seen for the first time (changed keys still fail)."),
-        # --launcher's value is kept as `via` (how the hosts are reached); "launcher" is the
-        # MPI program's name inside dtlaunch.
-        "via": single_option("--launcher", "via", type=click.Choice(["auto", "ssh", "slurm"]),
-                             default=("auto",), show_default="auto",
-                             help="How the hosts are reached: ssh, or slurm's srun (inside a "
-                                  "Slurm job; auto picks it there)."),
-    }
-
-
-def host_option(name: str) -> Callable[[F], F]:
-    """One of the options run and doctor share (which hosts, how to reach them), by parameter
-    name, declared afresh for the command it decorates."""
-    decorator: Callable[[F], F] = _host_option_decls()[name]
-    return decorator
+# The options run and doctor share (which hosts, how to reach them), by parameter name, in
+# doctor's order; each use declares a new click.Option (click.option makes one per command).
+HOST_OPTIONS: dict[str, Callable[[Any], Any]] = {
+    "hosts": single_option("-H", "--hosts", "hosts", metavar="HOST[:SLOTS],...",
+                           help="Hosts and slots, e.g. host1:2,host2:4 (slots default to 1)."),
+    "hostfile": single_option("-hostfile", "--hostfile", "hostfile", metavar="FILE",
+                              help="Open MPI style hostfile: 'host slots=N' or 'host:N' lines."),
+    "iface": single_option("--iface", metavar="NAMES|CIDR",
+                           help="Network to use: interface names (eth0,ib0) or a subnet "
+                                "(10.0.0.0/24)."),
+    "python": single_option("--python", metavar="PATH",
+                            help="Interpreter for the ranks (default: the one running dtlaunch)."),
+    "ssh_port": single_option("-p", "--ssh-port", "ssh_port", type=click.IntRange(1, 65535),
+                              help="SSH port on every host."),
+    "ssh_identity_file": single_option("-i", "--ssh-identity-file", "ssh_identity_file",
+                                       metavar="FILE", help="SSH private key to use."),
+    "ssh_config": single_option("--ssh-config", metavar="FILE",
+                                help="OpenSSH config file (default ~/.ssh/config)."),
+    "connect_timeout": single_option("--connect-timeout", type=click.IntRange(1, 600),
+                                     default=(10,), show_default="10",
+                                     help="Seconds to wait for each SSH connection."),
+    "accept_new_host_keys": click.option(
+        "--accept-new-host-keys", is_flag=True,
+        help="Trust host keys seen for the first time (changed keys still fail)."),
+    # --launcher's value is kept as `via` (how the hosts are reached); "launcher" is the
+    # MPI program's name inside dtlaunch.
+    "via": single_option("--launcher", "via", type=click.Choice(["auto", "ssh", "slurm"]),
+                         default=("auto",), show_default="auto",
+                         help="How the hosts are reached: ssh, or slurm's srun (inside a "
+                              "Slurm job; auto picks it there)."),
+}
 
 
 def host_options(func: F) -> F:
-    """Options shared by run and doctor: which hosts and how to reach them (doctor's, in order)."""
-    for decorator in reversed(_host_option_decls().values()):
+    """All of HOST_OPTIONS, in their order (doctor's)."""
+    for decorator in reversed(HOST_OPTIONS.values()):
         func = decorator(func)
     return func
 

@@ -28,6 +28,7 @@ if TYPE_CHECKING:  # the checks' model is imported by what draws it, not by a jo
 # By a Status's word (a Status is that str: check.report).
 SYMBOLS = {"pass": "pass", "warn": "warn", "fail": "FAIL", "skip": "-"}
 STYLES = {"pass": "green", "warn": "yellow", "fail": "bold red", "skip": "dim"}
+STAGES = (HOSTS_CHECKED, HOSTS_UP, RANKS_RUNNING)  # the progress line's, in its order
 
 
 def _console(console_class: Any, stream: IO[str] | None) -> Any:
@@ -150,43 +151,39 @@ class ProgressLine:
         self.close()
 
     def text(self) -> str:
-        return ", ".join(f"{stage} {done}/{total}" for stage, (done, total) in
-                          sorted(self.counts.items(), key=lambda item: STAGES.index(item[0])
-                                 if item[0] in STAGES else len(STAGES)))
+        return ", ".join(f"{stage} {self.counts[stage][0]}/{self.counts[stage][1]}"
+                         for stage in STAGES if stage in self.counts)
 
     def update(self, progress: Progress) -> None:
         with self.lock:
-            self._update(progress)
-
-    def _update(self, progress: Progress) -> None:
-        if progress.stage == RANKS_RUNNING and progress.done == 0 and not progress.final:
-            self.over = False  # a (new) launch begins: a restart's attempt draws it anew
-            self.counts.pop(HOSTS_UP, None)
-        if not self.enabled or self.over:
-            return
-        self.counts[progress.stage] = (progress.done, progress.total)
-        if progress.final:
-            self.over = True
-            self.pause()
-            return
-        from rich.spinner import Spinner
-
-        if self.live is None:
-            from rich.console import Console
-            from rich.live import Live
-
-            console = Console(stderr=True)
-            if not console.is_terminal or console.is_dumb_terminal:  # TERM=dumb: no redraws
-                self.enabled = False
+            if progress.stage == RANKS_RUNNING and progress.done == 0 and not progress.final:
+                self.over = False  # a (new) launch begins: a restart's attempt draws it anew
+                self.counts.pop(HOSTS_UP, None)
+            if not self.enabled or self.over:
                 return
-            # Braille dots where the terminal takes UTF-8, an ASCII spinner elsewhere (LANG=C).
-            self.spinner = "dots" if console.encoding.lower().startswith("utf") else "line"
-            self.live = Live(Spinner(self.spinner, self.text()), console=console,
-                             transient=True, redirect_stdout=False, redirect_stderr=False,
-                             refresh_per_second=8)
-            self.live.start(refresh=True)
-        else:
-            self.live.update(Spinner(self.spinner, self.text()))
+            self.counts[progress.stage] = (progress.done, progress.total)
+            if progress.final:
+                self.over = True
+                self.pause()
+                return
+            from rich.spinner import Spinner
+
+            if self.live is None:
+                from rich.console import Console
+                from rich.live import Live
+
+                console = Console(stderr=True)
+                if not console.is_terminal or console.is_dumb_terminal:  # TERM=dumb: no redraws
+                    self.enabled = False
+                    return
+                # Braille dots where the terminal takes UTF-8, an ASCII spinner elsewhere (LANG=C).
+                self.spinner = "dots" if console.encoding.lower().startswith("utf") else "line"
+                self.live = Live(Spinner(self.spinner, self.text()), console=console,
+                                 transient=True, redirect_stdout=False, redirect_stderr=False,
+                                 refresh_per_second=8)
+                self.live.start(refresh=True)
+            else:
+                self.live.update(Spinner(self.spinner, self.text()))
 
     def hosts_checked(self, done: int, total: int, _host: str) -> None:
         """doctor's progress callback."""
@@ -203,9 +200,6 @@ class ProgressLine:
         with self.lock:
             self.over = True
             self.pause()
-
-
-STAGES = (HOSTS_CHECKED, HOSTS_UP, RANKS_RUNNING)
 
 
 # --- a job's end ----------------------------------------------------------------------------
@@ -342,12 +336,9 @@ def restart_report_json(report: RestartReport) -> str:
 # --- env-check ------------------------------------------------------------------------------
 
 
-def env_to_dict(report: EnvReport) -> dict[str, Any]:
-    return {"ok": report.ok, **report.facts, "items": [i.to_dict() for i in report.items]}
-
-
 def env_to_json(report: EnvReport) -> str:
-    return json.dumps(env_to_dict(report), indent=2, default=str)
+    return json.dumps({"ok": report.ok, **report.facts, "items": [i.to_dict() for i in report.items]},
+                      indent=2, default=str)
 
 
 def render_env(report: EnvReport, stream: IO[str] | None = None) -> None:

@@ -1,7 +1,7 @@
 """`dtlaunch run`'s own options, each declared in its `--help` section (console/options.py's
 `option_group`), then each job kind's own (their sections before "Print and exit"), then
-horovodrun's, generated from their table and placed by
-`horovod_section`. What they parse is read by console/run_args.py (`RunOptions`)."""
+horovodrun's, generated from their table and placed by `horovod_section`. What they parse is
+read by console/run_args.py (`RunOptions`)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import click
 from dtlaunch.console.options import (
     CHECKS,
     EXIT,
+    HOST_OPTIONS,
     HOSTS,
     MPI,
     NETWORK,
@@ -21,7 +22,6 @@ from dtlaunch.console.options import (
     SSH,
     F,
     horovod_click_options,
-    host_option,
     kind_option_groups,
     option_group,
     single_option,
@@ -29,27 +29,27 @@ from dtlaunch.console.options import (
 
 _GROUPS = (
     option_group(
-        HOSTS, host_option("hosts"), host_option("hostfile"),
+        HOSTS, HOST_OPTIONS["hosts"], HOST_OPTIONS["hostfile"],
         single_option("-np", "--num-proc", "num_proc", type=int, metavar="N",
                       help="Number of processes (default: all slots)."),
         click.option("--oversubscribe", is_flag=True, help="Allow more processes than slots."),
-        host_option("via")),
+        HOST_OPTIONS["via"]),
     option_group(
         PROGRAM,
         single_option("-m", "module", metavar="MODULE", help="Run a module, like python -m."),
-        host_option("python"),
+        HOST_OPTIONS["python"],
         click.option("-x", "--env", "env_items", multiple=True, metavar="NAME[=VALUE]",
                      help="Export a variable to every rank (repeatable)."),
         single_option("--env-file", metavar="FILE",
                       help="Export the NAME=VALUE lines of FILE to every rank (-x beats the file).")),
     option_group(
-        SSH, host_option("ssh_port"), host_option("ssh_identity_file"), host_option("ssh_config"),
-        host_option("connect_timeout"), host_option("accept_new_host_keys"),
+        SSH, HOST_OPTIONS["ssh_port"], HOST_OPTIONS["ssh_identity_file"], HOST_OPTIONS["ssh_config"],
+        HOST_OPTIONS["connect_timeout"], HOST_OPTIONS["accept_new_host_keys"],
         click.option("--ssh-default-kex", is_flag=True,
                      help="Keep ssh's own key exchange order for the job's links (dtlaunch otherwise "
                           "offers a fast one first where OpenSSH 9.x's default is slow; "
                           "docs/security.md).")),
-    option_group(NETWORK, host_option("iface")),
+    option_group(NETWORK, HOST_OPTIONS["iface"]),
     option_group(
         MPI,
         single_option("--mpi-args", metavar="ARGS", help="Extra mpirun arguments, split like a shell."),

@@ -18,7 +18,7 @@ from helpers.suite import dtlaunch_argv
 from dtlaunch.check.host_checks import check_horovod
 from dtlaunch.check.mpi_checks import check_mpi
 from dtlaunch.check.report import FAIL, PASS, WARN
-from dtlaunch.console.render import env_to_dict
+from dtlaunch.console.render import env_to_json
 from dtlaunch.doctor.envcheck import EnvReport, evaluate_env, gather_env
 from dtlaunch.mpi import MpiImpl
 
@@ -42,7 +42,7 @@ def test_healthy_machine_lists_the_facts(facts: dict[str, Any]) -> None:
         ("controllers", PASS, "MPI, Gloo"), ("tensor operations", PASS, "MPI, Gloo")]
     assert rows(items, "mpi")[:2] == [("mpirun", PASS, "/usr/bin/mpirun"),
                                            ("version", PASS, "4.1.4")]
-    report = env_to_dict(EnvReport(facts, items))
+    report = json.loads(env_to_json(EnvReport(facts, items)))
     assert {"section": "torch", "name": "version", "value": "2.13.0", "status": "pass",
             "hint": ""} in report["items"]
 
