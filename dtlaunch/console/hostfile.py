@@ -18,12 +18,6 @@ if TYPE_CHECKING:
 MAX_HOSTFILE_BYTES = 1 << 20
 
 
-def read_hostfile(path: str) -> tuple[Host, ...]:
-    """Read and parse a hostfile; every failure is a one-line UsageError."""
-    return parse_hostfile_text(read_small_text(path, "--hostfile", MAX_HOSTFILE_BYTES, "a hostfile"),
-                               path)
-
-
 @dataclass(frozen=True)
 class HostArgs:
     """The options run and doctor share (console.options.host_options), as given."""
@@ -40,11 +34,13 @@ class HostArgs:
     via: str = "auto"  # --launcher: how the hosts are reached (auto, ssh, slurm)
 
     def read_hosts(self) -> tuple[Host, ...]:
-        """`--hosts` or `--hostfile` (not both); neither: no hosts (this machine)."""
+        """`--hosts` or `--hostfile` (not both; every failure a one-line UsageError); neither:
+        no hosts (this machine)."""
         if self.hosts is not None and self.hostfile is not None:
             raise UsageError("give either --hosts or --hostfile, not both")
         if self.hostfile is not None:
-            return read_hostfile(self.hostfile)
+            text = read_small_text(self.hostfile, "--hostfile", MAX_HOSTFILE_BYTES, "a hostfile")
+            return parse_hostfile_text(text, self.hostfile)
         if self.hosts is not None:
             return parse_hosts(self.hosts)
         return ()

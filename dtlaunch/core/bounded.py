@@ -32,8 +32,8 @@ def run_bounded_apart(argv: Sequence[str], timeout: float, *, env: Mapping[str, 
                       cwd: str | None = None, tied: bool = False,
                       stderr: int = subprocess.PIPE) -> tuple[int, bytes, bytes]:
     """run_bounded with stdout and stderr kept apart (a program whose output is data; they are
-    joined with `stderr=subprocess.STDOUT`), in
-    `env` (else this process's environment) and `cwd` (else this process's folder).
+    joined with `stderr=subprocess.STDOUT`), in `env` (else this process's environment) and
+    `cwd` (else this process's folder).
     `tied`: under the lifeline (dtlaunch.agents.lifeline), as a job's launcher is, so that its
     session ends with dtlaunch however dtlaunch ends (SIGKILL too), not only at the deadline:
     for a user's program that may hang (a discovery script)."""

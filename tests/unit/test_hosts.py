@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dtlaunch.console.hostfile import read_hostfile
+from dtlaunch.console.hostfile import HostArgs
 from dtlaunch.core.errors import UsageError
 from dtlaunch.job.hosts import (
     Host,
@@ -67,15 +67,15 @@ def test_hostfile_formats() -> None:
 
 def test_read_hostfile_errors(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="cannot read"):
-        read_hostfile(str(tmp_path / "missing"))
+        HostArgs(hostfile=str(tmp_path / "missing")).read_hosts()
     binary = tmp_path / "bin"
     binary.write_bytes(b"node1\n\xff\xfe\n")
     with pytest.raises(UsageError, match=r"bin:2: not valid UTF-8"):
-        read_hostfile(str(binary))
+        HostArgs(hostfile=str(binary)).read_hosts()
     huge = tmp_path / "huge"
     huge.write_bytes(b"a\n" * (1 << 20))
     with pytest.raises(UsageError, match="larger than 1 MiB"):
-        read_hostfile(str(huge))
+        HostArgs(hostfile=str(huge)).read_hosts()
 
 
 def test_assign_ranks_fills_slots_in_order() -> None:
@@ -130,4 +130,4 @@ def test_a_fifo_given_as_hostfile_is_refused_not_waited_on(tmp_path: Path) -> No
     fifo = tmp_path / "hosts.fifo"
     os.mkfifo(fifo)
     with pytest.raises(UsageError, match=r"^--hostfile: .*hosts.fifo is a FIFO, not a regular file$"):
-        read_hostfile(str(fifo))
+        HostArgs(hostfile=str(fifo)).read_hosts()
