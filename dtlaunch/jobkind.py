@@ -83,15 +83,12 @@ class JobKind(Protocol):
     def family(self, environ: Mapping[str, str]) -> tuple[MpiFamily, str | None, MpiImpl | None]:
         """Who starts the job, asked on this machine: (family, its program or None when it is
         not found, what the program says it is or None when not asked)."""
-        ...
 
     def first_request(self, request: RunRequest, say: Say) -> RunRequest:
         """The request the job is planned for (an elastic job's first hosts)."""
-        ...
 
     def start(self, context: JobContext) -> StartedJob:
         """Make the job ready to run (its rendezvous started); nothing of the user's runs yet."""
-        ...
 
 
 class OwnFanout:

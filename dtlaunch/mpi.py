@@ -113,13 +113,11 @@ class MpiFamily(Protocol):
 
     def unsupported(self, impl: MpiImpl, program: str) -> str | None:
         """Why this launcher cannot be used, or None."""
-        ...
 
     def build_argv(self, spec: JobSpec, launcher: str) -> tuple[str, ...]: ...
 
     def new_demux(self, stream: str, release: tuple[int, ...] = ()) -> OutputDemux:
         """A reader for the launcher's "stdout" or "stderr"."""
-        ...
 
     def parse_failure(self, lines: Sequence[str], rank_hosts: Sequence[str]) -> Failure | None: ...
 
@@ -149,12 +147,10 @@ class MpiFamily(Protocol):
     def refuse_insecure(self, extra_args: Sequence[str], environ: Mapping[str, str]) -> None:
         """Raise UsageError when the user's extra launcher arguments or the launcher's
         environment make its ssh accept any host key."""
-        ...
 
     def ssh_left_to_dtlaunch(self, extra_args: Sequence[str], environ: Mapping[str, str]) -> bool:
         """False when the user's extra launcher arguments or the launcher's environment may
         change how ssh is run."""
-        ...
 
     def refuse_insecure_files(self, launcher: str, extra_args: Sequence[str],
                               environ: Mapping[str, str]) -> None:
@@ -176,7 +172,6 @@ class MpiFamily(Protocol):
         """What the launcher is given for the network dtlaunch chose (`common_name`: that
         network's interface name where every host calls it the same)."""
         return chosen
-
 
 
 def local_mpi(family: MpiFamily, program: str, refuse: bool = True) -> MpiImpl:

@@ -16,11 +16,6 @@ import os
 import stat
 from collections.abc import Iterator, Mapping
 
-NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
-DIRECTORY = getattr(os, "O_DIRECTORY", 0)
-CLOEXEC = getattr(os, "O_CLOEXEC", 0)
-NONBLOCK = getattr(os, "O_NONBLOCK", 0)  # a FIFO in place of a file must not block a read
-
 
 def name_digest(algorithm: str, data: bytes) -> str:
     """hashlib's hex digest ("sha1", "sha256") of `data`, for a cached file's name, from
@@ -68,7 +63,7 @@ def open_private_dir(path: str, create: bool = True) -> int:
         with contextlib.suppress(FileExistsError):
             os.mkdir(path, 0o700)
     try:
-        fd = os.open(path, os.O_RDONLY | DIRECTORY | NOFOLLOW | CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
         if os.path.islink(path):
             raise NotPrivate(f"{path} is a symbolic link (dtlaunch does not follow it)") from None
@@ -93,7 +88,8 @@ def read_private(folder: int, name: str, limit: int = 1 << 20) -> bytes | None:
     """The content of `name` in `folder` if it is a private regular file of ours (no link,
     no FIFO), at most `limit` bytes; else None."""
     try:
-        fd = os.open(name, os.O_RDONLY | NOFOLLOW | NONBLOCK | CLOEXEC, dir_fd=folder)
+        # Not blocking: a FIFO in place of a file must not block the read.
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=folder)
     except OSError:
         return None
     try:
@@ -112,7 +108,7 @@ def write_private(folder: int, name: str, data: bytes, mode: int = 0o600) -> Non
     """Replace `name` in `folder` with `data` (`mode`) through a new file and a rename."""
     # An unguessable name: os.urandom, as secrets.token_hex takes it (secrets imports hashlib).
     tmp = f".{name}.{os.getpid()}.{os.urandom(8).hex()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW | CLOEXEC, mode,
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode,
                  dir_fd=folder)
     try:
         with os.fdopen(fd, "wb") as handle:
