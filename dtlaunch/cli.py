@@ -62,18 +62,16 @@ def _event_printer(verbose: bool, line: Any = None) -> Callable[[Any], None]:
             if line is not None and event.progress is not None:
                 line.update(event.progress)
             return
+        if event.level is EventLevel.DETAIL and not verbose:
+            return
+        if line is not None:
+            line.pause()  # a message: the live line steps aside, the next count redraws it
         if event.level is EventLevel.REPORT:
-            if line is not None:
-                line.pause()
             if event.report is not None:
                 _print_job_report(event.report)
-            return
-        shown = event.level in (EventLevel.WARNING, EventLevel.NOTE) or verbose
-        if line is not None and shown:
-            line.pause()  # a message: the live line steps aside, the next count redraws it
-        if event.level is EventLevel.WARNING:
+        elif event.level is EventLevel.WARNING:
             _warn(event.text)
-        elif shown:
+        else:
             _note(event.text)
 
     return show

@@ -138,12 +138,13 @@ def _quiet_paramiko() -> None:
         logger.propagate = False
 
 
-def _handshake(target: SshTarget, timeout: float,
-               tracker: Tracker | None) -> tuple[Any, ProxySocket | None, str]:
-    """TCP (or proxy), key exchange and host key check; no authentication yet."""
+def _handshake(target: SshTarget, tracker: Tracker | None) -> tuple[Any, ProxySocket | None, str]:
+    """TCP (or proxy), key exchange and host key check, within the target's connect timeout;
+    no authentication yet."""
     paramiko = import_paramiko()
 
     _quiet_paramiko()
+    timeout = target.connect_timeout
     start = time.monotonic()
     sock, proxy = open_socket(target, timeout, tracker)
     transport: Any = None
@@ -217,19 +218,17 @@ def _classify_handshake(exc: Exception, target: SshTarget,
 
 def verify_host_key(target: SshTarget, tracker: Tracker | None = None) -> str:
     """Key exchange and host key check only (no login): the cheap check a cache hit keeps."""
-    transport, proxy, note = _handshake(target, target.connect_timeout, tracker)
+    transport, proxy, note = _handshake(target, tracker)
     _close(transport, proxy)
     return note
 
 
-def connect(target: SshTarget, timeout: float | None = None,
-            tracker: Tracker | None = None) -> Connection:
+def connect(target: SshTarget, tracker: Tracker | None = None) -> Connection:
     """Connect, check the host key, authenticate with keys only. Raises SshFailure.
     The connection (and its proxy) stays in `tracker` until closed."""
     paramiko = import_paramiko()
 
-    timeout = timeout or target.connect_timeout
-    transport, proxy, note = _handshake(target, timeout, tracker)
+    transport, proxy, note = _handshake(target, tracker)
     try:
         keys, notes = load_identities(target)
         why = f" ({'; '.join(notes)})" if notes else ""
