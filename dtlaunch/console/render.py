@@ -205,8 +205,11 @@ class ProgressLine:
 # --- a job's end ----------------------------------------------------------------------------
 
 
-def _clock(at: float) -> str:
-    return time.strftime("%H:%M:%S", time.localtime(at)) + f".{int(at % 1 * 1000):03d}"
+def clock_time(at: float, ms: bool = False) -> str:
+    """Local wall-clock time of day, to the second (`ms`: the millisecond): enough to match the
+    job's own logs."""
+    text = time.strftime("%H:%M:%S", time.localtime(at))
+    return text + f".{int(at % 1 * 1000):03d}" if ms else text
 
 
 def job_report_lines(report: JobReport) -> list[str]:
@@ -220,7 +223,7 @@ def job_report_lines(report: JobReport) -> list[str]:
     if root is None:
         return lines
     if root.last_lines or report.others:
-        when = f" at {_clock(root.at)}" if root.at is not None else ""
+        when = f" at {clock_time(root.at, ms=True)}" if root.at is not None else ""
         lines.append(f"root cause (first failure): {root.description}{when}")
         if root.last_lines:
             tag = f"[{root.rank}@{root.host}] " if root.rank is not None else ""
@@ -278,11 +281,6 @@ JOB_REPORT_VERSION = 1
 
 ATTEMPTS_FILE = "attempts.json"  # written to --output-dir
 ATTEMPTS_REPORT_VERSION = 1
-
-
-def clock_time(at: float) -> str:
-    """Local wall-clock time of day, to the second: enough to match the job's own logs."""
-    return time.strftime("%H:%M:%S", time.localtime(at))
 
 
 def iso_utc(at: float) -> str:
