@@ -35,11 +35,7 @@ MAX_SECONDS = 366 * 86400
 
 
 class _Seconds(click.FloatRange):
-    """A positive, finite number of seconds up to MAX_SECONDS (inf and nan are refused, not
-    taken as 'never')."""
-
-    def __init__(self) -> None:
-        super().__init__(min=0, min_open=True, max=MAX_SECONDS)
+    """Seconds within a range, finite: inf and nan are refused, not taken as 'never'."""
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         number = click.FLOAT.convert(value, param, ctx)
@@ -48,7 +44,7 @@ class _Seconds(click.FloatRange):
         return super().convert(number, param, ctx)
 
 
-SECONDS = _Seconds()
+SECONDS = _Seconds(min=0, min_open=True, max=MAX_SECONDS)  # positive, up to MAX_SECONDS
 
 
 def single_option(*decls: str, **kwargs: Any) -> Callable[[F], F]:
