@@ -86,7 +86,6 @@ HOST_OPTIONS: dict[str, Callable[[Any], Any]] = {
 
 
 def host_options(func: F) -> F:
-    """All of HOST_OPTIONS, in their order (doctor's)."""
     for decorator in reversed(HOST_OPTIONS.values()):
         func = decorator(func)
     return func
@@ -135,7 +134,6 @@ def option_group(title: str, *options: Callable[[F], F]) -> Callable[[F], F]:
 
 
 def kind_click_option(option: KindOption) -> Callable[[F], F]:
-    """One of a job kind's own options (data in its folder) as a click option."""
     if option.type is None:
         return click.option(*option.names, option.param, is_flag=True, help=option.help)
     return single_option(*option.names, option.param, type=option.type, metavar=option.metavar,

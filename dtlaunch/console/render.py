@@ -31,11 +31,12 @@ STYLES = {"pass": "green", "warn": "yellow", "fail": "bold red", "skip": "dim"}
 STAGES = (HOSTS_CHECKED, HOSTS_UP, RANKS_RUNNING)  # the progress line's, in its order
 
 
-def _console(console_class: Any, stream: IO[str] | None) -> Any:
+def _console(stream: IO[str] | None) -> Any:
     """Wide enough for the table when the output is a file or a pipe."""
+    from rich.console import Console
+
     out = stream or sys.stdout
-    wide = None if out.isatty() else 200
-    return console_class(file=out, highlight=False, width=wide)
+    return Console(file=out, highlight=False, width=None if out.isatty() else 200)
 
 
 def report_to_dict(report: DoctorReport) -> dict[str, Any]:
@@ -91,13 +92,12 @@ def preload() -> None:
 
 
 def render_report(report: DoctorReport, stream: IO[str] | None = None) -> None:
-    from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
     from dtlaunch.check.report import FAIL, LOCAL, SKIP, WARN
 
-    console = _console(Console, stream)
+    console = _console(stream)
     table = Table(title=None, show_lines=False, pad_edge=False)
     table.add_column("host", no_wrap=True)
     for name in report.columns:
@@ -340,13 +340,12 @@ def env_to_json(report: EnvReport) -> str:
 
 
 def render_env(report: EnvReport, stream: IO[str] | None = None) -> None:
-    from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
     from dtlaunch.check.report import FAIL, WARN
 
-    console = _console(Console, stream)
+    console = _console(stream)
     table = Table(pad_edge=False)
     for column in ("section", "item", "value", "status"):
         table.add_column(column)

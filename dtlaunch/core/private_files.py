@@ -32,7 +32,6 @@ def name_digest(algorithm: str, data: bytes) -> str:
 
 
 def cache_dir(environ: Mapping[str, str] | None = None) -> str:
-    """`$XDG_CACHE_HOME/dtlaunch`, or `~/.cache/dtlaunch`."""
     env = os.environ if environ is None else environ
     base = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "dtlaunch")
