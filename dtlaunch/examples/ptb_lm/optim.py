@@ -24,29 +24,16 @@ def _unwrapped(name: str) -> Callable[..., Any]:
     return unwrapped
 
 
-_ADD_PARAM_GROUP = _unwrapped("add_param_group")
-_ZERO_GRAD = _unwrapped("zero_grad")
-_STATE_DICT = _unwrapped("state_dict")
-_LOAD_STATE_DICT = _unwrapped("load_state_dict")
-
-
 class PlainSGD(Optimizer):
+    add_param_group = _unwrapped("add_param_group")
+    zero_grad = _unwrapped("zero_grad")
+    state_dict = _unwrapped("state_dict")
+    load_state_dict = _unwrapped("load_state_dict")
+
     # Horovod rebuilds the optimizer from its param_groups (which carry "lr"), so lr may be
     # absent here, as with torch.optim.SGD.
     def __init__(self, params: Iterable[Any], lr: Any = required) -> None:
         super().__init__(params, {"lr": lr})
-
-    def add_param_group(self, param_group: dict[str, Any]) -> None:
-        _ADD_PARAM_GROUP(self, param_group)
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        _ZERO_GRAD(self, set_to_none)
-
-    def state_dict(self) -> dict[str, Any]:
-        return _STATE_DICT(self)  # type: ignore[no-any-return]
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        _LOAD_STATE_DICT(self, state_dict)
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
