@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .comm import communication_threads
+from .comm import allreduce_sum, communication_threads
 from .data import DataError
 from .model import State
 
@@ -51,6 +51,11 @@ class Position:
     hidden: State | None = None  # THIS rank's LSTM state mid-epoch (None: epoch start)
     train_ppl: float = math.nan  # of the last epoch trained
     valid_ppl: float = math.nan  # after the last finished epoch
+
+    def fold(self, loss: float, tokens: float) -> None:
+        """Add the ranks' summed interval to the epoch's sums and start a new interval."""
+        self.epoch_loss, self.epoch_tokens = self.epoch_loss + loss, self.epoch_tokens + int(tokens)
+        self.interval_loss, self.interval_tokens = 0.0, 0
 
 
 def next_epoch(pos: Position) -> Position:
@@ -105,9 +110,7 @@ def write_atomically(path: Path, payload: dict[str, Any]) -> None:
 def save_checkpoint(job: Job, pos: Position, path: str) -> float:
     """Collective (every rank calls it at the same step); rank 0 writes. Returns the seconds
     rank 0 spent writing (0 elsewhere)."""
-    loss, tokens = (float(v) for v in job.comm.allreduce(
-        torch.tensor([pos.interval_loss, pos.interval_tokens], dtype=torch.float64),
-        op=job.comm.Sum))
+    loss, tokens = allreduce_sum(job.comm, [pos.interval_loss, pos.interval_tokens])
     hidden = gather_state(job.comm, pos.hidden) if pos.hidden is not None else None
     if job.comm.rank() != 0:
         return 0.0

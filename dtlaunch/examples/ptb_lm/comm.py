@@ -6,6 +6,8 @@ import os
 from collections.abc import MutableMapping
 from typing import Any
 
+import torch
+
 
 class SingleProcess:
     """The few ``horovod.torch`` calls the example uses, for a world of one process."""
@@ -99,6 +101,12 @@ def get_comm(nice: int = COMM_NICE, comm: Any = None) -> Any:
     # cores, 2 ranks x 1 thread under MPICH: 3,406 -> 4,870 words/s.
     _lowered[:] = lower_priority(thread_ids() - before, nice)
     return comm
+
+
+def allreduce_sum(comm: Any, values: list[float]) -> list[float]:
+    """The sums over the ranks, in float64 (loss sums and token counts)."""
+    total = comm.allreduce(torch.tensor(values, dtype=torch.float64), op=comm.Sum)
+    return [float(v) for v in total]
 
 
 def apply_defaults(environ: MutableMapping[str, str]) -> None:

@@ -22,57 +22,9 @@ import numpy as np
 import torch
 
 from .checkpoint import Position, gather_state, shard_state
+from .comm import allreduce_sum
 from .data import shard_range
 from .job import Job
-
-
-def allreduce_pair(comm: Any, a: float, b: float) -> tuple[float, float]:
-    total = comm.allreduce(torch.tensor([a, b], dtype=torch.float64), op=comm.Sum)
-    return float(total[0]), float(total[1])
-
-
-class ElasticTraining:
-    """The state Horovod keeps across resets, and the re-sharding after one."""
-
-    def __init__(self, comm: Any, job: Job, matrix: np.ndarray, pos: Position,
-                 every: int) -> None:
-        self.comm, self.job, self.matrix, self.every = comm, job, matrix, every
-        hidden = gather_state(comm, pos.hidden) if pos.hidden is not None else None
-        self.state = comm.elastic.TorchState(job.model, job.optimizer,
-                                             pos=dataclasses.replace(pos, hidden=None),
-                                             hidden=hidden)
-        self.state.register_reset_callbacks([self.reshard])
-
-    def reshard(self) -> None:
-        """Each rank's streams for the new number of ranks."""
-        job = self.job
-        job.streams = shard_range(job.config.batch_size, self.comm.rank(), self.comm.size())
-        job.train = torch.from_numpy(np.ascontiguousarray(
-            self.matrix[:, job.streams.start : job.streams.stop]))
-        job.report.active = self.comm.rank() == 0
-        job.report.emit(f"elastic: {self.comm.size()} rank(s) from here on",
-                        {"event": "elastic_reset", "ranks": self.comm.size()})
-
-    def position(self) -> Position:
-        """Where training stands by the last commit (or sync), with this rank's LSTM state."""
-        saved: Position = self.state.pos
-        hidden = self.state.hidden
-        mine = shard_state(hidden, self.job.streams) if hidden is not None else None
-        return dataclasses.replace(saved, hidden=mine)
-
-    def commit(self, pos: Position) -> None:
-        """Fold the ranks' interval sums into the epoch's and commit everything."""
-        loss, tokens = allreduce_pair(self.comm, pos.interval_loss, pos.interval_tokens)
-        pos.epoch_loss, pos.epoch_tokens = pos.epoch_loss + loss, pos.epoch_tokens + int(tokens)
-        pos.interval_loss, pos.interval_tokens = 0.0, 0
-        self.state.hidden = (gather_state(self.comm, pos.hidden) if pos.hidden is not None
-                             else None)
-        self.state.pos = dataclasses.replace(pos, hidden=None)
-        self.state.commit()
-
-    def on_step(self, pos: Position) -> None:
-        if pos.step % self.every == 0:
-            self.commit(pos)
 
 
 def run_elastic(comm: Any, job: Job, matrix: np.ndarray, pos: Position,
@@ -80,10 +32,35 @@ def run_elastic(comm: Any, job: Job, matrix: np.ndarray, pos: Position,
                 epochs: Callable[[Position, Callable[[Position], None]], Position]) -> Position:
     """Train under ``hvd.elastic.run``; ``epochs(pos, on_step)`` is the fixed-size loop over
     the epochs, returning where it stopped."""
-    training = ElasticTraining(comm, job, matrix, pos, args.commit_every)
+    hidden = gather_state(comm, pos.hidden) if pos.hidden is not None else None
+    # What Horovod keeps across resets.
+    state = comm.elastic.TorchState(job.model, job.optimizer,
+                                    pos=dataclasses.replace(pos, hidden=None), hidden=hidden)
+
+    def reshard() -> None:
+        """Each rank's streams for the new number of ranks."""
+        job.streams = shard_range(job.config.batch_size, comm.rank(), comm.size())
+        job.train = torch.from_numpy(np.ascontiguousarray(
+            matrix[:, job.streams.start : job.streams.stop]))
+        job.report.active = comm.rank() == 0
+        job.report.emit(f"elastic: {comm.size()} rank(s) from here on",
+                        {"event": "elastic_reset", "ranks": comm.size()})
+
+    def on_step(pos: Position) -> None:
+        """Every ``--commit-every`` steps: fold the ranks' interval sums into the epoch's and
+        commit everything."""
+        if pos.step % args.commit_every != 0:
+            return
+        pos.fold(*allreduce_sum(comm, [pos.interval_loss, pos.interval_tokens]))
+        state.hidden = gather_state(comm, pos.hidden) if pos.hidden is not None else None
+        state.pos = dataclasses.replace(pos, hidden=None)
+        state.commit()
 
     def train(state: Any) -> Position:
-        return epochs(training.position(), training.on_step)
+        """From the last commit (or sync), with this rank's share of the LSTM state."""
+        mine = shard_state(state.hidden, job.streams) if state.hidden is not None else None
+        return epochs(dataclasses.replace(state.pos, hidden=mine), on_step)
 
-    end: Position = comm.elastic.run(train)(training.state)
+    state.register_reset_callbacks([reshard])
+    end: Position = comm.elastic.run(train)(state)
     return end

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from .checkpoint import Position, checkpoint, next_epoch, start
-from .comm import COMM_NICE, get_comm
+from .comm import COMM_NICE, allreduce_sum, get_comm
 from .config import CONFIGS, Config, learning_rate
 from .data import (
     IGNORE_INDEX,
@@ -165,11 +165,6 @@ def shared_corpus(comm: Any, data_path: str) -> Corpus:
     return Corpus(words=words, **arrays)
 
 
-def allreduce_sum(comm: Any, values: list[float]) -> list[float]:
-    total = comm.allreduce(torch.tensor(values, dtype=torch.float64), op=comm.Sum)
-    return [float(v) for v in total]
-
-
 def detach(state: State) -> State:
     return state[0].detach(), state[1].detach()
 
@@ -275,8 +270,8 @@ def train_epoch(job: Job, pos: Position, lr: float, args: argparse.Namespace,
                  "step": pos.step, "words_per_sec": words_per_sec,
                  "train_ppl": math.exp(loss / tokens), "lr": lr},
             )
-            pos.epoch_loss, pos.epoch_tokens = pos.epoch_loss + loss, pos.epoch_tokens + int(tokens)
-            pos.interval_loss, pos.interval_tokens, tick, ticked_at = 0.0, 0, now, i + 1
+            pos.fold(loss, tokens)
+            tick, ticked_at = now, i + 1
         if save:
             checkpoint(job, pos, args.checkpoint)
         if on_step is not None:
@@ -286,8 +281,7 @@ def train_epoch(job: Job, pos: Position, lr: float, args: argparse.Namespace,
     loss, tokens = allreduce_sum(job.comm, [pos.interval_loss, pos.interval_tokens])
     pos.train_ppl = math.exp((pos.epoch_loss + loss) / max(pos.epoch_tokens + tokens, 1))
     if completed:
-        pos.epoch_loss, pos.epoch_tokens = pos.epoch_loss + loss, pos.epoch_tokens + int(tokens)
-        pos.interval_loss, pos.interval_tokens = 0.0, 0
+        pos.fold(loss, tokens)
     progress.seconds += time.perf_counter() - start
     return completed
 
