@@ -137,7 +137,7 @@ def test_a_checkpoint_directory_that_does_not_exist_fails_before_training(
 def test_a_failed_write_leaves_the_old_checkpoint_and_no_temporary_file(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "c.pt"
-    checkpoint.write_atomically(path, {"format": 2, "n": 1})
+    checkpoint.write_atomically(path, lambda handle: torch.save({"format": 2, "n": 1}, handle))
     real_save = torch.save
 
     def save_half_then_fail(obj: object, handle: Any) -> None:
@@ -147,7 +147,7 @@ def test_a_failed_write_leaves_the_old_checkpoint_and_no_temporary_file(
 
     monkeypatch.setattr(checkpoint.torch, "save", save_half_then_fail)
     with pytest.raises(OSError, match="No space"):
-        checkpoint.write_atomically(path, {"format": 2, "n": 2})
+        checkpoint.write_atomically(path, lambda handle: torch.save({"format": 2, "n": 2}, handle))
     assert torch.load(path, weights_only=True) == {"format": 2, "n": 1}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.pt"]
     assert path.stat().st_mode & 0o777 == 0o666 & ~_umask()

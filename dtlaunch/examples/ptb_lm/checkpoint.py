@@ -15,11 +15,9 @@ checkpoint or the new one, never half a file. Rank 0 alone reads it on resume an
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import math
 import os
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .comm import allreduce_sum, communication_threads
-from .data import DataError
+from .data import DataError, write_atomically
 from .model import State
 
 if TYPE_CHECKING:
@@ -84,29 +82,6 @@ def shard_state(state: State, streams: range) -> State:
 # ---------------------------------------------------------------- writing
 
 
-def write_atomically(path: Path, payload: dict[str, Any]) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            umask = os.umask(0)
-            os.umask(umask)
-            os.fchmod(handle.fileno(), 0o666 & ~umask)  # as open() would; mkstemp gives 0600
-            torch.save(payload, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    with contextlib.suppress(OSError):  # make the rename itself durable
-        directory = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(directory)
-        finally:
-            os.close(directory)
-
-
 def save_checkpoint(job: Job, pos: Position, path: str) -> float:
     """Collective (every rank calls it at the same step); rank 0 writes. Returns the seconds
     rank 0 spent writing (0 elsewhere)."""
@@ -123,7 +98,7 @@ def save_checkpoint(job: Job, pos: Position, path: str) -> float:
         "model": job.model.state_dict(), "optimizer": job.optimizer.state_dict(),
     }
     try:
-        write_atomically(Path(path), payload)
+        write_atomically(Path(path), lambda handle: torch.save(payload, handle))
     except OSError as exc:
         raise DataError(f"cannot write checkpoint {path}: {exc.strerror or exc}") from None
     return time.perf_counter() - started

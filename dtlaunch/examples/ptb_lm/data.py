@@ -20,8 +20,10 @@ import tempfile
 import urllib.error
 import urllib.request
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 import numpy as np
 
@@ -79,15 +81,6 @@ def check_sha256(name: str, content: bytes, expected: str, where: str) -> None:
         )
 
 
-def fetch_archive(url: str, timeout: float = DOWNLOAD_TIMEOUT_S) -> bytes:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
-            return bytes(response.read())
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise DataError(f"cannot download {url} ({reason})") from None
-
-
 def members_from_archive(archive: bytes, names: list[str]) -> dict[str, bytes]:
     """Read the wanted ``simple-examples/data/<name>`` members; nothing is written by tarfile,
     so names with ``..`` or absolute paths in the archive cannot escape the data directory."""
@@ -111,10 +104,29 @@ def members_from_archive(archive: bytes, names: list[str]) -> dict[str, bytes]:
     return found
 
 
-def write_atomically(path: Path, content: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_bytes(content)
-    os.replace(tmp, path)
+def write_atomically(path: Path, write: Callable[[IO[bytes]], object]) -> None:
+    """``write(handle)`` into a temporary file beside ``path``, flushed and fsynced, then renamed
+    over it (and the directory fsynced): a crash leaves the old file or the new, never half."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            umask = os.umask(0)
+            os.umask(umask)
+            os.fchmod(handle.fileno(), 0o666 & ~umask)  # as open() would; mkstemp gives 0600
+            write(handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    with contextlib.suppress(OSError):  # make the rename itself durable
+        directory = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
 
 
 def download_missing(data_dir: Path, names: list[str], url: str) -> dict[str, bytes]:
@@ -123,7 +135,11 @@ def download_missing(data_dir: Path, names: list[str], url: str) -> dict[str, by
         f"into {data_dir}"
     )
     try:
-        contents = members_from_archive(fetch_archive(url), names)
+        with urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT_S) as response:
+            contents = members_from_archive(bytes(response.read()), names)
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        raise DataError(f"PTB files missing in {data_dir} and cannot download {url} "
+                        f"({getattr(exc, 'reason', exc)}); {hint}") from None
     except DataError as exc:
         raise DataError(f"PTB files missing in {data_dir} and {exc}; {hint}") from None
     expected = expected_sha256(data_dir)
@@ -131,7 +147,8 @@ def download_missing(data_dir: Path, names: list[str], url: str) -> dict[str, by
         check_sha256(name, content, expected[name], url)
     data_dir.mkdir(parents=True, exist_ok=True)
     for name, content in contents.items():
-        write_atomically(data_dir / name, content)
+        # The writer runs before the loop moves on, so binding ``content`` late is safe.
+        write_atomically(data_dir / name, lambda handle: handle.write(content))  # noqa: B023
     return contents
 
 
@@ -156,28 +173,18 @@ def read_verified(data_dir: Path, url: str | None = None) -> dict[str, bytes]:
 # ---------------------------------------------------------------- vocabulary and ids
 
 
-def tokenize(text: str) -> list[str]:
-    """Words of ``text`` with one ``<eos>`` per line."""
-    return text.replace("\n", f" {EOS} ").split()
-
-
-def build_vocab(train_words: list[str]) -> list[str]:
-    """Words by descending frequency, ties alphabetical (the TensorFlow tutorial's order)."""
-    counts = Counter(train_words)
-    return sorted(counts, key=lambda w: (-counts[w], w))
-
-
-def to_ids(words: list[str], index: dict[str, int]) -> np.ndarray:
-    unk = index.get("<unk>", 0)
-    return np.fromiter((index.get(w, unk) for w in words), dtype=np.int64, count=len(words))
-
-
 def build_corpus(contents: dict[str, bytes]) -> Corpus:
-    tokens = {s: tokenize(contents[FILES[s]].decode("utf-8")) for s in SPLITS}
-    words = build_vocab(tokens["train"])
+    """Words with one ``<eos>`` per line; the vocabulary by descending frequency in the
+    training split, ties alphabetical (the TensorFlow tutorial's order)."""
+    tokens = {s: contents[FILES[s]].decode("utf-8").replace("\n", f" {EOS} ").split()
+              for s in SPLITS}
+    counts = Counter(tokens["train"])
+    words = sorted(counts, key=lambda w: (-counts[w], w))
     index = {w: i for i, w in enumerate(words)}
-    ids = {s: to_ids(tokens[s], index) for s in SPLITS}
-    return Corpus(words=words, train=ids["train"], valid=ids["valid"], test=ids["test"])
+    unk = index.get("<unk>", 0)
+    ids = {s: np.fromiter((index.get(w, unk) for w in tokens[s]), dtype=np.int64,
+                          count=len(tokens[s])) for s in SPLITS}
+    return Corpus(words=words, **ids)
 
 
 def ids_cache_dir() -> Path:
@@ -196,18 +203,11 @@ def _cached_corpus(path: Path) -> Corpus | None:
 
 def _save_corpus(path: Path, corpus: Corpus) -> None:
     """Best effort: a cache that cannot be written only costs the next start a second."""
-    tmp: str | None = None
-    try:
+    with contextlib.suppress(OSError):
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        handle, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-        with os.fdopen(handle, "wb") as out:
-            np.savez(out, words=np.array(corpus.words), train=corpus.train, valid=corpus.valid,
-                     test=corpus.test)
-        os.replace(tmp, path)
-    except OSError:
-        if tmp is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
+        write_atomically(path, lambda out: np.savez(
+            out, words=np.array(corpus.words), train=corpus.train, valid=corpus.valid,
+            test=corpus.test))
 
 
 def load_corpus(data_dir: str | Path, url: str | None = None, cache: bool = True) -> Corpus:
