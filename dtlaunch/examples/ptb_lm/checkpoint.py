@@ -199,11 +199,6 @@ def restart_count() -> int | None:
         return None
 
 
-def backend_name(comm: Any) -> str:
-    """'horovod', 'ddp', or 'single process' (Horovod not installed)."""
-    return str(getattr(comm, "label", "horovod"))
-
-
 def start(args: argparse.Namespace, job: Job, timing: dict[str, Any] | None = None) -> Position:
     """Resume or start afresh, then give every rank rank 0's weights and optimizer state.
     ``timing`` (when the ranks came up, how long the data took) goes into the start record."""
@@ -214,13 +209,14 @@ def start(args: argparse.Namespace, job: Job, timing: dict[str, Any] | None = No
     comm.broadcast_optimizer_state(job.optimizer, root_rank=0)
     restarts = restart_count()
     niced = sorted(set(communication_threads().values()))
+    backend = str(getattr(comm, "label", "horovod"))  # horovod.torch has no label
     job.report.emit(
-        f"config {cfg.name}: {comm.size()} rank(s) ({backend_name(comm)}) on {job.device.type}, "
+        f"config {cfg.name}: {comm.size()} rank(s) ({backend}) on {job.device.type}, "
         f"global batch {cfg.batch_size}, {torch.get_num_threads()} thread(s) per rank"
         + (f", communication threads at nice {'/'.join(map(str, niced))}" if niced else "")
         + (f", restart {restarts}" if restarts else ""),
         {"event": "start", "config": cfg.name, "ranks": comm.size(),
-         "backend": backend_name(comm), "device": str(job.device),
+         "backend": backend, "device": str(job.device),
          "batch_size": cfg.batch_size, "threads": torch.get_num_threads(),
          "comm_nice": niced, "restart_count": restarts, **(timing or {})})
     if resumed is None:

@@ -129,45 +129,37 @@ def write_atomically(path: Path, write: Callable[[IO[bytes]], object]) -> None:
             os.close(directory)
 
 
-def download_missing(data_dir: Path, names: list[str], url: str) -> dict[str, bytes]:
+def read_verified(data_dir: Path, url: str | None = None) -> dict[str, bytes]:
+    """Bytes of the three files, checksum-verified; absent files are downloaded first."""
+    expected = expected_sha256(data_dir)
+    contents: dict[str, bytes] = {}
+    for name in FILES.values():
+        if (data_dir / name).is_file():
+            contents[name] = (data_dir / name).read_bytes()
+            check_sha256(name, contents[name], expected[name], str(data_dir))
+    missing = [name for name in FILES.values() if name not in contents]
+    if not missing:
+        return contents
+    url = url or os.environ.get(URL_ENV) or DEFAULT_URL
     hint = (
         f"copy {', '.join(FILES.values())} (from simple-examples.tgz, simple-examples/data/) "
         f"into {data_dir}"
     )
     try:
         with urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT_S) as response:
-            contents = members_from_archive(bytes(response.read()), names)
+            downloaded = members_from_archive(bytes(response.read()), missing)
     except (urllib.error.URLError, OSError, ValueError) as exc:
         raise DataError(f"PTB files missing in {data_dir} and cannot download {url} "
                         f"({getattr(exc, 'reason', exc)}); {hint}") from None
     except DataError as exc:
         raise DataError(f"PTB files missing in {data_dir} and {exc}; {hint}") from None
-    expected = expected_sha256(data_dir)
-    for name, content in contents.items():
+    for name, content in downloaded.items():
         check_sha256(name, content, expected[name], url)
     data_dir.mkdir(parents=True, exist_ok=True)
-    for name, content in contents.items():
+    for name, content in downloaded.items():
         # The writer runs before the loop moves on, so binding ``content`` late is safe.
         write_atomically(data_dir / name, lambda handle: handle.write(content))  # noqa: B023
-    return contents
-
-
-def read_verified(data_dir: Path, url: str | None = None) -> dict[str, bytes]:
-    """Bytes of the three files, checksum-verified; absent files are downloaded first."""
-    expected = expected_sha256(data_dir)
-    contents: dict[str, bytes] = {}
-    missing: list[str] = []
-    for name in FILES.values():
-        path = data_dir / name
-        if path.is_file():
-            contents[name] = path.read_bytes()
-            check_sha256(name, contents[name], expected[name], str(data_dir))
-        else:
-            missing.append(name)
-    if missing:
-        url = url or os.environ.get(URL_ENV) or DEFAULT_URL
-        contents.update(download_missing(data_dir, missing, url))
-    return contents
+    return {**contents, **downloaded}
 
 
 # ---------------------------------------------------------------- vocabulary and ids
@@ -242,10 +234,6 @@ def stream_matrix(ids: np.ndarray, num_streams: int) -> np.ndarray:
     a whole row is dropped (at most ``num_streams - 1`` tokens, as in the tutorial)."""
     stream_len = len(ids) // num_streams
     return ids[: stream_len * num_streams].reshape(num_streams, stream_len).T.copy()
-
-
-def steps_per_epoch(stream_len: int, num_steps: int) -> int:
-    return (stream_len - 1) // num_steps
 
 
 def eval_streams(ids: np.ndarray, num_streams: int) -> tuple[np.ndarray, np.ndarray]:

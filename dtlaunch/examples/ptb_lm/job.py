@@ -36,9 +36,6 @@ class Job:
     net: torch.nn.Module | None = None
     device: torch.device = CPU
 
-    def forward_module(self) -> torch.nn.Module:
-        return self.net if self.net is not None else self.model
-
 
 class Reporter:
     """Prints on rank 0 and appends JSON lines to ``--metrics``."""

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 
 from .checkpoint import Position, checkpoint, next_epoch, start
 from .comm import COMM_NICE, allreduce_sum, get_comm
-from .config import CONFIGS, Config, learning_rate
+from .config import CONFIGS, learning_rate
 from .data import (
     IGNORE_INDEX,
     SPLITS,
@@ -43,7 +43,6 @@ from .data import (
     eval_streams,
     load_corpus,
     shard_range,
-    steps_per_epoch,
     stream_matrix,
 )
 from .ddp import TorchDistributed
@@ -129,10 +128,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--elastic keeps the training state in memory across resets; --checkpoint is "
                 "for restarts of a fixed-size job")
     return args
-
-
-def default_threads(comm: Any) -> int:
-    return max(1, (os.cpu_count() or 1) // int(comm.local_size()))
 
 
 def shared_corpus(comm: Any, data_path: str) -> Corpus:
@@ -223,12 +218,12 @@ def train_epoch(job: Job, pos: Position, lr: float, args: argparse.Namespace,
     """Train ``pos.epoch`` from ``pos.epoch_step`` to its end (or until --max-steps),
     updating ``pos`` as it goes; returns whether the epoch was completed."""
     cfg, model, T = job.config, job.model, job.config.num_steps
-    net = job.forward_module()
+    net = job.net if job.net is not None else job.model
     for group in job.optimizer.param_groups:
         group["lr"] = lr
     net.train()  # DDP passes it on to the model
     params = list(model.parameters())
-    n_steps = steps_per_epoch(job.train.shape[0], T)
+    n_steps = (job.train.shape[0] - 1) // T  # a stream's last token is only a target
     interval = args.log_interval or max(1, n_steps // 10)
     global_batch = cfg.batch_size
     state = pos.hidden if pos.hidden is not None else model.initial_state(job.train.shape[1])
@@ -319,18 +314,11 @@ def dump_params(prefix: str, rank: int, model: PTBModel) -> None:
             "numel": flat.numel(), "sum": float(flat.double().sum())})
 
 
-def build_config(args: argparse.Namespace, vocab_size: int) -> Config:
-    config = CONFIGS[args.config]
+def build_job(args: argparse.Namespace, comm: Any, corpus: Corpus, device: torch.device) -> Job:
     overrides = {"batch_size": args.batch_size, "hidden_size": args.hidden_size,
                  "keep_prob": args.keep_prob}
-    config = replace(config, **{k: v for k, v in overrides.items() if v is not None})
-    return replace(config, vocab_size=vocab_size)
-
-
-def build_job(args: argparse.Namespace, comm: Any, corpus: Corpus,
-              device: torch.device | None = None) -> Job:
-    device = device or torch.device("cpu")
-    config = build_config(args, len(corpus.words))
+    config = replace(CONFIGS[args.config], vocab_size=len(corpus.words),
+                     **{k: v for k, v in overrides.items() if v is not None})
     streams = shard_range(config.batch_size, comm.rank(), comm.size())
     matrix = stream_matrix(corpus.train, config.batch_size)[:, streams.start : streams.stop]
     torch.manual_seed(args.seed)
@@ -361,10 +349,9 @@ def build_job(args: argparse.Namespace, comm: Any, corpus: Corpus,
                seed=args.seed, net=net, device=device)
 
 
-def run(args: argparse.Namespace, comm: Any, up_at: float | None = None,
-        device: torch.device | None = None) -> None:
+def run(args: argparse.Namespace, comm: Any, up_at: float, device: torch.device) -> None:
     began = time.perf_counter()
-    torch.set_num_threads(args.threads or default_threads(comm))
+    torch.set_num_threads(args.threads or max(1, (os.cpu_count() or 1) // int(comm.local_size())))
     loading = time.perf_counter()
     # Elastic: a worker that joins later runs this alone, so nothing here may wait for the
     # others (each reads the data itself; the state comes from rank 0 at the first sync).
