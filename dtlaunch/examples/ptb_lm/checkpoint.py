@@ -104,15 +104,6 @@ def save_checkpoint(job: Job, pos: Position, path: str) -> float:
     return time.perf_counter() - started
 
 
-def check_writable(path: str) -> None:
-    """Fail at the start, not after hours of training, when a checkpoint cannot be written."""
-    directory = Path(path).parent
-    if not directory.is_dir():
-        raise DataError(f"--checkpoint {path}: directory {directory} does not exist")
-    if not os.access(directory, os.W_OK | os.X_OK):
-        raise DataError(f"--checkpoint {path}: cannot write in {directory}")
-
-
 # ---------------------------------------------------------------- reading and resuming
 
 
@@ -153,7 +144,12 @@ def resume(job: Job, path: str, mode: str | None) -> tuple[Position, dict[str, A
     outcome: tuple[dict[str, Any] | None, str | None] = (None, None)
     if comm.rank() == 0:
         try:
-            check_writable(path)
+            # Fail at the start, not after hours of training, when it cannot be written.
+            directory = Path(path).parent
+            if not directory.is_dir():
+                raise DataError(f"--checkpoint {path}: directory {directory} does not exist")
+            if not os.access(directory, os.W_OK | os.X_OK):
+                raise DataError(f"--checkpoint {path}: cannot write in {directory}")
             if mode is not None and Path(path).is_file():
                 started = time.perf_counter()
                 record = read_checkpoint(job, path)

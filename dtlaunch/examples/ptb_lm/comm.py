@@ -9,11 +9,18 @@ from typing import Any
 import torch
 
 
+def _unchanged(self: Any, value: Any, *args: Any, **kwargs: Any) -> Any:
+    return value
+
+
 class SingleProcess:
-    """The few ``horovod.torch`` calls the example uses, for a world of one process."""
+    """The few ``horovod.torch`` calls the example uses, for a world of one process: every
+    collective, and the optimizer's wrapper, hands back what it was given."""
 
     Sum = "sum"
     label = "single process"
+    broadcast_parameters = broadcast_optimizer_state = broadcast_object = _unchanged
+    broadcast_ = allreduce = allgather = DistributedOptimizer = _unchanged
 
     def init(self) -> None:
         pass
@@ -24,33 +31,7 @@ class SingleProcess:
     def size(self) -> int:
         return 1
 
-    def local_rank(self) -> int:
-        return 0
-
-    def local_size(self) -> int:
-        return 1
-
-    def broadcast_parameters(self, params: Any, root_rank: int) -> None:
-        pass
-
-    def broadcast_optimizer_state(self, optimizer: Any, root_rank: int) -> None:
-        pass
-
-    def broadcast_object(self, obj: Any, root_rank: int = 0, name: Any = None) -> Any:
-        return obj
-
-    def broadcast_(self, tensor: Any, root_rank: int, name: Any = None) -> Any:
-        return tensor
-
-    def allreduce(self, tensor: Any, op: Any = None, name: Any = None) -> Any:
-        return tensor
-
-    def allgather(self, tensor: Any, name: Any = None) -> Any:
-        return tensor
-
-    def DistributedOptimizer(self, optimizer: Any, named_parameters: Any = None,
-                             op: Any = None) -> Any:
-        return optimizer
+    local_rank, local_size = rank, size
 
 
 COMM_NICE = 19
