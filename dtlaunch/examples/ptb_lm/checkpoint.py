@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .comm import allreduce_sum, communication_threads
+from .comm import allreduce_sum, communication_nice
 from .data import DataError, write_atomically
 from .model import State
 
@@ -204,7 +204,7 @@ def start(args: argparse.Namespace, job: Job, timing: dict[str, Any] | None = No
     comm.broadcast_parameters(job.model.state_dict(), root_rank=0)
     comm.broadcast_optimizer_state(job.optimizer, root_rank=0)
     restarts = restart_count()
-    niced = sorted(set(communication_threads().values()))
+    niced = communication_nice()
     backend = str(getattr(comm, "label", "horovod"))  # horovod.torch has no label
     job.report.emit(
         f"config {cfg.name}: {comm.size()} rank(s) ({backend}) on {job.device.type}, "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import MutableMapping
 from typing import Any
@@ -9,7 +10,7 @@ from typing import Any
 import torch
 
 
-def _unchanged(self: Any, value: Any, *args: Any, **kwargs: Any) -> Any:
+def unchanged(self: Any, value: Any, *args: Any, **kwargs: Any) -> Any:
     return value
 
 
@@ -19,8 +20,8 @@ class SingleProcess:
 
     Sum = "sum"
     label = "single process"
-    broadcast_parameters = broadcast_optimizer_state = broadcast_object = _unchanged
-    broadcast_ = allreduce = allgather = DistributedOptimizer = _unchanged
+    broadcast_parameters = broadcast_optimizer_state = broadcast_object = unchanged
+    broadcast_ = allreduce = allgather = DistributedOptimizer = unchanged
 
     def init(self) -> None:
         pass
@@ -119,12 +120,10 @@ def lower_priority(threads: set[int], nice: int) -> list[int]:
     return done
 
 
-def communication_threads() -> dict[int, int]:
-    """The lowered threads still alive, with the nice value each has now."""
-    out = {}
+def communication_nice() -> list[int]:
+    """The nice values the lowered threads still alive have now."""
+    values = set()
     for tid in _lowered:
-        try:
-            out[tid] = os.getpriority(os.PRIO_PROCESS, tid)
-        except OSError:
-            continue
-    return out
+        with contextlib.suppress(OSError):  # gone already
+            values.add(os.getpriority(os.PRIO_PROCESS, tid))
+    return sorted(values)

@@ -202,17 +202,16 @@ def _save_corpus(path: Path, corpus: Corpus) -> None:
             test=corpus.test))
 
 
-def load_corpus(data_dir: str | Path, url: str | None = None, cache: bool = True) -> Corpus:
+def load_corpus(data_dir: str | Path, url: str | None = None) -> Corpus:
     """The corpus as token ids. Tokenizing takes about a second, paid on every (re)start, so
     the ids are cached under the user's cache directory, keyed by the files' exact bytes."""
     contents = read_verified(Path(data_dir), url)
     digest = hashlib.sha256(b"".join(contents[FILES[s]] for s in SPLITS)).hexdigest()[:32]
     path = ids_cache_dir() / f"{digest}.npz"
-    corpus = _cached_corpus(path) if cache else None
+    corpus = _cached_corpus(path)
     if corpus is None:
         corpus = build_corpus(contents)
-        if cache:
-            _save_corpus(path, corpus)
+        _save_corpus(path, corpus)
     return corpus
 
 

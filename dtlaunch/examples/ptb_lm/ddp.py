@@ -17,6 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from .comm import unchanged
 from .device import ddp_backend
 
 # init_process_group waits this long for every rank (env:// rendezvous) and each collective
@@ -30,6 +31,7 @@ class TorchDistributed:
     Sum = "sum"
     label = "ddp"
     averages_gradients = True  # DDP divides the summed gradients by the world size
+    DistributedOptimizer = unchanged  # DDP reduces the gradients in backward()
 
     def __init__(self, device: str, local_rank: int, local_size: int) -> None:
         self.device, self._local_rank, self._local_size = device, local_rank, local_size
@@ -105,7 +107,3 @@ class TorchDistributed:
         parts = [torch.empty_like(padded) for _ in sizes]
         dist.all_gather(parts, padded.contiguous())
         return torch.cat([part[:n] for part, n in zip(parts, sizes)])
-
-    def DistributedOptimizer(self, optimizer: Any, named_parameters: Any = None,
-                             op: Any = None) -> Any:
-        return optimizer  # DDP reduces the gradients in backward(); the optimizer is plain

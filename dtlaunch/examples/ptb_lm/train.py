@@ -17,6 +17,7 @@ tests with batch 1; more streams only reset the LSTM state at stream starts.)
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import math
@@ -194,14 +195,11 @@ def clip_grad_norm(params: Sequence[torch.Tensor], max_norm: float) -> float | t
 
 def clipped_step(optimizer: Any, params: Sequence[torch.Tensor], max_norm: float) -> None:
     """Clip the AVERAGED gradient: finish Horovod's allreduce first, then clip, then step."""
-    synchronize = getattr(optimizer, "synchronize", None)
-    if synchronize is None:  # single process
-        clip_grad_norm(params, max_norm)
-        optimizer.step()
-        return
-    synchronize()
+    horovod = hasattr(optimizer, "synchronize")  # else a plain optimizer (one process, DDP)
+    if horovod:
+        optimizer.synchronize()
     clip_grad_norm(params, max_norm)
-    with optimizer.skip_synchronize():
+    with optimizer.skip_synchronize() if horovod else contextlib.nullcontext():
         optimizer.step()
 
 
