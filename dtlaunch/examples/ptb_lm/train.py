@@ -338,9 +338,8 @@ def build_job(args: argparse.Namespace, comm: Any, corpus: Corpus, device: torch
     # when the ranks' shares of streams differ.
     # DDP AVERAGES over the ranks instead of summing: scaling by size / global batch makes
     # its average the same global cost.
-    loss_scale = 1.0 / config.batch_size
-    if getattr(comm, "averages_gradients", False):
-        loss_scale = comm.size() / config.batch_size
+    averages = getattr(comm, "averages_gradients", False)
+    loss_scale = (comm.size() if averages else 1.0) / config.batch_size
     return Job(comm=comm, config=config, model=model, optimizer=optimizer,
                train=torch.from_numpy(np.ascontiguousarray(matrix)).to(device), streams=streams,
                loss_scale=loss_scale, report=Reporter(comm.rank() == 0, args.metrics),
