@@ -488,11 +488,6 @@ class Agent:
             signal.signal(signum, on_signal)
         threading.Thread(target=watch_stdin, daemon=True).start()
 
-    def cwd(self) -> Optional[str]:
-        """As MPI launchers do: dtlaunch's directory when the host has it."""
-        cwd = self.job.get("cwd")
-        return str(cwd) if cwd and os.path.isdir(cwd) else None
-
     def base_env(self) -> Dict[str, str]:
         base = dict(os.environ)
         for name in self.job.get("unset") or ():
@@ -527,9 +522,12 @@ class Agent:
 
     def spawn(self, argv: List[str], env: Dict[str, str], what: str,
               ) -> Optional[subprocess.Popen[bytes]]:
-        """One rank under the rank shim, or None when it cannot start (said on stderr)."""
+        """One rank under the rank shim, or None when it cannot start (said on stderr). In
+        dtlaunch's directory when the host has it, as MPI launchers do."""
+        cwd = self.job.get("cwd")
         try:
-            return subprocess.Popen(argv, env=env, cwd=self.cwd(), stdin=subprocess.DEVNULL)
+            return subprocess.Popen(argv, env=env, cwd=cwd if cwd and os.path.isdir(cwd) else None,
+                                    stdin=subprocess.DEVNULL)
         except OSError as exc:
             sys.stderr.write(PREFIX + "cannot start %s: %s\n" % (what, exc.strerror or exc))
             return None

@@ -69,12 +69,6 @@ class Host:
             self.proc.stdin.write(self.payload)
             self.proc.stdin.flush()
 
-    def close_input(self) -> None:
-        """Once, when the job stops (main's loop is its one caller)."""
-        assert self.proc.stdin is not None
-        with contextlib.suppress(OSError, ValueError):
-            self.proc.stdin.close()
-
 
 def write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
@@ -216,7 +210,9 @@ def main() -> int:
         if stop.is_set() and stop_at is None:
             stop_at = time.monotonic() + RANK_STOP
             for host in hosts:
-                host.close_input()
+                assert host.proc.stdin is not None
+                with contextlib.suppress(OSError, ValueError):
+                    host.proc.stdin.close()
         if stop_at is not None and not signalled and time.monotonic() >= stop_at:
             signalled = True
             for host in hosts:

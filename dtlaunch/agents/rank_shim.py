@@ -226,8 +226,14 @@ def _spawn(program: List[str], keep: Tuple[int, ...]) -> Tuple[int, Tuple[int, i
             os.dup2(err_w, 2)
             for fd in keep:
                 os.set_inheritable(fd, True)
-            # What the MPI daemon left inheritable stays with the shim, not the program.
-            for fd in _open_fds():
+            # What the MPI daemon left inheritable stays with the shim, not the program. The
+            # open ones from /proc (a loop up to the limit could be a million calls), or every
+            # number below a small limit where /proc is missing.
+            try:
+                fds = [int(name) for name in os.listdir("/proc/self/fd")]
+            except OSError:
+                fds = list(range(3, 1024))
+            for fd in fds:
                 if fd > 2 and fd not in keep and fd != fail_w:
                     try:
                         os.close(fd)
@@ -252,15 +258,6 @@ def _spawn(program: List[str], keep: Tuple[int, ...]) -> Tuple[int, Tuple[int, i
         code = int(failed) if failed.isdigit() else 0
         raise OSError(code, os.strerror(code))
     return pid, (out_r, err_r)
-
-
-def _open_fds() -> List[int]:
-    """This process's open descriptors (from /proc: a loop up to the limit could be a million
-    calls), or every number below a small limit where /proc is missing."""
-    try:
-        return [int(name) for name in os.listdir("/proc/self/fd")]
-    except OSError:
-        return list(range(3, 1024))
 
 
 def _descendants(root: int) -> List[int]:

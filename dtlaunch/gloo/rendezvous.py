@@ -115,11 +115,11 @@ class Store:
                     raise DtlaunchError(f"--gloo: the rendezvous store cannot listen on "
                                         f"{', '.join(self.addresses)}: "
                                         f"{exc.strerror or exc}") from None
-        for sock in self._socks:
-            threading.Thread(target=self._accept, args=(sock,), daemon=True,
-                             name="dtlaunch-gloo-store").start()
 
     def _bind(self, addresses: Sequence[str], port: int) -> None:
+        """Every address bound on `port` (0: the kernel's pick) and served, or OSError (those
+        bound before it are left in _socks, unserved, for the caller to close)."""
+        before = len(self._socks)
         for address in addresses:
             family = socket.AF_INET6 if ":" in address else socket.AF_INET
             sock = socket.socket(family, socket.SOCK_STREAM)
@@ -132,22 +132,21 @@ class Store:
             port = sock.getsockname()[1]
             self._socks.append(sock)
         self.port = port
+        for sock in self._socks[before:]:
+            threading.Thread(target=self._accept, args=(sock,), daemon=True,
+                             name="dtlaunch-gloo-store").start()
 
     def listen_also(self, address: str) -> None:
         """Serve `address` too, on the same port (an elastic job's host on another route)."""
         if address in self.addresses:
             return
         self.addresses = [*self.addresses, address]
-        before = len(self._socks)
         try:
             self._bind([address], self.port)
         except OSError as exc:
             self.addresses = self.addresses[:-1]
             raise DtlaunchError(f"the rendezvous store cannot listen on {address} port "
                                 f"{self.port}: {exc.strerror or exc}") from None
-        for sock in self._socks[before:]:
-            threading.Thread(target=self._accept, args=(sock,), daemon=True,
-                             name="dtlaunch-gloo-store").start()
 
     def close(self) -> None:
         self._closed = True
@@ -186,12 +185,6 @@ class Store:
             counts[address] = counts.get(address, 0) + 1
             return counts
 
-    def _release_slot(self, counts: dict[str, int], address: str) -> None:
-        with self._lock:
-            counts[address] -= 1
-            if not counts[address]:
-                del counts[address]
-
     def _refuse(self, peer: str, why: str) -> None:
         with self._lock:
             if len(self.refusals) < 1000:
@@ -225,7 +218,10 @@ class Store:
             return
         finally:
             conn.close()
-            self._release_slot(slot, peer)
+            with self._lock:  # the place _take_slot gave this connection
+                slot[peer] -= 1
+                if not slot[peer]:
+                    del slot[peer]
 
     def _authentic(self, method: bytes, path: bytes, nonce: bytes, body: bytes,
                    mac: str) -> bool:
