@@ -28,11 +28,14 @@ def is_local(host: str) -> bool:
     return host in local_names()
 
 
-def source_address(host: str, ssh: SshOptions, known: str | None = None) -> str:
-    """The address this machine sends from towards `host` (after ssh config's HostName, or at
-    `known`, its address as the scheduler lists it)."""
+def store_address(host: str, ssh: SshOptions, known: str | None = None) -> str:
+    """Where `host`'s agent reaches the store: 127.0.0.1 for this machine, else the address
+    this machine sends from towards `host` (after ssh config's HostName, or at `known`, its
+    address as the scheduler lists it)."""
     from dtlaunch.reach.ssh_config import load_ssh_config, resolve_target
 
+    if is_local(host):
+        return "127.0.0.1"
     target = resolve_target(host, ssh, load_ssh_config(ssh.config_file))
     try:
         infos = socket.getaddrinfo(known or target.hostname, 9, type=socket.SOCK_DGRAM)
@@ -102,9 +105,3 @@ def host_entry(host: str, job: Mapping[str, object], python: str, via_srun: bool
         # ssh hands its command to the remote shell as one line: every word quoted.
         argv = [*agents.ship("rsh.py").here(), host, *map(shlex.quote, boot)]
     return {"name": host, "argv": argv, "input": payload.decode("utf-8")}
-
-
-def store_address(host: str, ssh: SshOptions, known: str | None = None) -> str:
-    """Where `host`'s agent reaches the store: 127.0.0.1 for this machine, else the route's
-    source address."""
-    return "127.0.0.1" if is_local(host) else source_address(host, ssh, known)

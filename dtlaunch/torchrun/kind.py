@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dtlaunch import agents
 from dtlaunch.core.errors import DtlaunchError
 from dtlaunch.gloo.family import Gloo
-from dtlaunch.gloo.start import SRUN_TASK_VARIABLES, host_entry, is_local, source_address
+from dtlaunch.gloo.start import SRUN_TASK_VARIABLES, host_entry, is_local, store_address
 from dtlaunch.jobkind import JobContext, OwnFanout, StartedJob
 from dtlaunch.mpi import SLURM, HostNeeds
 from dtlaunch.plan.plan import build_program, shim_python
@@ -51,7 +51,7 @@ def master_hint(hosts: Sequence[str], ssh: SshOptions, node_address: str | None)
     first = hosts[0]
     if is_local(first):
         other = next((h for h in hosts if not is_local(h)), None)
-        return source_address(other, ssh) if other else "127.0.0.1"
+        return store_address(other, ssh) if other else "127.0.0.1"
     target = resolve_target(first, ssh, load_ssh_config(ssh.config_file))
     try:
         infos = socket.getaddrinfo(node_address or target.hostname, None, type=socket.SOCK_STREAM)
