@@ -191,17 +191,6 @@ class _Child:
                 pass
 
 
-def _unlink_once_open(path: str, fd: int, proc: _Child) -> None:
-    """ssh writes its version line as soon as it opens the log: from then on the name can go,
-    so nothing is left behind even if this wrapper is killed."""
-    while proc.poll() is None and os.fstat(fd).st_size == 0:
-        time.sleep(0.005)
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
-
-
 def _read_log(log: tuple[str, int]) -> str:
     path, fd = log
     try:
@@ -210,20 +199,6 @@ def _read_log(log: tuple[str, int]) -> str:
         pass
     with os.fdopen(fd, encoding="utf-8", errors="replace") as handle:
         return handle.read()
-
-
-def _ask_for_sigterm_when_parent_dies() -> None:
-    """Linux's PR_SET_PDEATHSIG: Hydra starts its launcher in a session of its own, out of
-    reach of dtlaunch's final SIGKILL of mpiexec's session, so a killed mpiexec left this
-    wrapper and its ssh (and the remote proxy and ranks) running. The SIGTERM is forwarded."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        import ctypes  # only here: the Open MPI agent starts without it
-
-        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
 
 
 def main(argv: Sequence[str] | None = None, end_with_parent: bool = False) -> int:
@@ -244,12 +219,28 @@ def main(argv: Sequence[str] | None = None, end_with_parent: bool = False) -> in
 
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, forward)
-    if end_with_parent:
-        _ask_for_sigterm_when_parent_dies()
-        if os.getppid() != parent:  # it died before the kernel was asked
-            proc.send_signal(signal.SIGTERM)
+    if end_with_parent and sys.platform.startswith("linux"):
+        # Linux's PR_SET_PDEATHSIG: Hydra starts its launcher in a session of its own, out of
+        # reach of dtlaunch's final SIGKILL of mpiexec's session, so a killed mpiexec left this
+        # wrapper and its ssh (and the remote proxy and ranks) running. The SIGTERM is
+        # forwarded.
+        try:
+            import ctypes  # only here: the Open MPI agent starts without it
+
+            ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+    if end_with_parent and os.getppid() != parent:  # it died before the kernel was asked
+        proc.send_signal(signal.SIGTERM)
     if log is not None:
-        _unlink_once_open(log[0], log[1], proc)
+        # ssh writes its version line as soon as it opens the log: from then on the name can
+        # go, so nothing is left behind even if this wrapper is killed.
+        while proc.poll() is None and os.fstat(log[1]).st_size == 0:
+            time.sleep(0.005)
+        try:
+            os.unlink(log[0])
+        except OSError:
+            pass
     code = proc.wait()
     text = _read_log(log) if log is not None else None
     if text is not None:
