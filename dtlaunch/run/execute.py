@@ -40,6 +40,11 @@ class LaunchResult:
     timed_out: bool = False
     ranks: JobRanks = field(default_factory=JobRanks)  # what the ranks' records told
 
+    @property
+    def stopped(self) -> bool:
+        """Ended by dtlaunch's signal or --timeout: not the job's own failure."""
+        return self.interrupted_by is not None or self.timed_out
+
 
 def spawn(argv: Sequence[str], env: Mapping[str, str], stdin_pipe: bool = False,
           ) -> tuple[subprocess.Popen[bytes], tuple[Spool, Spool], int]:
@@ -172,6 +177,10 @@ def execute(argv: Sequence[str], env: Mapping[str, str], rank_hosts: Sequence[st
         finished.set()
 
     threading.Thread(target=reap, daemon=True).start()
+    def stop(reason: str) -> None:
+        announce(reason)
+        _signal(proc, signal.SIGTERM)
+
     try:
         while not finished.wait(0.1):
             out.tick()
@@ -182,33 +191,28 @@ def execute(argv: Sequence[str], env: Mapping[str, str], rank_hosts: Sequence[st
                 _signal(proc, signal.SIGTERM)
             if deadline is not None and now >= deadline and not timed_out:
                 timed_out = True
-                announce(f"job still running after --timeout {timeout:g} s: stopping it"
-                         if timeout_total is None else
-                         f"job still running at the end of --timeout {timeout_total:g} s (all "
-                         "attempts together): stopping it")
-                _signal(proc, signal.SIGTERM)
+                stop(f"job still running after --timeout {timeout:g} s: stopping it"
+                     if timeout_total is None else
+                     f"job still running at the end of --timeout {timeout_total:g} s (all "
+                     "attempts together): stopping it")
             if out.host_key_refused is not None and key_refused is None:
                 key_refused = out.host_key_refused
-                announce(f"ssh refused the host key of host {key_refused}: stopping the job")
-                _signal(proc, signal.SIGTERM)
+                stop(f"ssh refused the host key of host {key_refused}: stopping the job")
             if out.lost_host is not None and on_lost_host is not None:
                 # An elastic job goes on without the host: its driver is told at once.
                 on_lost_host(out.lost_host)
                 out.lost_host = None
             if out.lost_host is not None and lost_host is None:
                 lost_host = out.lost_host
-                announce(f"lost the SSH connection to host {lost_host}: stopping the job")
-                _signal(proc, signal.SIGTERM)
+                stop(f"lost the SSH connection to host {lost_host}: stopping the job")
             if stop_on_rank_failure and rank_failed is None:
                 rank_failed = first_failed_rank(out.exits, out.rank_hosts(), out.exit_times)
                 if rank_failed is not None:
-                    announce(f"{rank_failed.describe()}: stopping the job")
-                    _signal(proc, signal.SIGTERM)
+                    stop(f"{rank_failed.describe()}: stopping the job")
             if stop_when is not None and stopped_for is None:
                 stopped_for = stop_when()
                 if stopped_for is not None:
-                    announce(stopped_for)
-                    _signal(proc, signal.SIGTERM)
+                    stop(stopped_for)
             if (received or timed_out or lost_host or key_refused or stopped_for or rank_failed) \
                     and stop_requested_at is None:
                 stop_requested_at = now

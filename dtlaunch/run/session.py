@@ -269,8 +269,7 @@ def launch(request: LaunchRequest, on_event: OnEvent, *, executor: Executor | No
     on_event(Event(EventLevel.DETAIL, "running: " + plan.display()))
     job = kind.start(_context(request, prepared, plan, run, network, reach, say))
     result = _execute(request, plan, run_request, job, prepared, on_event, executor)
-    end = job.finish(JobEnd(result.exit_code, result.failure,
-                            stopped=result.interrupted_by is not None or result.timed_out))
+    end = job.finish(JobEnd(result.exit_code, result.failure, stopped=result.stopped))
     if (end.exit_code, end.failure) != (result.exit_code, result.failure):
         result = replace(result, exit_code=end.exit_code, failure=end.failure)
     result = _blamed(result, run_request)
@@ -278,9 +277,7 @@ def launch(request: LaunchRequest, on_event: OnEvent, *, executor: Executor | No
     report = build_report(result.exit_code, result.failure, result.ranks,
                           interrupted_by=result.interrupted_by, timed_out=result.timed_out,
                           timeout=request.timeout)
-    failed_itself = (result.exit_code != 0 and result.interrupted_by is None
-                     and not result.timed_out)
-    if keys is not None and failed_itself and keys.failed():
+    if keys is not None and result.exit_code != 0 and not result.stopped and keys.failed():
         from dtlaunch.doctor.preflight import preflight_failure, run_preflight
 
         with signals_raise():

@@ -237,8 +237,7 @@ def blame_allocation(result: LaunchResult, job_id: str | None,
                      end: Callable[[str], str | None] = allocation_end) -> LaunchResult:
     """A job that failed inside a Slurm allocation that has itself ended (scancel, its time
     limit) failed because of that, not of the node mpirun happened to name."""
-    if job_id is None or result.exit_code == 0 or result.interrupted_by is not None \
-            or result.timed_out:
+    if job_id is None or result.exit_code == 0 or result.stopped:
         return result
     state = end(job_id)
     if state is None:
@@ -251,8 +250,7 @@ def blame_allocation(result: LaunchResult, job_id: str | None,
 def blame(result: LaunchResult, watch: NodeWatch | None) -> LaunchResult:
     """A job the watch stopped failed because of the lost node: say so, naming it (the restart
     loop drops a node named this way)."""
-    if watch is None or watch.lost is None or result.interrupted_by is not None \
-            or result.timed_out:
+    if watch is None or watch.lost is None or result.stopped:
         return result
     return replace(result, exit_code=result.exit_code or 1,
                    failure=Failure(host=watch.lost, reason=lost_reason(watch.lost)))
