@@ -29,14 +29,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from types import FrameType
 
-from dtlaunch.core.errors import EXIT_TIMEOUT, DtlaunchError, UsageError
+from dtlaunch.core.errors import EXIT_TIMEOUT, DtlaunchError, UsageError, exit_for_signal
 from dtlaunch.core.failure import Failure, signal_name
 from dtlaunch.core.interrupts import Interrupted
 from dtlaunch.job.hosts import Host, total_slots
 from dtlaunch.run.events import Event, EventLevel, OnEvent
 
 RESTART_COUNT_ENV = "DTLAUNCH_RESTART_COUNT"
-EXIT_SIGNAL_BASE = 128
 MAX_RESTARTS_LIMIT = 1000  # more is a typo; a loop this long would hide a broken cluster
 Dropped = tuple[tuple[str, str], ...]  # (host, why), in the order they were dropped
 
@@ -177,19 +176,15 @@ def is_lost_host(failure: Failure | None) -> bool:
             and failure.signal is None and failure.exit_code is None and failure.final is None)
 
 
-def host_named(name: str, hosts: Sequence[Host]) -> Host | None:
-    """mpirun may name a node by its full name where the host list has the short one."""
-    short = name.split(".")[0]
-    return next((h for h in hosts if h.name == name), None) \
-        or next((h for h in hosts if h.name.split(".")[0] == short), None)
-
-
 def blame_hosts(outcome: AttemptOutcome, hosts: Sequence[Host]) -> dict[str, str]:
     """Hosts the failure points at (name -> why): a lost host, the host of a signalled rank."""
     f = outcome.failure
     if f is None or f.host is None or not (is_lost_host(f) or f.signal is not None):
         return {}
-    host = host_named(f.host, hosts)
+    # mpirun may name a node by its full name where the host list has the short one.
+    short = f.host.split(".")[0]
+    host = next((h for h in hosts if h.name == f.host), None) \
+        or next((h for h in hosts if h.name.split(".")[0] == short), None)
     if host is None:
         return {}
     if not is_lost_host(f) and len(hosts) == 1:  # nowhere else to go: let the re-check decide
@@ -330,4 +325,4 @@ def _timeout(when: str) -> tuple[Stop, int]:
 
 def _interrupted(signum: int) -> tuple[Stop, int]:
     return Stop("interrupted", f"stopped by {signal_name(signum)} before a restart"), \
-        EXIT_SIGNAL_BASE + signum
+        exit_for_signal(signum)
