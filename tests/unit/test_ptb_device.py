@@ -187,3 +187,67 @@ def test_ddp_and_horovod_train_alike(tmp_path: Path) -> None:
 def final_ppl(path: Path) -> float:
     records = [json.loads(line) for line in path.read_text().splitlines()]
     return float(next(r["train_ppl"] for r in records if r["event"] == "final"))
+
+
+# ---------------------------------------------------------------- --elastic on a device
+
+
+class _FakeElastic:
+    """Horovod's elastic API as run_elastic uses it: a reset happens before training (a host
+    came or went), then the training function runs once."""
+
+    class TorchState:
+        def __init__(self, model: object, optimizer: object, **kw: object) -> None:
+            self.__dict__.update(kw)
+            self.callbacks: list[object] = []
+
+        def register_reset_callbacks(self, callbacks: list[object]) -> None:
+            self.callbacks += callbacks
+
+        def commit(self) -> None:
+            pass
+
+    @staticmethod
+    def run(fn: object) -> object:
+        def wrapped(state: object) -> object:
+            for reset in state.callbacks:  # type: ignore[attr-defined]
+                reset()
+            return fn(state)  # type: ignore[operator]
+        return wrapped
+
+
+def test_elastic_reshard_keeps_the_training_stream_on_the_jobs_device() -> None:
+    """After a reset each rank's share of the streams goes where the model is (a CUDA run must
+    not train on a CPU tensor). The meta device stands for a GPU: it is not the CPU."""
+    from argparse import Namespace
+
+    import numpy as np
+
+    from dtlaunch.examples.ptb_lm.checkpoint import Position
+    from dtlaunch.examples.ptb_lm.config import SMALL
+    from dtlaunch.examples.ptb_lm.elastic import run_elastic
+    from dtlaunch.examples.ptb_lm.job import Job, Reporter
+
+    class Comm:
+        elastic = _FakeElastic
+
+        def rank(self) -> int:
+            return 0
+
+        def size(self) -> int:
+            return 1
+
+    meta = torch.device("meta")
+    job = Job(comm=Comm(), config=SMALL, model=None, optimizer=None,  # type: ignore[arg-type]
+              train=torch.zeros(3, SMALL.batch_size, device=meta), streams=range(0),
+              loss_scale=1.0, report=Reporter(False, None), device=meta)
+    seen: list[torch.device] = []
+
+    def epochs(pos: Position, on_step: object) -> Position:
+        seen.append(job.train.device)
+        return pos
+
+    matrix = np.zeros((3, SMALL.batch_size), dtype=np.int64)
+    run_elastic(Comm(), job, matrix, Position(), Namespace(commit_every=1), epochs)
+    assert seen == [meta]
+    assert job.streams == range(SMALL.batch_size)

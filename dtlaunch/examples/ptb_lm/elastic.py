@@ -1,7 +1,7 @@
 """``--elastic``: the same training under Horovod's elastic mode (``hvd.elastic.run``), so it
 keeps going as hosts come and go (run it with ``dtlaunch run --host-discovery-script ...``).
 
-What is committed every ``--commit-every`` steps (and at each epoch's end) is what a checkpoint
+What is committed every ``--commit-every`` steps is what a checkpoint
 holds: the weights and optimizer state (``TorchState``), the ``Position`` and the LSTM state of
 EVERY stream (gathered from all ranks). After a reset each rank takes its share of the streams
 for the new number of ranks, and their state, from rank 0's commit: dropout depends only on
@@ -41,7 +41,7 @@ def run_elastic(comm: Any, job: Job, matrix: np.ndarray, pos: Position,
         """Each rank's streams for the new number of ranks."""
         job.streams = shard_range(job.config.batch_size, comm.rank(), comm.size())
         job.train = torch.from_numpy(np.ascontiguousarray(
-            matrix[:, job.streams.start : job.streams.stop]))
+            matrix[:, job.streams.start : job.streams.stop])).to(job.device)
         job.report.active = comm.rank() == 0
         job.report.emit(f"elastic: {comm.size()} rank(s) from here on",
                         {"event": "elastic_reset", "ranks": comm.size()})
