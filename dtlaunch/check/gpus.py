@@ -1,4 +1,4 @@
-"""NVIDIA GPUs on the hosts (HostFacts.gpus, read by gpu_facts.py): mismatches, slots. Pure.
+"""NVIDIA GPUs on the hosts (HostFacts.gpus, read by facts.py): mismatches, slots. Pure.
 
 `check_gpus` compares the rank hosts and returns one result with a fix per mismatch (driver,
 CUDA, NCCL, GPU count), which doctor shows as rows of the whole job (verdict.gpu_checks);
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from dtlaunch.job.hosts import Host
 
 if TYPE_CHECKING:  # a run uses only the slots part: the checks' model is imported by check_gpus
-    from dtlaunch.check.gpu_facts import GpuFacts
+    from dtlaunch.check.facts import GpuFacts
     from dtlaunch.check.report import CheckResult
 
 

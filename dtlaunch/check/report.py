@@ -9,8 +9,7 @@ from enum import Enum
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from dtlaunch.check.facts import HostFacts
-    from dtlaunch.check.gpu_facts import GpuFacts
+    from dtlaunch.check.facts import GpuFacts, HostFacts
 
 
 class _Word(str, Enum):

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from dtlaunch.check.facts import HostFacts, PythonFacts
-from dtlaunch.check.gpu_facts import describe_gpus
+from dtlaunch.check.facts import HostFacts, PythonFacts, describe_gpus
 from dtlaunch.check.gpus import check_gpus
 from dtlaunch.check.host_checks import (
     Expectations,

@@ -18,7 +18,7 @@ from dtlaunch.core.failure import signal_name
 from dtlaunch.run.events import HOSTS_CHECKED, HOSTS_UP, RANKS_RUNNING, Progress
 
 if TYPE_CHECKING:  # the checks' model is imported by what draws it, not by a job's run
-    from dtlaunch.check.gpu_facts import GpuFacts
+    from dtlaunch.check.facts import GpuFacts
     from dtlaunch.check.report import CheckResult, DoctorReport, Status
     from dtlaunch.doctor.envcheck import EnvReport
     from dtlaunch.doctor.preflight import PreflightFailure

@@ -472,7 +472,7 @@ def test_a_run_on_a_cached_preflight_imports_neither_the_checks_nor_the_restart_
 # What a job of another kind, a failure, the checks or an option not given would need, and
 # the start of an Open MPI job does not: each is imported where it is used, not on every run.
 NOT_ON_THE_LAUNCH_PATH = {
-    "dtlaunch.check.report", "dtlaunch.check.gpu_facts", "dtlaunch.hydra.family",
+    "dtlaunch.check.report", "dtlaunch.check.facts", "dtlaunch.hydra.family",
     "dtlaunch.horovod.config_file", "dtlaunch.plan.rank_filter", "dtlaunch.job.elastic",
     "dtlaunch.run.restarts", "dtlaunch.probe.prober", "hashlib"}
 

@@ -12,8 +12,7 @@ import pytest
 from helpers.flows import FakeWorld, RecordingJob, cache, facts, needs_mpirun, run_request
 from helpers.gpus import A100_HEADER, A100_QUERY, H100_HEADER, H100_QUERY, V100_HEADER, V100_QUERY
 
-from dtlaunch.check.facts import HostFacts
-from dtlaunch.check.gpu_facts import GpuFacts, parse_gpu_facts
+from dtlaunch.check.facts import GpuFacts, HostFacts, parse_gpu_facts
 from dtlaunch.check.host_checks import Expectations
 from dtlaunch.check.report import FAIL, PASS, WARN
 from dtlaunch.console.render import report_to_dict

@@ -7,7 +7,7 @@ from helpers import gpus as smi
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dtlaunch.check.gpu_facts import (
+from dtlaunch.check.facts import (
     Gpu,
     GpuFacts,
     describe_gpus,

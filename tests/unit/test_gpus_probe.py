@@ -27,8 +27,7 @@ from helpers.gpus import (
 from helpers.procs import sleeping, survivors
 from helpers.suite import dtlaunch_argv
 
-from dtlaunch.check.facts import HostFacts
-from dtlaunch.check.gpu_facts import GpuFacts, parse_gpu_facts
+from dtlaunch.check.facts import GpuFacts, HostFacts, parse_gpu_facts
 from dtlaunch.check.report import FAIL, PASS
 from dtlaunch.doctor.envcheck import evaluate_env, gather_env
 from dtlaunch.probe.command import ProbeArgs, probe_local
