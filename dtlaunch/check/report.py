@@ -4,7 +4,7 @@ that carries its fix, and the reports built from them. Pure data."""
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING
 
@@ -96,7 +96,6 @@ JOB = "all hosts"  # the host column of a check about the whole job (the network
 class DoctorReport:
     hosts: tuple[HostReport, ...]
     seconds: float = 0.0
-    columns: tuple[str, ...] = field(default=CHECK_NAMES)
     reach: str = "ssh"  # how the hosts were reached: the reach column's heading ("ssh", "srun")
     job: tuple[CheckResult, ...] = ()  # checks of the whole job, e.g. the network it uses
 
@@ -116,9 +115,6 @@ class DoctorReport:
         """(host, check) of every check with `status`; checks of the whole job under JOB."""
         return (*((h.host, c) for h in self.hosts for c in h.checks if c.status == status),
                 *((JOB, c) for c in self.job if c.status == status))
-
-    def warnings(self) -> tuple[tuple[str, CheckResult], ...]:
-        return self.failures(WARN)
 
     def warning_lines(self, said: str | None = None, shown: int = 8) -> list[str]:
         """The hosts' own warnings (HostReport.warnings), one line per distinct text (a shared

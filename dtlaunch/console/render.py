@@ -40,7 +40,7 @@ def _console(stream: IO[str] | None) -> Any:
 
 
 def report_to_dict(report: DoctorReport) -> dict[str, Any]:
-    from dtlaunch.check.report import LOCAL, PASS, SKIP
+    from dtlaunch.check.report import CHECK_NAMES, LOCAL, PASS, SKIP
 
     # The JSON's word for this machine's row stays "launcher", as scripts that read doctor's
     # --json know it (docs/doctor.md); every other place calls it "this machine".
@@ -49,7 +49,7 @@ def report_to_dict(report: DoctorReport) -> dict[str, Any]:
         "status": report.status if report.status != SKIP else PASS,
         "ok": report.ok,
         "seconds": round(report.seconds, 3),
-        "checks": list(report.columns),
+        "checks": list(CHECK_NAMES),
         "reach": report.reach,
         "job": [{"name": c.name, "status": c.status, "detail": c.detail, "hint": c.hint}
                 for c in report.job],
@@ -95,18 +95,18 @@ def render_report(report: DoctorReport, stream: IO[str] | None = None) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    from dtlaunch.check.report import FAIL, LOCAL, SKIP, WARN
+    from dtlaunch.check.report import CHECK_NAMES, FAIL, LOCAL, SKIP, WARN
 
     console = _console(stream)
     table = Table(title=None, show_lines=False, pad_edge=False)
     table.add_column("host", no_wrap=True)
-    for name in report.columns:
+    for name in CHECK_NAMES:
         table.add_column(report.label(name), justify="center")
     table.add_column("time", justify="right")
     for host in report.hosts:
         label = host.host + (f" ({LOCAL})" if host.role == LOCAL else "")
         cells = [_cell(check.status if check else SKIP)
-                 for check in map(host.check, report.columns)]
+                 for check in map(host.check, CHECK_NAMES)]
         table.add_row(escape(label), *cells, f"{host.seconds:.2f}s")
     console.print(table)
     for host in report.hosts:
@@ -120,7 +120,7 @@ def render_report(report: DoctorReport, stream: IO[str] | None = None) -> None:
     for check in report.job:
         if check.status not in (FAIL, WARN):
             console.print(f"[dim]{check.name}: {escape(check.detail)}[/]")
-    for host_name, check in (*report.failures(), *report.warnings()):
+    for host_name, check in (*report.failures(), *report.failures(WARN)):
         _print_problem(console, f"[bold]{escape(host_name)}[/]", check)
     total = len(report.hosts)
     bad = len({h for h, _ in report.failures()})
