@@ -60,24 +60,6 @@ def _run(argv: list[str], timeout: float = 20.0) -> tuple[int, str]:
         return -1, str(exc)
 
 
-def parse_ompi_info(text: str) -> dict[str, list[str]]:
-    """`ompi_info --parsable` -> framework -> component names (btl: [self, tcp, vader])."""
-    components: dict[str, list[str]] = {}
-    for line in text.splitlines():
-        match = re.match(r"^mca:([a-z_]+):([A-Za-z0-9_]+):version:", line)
-        if match:
-            names = components.setdefault(match.group(1), [])
-            if match.group(2) not in names:
-                names.append(match.group(2))
-    return components
-
-
-def steering_environment(environ: Mapping[str, str]) -> dict[str, str]:
-    """Variables that steer MPI, NCCL and Horovod; values of secret-looking names are hidden."""
-    return {name: "<hidden>" if looks_secret(name) else environ[name] for name in sorted(environ)
-            if name.startswith(STEERING_PREFIXES) or name in STEERING_NAMES}
-
-
 def gather_env(python: str | None = None) -> tuple[dict[str, Any], HostFacts]:
     """This machine's facts: a JSON-ready document, and the probe's facts the checks judge.
     ``python``: the interpreter whose packages the probe reports (default: dtlaunch's own)."""
@@ -107,7 +89,14 @@ def gather_env(python: str | None = None) -> tuple[dict[str, Any], HostFacts]:
     ompi_info = shutil.which(tool) if tool else None
     if mpirun and ompi_info:
         code, text = _run([ompi_info, "--parsable"])
-        components = parse_ompi_info(text) if code == 0 else {}
+        # framework -> component names (btl: [self, tcp, vader])
+        components: dict[str, list[str]] = {}
+        for line in text.splitlines() if code == 0 else ():
+            match = re.match(r"^mca:([a-z_]+):([A-Za-z0-9_]+):version:", line)
+            if match:
+                names = components.setdefault(match.group(1), [])
+                if match.group(2) not in names:
+                    names.append(match.group(2))
         btl = components.get("btl", [])
         ompi.update({"ompi_info": ompi_info, "btl": btl, "pml": components.get("pml", []),
                      "tcp": "tcp" in btl, "shared_memory": any(c in btl for c in ("vader", "sm"))})
@@ -149,7 +138,10 @@ def gather_env(python: str | None = None) -> tuple[dict[str, Any], HostFacts]:
                     "config": os.path.join(home, "config") if os.path.isfile(
                         os.path.join(home, "config")) else None,
                     "known_hosts": os.path.isfile(os.path.join(home, "known_hosts"))}
-    facts["environment"] = steering_environment(environ)
+    # Variables that steer MPI, NCCL and Horovod; values of secret-looking names are hidden.
+    facts["environment"] = {name: "<hidden>" if looks_secret(name) else environ[name]
+                            for name in sorted(environ)
+                            if name.startswith(STEERING_PREFIXES) or name in STEERING_NAMES}
     return facts, host
 
 
@@ -210,7 +202,19 @@ def evaluate_env(facts: Mapping[str, Any], host: HostFacts) -> tuple[EnvItem, ..
     items += _judged("torch", "import", check_torch(host.python, None), [
         ("version", str(torch["version"])), ("cuda", torch["cuda"] or "none (CPU build)"),
         ("nccl", torch["nccl"] or "none")])
-    items += gpu_items(facts["gpus"], host)
+    # A failing or hung nvidia-smi and a PyTorch built for a newer CUDA than the driver's get
+    # their fix. No nvidia-smi: only `none found`.
+    gpus, found = facts["gpus"], host.gpus
+    add("gpus", "devices", "; ".join(gpus["devices"])
+        or "none found" + (f" ({found.note})" if found.note else ""))
+    if found.count:
+        for name in ("driver", "cuda", "nccl"):
+            add("gpus", name, str(gpus[name] or "unknown"))
+    for check in check_gpus({"here": found}, {"here": host.python.torch_cuda}):
+        if check.status in (FAIL, WARN):
+            items.append(EnvItem("gpus", CheckResult(
+                "nvidia-smi" if found.error else "cuda", check.status,
+                check.detail.removeprefix("here: "), check.hint)))
     cpu = facts["cpu"]
     add("cpu", "cores", f"{cpu['usable_cores']} usable, {cpu['logical_cores']} logical"
         + (f", {cpu['physical_cores']} physical" if cpu["physical_cores"] else ""))
@@ -248,23 +252,6 @@ def evaluate_env(facts: Mapping[str, Any], host: HostFacts) -> tuple[EnvItem, ..
             "mpirun would hang on it or stop without saying why, and dtlaunch run refuses it: "
             "remove it or make it a regular file")
     return tuple(items)
-
-
-def gpu_items(gpus: Mapping[str, Any], host: HostFacts) -> list[EnvItem]:
-    """This machine's GPUs, driver, CUDA and NCCL; a failing or hung nvidia-smi and a PyTorch
-    built for a newer CUDA than the driver's get their fix. No nvidia-smi: only `none found`."""
-    found = host.gpus
-    rows = [("devices", "; ".join(gpus["devices"])
-             or "none found" + (f" ({found.note})" if found.note else ""))]
-    if found.count:
-        rows += [(name, str(gpus[name] or "unknown")) for name in ("driver", "cuda", "nccl")]
-    items = [EnvItem("gpus", CheckResult(name, PASS, value)) for name, value in rows]
-    for check in check_gpus({"here": found}, {"here": host.python.torch_cuda}):
-        if check.status in (FAIL, WARN):
-            items.append(EnvItem("gpus", CheckResult(
-                "nvidia-smi" if found.error else "cuda", check.status,
-                check.detail.removeprefix("here: "), check.hint)))
-    return items
 
 
 @dataclass(frozen=True)
