@@ -14,6 +14,7 @@ always runs the full checks.
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -22,10 +23,8 @@ from dtlaunch.doctor.preflight_cache import (
     cache_key,
     cache_problem,
     cached_entry,
-    checked_executable,
     checked_program,
     drop_cache,
-    local_mpirun,
     write_cache,
 )
 from dtlaunch.probe.prober import Prober, Reach, fan_out, local_names
@@ -160,7 +159,10 @@ def run_preflight(request: RunRequest, plan: RunPlan, job_started: bool = False,
     cwd = os.getcwd()
     use_cache = (use_cache and not job_started
                  and os.environ.get("DTLAUNCH_PREFLIGHT_CACHE", "1") != "0")
-    mpirun = local_mpirun(plan.family.launcher)
+    # This machine's MPI launcher as the job will start it, as an absolute path (links kept:
+    # a venv's bin/ is the prefix, not where its files point).
+    found = shutil.which(plan.family.launcher)
+    mpirun = os.path.abspath(found) if found else ""
     # The ranks look a bare program name up on the PATH they get; so do the checks.
     job_path = next((v.value for v in plan.env.variables if v.name == "PATH"), "")
     key = cache_key(request, hosts, cwd, mpirun, job_path)
@@ -187,20 +189,23 @@ def run_preflight(request: RunRequest, plan: RunPlan, job_started: bool = False,
         if not host_key_failures(hosts, reach.prober()):
             return PreflightOutcome(network=network, message=(
                 "pre-flight: passed recently (cached); host keys verified"), gpus=gpus)
-        drop_cache(key)
-    if job_started:
+    if entry is not None or job_started:  # a host key failed, or the job found one that did
         drop_cache(key)
     # The checks themselves: imported only now, a cache hit never needs them (~15 ms).
     from dtlaunch.check.host_checks import Expectations
     from dtlaunch.check.network import choice_to_json
     from dtlaunch.doctor.doctor import COMMAND_TIMEOUT, DoctorRequest, run_doctor
+    from dtlaunch.job.command import EXECUTABLE
 
     python, script, module = checked_program(request)
+    # The executable the command starts when it is not the interpreter (`bash run.sh`).
+    program = request.program
+    executable = program.argv[0] if program is not None and program.form == EXECUTABLE else None
     needs = plan.family.needs  # what the way the job starts needs on every host
     expect = Expectations(python or request.python, os.path.abspath(script) if script else None,
                           module, request.iface, pairwise=request.tree_spawn,
                           check_python=python is not None,
-                          program=checked_executable(request), needs=needs)
+                          program=executable, needs=needs)
     doctor_request = DoctorRequest(
         hosts, expect, request.ssh, cwd,
         command_timeout if command_timeout is not None else COMMAND_TIMEOUT, choose_network=True,

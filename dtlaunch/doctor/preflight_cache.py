@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -21,19 +20,11 @@ from dtlaunch.core.private_files import (
     remove_private,
     write_cached,
 )
-from dtlaunch.job.command import EXECUTABLE
 
 if TYPE_CHECKING:
     from dtlaunch.plan.plan import RunRequest
 
 CACHE_SECONDS = 300.0
-
-
-def local_mpirun(name: str = "mpirun") -> str:
-    """This machine's MPI launcher as the job will start it: the PATH's `name`, as an absolute path
-    (links kept: a venv's bin/ is the prefix, not where its files point)."""
-    found = shutil.which(name)
-    return os.path.abspath(found) if found else ""
 
 
 def _stamp(path: str | None) -> list[Any]:
@@ -52,12 +43,6 @@ def checked_program(request: RunRequest) -> tuple[str | None, str | None, str | 
     if program is None:
         return request.python, request.script, request.module
     return program.python, program.script, program.module
-
-
-def checked_executable(request: RunRequest) -> str | None:
-    """The executable the command starts when it is not the interpreter (`bash run.sh`)."""
-    program = request.program
-    return program.argv[0] if program is not None and program.form == EXECUTABLE else None
 
 
 def cache_key(request: RunRequest, hosts: tuple[str, ...], cwd: str, launcher: str = "",
