@@ -48,10 +48,10 @@ def _short(name: str) -> str:
 def host_name(reported: str, predicted: str | None, given: Sequence[str]) -> str:
     """The name to show for a rank's host: the user's own spelling (`-H` name) of the host the
     rank said it runs on, when one matches; else the name the rank reported."""
-    import socket  # here, not at the top: a job's start needs none of it
-
+    # os.uname's nodename is what gethostname() returns, without importing socket (which the
+    # output pump's thread would then import: test_no_worker_thread_imports_a_module).
     if predicted is not None and (_short(reported) == _short(predicted) or (
-            predicted in LOOPBACK and _short(reported) == _short(socket.gethostname()))):
+            predicted in LOOPBACK and _short(reported) == _short(os.uname().nodename))):
         return predicted
     for name in dict.fromkeys(given):
         if _short(name) == _short(reported):
