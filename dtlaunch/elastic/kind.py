@@ -17,8 +17,7 @@ from dtlaunch import agents
 from dtlaunch.core.errors import DtlaunchError
 from dtlaunch.core.failure import Failure
 from dtlaunch.elastic.discovery import DiscoveryError, parse_hosts, run_script
-from dtlaunch.elastic.driver import DRAIN_HOLD, ElasticDriver, Outcome
-from dtlaunch.elastic.hosts import assign
+from dtlaunch.elastic.driver import DRAIN_HOLD, ElasticDriver, Outcome, assign
 from dtlaunch.gloo.family import ELASTIC_GLOO
 from dtlaunch.gloo.ranks import host_ifaces
 from dtlaunch.gloo.rendezvous import Store, new_secret

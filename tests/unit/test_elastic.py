@@ -16,8 +16,7 @@ import pytest
 from dtlaunch.agents.gloo_host import hosts_updated_pickle, tell_hosts_updated, worker_address
 from dtlaunch.core.errors import UsageError
 from dtlaunch.elastic.discovery import DiscoveryError, parse_hosts, run_script
-from dtlaunch.elastic.driver import ElasticDriver
-from dtlaunch.elastic.hosts import ADDED, NO_UPDATE, REMOVED, HostManager, assign
+from dtlaunch.elastic.driver import ADDED, NO_UPDATE, REMOVED, ElasticDriver, HostManager, assign
 from dtlaunch.gloo.rendezvous import Store
 from dtlaunch.job.elastic import elastic_spec
 
