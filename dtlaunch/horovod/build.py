@@ -246,25 +246,21 @@ def runtime_requirements(metadata: str) -> list[str]:
     return wanted
 
 
-def wheel_requirements(wheel: Path) -> list[str]:
-    import zipfile
-
-    with zipfile.ZipFile(wheel) as archive:
-        name = next((n for n in archive.namelist()
-                     if n.count("/") == 1 and n.endswith(".dist-info/METADATA")), None)
-        if name is None:
-            raise DtlaunchError(f"{wheel.name} has no METADATA; rebuild it with --force")
-        return runtime_requirements(archive.read(name).decode("utf-8", errors="replace"))
-
-
 def install_wheel(wheel: Path, torch_version: str, say: Say | None = None) -> None:
     """Install the wheel over whatever Horovod is there, then the runtime dependencies it
     declares (cloudpickle, psutil, ...) that are missing. The wheel goes in alone
     (--force-reinstall would reinstall its dependencies too), and the dependencies with the
     installed PyTorch pinned, so nothing they pull in can replace it with another build."""
+    import zipfile
+
     pip = [sys.executable, "-m", "pip", "install", "--disable-pip-version-check"]
     _run([*pip, "--no-deps", "--force-reinstall", str(wheel)], 600, say=say)
-    requirements = wheel_requirements(wheel)
+    with zipfile.ZipFile(wheel) as archive:
+        name = next((n for n in archive.namelist()
+                     if n.count("/") == 1 and n.endswith(".dist-info/METADATA")), None)
+        if name is None:
+            raise DtlaunchError(f"{wheel.name} has no METADATA; rebuild it with --force")
+        requirements = runtime_requirements(archive.read(name).decode("utf-8", errors="replace"))
     if not requirements:
         return
     with tempfile.TemporaryDirectory(prefix="dtlaunch-pin-") as tmp:
