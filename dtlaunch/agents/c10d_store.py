@@ -280,7 +280,10 @@ class C10dStoreServer:
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self.refused = self.admitted = 0  # connections closed unadmitted, and served (tests)
-        self.agent_hosts: Set[str] = set()  # other hosts' agents that proved they know the secret
+        # Other hosts' agents that proved they know the secret, counted by handshake, not by
+        # address: two hosts may reach this one from one address (one machine under two
+        # names, a NAT). An agent that reconnects after a lost link counts again.
+        self.agents_seen = 0
 
     # --- life ---
 
@@ -509,7 +512,7 @@ class C10dStoreServer:
             self._drop(c, refused=True)  # the agent does not know the job's secret
             return
         c.phase = _C10D_CONTROL
-        self.agent_hosts.add(c.peer[0])
+        self.agents_seen += 1
         c.deadline = None
         self._controls.add(c)
         for waiting in list(self._conns.values()):
@@ -654,7 +657,7 @@ class C10dStoreServer:
         return total
 
     def _present(self, keys: List[bytes]) -> bool:
-        return all(k in self._data or bool(self._queues.get(k)) for k in keys)
+        return all(k in self._data or k in self._queues for k in keys)  # no queue is kept empty
 
     def _grow(self, n: int) -> None:
         if self._size + n > C10D_MAX_STORE_BYTES:

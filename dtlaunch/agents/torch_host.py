@@ -147,7 +147,7 @@ def torch_main(stream: BinaryIO) -> int:
         # store). A host whose agent fails ends the job through the fan-out (agent.stop).
         peers = int(c10d.get("peers") or 0)
         while code == 0 and server is not None and \
-                (len(server.agent_hosts) < peers or server.connections) \
+                (server.agents_seen < peers or server.connections) \
                 and not agent.stop.wait(SERVE_AFTER):
             pass  # the other hosts' workers still use the store
         return code

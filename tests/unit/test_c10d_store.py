@@ -289,6 +289,22 @@ def test_a_vouched_remote_connection_is_admitted() -> None:
             agent.close()
 
 
+def test_two_agents_from_one_address_count_as_two() -> None:
+    """Host 0 serves until every other host's agent has come: two hosts that reach it from one
+    address (one machine under two names, a NAT) are two agents, or host 0 would wait forever."""
+    with remote_store() as server:
+        first, second = voucher(server, os.getpid()), voucher(server, os.getpid())
+        try:
+            assert first.connected.wait(5) and second.connected.wait(5)
+            deadline = time.monotonic() + 5  # the store counts an agent once it reads its proof
+            while server.agents_seen < 2 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert server.agents_seen == 2
+        finally:
+            first.close()
+            second.close()
+
+
 def test_a_connection_before_its_agent_waits_for_the_agent() -> None:
     with remote_store() as server:
         sock = connect(server, "127.0.0.2")
