@@ -149,5 +149,7 @@ def node_addresses(nodes: Sequence[str]) -> dict[str, str]:
         status, out = run_bounded(["scontrol", "show", "node", "-o", ",".join(nodes)], 20.0)
     except (OSError, subprocess.TimeoutExpired):
         return {}
-    found = map(_NODE_ADDR.search, out.splitlines() if status == 0 else ())
+    if status != 0:
+        return {}
+    found = map(_NODE_ADDR.search, out.splitlines())
     return {m.group(1): m.group(2) for m in found if m}

@@ -5,14 +5,11 @@ dtlaunch.job.hosts."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from dtlaunch.core.errors import UsageError
 from dtlaunch.core.textfile import read_small_text
 from dtlaunch.job.hosts import Host, parse_hostfile_text, parse_hosts
-
-if TYPE_CHECKING:
-    from dtlaunch.reach.ssh_options import SshOptions
+from dtlaunch.reach.ssh_options import SshOptions, ssh_options_from
 
 # Hostfiles larger than this are not hostfiles (a wrong path to a dataset, say).
 MAX_HOSTFILE_BYTES = 1 << 20
@@ -46,7 +43,5 @@ class HostArgs:
         return ()
 
     def ssh_options(self, default_kex: bool = False) -> SshOptions:
-        from dtlaunch.reach.ssh_options import ssh_options_from
-
         return ssh_options_from(self.ssh_port, self.ssh_identity_file, self.ssh_config,
                                 self.connect_timeout, self.accept_new_host_keys, default_kex)

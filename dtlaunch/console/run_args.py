@@ -129,14 +129,11 @@ def config_from_args(options: RunOptions, known_options: Collection[str] = (),
     ranks = None
     if options.ranks_spec is not None and options.local_ranks_spec is not None:
         raise UsageError("--ranks and --local-ranks-filter both pick the ranks shown; give one")
-    if options.ranks_spec is not None:
+    spec = options.ranks_spec if options.ranks_spec is not None else options.local_ranks_spec
+    if spec is not None:
         from dtlaunch.plan.rank_filter import parse_rank_filter  # imported only when asked
 
-        ranks = parse_rank_filter(options.ranks_spec)
-    elif options.local_ranks_spec is not None:
-        from dtlaunch.plan.rank_filter import parse_rank_filter
-
-        ranks = parse_rank_filter(options.local_ranks_spec, local=True)
+        ranks = parse_rank_filter(spec, local=options.ranks_spec is None)
     request = build_run_request(options, hvd, known_options)
     output_dir = resolve_output_dir(options.output_dir, hvd)
     request, policy = restarts_or_elastic(request, options, hvd)

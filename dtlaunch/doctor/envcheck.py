@@ -124,8 +124,8 @@ def gather_env(python: str | None = None) -> tuple[dict[str, Any], HostFacts]:
     facts["cpu"] = {"logical_cores": os.cpu_count(), "physical_cores": psutil.cpu_count(logical=False),
                     "usable_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
                     else os.cpu_count()}
-    facts["memory"] = {"total_bytes": psutil.virtual_memory().total,
-                       "available_bytes": psutil.virtual_memory().available}
+    memory = psutil.virtual_memory()
+    facts["memory"] = {"total_bytes": memory.total, "available_bytes": memory.available}
     facts["interfaces"] = [{"name": i.name, "up": i.up, "addresses": list(i.addresses),
                             "likely_unroutable": i.name.startswith(UNROUTABLE_PREFIXES)}
                            for i in host.ifaces or ()]
@@ -219,9 +219,8 @@ def evaluate_env(facts: Mapping[str, Any], host: HostFacts) -> tuple[EnvItem, ..
     add("cpu", "cores", f"{cpu['usable_cores']} usable, {cpu['logical_cores']} logical"
         + (f", {cpu['physical_cores']} physical" if cpu["physical_cores"] else ""))
     memory = facts["memory"]
-    if memory:
-        add("memory", "total", f"{memory['total_bytes'] / 2**30:.1f} GiB "
-            f"({memory['available_bytes'] / 2**30:.1f} GiB available)")
+    add("memory", "total", f"{memory['total_bytes'] / 2**30:.1f} GiB "
+        f"({memory['available_bytes'] / 2**30:.1f} GiB available)")
     for iface in facts["interfaces"]:
         addresses = ", ".join(iface["addresses"]) or "no address"
         note = " (likely unroutable)" if iface["likely_unroutable"] else ""

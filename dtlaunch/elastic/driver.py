@@ -255,9 +255,13 @@ class ElasticDriver:
         before = self.members
         members: dict[tuple[str, int], Worker] = {}
         for slot in slots:  # a slot kept keeps its worker's number; a new one gets the next
-            old = before.get((slot.host, slot.local_rank))
-            members[(slot.host, slot.local_rank)] = Worker(old.id if old else self.next_id, slot, size)
-            self.next_id += 1 if old is None else 0
+            key = (slot.host, slot.local_rank)
+            old = before.get(key)
+            if old is None:
+                number, self.next_id = self.next_id, self.next_id + 1
+            else:
+                number = old.id
+            members[key] = Worker(number, slot, size)
         self.round += 1
         self.members = members
         self.recorded = {}

@@ -164,6 +164,7 @@ def plan_run(request: RunRequest, environ: Mapping[str, str], *, family: MpiFami
     left_out = tuple((name, launcher_env.pop(name))
                      for name in family.stray_launcher_env(spec, launcher_env))
     overridden = launcher_set_in if family.overrides_launcher_files(spec) else ()
-    return RunPlan(argv, launcher_env, assign_ranks(hosts, num_proc), env, hosts, family,
-                   shown_env=tuple(own.items()), support_files=family.support_files(spec),
+    return RunPlan(argv=argv, launcher_env=launcher_env, rank_hosts=assign_ranks(hosts, num_proc),
+                   env=env, hosts=hosts, family=family, shown_env=tuple(own.items()),
+                   support_files=family.support_files(spec),
                    launch_argv=launch_argv, left_out_env=left_out, launcher_overridden=overridden)
