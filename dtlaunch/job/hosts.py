@@ -3,7 +3,6 @@ hostfile is read in dtlaunch.console.hostfile)."""
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -26,7 +25,9 @@ LOOPBACK = frozenset({"localhost", "127.0.0.1", "::1", "localhost.localdomain"})
 
 def local_names() -> frozenset[str]:
     """Names that mean this machine: the loopback ones, and its host name, short and full."""
-    name = os.uname().nodename  # what socket.gethostname() returns, without importing socket
+    import socket  # here, not at the top: a job's start needs none of it
+
+    name = socket.gethostname()
     return LOOPBACK | {name, name.split(".")[0]}
 
 
