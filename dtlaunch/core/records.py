@@ -286,16 +286,27 @@ class TagSplitter:
 
 
 @dataclass
-class PieceRouter:
-    """Sends a tag splitter's pieces to one RecordParser per tag (the rank's, or the rank's
-    and stream's); untagged pieces are the launcher's own text. Shared by every tagged
-    launcher's demux (Open MPI's in openmpi/output.py, Hydra's in hydra/output.py)."""
+class TaggedDemux:
+    """A tagging launcher's stdout or stderr (one instance each): its tag splitter's pieces go
+    to one RecordParser per tag (`new_parser(tag)`: the rank's, or the rank's and stream's);
+    untagged pieces are the launcher's own text. Open MPI's in openmpi/output.py, Hydra's in
+    hydra/output.py."""
 
     stream: str
+    tags: TagSplitter
     new_parser: Callable[[Any], RecordParser]
     _parsers: dict[Any, RecordParser] = field(default_factory=dict)
 
-    def take(self, pieces: Sequence[tuple[Any, bytes]]) -> list[Event]:
+    def feed(self, data: bytes) -> list[Event]:
+        return merged(self._take(self.tags.feed(data)))
+
+    def flush(self) -> list[Event]:
+        out = self._take(self.tags.flush())
+        for parser in self._parsers.values():
+            out.extend(parser.flush())
+        return out
+
+    def _take(self, pieces: Sequence[tuple[Any, bytes]]) -> list[Event]:
         out: list[Event] = []
         # A launcher cuts a rank's output into chunks of a few KB: the rank's consecutive
         # chunks in this read go to its parser at once.
@@ -307,10 +318,4 @@ class PieceRouter:
             if parser is None:
                 parser = self._parsers[tag] = self.new_parser(tag)
             out.extend(parser.feed(b"".join(data for _, data in group)))
-        return out
-
-    def flush(self, rest: Sequence[tuple[Any, bytes]]) -> list[Event]:
-        out = self.take(rest)
-        for parser in self._parsers.values():
-            out.extend(parser.flush())
         return out

@@ -15,10 +15,9 @@ from __future__ import annotations
 import re
 import signal
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 from dtlaunch.core.failure import Failure, unknown_option
-from dtlaunch.core.records import RECORD_LIMIT, Event, PieceRouter, RecordParser, TagSplitter
+from dtlaunch.core.records import RECORD_LIMIT, RecordParser, TaggedDemux, TagSplitter
 
 
 class HydraTagSplitter(TagSplitter):
@@ -31,23 +30,13 @@ class HydraTagSplitter(TagSplitter):
         return int(match.group(1))
 
 
-@dataclass
-class HydraDemux:
+class HydraDemux(TaggedDemux):
     """mpiexec's stdout or stderr (one instance each): tags, then each rank's records."""
 
-    stream: str = "stdout"
-    _tags: HydraTagSplitter = field(default_factory=HydraTagSplitter)
-
-    def __post_init__(self) -> None:
+    def __init__(self, stream: str = "stdout") -> None:
         # The shim writes records of at most PIPE_BUF bytes here: each is taken whole.
-        self._router = PieceRouter(self.stream,
-                                   lambda rank: RecordParser(rank, self.stream, RECORD_LIMIT))
-
-    def feed(self, data: bytes) -> list[Event]:
-        return self._router.take(self._tags.feed(data))
-
-    def flush(self) -> list[Event]:
-        return self._router.flush(self._tags.flush())
+        super().__init__(stream, HydraTagSplitter(),
+                         lambda rank: RecordParser(rank, stream, RECORD_LIMIT))
 
 
 _BAD_TERMINATION = re.compile(r"BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES"

@@ -4,10 +4,9 @@ cut at its tags, `[JOB,RANK]<stdout>:`, each rank's pieces to that rank's record
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
 from dtlaunch.core import records
-from dtlaunch.core.records import Event, PieceRouter, RecordParser, merged
+from dtlaunch.core.records import RecordParser, TaggedDemux
 
 
 class TagSplitter(records.TagSplitter):
@@ -20,19 +19,10 @@ class TagSplitter(records.TagSplitter):
         return int(match.group(2)), "stdout" if match.group(3) == b"stdout" else "stderr"
 
 
-@dataclass
-class OpenMpiDemux:
+class OpenMpiDemux(TaggedDemux):
     """mpirun's stdout or stderr (one instance each): tags, then each rank's records."""
 
-    stream: str = "stdout"
-    space_after_tag: bool = False  # Open MPI >= 5
-
-    def __post_init__(self) -> None:
-        self._tags = TagSplitter(self.space_after_tag)
-        self._router = PieceRouter(self.stream, lambda tag: RecordParser(tag[0], tag[1]))
-
-    def feed(self, data: bytes) -> list[Event]:
-        return merged(self._router.take(self._tags.feed(data)))
-
-    def flush(self) -> list[Event]:
-        return self._router.flush(self._tags.flush())
+    def __init__(self, stream: str = "stdout", space_after_tag: bool = False) -> None:
+        # space_after_tag: Open MPI >= 5.
+        super().__init__(stream, TagSplitter(space_after_tag),
+                         lambda tag: RecordParser(tag[0], tag[1]))
