@@ -22,7 +22,7 @@ if TYPE_CHECKING:  # the checks' model is imported by what draws it, not by a jo
     from dtlaunch.check.report import CheckResult, DoctorReport, Status
     from dtlaunch.doctor.envcheck import EnvReport
     from dtlaunch.doctor.preflight import PreflightFailure
-    from dtlaunch.run.failure_report import JobReport
+    from dtlaunch.run.failure_report import JobReport, RootCause
     from dtlaunch.run.restarts import AttemptRecord, RestartReport
 
 # By a Status's word (a Status is that str: check.report).
@@ -226,7 +226,8 @@ def job_report_lines(report: JobReport) -> list[str]:
         when = f" at {clock_time(root.at, ms=True)}" if root.at is not None else ""
         lines.append(f"root cause (first failure): {root.description}{when}")
         if root.last_lines:
-            tag = f"[{root.rank}@{root.host}] " if root.rank is not None else ""
+            cause = root.failure
+            tag = f"[{cause.rank}@{cause.host}] " if cause.rank is not None else ""
             lines.append(f"  its last {len(root.last_lines)} line(s):")
             lines += ["    " + tag + line for line in root.last_lines]
         lines += [f"then: {group.line()}" for group in report.others]
@@ -253,17 +254,7 @@ def job_report_to_dict(report: JobReport | None, exit_code: int,
         "error": error,
         "ranks": report.ranks,
         "notes": list(report.notes),
-        "root_cause": None if root is None else {
-            "description": root.description,
-            "rank": root.rank,
-            "host": root.host,
-            "exit_code": root.exit_code,
-            "signal": root.signal,
-            "signal_name": signal_name(root.signal) if root.signal is not None else None,
-            "reason": root.reason or None,
-            "at": root.at,
-            "last_lines": list(root.last_lines),
-        },
+        "root_cause": None if root is None else _root_cause_to_dict(root),
         "other_failures": [
             {"cause": g.cause, "ranks": list(g.ranks), "ranks_text": g.ranks_text,
              "hosts": list(g.hosts), "hosts_text": g.hosts_text, "exit_code": g.exit_code,
@@ -271,6 +262,21 @@ def job_report_to_dict(report: JobReport | None, exit_code: int,
              "signal_name": signal_name(g.signal) if g.signal is not None else None}
             for g in report.others],
         "summary": report.summary(),
+    }
+
+
+def _root_cause_to_dict(root: RootCause) -> dict[str, Any]:
+    cause = root.failure
+    return {
+        "description": root.description,
+        "rank": cause.rank,
+        "host": cause.host,
+        "exit_code": cause.exit_code,
+        "signal": cause.signal,
+        "signal_name": signal_name(cause.signal) if cause.signal is not None else None,
+        "reason": cause.reason or None,
+        "at": root.at,
+        "last_lines": list(root.last_lines),
     }
 
 

@@ -50,14 +50,14 @@ class JobRanks:
 
 @dataclass(frozen=True)
 class RootCause:
-    description: str  # Failure.describe(): "rank 3 on host h2 exited with code 1"
-    rank: int | None = None
-    host: str | None = None
-    exit_code: int | None = None
-    signal: int | None = None
-    reason: str = ""
-    at: float | None = None
+    failure: Failure
+    at: float | None = None  # when its rank's program ended (its host's clock)
     last_lines: tuple[str, ...] = ()
+
+    @property
+    def description(self) -> str:
+        """"rank 3 on host h2 exited with code 1"."""
+        return self.failure.describe()
 
 
 @dataclass(frozen=True)
@@ -131,8 +131,7 @@ def _root(failure: Failure, ranks: JobRanks) -> RootCause:
             and first.at is not None and first.at < mine.at)):
         failure, mine = first.failure(), first
     tail = ranks.tails.get(failure.rank, ()) if failure.rank is not None else ()
-    return RootCause(failure.describe(), failure.rank, failure.host, failure.exit_code,
-                     failure.signal, failure.reason, mine.at if mine else None, tail)
+    return RootCause(failure, mine.at if mine else None, tail)
 
 
 def group_failures(ends: Sequence[RankEnd], hosts: Sequence[str], after: str = "",
@@ -172,13 +171,14 @@ def build_report(exit_code: int, failure: Failure | None, ranks: JobRanks, *,
     if failure is None or exit_code == 0:
         return JobReport(exit_code, status, len(ranks.hosts), notes=tuple(notes))
     root = _root(failure, ranks)
-    if root.rank is not None:
-        after = f" after rank {root.rank} failed"
-    elif root.host is not None:
-        after = f" after host {root.host} failed"
+    rank, host = root.failure.rank, root.failure.host
+    if rank is not None:
+        after = f" after rank {rank} failed"
+    elif host is not None:
+        after = f" after host {host} failed"
     else:
         after = ""
-    others = group_failures(ranks.ends, ranks.hosts, after, root.rank) if ranks.reported else ()
+    others = group_failures(ranks.ends, ranks.hosts, after, rank) if ranks.reported else ()
     return JobReport(exit_code, status, len(ranks.hosts), root, others, tuple(notes))
 
 

@@ -130,7 +130,8 @@ def test_the_root_cause_is_first_in_time_and_the_rest_is_one_line_per_cause() ->
     # mpirun noticed rank 9 first; the records say rank 3 ended first.
     report = build_report(1, Failure(9, "h2", signal=9), ranks)
     assert report.root is not None
-    assert (report.root.rank, report.root.host, report.root.exit_code) == (3, "h1", 1)
+    root = report.root.failure
+    assert (root.rank, root.host, root.exit_code) == (3, "h1", 1)
     assert report.root.last_lines == ("loss 2.3", "RuntimeError: NCCL error")
     assert [g.line() for g in report.others] == [
         "ranks 4-8,10-63 on h1-h15: SIGTERM after rank 3 failed",
@@ -156,7 +157,7 @@ def test_a_named_reason_is_kept_and_records_without_times_go_by_their_order() ->
                                     RankEnd(1, "h2", "exit 3", 5.0, 0)), reported=True)
     abort = Failure(0, "h1", exit_code=3, reason="called MPI_Abort")
     report = build_report(3, abort, ranks)
-    assert report.root is not None and report.root.rank == 0  # mpirun's reason stands
+    assert report.root is not None and report.root.failure.rank == 0  # mpirun's reason stands
     assert first_failed_rank({0: "exit 3", 1: "exit 4"}, ["h1", "h2"]) == Failure(0, "h1", exit_code=3)
     assert first_failed_rank({0: "exit 3", 1: "exit 4"}, ["h1", "h2"], {0: 9.0, 1: 8.0}) \
         == Failure(1, "h2", exit_code=4)
