@@ -17,7 +17,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import IO, TYPE_CHECKING, Any, Protocol
+from typing import IO, TYPE_CHECKING, Any, Literal, Protocol
 
 if TYPE_CHECKING:
     from dtlaunch.check.network import NetworkChoice
@@ -25,8 +25,9 @@ if TYPE_CHECKING:
     from dtlaunch.mpi import MpiFamily, MpiImpl
     from dtlaunch.plan.plan import RunPlan, RunRequest
 
-# (level, text): "note", "warning" or "detail", as the run's events say them.
-Say = Callable[[str, str], None]
+# What a kind tells the run along the way, as the run's events say it (EventLevel's values).
+SayLevel = Literal["note", "warning", "detail"]
+Say = Callable[[SayLevel, str], None]
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from dtlaunch.core.errors import EXIT_FAILURE, UsageError
 from dtlaunch.core.interrupts import signals_raise
 from dtlaunch.job.env import kept_home_note
 from dtlaunch.job.hosts import Host
-from dtlaunch.jobkind import JobContext, JobEnd, JobKind, Say, StartedJob, kind_for
+from dtlaunch.jobkind import JobContext, JobEnd, JobKind, Say, SayLevel, StartedJob, kind_for
 from dtlaunch.mpi import SLURM, local_mpi
 from dtlaunch.plan.plan import RunPlan, RunRequest, plan_run
 from dtlaunch.probe import reach_for
@@ -253,7 +253,7 @@ def launch(request: LaunchRequest, on_event: OnEvent, *, executor: Executor | No
     key went bad, the checks again.
     `executor` runs the job (default: run.execute); `reach`: how the checks reach the hosts
     (default: dtlaunch.probe.reach_for, by the request's via)."""
-    def say(level: str, text: str) -> None:  # "note", "warning" or "detail": an EventLevel
+    def say(level: SayLevel, text: str) -> None:
         on_event(Event(EventLevel(level), text))
 
     kind = kind_for(request.run)
