@@ -163,6 +163,12 @@ def _binary(stream: Any) -> BinaryIO:
     return cast(BinaryIO, getattr(stream, "buffer", stream))
 
 
+def _first_word(text: str) -> str:
+    """The host a lost-host or host-key line names first; "?" when it names none."""
+    words = text.split()
+    return words[0] if words else "?"
+
+
 class JobOutput:
     def __init__(self, rank_hosts: Sequence[str], output_dir: Path | None, *,
                  new_demux: Callable[[str], OutputDemux] | None = None,
@@ -292,9 +298,9 @@ class JobOutput:
     def _launcher_text(self, data: bytes) -> None:
         for line in data.decode("utf-8", "replace").splitlines():
             if line.startswith(LOST_PREFIX) and self.lost_host is None:
-                self.lost_host = (line[len(LOST_PREFIX):].split() or ["?"])[0]
+                self.lost_host = _first_word(line[len(LOST_PREFIX):])
             if line.startswith(HOST_KEY_PREFIX) and self.host_key_refused is None:
-                self.host_key_refused = (line[len(HOST_KEY_PREFIX):].split() or ["?"])[0]
+                self.host_key_refused = _first_word(line[len(HOST_KEY_PREFIX):])
             if line.strip():
                 self.launcher_lines.append(line)
         self._put("stderr", -1, data if data.endswith(b"\n") else data + b"\n", b"")

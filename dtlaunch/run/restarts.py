@@ -181,12 +181,14 @@ def blame_hosts(outcome: AttemptOutcome, hosts: Sequence[Host]) -> dict[str, str
     f = outcome.failure
     if f is None or f.host is None or not (is_lost_host(f) or f.signal is not None):
         return {}
-    # mpirun may name a node by its full name where the host list has the short one.
-    short = f.host.split(".")[0]
-    host = next((h for h in hosts if h.name == f.host), None) \
-        or next((h for h in hosts if h.name.split(".")[0] == short), None)
-    if host is None:
+    found = [h for h in hosts if h.name == f.host]
+    if not found:
+        # mpirun may name a node by its full name where the host list has the short one.
+        short = f.host.split(".")[0]
+        found = [h for h in hosts if h.name.split(".")[0] == short]
+    if not found:
         return {}
+    host = found[0]
     if not is_lost_host(f) and len(hosts) == 1:  # nowhere else to go: let the re-check decide
         return {}
     return {host.name: f.describe()}
