@@ -16,7 +16,6 @@ from dtlaunch.core.errors import DtlaunchError, UsageError
 from dtlaunch.core.mpi_kinds import HYDRA_FAMILY as HYDRA_FAMILY
 from dtlaunch.core.mpi_kinds import INSTALL_OMPI_HINT as INSTALL_OMPI_HINT
 from dtlaunch.core.mpi_kinds import MIN_OMPI as MIN_OMPI
-from dtlaunch.core.mpi_kinds import MPI_FAMILIES as MPI_FAMILIES
 from dtlaunch.core.mpi_kinds import MPI_KINDS as MPI_KINDS
 from dtlaunch.core.mpi_kinds import OPEN_MPI_FAMILY as OPEN_MPI_FAMILY
 from dtlaunch.core.mpi_kinds import PREFERRED_MPI as PREFERRED_MPI

@@ -127,7 +127,6 @@ MPI_KINDS = {kind.name: kind for kind in (
 )}
 # The MPI a host without a supported one is judged against, and the one dtlaunch suggests.
 PREFERRED_MPI = "Open MPI"
-MPI_FAMILIES = {name: kind.family for name, kind in MPI_KINDS.items()}
 
 
 def kinds_with_libmpi(major: str) -> tuple[MpiKind, ...]:
@@ -164,7 +163,7 @@ class MpiImpl:
     @property
     def family(self) -> str | None:
         """OPEN_MPI_FAMILY, HYDRA_FAMILY, or None for an MPI no family starts."""
-        return MPI_FAMILIES.get(self.name)
+        return self.kind.family if self.kind else None
 
 
 def parse_mpirun_version(text: str) -> MpiImpl:

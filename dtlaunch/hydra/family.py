@@ -26,7 +26,6 @@ from dtlaunch.job.binding import intel_pinning
 from dtlaunch.job.hosts import Host, assign_ranks, format_hosts
 from dtlaunch.mpi import (
     HYDRA_FAMILY,
-    MPI_FAMILIES,
     SLURM,
     SSH,
     Interfaces,
@@ -157,7 +156,7 @@ class Hydra(MpiFamily):
         self.name = name  # "MPICH" or "Intel MPI": how the ranks are placed differs
 
     def unsupported(self, impl: MpiImpl, program: str) -> str | None:
-        if MPI_FAMILIES.get(impl.name) != HYDRA_FAMILY:
+        if impl.family != HYDRA_FAMILY:
             return f"{program} is {impl.name}, not MPICH or Intel MPI"
         least = impl.needs_newer()
         if least is not None:
