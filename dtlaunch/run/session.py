@@ -360,11 +360,10 @@ def _context(request: LaunchRequest, prepared: Prepared, plan: RunPlan, run: Run
         from dtlaunch.doctor.preflight import left_out_reason, run_preflight
 
         one = replace(run, hosts=(Host(host, 1),), num_proc=1, elastic=None)
-        checked = run_preflight(one, plan_run(one, dict(os.environ), family=plan.family,
-                                              as_root=os.geteuid() == 0,
-                                              cpu_count=os.cpu_count() or 1),
-                                reach=reach, use_cache=request.use_cache,
-                                command_timeout=request.start_timeout)
+        # Planned as the job was (prepare's replan). The one kind that admits hosts, elastic,
+        # has no MPI launcher: no MPI version and no parameter file's choice go into it.
+        checked = run_preflight(one, prepared.replan(one), reach=reach,
+                                use_cache=request.use_cache, command_timeout=request.start_timeout)
         return None if checked.ok else left_out_reason(checked.report)
 
     program = ship("rank_shim.py").inline(build_program(run), shim_python(run), PIPE_BUF)
