@@ -224,7 +224,7 @@ def job_report_lines(report: JobReport) -> list[str]:
         return lines
     if root.last_lines or report.others:
         when = f" at {clock_time(root.at, ms=True)}" if root.at is not None else ""
-        lines.append(f"root cause (first failure): {root.description}{when}")
+        lines.append(f"root cause (first failure): {root.failure.describe()}{when}")
         if root.last_lines:
             cause = root.failure
             tag = f"[{cause.rank}@{cause.host}] " if cause.rank is not None else ""
@@ -268,7 +268,7 @@ def job_report_to_dict(report: JobReport | None, exit_code: int,
 def _root_cause_to_dict(root: RootCause) -> dict[str, Any]:
     cause = root.failure
     return {
-        "description": root.description,
+        "description": cause.describe(),
         "rank": cause.rank,
         "host": cause.host,
         "exit_code": cause.exit_code,

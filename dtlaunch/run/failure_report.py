@@ -54,11 +54,6 @@ class RootCause:
     at: float | None = None  # when its rank's program ended (its host's clock)
     last_lines: tuple[str, ...] = ()
 
-    @property
-    def description(self) -> str:
-        """"rank 3 on host h2 exited with code 1"."""
-        return self.failure.describe()
-
 
 @dataclass(frozen=True)
 class FailureGroup:
@@ -93,7 +88,7 @@ class JobReport:
 
     def summary(self) -> str | None:
         """The one line that ends the report (the line a script reads), as before."""
-        return f"job failed: {self.root.description}" if self.root is not None else None
+        return f"job failed: {self.root.failure.describe()}" if self.root is not None else None
 
 
 # --- building it ------------------------------------------------------------------------------
