@@ -168,20 +168,6 @@ def response_bytes(status: int, body: bytes = b"", headers: Sequence[Tuple[str, 
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
 
 
-def read_response(conn: socket.socket) -> Tuple[int, Dict[str, str], bytes]:
-    """(status, headers, body) of the store's answer: BadRequest(502) when it is not one, and
-    OSError (as for a refused connection) when it does not come in time."""
-    try:
-        got = read_request(conn, b"", status_line=True)
-    except BadRequest as exc:
-        if exc.status == 408:  # no deadline here: the socket's own timeout
-            raise OSError(str(exc)) from None
-        raise BadRequest(502, str(exc)) from None
-    if got is None:
-        raise BadRequest(502, "store closed the connection")
-    return int(got[1]), got[2], got[3]
-
-
 # --- the forwarder ---------------------------------------------------------------------------
 
 
@@ -371,11 +357,16 @@ class Forwarder:
         try:
             with socket.create_connection(self.store, timeout=timeout) as conn:
                 conn.sendall(b"\r\n".join(head) + b"\r\n\r\n" + body)
-                status, headers, answer = read_response(conn)
+                got = read_request(conn, b"", status_line=True)
         except BadRequest as exc:
-            return exc.status, b""
+            # No deadline here, so 408 is the socket's own timeout: as for a refused connection.
+            return (503 if exc.status == 408 else 502), b""
         except OSError:
             return 503, b""
+        if got is None:
+            return 502, b""  # the store closed the connection without answering
+        _, status_text, headers, answer, _ = got
+        status = int(status_text)
         expected = response_mac(self.secret, nonce, status, answer)
         if not hmac.compare_digest(headers.get(AUTH_HEADER.lower(), ""), expected):
             sys.stderr.write(PREFIX + "an answer not signed by the job's store was dropped\n")

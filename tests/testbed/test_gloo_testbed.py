@@ -25,6 +25,7 @@ from helpers.jobs import (
     start_job,
 )
 from helpers.procs import HANG, cmdline, descendants, listening_ports, wait_for
+from helpers.store_http import read_answer
 from helpers.suite import SCRIPTS, dtlaunch_argv, recording_thread_imports, require_testbed
 from helpers.testbed import TestBed
 
@@ -285,4 +286,4 @@ def own_user_only(forwarder: gloo_host.Forwarder) -> None:
 def plain_get(port: int) -> int:
     with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
         conn.sendall(b"GET /global/0 HTTP/1.1\r\nContent-Length: 0\r\n\r\n")
-        return gloo_host.read_response(conn)[0]
+        return read_answer(conn)[0]

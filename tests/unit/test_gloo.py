@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from helpers.store_http import read_answer
 
 from dtlaunch.agents import gloo_host
 from dtlaunch.gloo.ranks import host_ifaces, place_ranks, scope_sizes
@@ -73,7 +74,7 @@ def forwarder(store: Store) -> Iterator[gloo_host.Forwarder]:
 def http(port: int, raw: bytes) -> tuple[int, bytes]:
     with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
         conn.sendall(raw)
-        status, _, body = gloo_host.read_response(conn)
+        status, _, body = read_answer(conn)
     return status, body
 
 
@@ -102,7 +103,7 @@ def test_ranks_store_and_read_through_their_forwarder(forwarder: gloo_host.Forwa
     with socket.create_connection(("127.0.0.1", forwarder.port), timeout=10) as conn:
         for value in (b"a", b"bb"):
             conn.sendall(request("PUT", "/adhoc/k", value))
-            assert gloo_host.read_response(conn)[0] == 200
+            assert read_answer(conn)[0] == 200
     assert store.refusals == []
 
 
@@ -127,7 +128,7 @@ def test_unsigned_forged_replayed_and_oversized_requests_are_refused(store: Stor
     nonce = binascii.hexlify(os.urandom(16))
     with socket.create_connection(("127.0.0.1", store.port), timeout=10) as conn:
         conn.sendall(signed(b"GET", b"/global/0", b"", nonce))
-        status, headers, body = gloo_host.read_response(conn)
+        status, headers, body = read_answer(conn)
     assert (status, body) == (200, b"good")
     assert headers["x-dtlaunch-auth"] == gloo_host.response_mac(SECRET, nonce, 200, b"good")
 

@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from helpers.store_http import read_answer
 
 from dtlaunch.agents import gloo_host
 from dtlaunch.gloo import rendezvous
@@ -124,6 +125,6 @@ def signed_get_from(port: int, source: str) -> int:
         conn.connect(("127.0.0.1", port))
         conn.sendall(raw)
         try:
-            return gloo_host.read_response(conn)[0]
+            return read_answer(conn)[0]
         except gloo_host.BadRequest:
             return 503
