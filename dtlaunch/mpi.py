@@ -146,6 +146,7 @@ class MpiFamily(Protocol):
     def refuse_insecure(self, extra_args: Sequence[str], environ: Mapping[str, str]) -> None:
         """Raise UsageError when the user's extra launcher arguments or the launcher's
         environment make its ssh accept any host key."""
+        return None
 
     def ssh_left_to_dtlaunch(self, extra_args: Sequence[str], environ: Mapping[str, str]) -> bool:
         """False when the user's extra launcher arguments or the launcher's environment may

@@ -84,9 +84,8 @@ class Gloo(MpiFamily):
         """rsh.py's ssh options (dtlaunch's own: checked host keys, never a prompt)."""
         return {SSH_ARGS_ENV: json.dumps(spec.ssh.launcher_ssh_args())}
 
-    def refuse_insecure(self, extra_args: Sequence[str], environ: Mapping[str, str]) -> None:
-        return None  # dtlaunch runs every ssh itself; extra launcher arguments are refused
-
+    # refuse_insecure is the protocol's (nothing): dtlaunch runs every ssh itself, and extra
+    # launcher arguments are refused.
     def ssh_left_to_dtlaunch(self, extra_args: Sequence[str], environ: Mapping[str, str]) -> bool:
         return True  # no launcher of someone else's runs ssh
 
