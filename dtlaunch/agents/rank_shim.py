@@ -49,7 +49,7 @@ except ImportError:  # not CPython
 
 TYPE_CHECKING = False  # the checkers' name for it: the typing module is never imported here
 if TYPE_CHECKING:
-    from typing import Dict, List, NoReturn, Optional, Sequence, Tuple
+    from typing import Callable, Dict, List, NoReturn, Optional, Sequence, Tuple
 
 # The words the rest of dtlaunch shares with this agent (through dtlaunch.agents).
 __all__ = ["ESC", "EXIT", "HEADER_MAX", "HOST", "MAGIC", "NOSTART", "PIPE_BUF", "STDERR", "STDOUT",
@@ -266,30 +266,19 @@ def _descendants(root: int) -> List[int]:
     thread's `children` file where the kernel has them: they read the few processes of the
     tree, where a scan reads every process on the machine (hundreds on a node with many ranks,
     each rank's shim reading them all more than once)."""
-    walk = os.path.exists("/proc/%d/task/%d/children" % (root, root))
-    children: Dict[int, List[int]] = {}
-    if not walk:
-        try:
-            names = os.listdir("/proc")
-        except OSError:
-            return []
-        for name in names:
-            fields = _live_stat(name) if name.isdigit() else None
-            if fields is not None:
-                children.setdefault(int(fields[1]), []).append(int(name))
-    found: List[int] = []
-    todo = [root]
-    while todo:
-        pid = todo.pop()
-        kids = _children(pid) if walk else children.get(pid, [])
-        for kid in kids:
-            if not walk or _live_stat(kid) is not None:
-                found.append(kid)
-                todo.append(kid)
-    return found
+    children_of: Callable[[int], List[int]]
+    if os.path.exists("/proc/%d/task/%d/children" % (root, root)):
+        children_of = _live_children
+    else:
+        children_of = _scanned_children()
+    found = [root]
+    for pid in found:  # grows as it goes: breadth first
+        found.extend(children_of(pid))
+    return found[1:]
 
 
-def _children(pid: int) -> List[int]:
+def _live_children(pid: int) -> List[int]:
+    """`pid`'s live children, from its threads' `children` files."""
     kids: List[int] = []
     try:
         tids = os.listdir("/proc/%d/task" % pid)
@@ -301,7 +290,22 @@ def _children(pid: int) -> List[int]:
                 kids += [int(k) for k in handle.read().split()]
         except (OSError, ValueError):
             continue
-    return kids
+    return [kid for kid in kids if _live_stat(kid) is not None]
+
+
+def _scanned_children() -> Callable[[int], List[int]]:
+    """Each live process's children, from one scan of every process in /proc (none where
+    /proc cannot be read)."""
+    children: Dict[int, List[int]] = {}
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        names = []
+    for name in names:
+        fields = _live_stat(name) if name.isdigit() else None
+        if fields is not None:
+            children.setdefault(int(fields[1]), []).append(int(name))
+    return lambda pid: children.get(pid, [])
 
 
 def _live_stat(pid: object) -> Optional[List[bytes]]:
