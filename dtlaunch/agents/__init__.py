@@ -34,12 +34,13 @@ if TYPE_CHECKING:
     from .gloo_host import *  # noqa: F403
     from .lifeline import *  # noqa: F403
     from .rank_shim import *  # noqa: F403
+    from .remote_probe import *  # noqa: F403
     from .rsh import *  # noqa: F403
 
 # The agents whose words (each one's `__all__`) the rest of dtlaunch imports from here, the
 # lightest first: gloo_host (tens of ms) is read only for its own words. Each is loaded on first
 # use, not here: `python -m dtlaunch.agents.rsh` must find its module not yet imported.
-_SPEAKERS = ("lifeline", "rank_shim", "rsh", "gloo_host")
+_SPEAKERS = ("lifeline", "remote_probe", "rank_shim", "rsh", "gloo_host")
 
 
 if not TYPE_CHECKING:  # hidden from the checkers, who would let any name through it

@@ -21,6 +21,9 @@ import stat
 import sys
 from typing import Any, Dict, List, Optional, Tuple
 
+# The word the rest of dtlaunch shares with this agent (through dtlaunch.agents).
+__all__ = ["hex_digest"]
+
 Dists = Dict[str, Tuple[str, str]]
 NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 DIRECTORY = getattr(os, "O_DIRECTORY", 0)
@@ -52,17 +55,19 @@ def find_dists(wanted: Tuple[str, ...]) -> Dists:
     return found
 
 
-def sha256_hex(data: bytes) -> str:
-    """hashlib's sha256, from CPython's own module where it has one: hashlib loads OpenSSL,
-    ~5-12 ms of CPU on every host the probe runs on."""
-    for name in ("_sha256", "_sha2"):  # Python < 3.12, >= 3.12
+def hex_digest(algorithm: str, data: bytes) -> str:
+    """hashlib's hex digest ("sha1", "sha256") of `data`, from CPython's own module where it
+    has one: hashlib loads OpenSSL, ~5-12 ms of CPU on every host the probe runs on, and on
+    every job's start that names a cached file. The same digest, so the caches and names
+    written before stay valid."""
+    for name in ("_" + algorithm, "_sha2"):  # sha256 is in _sha2 from Python 3.12
         try:
-            return __import__(name).sha256(data).hexdigest()  # type: ignore[no-any-return]
+            return getattr(__import__(name), algorithm)(data).hexdigest()  # type: ignore[no-any-return]
         except (ImportError, AttributeError):
             continue
     import hashlib
 
-    return hashlib.sha256(data).hexdigest()
+    return hashlib.new(algorithm, data).hexdigest()
 
 
 def import_key(dists: Dists) -> str:
@@ -74,7 +79,7 @@ def import_key(dists: Dists) -> str:
         if path:
             package = os.path.join(os.path.dirname(path), name)
             parts.append([package, stamp(package), stamp(os.path.join(package, "torch"))])
-    return sha256_hex(json.dumps(parts).encode())[:32]
+    return hex_digest("sha256", json.dumps(parts).encode())[:32]
 
 
 def compute_imports(code: str) -> Tuple[Dict[str, Any], bool]:

@@ -17,20 +17,6 @@ import stat
 from collections.abc import Iterator, Mapping
 
 
-def name_digest(algorithm: str, data: bytes) -> str:
-    """hashlib's hex digest ("sha1", "sha256") of `data`, for a cached file's name, from
-    CPython's own module where it has one: hashlib loads OpenSSL, which every job's start
-    would pay for a name. The same digest, so the names written before stay valid."""
-    for module in (f"_{algorithm}", "_sha2"):  # sha256 is in _sha2 from Python 3.12
-        try:
-            return str(getattr(__import__(module), algorithm)(data).hexdigest())
-        except (ImportError, AttributeError):
-            continue
-    import hashlib
-
-    return hashlib.new(algorithm, data, usedforsecurity=False).hexdigest()
-
-
 def cache_dir(environ: Mapping[str, str] | None = None) -> str:
     env = os.environ if environ is None else environ
     base = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")

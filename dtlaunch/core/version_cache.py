@@ -15,8 +15,9 @@ import os
 import time
 from collections.abc import Mapping, Sequence
 
+from dtlaunch.agents import hex_digest
 from dtlaunch.core.bounded import run_bounded
-from dtlaunch.core.private_files import name_digest, read_cached, write_cached
+from dtlaunch.core.private_files import read_cached, write_cached
 
 # Variables that can change which libraries (and so which version) a program loads.
 _LIBRARY_VARIABLES = ("LD_LIBRARY_PATH", "LD_PRELOAD", "OPAL_PREFIX", "I_MPI_ROOT")
@@ -33,7 +34,7 @@ def program_key(argv: Sequence[str], environ: Mapping[str, str], now: float) -> 
         return None
     identity = [list(argv), real, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns,
                 st.st_ctime_ns, [environ.get(v) for v in _LIBRARY_VARIABLES], int(now // _DAY)]
-    return f"version-{name_digest('sha1', json.dumps(identity).encode())}.txt"
+    return f"version-{hex_digest('sha1', json.dumps(identity).encode())}.txt"
 
 
 def version_output(argv: Sequence[str], timeout: float, environ: Mapping[str, str] | None = None,

@@ -11,10 +11,10 @@ import os
 import time
 from typing import TYPE_CHECKING, Any
 
+from dtlaunch.agents import hex_digest
 from dtlaunch.core.private_files import (
     NotPrivate,
     cache_dir,
-    name_digest,
     private_dir,
     read_cached,
     remove_private,
@@ -69,7 +69,7 @@ def cache_key(request: RunRequest, hosts: tuple[str, ...], cwd: str, launcher: s
         "uid": os.getuid(),
         "files": [_stamp(p) for p in watched],
     }
-    return name_digest("sha256", json.dumps(material, sort_keys=True, default=str).encode())
+    return hex_digest("sha256", json.dumps(material, sort_keys=True, default=str).encode())
 
 
 def _cache_name(key: str) -> str:

@@ -110,7 +110,7 @@ def test_the_cache_key_is_hashlibs_sha256_without_hashlib() -> None:
     from dtlaunch.agents import remote_probe
 
     for data in (b"", b"probe-5", bytes(range(256)) * 9):
-        assert remote_probe.sha256_hex(data) == hashlib.sha256(data).hexdigest()
+        assert remote_probe.hex_digest("sha256", data) == hashlib.sha256(data).hexdigest()
     code = ("import sys\nsys.argv = ['x', '', '', '0', '']\n"
             + agents.ship("remote_probe.py").text.replace('if __name__ == "__main__":\n    main()', "")
             + "\nimport_key({})\nprint(sorted(m for m in sys.modules if 'hash' in m))\n")

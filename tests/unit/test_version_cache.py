@@ -81,15 +81,15 @@ def test_cache_names_are_hashlibs_digests_without_loading_hashlib(tmp_path: Path
     import subprocess
     import sys
 
-    from dtlaunch.core.private_files import name_digest
+    from dtlaunch.agents import hex_digest
 
     for data in (b"", b"version-", bytes(range(256)) * 9):
-        assert name_digest("sha1", data) == hashlib.sha1(data).hexdigest()
-        assert name_digest("sha256", data) == hashlib.sha256(data).hexdigest()
+        assert hex_digest("sha1", data) == hashlib.sha1(data).hexdigest()
+        assert hex_digest("sha256", data) == hashlib.sha256(data).hexdigest()
     code = ("import sys\nfrom dtlaunch.core.version_cache import version_output\n"
-            "from dtlaunch.doctor.preflight_cache import name_digest\n"
+            "from dtlaunch.doctor.preflight_cache import hex_digest\n"
             "assert version_output([sys.executable, '-V'], timeout=60)[0] == 0\n"
-            "name_digest('sha256', b'')\n"
+            "hex_digest('sha256', b'')\n"
             "print(sorted(m for m in sys.modules if 'hash' in m))\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=60, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path),
