@@ -78,7 +78,6 @@ def read_doctor(args: DoctorArgs) -> DoctorSetup:
         ssh=ssh,
         cwd=os.getcwd(),
         command_timeout=args.timeout if args.timeout is not None else COMMAND_TIMEOUT,
-        choose_network=True,
         mpi_launcher=job_launcher() if needs.mpi else "",
         job_path=os.environ.get("PATH", ""),  # what run exports to the ranks
     )

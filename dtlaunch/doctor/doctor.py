@@ -31,9 +31,6 @@ class DoctorRequest:
     ssh: SshOptions = field(default_factory=SshOptions)
     cwd: str = ""
     command_timeout: float = COMMAND_TIMEOUT
-    # Choose the network the hosts share (dtlaunch.check.network) and report it, when there
-    # is no --iface and more than one host.
-    choose_network: bool = False
     mpi_launcher: str = ""  # for ProbeArgs.mpi_launcher
     job_path: str = ""  # for ProbeArgs.path: the PATH the job exports to its ranks
 
@@ -126,8 +123,10 @@ def run_doctor(request: DoctorRequest, progress: Progress | None = None,
         here_probe.close_all()
     judged = evaluate(outcomes, request.expect, time.monotonic() - start,
                       peers=remote if request.expect.pairwise else ())
+    # The network the hosts share (dtlaunch.check.network), chosen and reported unless --iface
+    # names one or there is one host only.
     choice = None
-    if request.choose_network and request.expect.iface is None and len(request.hosts) > 1:
+    if request.expect.iface is None and len(request.hosts) > 1:
         choice = choose_from_outcomes(outcomes)
         if choice is not None:
             judged = replace(judged, job=(check_network(choice), *judged.job))

@@ -172,8 +172,8 @@ def run_preflight(request: RunRequest, plan: RunPlan, job_started: bool = False,
         use_cache = False
         warnings.append(f"pre-flight cache not used: {problem}")
     entry = cached_entry(key) if use_cache else None
-    if entry is not None and gpus_from_json(entry.get("gpus")) is None and slots_pending(
-            request.hosts):
+    gpus = gpus_from_json(entry.get("gpus")) if entry is not None else None
+    if entry is not None and gpus is None and slots_pending(request.hosts):
         entry = None  # written before GPUs were cached: the slots need the full checks
     network = None
     if entry is not None and entry.get("network") is not None:
@@ -181,7 +181,6 @@ def run_preflight(request: RunRequest, plan: RunPlan, job_started: bool = False,
         if network is None:
             entry = None  # damaged: check again (and write it anew), never run without a network
     if entry is not None:
-        gpus = gpus_from_json(entry.get("gpus"))
         if may_overlap(request, plan.family, plan.launcher_env, mpirun):
             return PreflightOutcome(keys=DeferredKeyCheck(hosts, reach.prober), network=network,
                                     message=("pre-flight: passed recently (cached); ssh "
@@ -208,7 +207,7 @@ def run_preflight(request: RunRequest, plan: RunPlan, job_started: bool = False,
                           program=executable, needs=needs)
     doctor_request = DoctorRequest(
         hosts, expect, request.ssh, cwd,
-        command_timeout if command_timeout is not None else COMMAND_TIMEOUT, choose_network=True,
+        command_timeout if command_timeout is not None else COMMAND_TIMEOUT,
         mpi_launcher=mpirun if needs.mpi else "", job_path=job_path)
     report, network = run_doctor(doctor_request, progress, reach=reach)
     warnings += report.warning_lines(said=problem)

@@ -318,8 +318,7 @@ def test_no_shared_network_refuses_with_each_hosts_interfaces(cache: Path) -> No
 def test_doctor_shows_the_chosen_network() -> None:
     world = docker_world()
     request = DoctorRequest(hosts=("h1", "h2"), expect=Expectations(python=sys.executable),
-                            ssh=SshOptions(connect_timeout=1), command_timeout=30,
-                            choose_network=True)
+                            ssh=SshOptions(connect_timeout=1), command_timeout=30)
     report, _ = run_doctor(request, reach=world.reach())
     assert report.ok and [c.name for c in report.job] == ["network"]
     assert report.job[0].detail.startswith("network: 10.1.2.0/24 (h1 eth0, h2 eth0)")

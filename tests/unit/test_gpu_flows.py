@@ -19,6 +19,7 @@ from dtlaunch.console.render import report_to_dict
 from dtlaunch.core.errors import UsageError
 from dtlaunch.doctor.doctor import DoctorRequest, run_doctor
 from dtlaunch.job.hosts import parse_hosts
+from dtlaunch.job.iface import parse_iface
 from dtlaunch.reach.ssh_options import SshOptions
 from dtlaunch.run import session
 
@@ -122,7 +123,9 @@ def test_this_machine_one_slot_per_visible_gpu(cache: Path,
 
 
 def doctor(world: FakeWorld, *hosts: str) -> Any:
-    request = DoctorRequest(hosts=hosts, expect=Expectations(python=sys.executable),
+    # An --iface the hosts have: doctor chooses no network, so the job's rows are the GPUs' only.
+    request = DoctorRequest(hosts=hosts, expect=Expectations(python=sys.executable,
+                                                             iface=parse_iface("eth0")),
                             ssh=SshOptions(connect_timeout=1), command_timeout=30)
     return run_doctor(request, reach=world.reach())[0]
 
