@@ -24,18 +24,22 @@ def reach_for(via: str, ssh: SshOptions) -> Reach:
     from dtlaunch.probe.prober import Reach
 
     if via == "slurm":
-        from dtlaunch.probe.srun_prober import SrunProber
-
         srun = shutil.which("srun") or "srun"
-        return Reach(prober=lambda: SrunProber(srun), here=_probe_here)
+        return Reach(prober=lambda: _over_srun(srun), here=_probe_here)
+    return Reach(prober=lambda: _over_ssh(ssh), here=_probe_here)
 
-    def over_ssh() -> Prober:
-        # Imported when a host is reached (a run on a cached pre-flight may reach none).
-        from dtlaunch.probe.ssh_prober import SshProber
 
-        return SshProber(ssh)
+# Each prober is imported when a host is reached (a run on a cached pre-flight may reach none).
+def _over_srun(srun: str) -> Prober:
+    from dtlaunch.probe.srun_prober import SrunProber
 
-    return Reach(prober=over_ssh, here=_probe_here)
+    return SrunProber(srun)
+
+
+def _over_ssh(ssh: SshOptions) -> Prober:
+    from dtlaunch.probe.ssh_prober import SshProber
+
+    return SshProber(ssh)
 
 
 def _probe_here(args: ProbeArgs, timeout: float, tracker: Tracker) -> HostFacts:
