@@ -27,6 +27,7 @@ from dtlaunch.horovod.settings import (
     STR,
     build_horovod_env,
 )
+from dtlaunch.job.binding import parse_binding_args
 
 if TYPE_CHECKING:  # the file's reader is imported only when --config-file is given
     from dtlaunch.horovod.config_file import HorovodConfig
@@ -275,8 +276,6 @@ def parse_horovod_args(values: Mapping[str, Sequence[Any]],
         raise UsageError(f"--start-timeout: must be between 1 second and a day, got {timeout}")
     binding = launch.get("binding_args")
     if binding is not None:
-        from dtlaunch.job.binding import parse_binding_args  # only when given
-
         try:
             words = tuple(shlex.split(binding))
         except ValueError as exc:
