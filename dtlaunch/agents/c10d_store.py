@@ -171,7 +171,11 @@ _C10D_TO_AGENT, _C10D_TO_STORE = b"store->agent", b"agent->store"
 
 
 class _C10dIncomplete(Exception):
-    """The request's bytes are not all there yet; args[0]: at least this many in all."""
+    """The request's bytes are not all there yet."""
+
+    def __init__(self, need: int) -> None:
+        Exception.__init__(self, need)
+        self.need = need  # at least this many bytes in all
 
 
 class C10dProtocolError(Exception):
@@ -553,7 +557,7 @@ class C10dStoreServer:
             try:
                 answer = self._request(c, reader)
             except _C10dIncomplete as more:
-                if more.args[0] > C10D_MAX_REQUEST:
+                if more.need > C10D_MAX_REQUEST:
                     self._drop(c)
                 return
             except (C10dProtocolError, ValueError):

@@ -127,7 +127,8 @@ def main(argv: list[str]) -> int:
     import ctypes  # here, not at the top: dtlaunch imports this file for guarded_argv too
 
     try:
-        pdeathsig = ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) == 0
+        libc = ctypes.CDLL(None, use_errno=True)
+        pdeathsig = libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) == 0
     except (OSError, AttributeError):
         pdeathsig = False
     if os.getppid() != parent:  # dtlaunch died before the death signal was armed

@@ -187,11 +187,13 @@ def evaluate_env(facts: Mapping[str, Any], host: HostFacts) -> tuple[EnvItem, ..
         items += _judged("mpi", "version", check_mpi(host, None), shown)
         if "btl" in mpi:
             add("mpi", "btl components", ",".join(mpi["btl"]) or "none")
-            add("mpi", "tcp", "yes" if mpi["tcp"] else "missing", mpi["tcp"], "the TCP BTL is "
-                "needed between hosts: reinstall Open MPI with its TCP component", FAIL)
-            add("mpi", "shared memory", "yes" if mpi["shared_memory"] else "missing",
-                mpi["shared_memory"], "ranks on one host will talk over TCP (slower); install "
-                "Open MPI's vader/sm component")
+            tcp, shared = mpi["tcp"], mpi["shared_memory"]
+            add("mpi", "tcp", "yes" if tcp else "missing", tcp,
+                "the TCP BTL is needed between hosts: reinstall Open MPI with its TCP component",
+                FAIL)
+            add("mpi", "shared memory", "yes" if shared else "missing", shared,
+                "ranks on one host will talk over TCP (slower); install Open MPI's vader/sm "
+                "component")
     hvd = facts["horovod"]
     items += _judged("horovod", "import", check_horovod(host.python, None), [
         ("version", str(hvd["version"])),
@@ -232,10 +234,12 @@ def evaluate_env(facts: Mapping[str, Any], host: HostFacts) -> tuple[EnvItem, ..
     ssh = facts["ssh"]
     add("ssh", "client", f"{ssh['client']} ({ssh['version']})" if ssh["client"] else "not found",
         ssh["client"], "install the OpenSSH client: 'apt-get install openssh-client'", FAIL)
-    keys = ssh["keys"] or ssh["agent"]
-    add("ssh", "keys", ", ".join(ssh["keys"]) + (" + agent" if ssh["agent"] else "") if keys
-        else "no key in ~/.ssh and no agent", keys, "create one with 'ssh-keygen -t ed25519' "
-        "and install it on every host with 'ssh-copy-id HOST'")
+    if ssh["keys"] or ssh["agent"]:
+        add("ssh", "keys", ", ".join(ssh["keys"]) + (" + agent" if ssh["agent"] else ""))
+    else:
+        add("ssh", "keys", "no key in ~/.ssh and no agent", False,
+            "create one with 'ssh-keygen -t ed25519' and install it on every host with "
+            "'ssh-copy-id HOST'")
     stray = foreign_plm_choice(facts["environment"])
     for name, value in facts["environment"].items():
         # Stray: an image's default for one machine (docs/run.md, "At scale").

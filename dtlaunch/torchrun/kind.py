@@ -58,7 +58,9 @@ def master_hint(hosts: Sequence[str], ssh: SshOptions, node_address: str | None)
     except (OSError, UnicodeError) as exc:
         raise DtlaunchError(f"--torch: cannot resolve host {first} ({target.hostname}), "
                             f"where the job's store is held: {exc}") from None
-    return str(sorted(infos, key=lambda i: i[0] != socket.AF_INET)[0][4][0])  # IPv4 first
+    ipv4 = [info for info in infos if info[0] == socket.AF_INET]
+    chosen = (ipv4 or infos)[0]  # an IPv4 address where the host has one
+    return str(chosen[4][0])
 
 
 class TorchJobKind(OwnFanout):
