@@ -60,6 +60,20 @@ def _run(argv: list[str], timeout: float = 20.0) -> tuple[int, str]:
         return -1, str(exc)
 
 
+def _mca_components(ompi_info: str) -> dict[str, list[str]]:
+    """framework -> component names (btl: [self, tcp, vader]), from `ompi_info --parsable`;
+    none when it fails."""
+    code, text = _run([ompi_info, "--parsable"])
+    components: dict[str, list[str]] = {}
+    for line in text.splitlines() if code == 0 else ():
+        match = re.match(r"^mca:([a-z_]+):([A-Za-z0-9_]+):version:", line)
+        if match:
+            names = components.setdefault(match.group(1), [])
+            if match.group(2) not in names:
+                names.append(match.group(2))
+    return components
+
+
 def gather_env(python: str | None = None) -> tuple[dict[str, Any], HostFacts]:
     """This machine's facts: a JSON-ready document, and the probe's facts the checks judge.
     ``python``: the interpreter whose packages the probe reports (default: dtlaunch's own)."""
@@ -88,15 +102,7 @@ def gather_env(python: str | None = None) -> tuple[dict[str, Any], HostFacts]:
     tool = host.mpi.kind.info_tool if host.mpi and host.mpi.kind else ""
     ompi_info = shutil.which(tool) if tool else None
     if mpirun and ompi_info:
-        code, text = _run([ompi_info, "--parsable"])
-        # framework -> component names (btl: [self, tcp, vader])
-        components: dict[str, list[str]] = {}
-        for line in text.splitlines() if code == 0 else ():
-            match = re.match(r"^mca:([a-z_]+):([A-Za-z0-9_]+):version:", line)
-            if match:
-                names = components.setdefault(match.group(1), [])
-                if match.group(2) not in names:
-                    names.append(match.group(2))
+        components = _mca_components(ompi_info)
         btl = components.get("btl", [])
         ompi.update({"ompi_info": ompi_info, "btl": btl, "pml": components.get("pml", []),
                      "tcp": "tcp" in btl, "shared_memory": any(c in btl for c in ("vader", "sm"))})
@@ -133,10 +139,10 @@ def gather_env(python: str | None = None) -> tuple[dict[str, Any], HostFacts]:
     ssh_version = _run([ssh, "-V"], timeout=5)[1].strip() if ssh else None
     home = os.path.expanduser("~/.ssh")
     keys = sorted(p for p in glob.glob(os.path.join(home, "id_*")) if not p.endswith(".pub"))
+    config = os.path.join(home, "config")
     facts["ssh"] = {"client": ssh, "version": ssh_version, "keys": keys,
                     "agent": bool(environ.get("SSH_AUTH_SOCK")),
-                    "config": os.path.join(home, "config") if os.path.isfile(
-                        os.path.join(home, "config")) else None,
+                    "config": config if os.path.isfile(config) else None,
                     "known_hosts": os.path.isfile(os.path.join(home, "known_hosts"))}
     # Variables that steer MPI, NCCL and Horovod; values of secret-looking names are hidden.
     facts["environment"] = {name: "<hidden>" if looks_secret(name) else environ[name]
