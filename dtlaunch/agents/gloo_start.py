@@ -69,6 +69,26 @@ class Host:
             self.proc.stdin.write(self.payload)
             self.proc.stdin.flush()
 
+    def pass_on(self, fd_out: int, data: bytes, hosts: list[Host]) -> None:
+        """What the agent wrote on its stdout or stderr (`fd_out`), written here a whole line
+        at a time (a line past LINE_LIMIT in pieces); `data` empty: the stream's end, where
+        what is left of its last line goes."""
+        if not data:
+            if self.partial[fd_out]:
+                write_all(fd_out, self.partial[fd_out] + b"\n")
+                self.partial[fd_out] = b""
+            return
+        buf = self.partial[fd_out] + data
+        cut = buf.rfind(b"\n") + 1
+        if cut == 0 and len(buf) > LINE_LIMIT:
+            cut = len(buf)
+        if cut:
+            whole = buf[:cut]
+            if fd_out == 2 and MASTER_LINE in whole:
+                whole = master_line(whole, hosts)
+            write_all(fd_out, whole)
+        self.partial[fd_out] = buf[cut:]
+
 
 def write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
@@ -178,20 +198,7 @@ def main() -> int:
                 continue
             if not data:
                 selector.unregister(key.fd)
-                if host.partial[fd_out]:
-                    write_all(fd_out, host.partial[fd_out] + b"\n")
-                    host.partial[fd_out] = b""
-                continue
-            buf = host.partial[fd_out] + data
-            cut = buf.rfind(b"\n") + 1
-            if cut == 0 and len(buf) > LINE_LIMIT:
-                cut = len(buf)
-            if cut:
-                whole = buf[:cut]
-                if fd_out == 2 and MASTER_LINE in whole:
-                    whole = master_line(whole, hosts)
-                write_all(fd_out, whole)
-            host.partial[fd_out] = buf[cut:]
+            host.pass_on(fd_out, data, hosts)
         for host in hosts:
             status = host.proc.poll()
             if status is None or id(host) in ended:
