@@ -248,6 +248,6 @@ def test_elastic_reshard_keeps_the_training_stream_on_the_jobs_device() -> None:
         return pos
 
     matrix = np.zeros((3, SMALL.batch_size), dtype=np.int64)
-    run_elastic(Comm(), job, matrix, Position(), Namespace(commit_every=1), epochs)
+    run_elastic(job, matrix, Namespace(commit_every=1), {}, epochs)
     assert seen == [meta]
     assert job.streams == range(SMALL.batch_size)

@@ -74,9 +74,9 @@ def gather_state(comm: Any, state: State) -> State:
     return parts[0], parts[1]
 
 
-def shard_state(state: State, streams: range) -> State:
-    return (state[0][:, streams.start : streams.stop].clone(),
-            state[1][:, streams.start : streams.stop].clone())
+def shard_state(state: State, streams: range, device: torch.device) -> State:
+    return (state[0][:, streams.start : streams.stop].clone().to(device),
+            state[1][:, streams.start : streams.stop].clone().to(device))
 
 
 # ---------------------------------------------------------------- writing
@@ -167,9 +167,8 @@ def resume(job: Job, path: str, mode: str | None) -> tuple[Position, dict[str, A
         return None
     fields = {f.name for f in dataclasses.fields(Position)}
     pos = Position(**{k: v for k, v in record.items() if k in fields})
-    if record["hidden"] is not None:
-        h, c = shard_state(record["hidden"], job.streams)  # read onto the CPU
-        pos.hidden = h.to(job.device), c.to(job.device)
+    if record["hidden"] is not None:  # read onto the CPU
+        pos.hidden = shard_state(record["hidden"], job.streams, job.device)
     if comm.rank() != 0:  # the saved interval sums are global: count them once
         pos.interval_loss, pos.interval_tokens = 0.0, 0
     return pos, {"ranks_before": record["ranks_before"], "load_s": record["load_s"]}

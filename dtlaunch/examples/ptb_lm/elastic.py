@@ -19,29 +19,30 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-import torch
 
 from .checkpoint import Position, gather_state, shard_state
 from .comm import allreduce_sum
 from .data import shard_range
-from .job import Job
+from .job import Job, columns
 
 
-def run_elastic(comm: Any, job: Job, matrix: np.ndarray, pos: Position,
-                args: argparse.Namespace,
+def run_elastic(job: Job, matrix: np.ndarray, args: argparse.Namespace, timing: dict[str, Any],
                 epochs: Callable[[Position, Callable[[Position], None]], Position]) -> Position:
-    """Train under ``hvd.elastic.run``; ``epochs(pos, on_step)`` is the fixed-size loop over
-    the epochs, returning where it stopped."""
-    hidden = gather_state(comm, pos.hidden) if pos.hidden is not None else None
+    """Train from the beginning under ``hvd.elastic.run`` on ``matrix`` (every stream's column:
+    a reset shares it out again); ``epochs(pos, on_step)`` is the fixed-size loop over the
+    epochs, returning where it stopped. ``timing`` goes into the start record."""
+    comm, cfg = job.comm, job.config
+    job.report.emit(f"config {cfg.name}: elastic, {comm.size()} rank(s) to start with, "
+                    f"global batch {cfg.batch_size}",
+                    {"event": "start", "config": cfg.name, "ranks": comm.size(),
+                     "batch_size": cfg.batch_size, "elastic": True, **timing})
     # What Horovod keeps across resets.
-    state = comm.elastic.TorchState(job.model, job.optimizer,
-                                    pos=dataclasses.replace(pos, hidden=None), hidden=hidden)
+    state = comm.elastic.TorchState(job.model, job.optimizer, pos=Position(), hidden=None)
 
     def reshard() -> None:
         """Each rank's streams for the new number of ranks."""
         job.streams = shard_range(job.config.batch_size, comm.rank(), comm.size())
-        job.train = torch.from_numpy(np.ascontiguousarray(
-            matrix[:, job.streams.start : job.streams.stop])).to(job.device)
+        job.train = columns(matrix, job.streams, job.device)
         job.report.active = comm.rank() == 0
         job.report.emit(f"elastic: {comm.size()} rank(s) from here on",
                         {"event": "elastic_reset", "ranks": comm.size()})
@@ -58,7 +59,7 @@ def run_elastic(comm: Any, job: Job, matrix: np.ndarray, pos: Position,
 
     def train(state: Any) -> Position:
         """From the last commit (or sync), with this rank's share of the LSTM state."""
-        mine = shard_state(state.hidden, job.streams) if state.hidden is not None else None
+        mine = shard_state(state.hidden, job.streams, job.device) if state.hidden is not None else None
         return epochs(dataclasses.replace(state.pos, hidden=mine), on_step)
 
     state.register_reset_callbacks([reshard])

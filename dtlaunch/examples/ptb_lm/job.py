@@ -11,12 +11,18 @@ import time
 from dataclasses import dataclass
 from typing import IO, Any
 
+import numpy as np
 import torch
 
 from .config import Config
 from .model import PTBModel
 
 CPU = torch.device("cpu")
+
+
+def columns(matrix: np.ndarray, streams: range, device: torch.device) -> torch.Tensor:
+    """The columns ``streams`` of a ``(length, streams)`` matrix, as a tensor on ``device``."""
+    return torch.from_numpy(np.ascontiguousarray(matrix[:, streams.start : streams.stop])).to(device)
 
 
 @dataclass

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 
 from .checkpoint import Position, checkpoint, next_epoch, start
 from .comm import COMM_NICE, allreduce_sum, get_comm
-from .config import CONFIGS, learning_rate
+from .config import CONFIGS, Config, learning_rate
 from .data import (
     IGNORE_INDEX,
     SPLITS,
@@ -48,7 +48,7 @@ from .data import (
 )
 from .ddp import TorchDistributed
 from .device import SetupError, choose_device, torchrun_placement
-from .job import Job, Reporter
+from .job import Job, Reporter, columns
 from .memory import keep_freed_memory
 from .model import PTBModel, State, StreamNoise
 from .optim import PlainSGD
@@ -284,8 +284,7 @@ def evaluate(job: Job, ids: np.ndarray, num_streams: int) -> float:
     """Perplexity over every target of ``ids``; streams are shared out over the ranks."""
     inputs, targets = eval_streams(ids, num_streams)
     mine = shard_range(num_streams, job.comm.rank(), job.comm.size(), allow_empty=True)
-    x = torch.from_numpy(np.ascontiguousarray(inputs[:, mine.start : mine.stop])).to(job.device)
-    y = torch.from_numpy(np.ascontiguousarray(targets[:, mine.start : mine.stop])).to(job.device)
+    x, y = columns(inputs, mine, job.device), columns(targets, mine, job.device)
     job.model.eval()
     T = job.config.num_steps
     loss = torch.zeros((), dtype=torch.float64, device=job.device)  # float64, as a float sum
@@ -312,13 +311,18 @@ def dump_params(prefix: str, rank: int, model: PTBModel) -> None:
             "numel": flat.numel(), "sum": float(flat.double().sum())})
 
 
-def build_job(args: argparse.Namespace, comm: Any, corpus: Corpus, device: torch.device) -> Job:
+def run_config(args: argparse.Namespace, vocab_size: int) -> Config:
+    """The --config's hyper-parameters with the options that override them."""
     overrides = {"batch_size": args.batch_size, "hidden_size": args.hidden_size,
                  "keep_prob": args.keep_prob}
-    config = replace(CONFIGS[args.config], vocab_size=len(corpus.words),
-                     **{k: v for k, v in overrides.items() if v is not None})
+    return replace(CONFIGS[args.config], vocab_size=vocab_size,
+                   **{k: v for k, v in overrides.items() if v is not None})
+
+
+def build_job(args: argparse.Namespace, comm: Any, config: Config, matrix: np.ndarray,
+              device: torch.device) -> Job:
+    """The model, optimizer and this rank's share of ``matrix``'s streams."""
     streams = shard_range(config.batch_size, comm.rank(), comm.size())
-    matrix = stream_matrix(corpus.train, config.batch_size)[:, streams.start : streams.stop]
     torch.manual_seed(args.seed)
     # Sparse embedding gradients pay on CPUs (see model.py); on a GPU the dense 10,000-row
     # update is one cheap kernel, and NCCL reduces no sparse tensors.
@@ -341,7 +345,7 @@ def build_job(args: argparse.Namespace, comm: Any, corpus: Corpus, device: torch
     averages = getattr(comm, "averages_gradients", False)
     loss_scale = (comm.size() if averages else 1.0) / config.batch_size
     return Job(comm=comm, config=config, model=model, optimizer=optimizer,
-               train=torch.from_numpy(np.ascontiguousarray(matrix)).to(device), streams=streams,
+               train=columns(matrix, streams, device), streams=streams,
                loss_scale=loss_scale, report=Reporter(comm.rank() == 0, args.metrics),
                seed=args.seed, net=net, device=device)
 
@@ -354,20 +358,13 @@ def run(args: argparse.Namespace, comm: Any, up_at: float, device: torch.device)
     # others (each reads the data itself; the state comes from rank 0 at the first sync).
     corpus = load_corpus(args.data_path) if args.elastic else shared_corpus(comm, args.data_path)
     timing = {"up_at": up_at, "data_s": time.perf_counter() - loading}
-    job = build_job(args, comm, corpus, device)
-    rank, cfg = comm.rank(), job.config
+    cfg = run_config(args, len(corpus.words))
+    matrix = stream_matrix(corpus.train, cfg.batch_size)  # every stream's column
+    job = build_job(args, comm, cfg, matrix, device)
     if args.dump_shard:
-        write_rank_file(args.dump_shard, rank, {
-            "rank": rank, "size": comm.size(), "streams": list(job.streams),
+        write_rank_file(args.dump_shard, comm.rank(), {
+            "rank": comm.rank(), "size": comm.size(), "streams": list(job.streams),
             "first_tokens": job.train[:8].T.tolist()})
-    if args.elastic:
-        pos = Position()
-        job.report.emit(f"config {cfg.name}: elastic, {comm.size()} rank(s) to start with, "
-                        f"global batch {cfg.batch_size}",
-                        {"event": "start", "config": cfg.name, "ranks": comm.size(),
-                         "batch_size": cfg.batch_size, "elastic": True, **timing})
-    else:
-        pos = start(args, job, timing)
 
     progress, epoch_times = Progress(), []
     epoch_walls: list[float] = []  # whole epochs with their validation, for --time-limit
@@ -408,16 +405,14 @@ def run(args: argparse.Namespace, comm: Any, up_at: float, device: torch.device)
     if args.elastic:
         from .elastic import run_elastic
 
-        matrix = stream_matrix(corpus.train, cfg.batch_size)
-        pos = run_elastic(comm, job, matrix, pos, args, epochs)
-        rank = comm.rank()
+        pos = run_elastic(job, matrix, args, timing, epochs)
     else:
-        pos = epochs(pos)
+        pos = epochs(start(args, job, timing))
 
     test_ppl = float("nan") if args.no_eval else evaluate(
         job, corpus.test, args.eval_batch_size)
     if args.dump_params:
-        dump_params(args.dump_params, rank, job.model)
+        dump_params(args.dump_params, comm.rank(), job.model)
     words_per_sec = progress.words / progress.seconds if progress.seconds else 0.0
     mean_epoch = sum(epoch_times) / len(epoch_times) if epoch_times else float("nan")
     job.report.emit(
