@@ -14,7 +14,7 @@ from helpers.ptb import PTB_DIR, REPO, mpirun_command, needs_ptb
 
 from dtlaunch.examples.ptb_lm import train
 from dtlaunch.examples.ptb_lm.comm import SingleProcess
-from dtlaunch.examples.ptb_lm.device import (
+from dtlaunch.examples.ptb_lm.ddp import (
     SetupError,
     choose_device,
     ddp_backend,

@@ -46,8 +46,7 @@ from .data import (
     shard_range,
     stream_matrix,
 )
-from .ddp import TorchDistributed
-from .device import SetupError, choose_device, torchrun_placement
+from .ddp import SetupError, TorchDistributed, choose_device, torchrun_placement
 from .job import Job, Reporter, columns
 from .memory import keep_freed_memory
 from .model import PTBModel, State, StreamNoise
@@ -165,11 +164,10 @@ def detach(state: State) -> State:
     return state[0].detach(), state[1].detach()
 
 
-def clip_grad_norm(params: Sequence[torch.Tensor], max_norm: float) -> float | torch.Tensor:
+def clip_grad_norm(params: Sequence[torch.Tensor], max_norm: float) -> None:
     """Scale gradients to a global norm of at most ``max_norm`` (as ``clip_grad_norm_``, which
     rejects sparse gradients). Sparse ones are coalesced first: Horovod's allgather lists a
-    row once per rank that touched it, and the norm must be taken over the summed rows.
-    Returns the norm before clipping (a tensor on a GPU, which is not waited for)."""
+    row once per rank that touched it, and the norm must be taken over the summed rows."""
     grads = []
     for p in params:
         if p.grad is not None and p.grad.is_sparse:
@@ -181,16 +179,14 @@ def clip_grad_norm(params: Sequence[torch.Tensor], max_norm: float) -> float | t
     if norms.is_cuda:
         # The same scaling without reading the norm back: a read would wait for the GPU every
         # step, so the CPU could not queue the next step's kernels meanwhile.
-        total_t: torch.Tensor = torch.linalg.vector_norm(norms)
-        scale = (max_norm / (total_t + 1e-6)).clamp(max=1.0)
+        scale = (max_norm / (torch.linalg.vector_norm(norms) + 1e-6)).clamp(max=1.0)
         for g in grads:
             g.mul_(scale)
-        return total_t
+        return
     total = float(torch.linalg.vector_norm(norms))
     if total > max_norm:
         for g in grads:
             g.mul_(max_norm / (total + 1e-6))
-    return total
 
 
 def clipped_step(optimizer: Any, params: Sequence[torch.Tensor], max_norm: float) -> None:
