@@ -194,7 +194,7 @@ def restart_count() -> int | None:
         return None
 
 
-def start(args: argparse.Namespace, job: Job, timing: dict[str, Any] | None = None) -> Position:
+def start(args: argparse.Namespace, job: Job, timing: dict[str, Any]) -> Position:
     """Resume or start afresh, then give every rank rank 0's weights and optimizer state.
     ``timing`` (when the ranks came up, how long the data took) goes into the start record."""
     comm, cfg = job.comm, job.config
@@ -213,7 +213,7 @@ def start(args: argparse.Namespace, job: Job, timing: dict[str, Any] | None = No
         {"event": "start", "config": cfg.name, "ranks": comm.size(),
          "backend": backend, "device": str(job.device),
          "batch_size": cfg.batch_size, "threads": torch.get_num_threads(),
-         "comm_nice": niced, "restart_count": restarts, **(timing or {})})
+         "comm_nice": niced, "restart_count": restarts, **timing})
     if resumed is None:
         if args.resume:
             job.report.emit(f"no checkpoint at {args.checkpoint}: starting from the beginning",
