@@ -145,10 +145,6 @@ class Worker:
     slot: GlooRank
     size: int
 
-    @property
-    def key(self) -> tuple[str, int]:
-        return self.slot.host, self.slot.local_rank
-
 
 @dataclass
 class Outcome:
@@ -185,14 +181,12 @@ class ElasticDriver:
 
     # --- starting and ending ---------------------------------------------------------------
 
-    def start(self, initial: Mapping[str, int] | None = None) -> None:
-        """The first round on `initial` (already discovered and checked), or on the first
-        discovery; then the threads."""
+    def start(self, initial: Mapping[str, int]) -> None:
+        """The first round on `initial` (already discovered and checked); then the threads."""
         self.hosts.clock = self.clock
         self.hosts.cooldown = self.spec.cooldown
-        found = dict(initial) if initial is not None else self.discover()
-        self.admitted.update(found if initial is not None else ())
-        self._take_discovery(found, first=True)
+        self.admitted.update(initial)
+        self._take_discovery(initial, first=True)
         with self._cond:
             self._begin_round_locked(self.spec.start_np)
         for target in (self._discovery_loop, self._watch_agents):
@@ -398,7 +392,7 @@ class ElasticDriver:
             worker = self.members.get((host, local_rank))
             if worker is None or worker.id != wid or self.hosts.is_blacklisted(host):
                 return 200, b""  # drained, or an earlier round's: not this round's business
-            self._record_locked(worker.key, SUCCESS if code == 0 else FAILURE, code)
+            self._record_locked((host, local_rank), SUCCESS if code == 0 else FAILURE, code)
         return 200, b""
 
     # --- discovery and the agents -----------------------------------------------------------
@@ -455,7 +449,7 @@ class ElasticDriver:
         self.last_ts = max(self.last_ts + 1, int(time.time()))
         self.notify[coordinator.slot.host] = (self.last_ts, update, coordinator.slot.local_rank)
         self.gen += 1
-        what = "removed" if update == REMOVED else "added" if update == 2 else "changed"
+        what = "removed" if update == REMOVED else "added" if update == ADDED else "changed"
         self.say("note", f"elastic: hosts {what}; the ranks reset at their next commit")
 
     def _watch_agents(self) -> None:
