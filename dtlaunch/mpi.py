@@ -112,6 +112,7 @@ class MpiFamily(Protocol):
 
     def unsupported(self, impl: MpiImpl, program: str) -> str | None:
         """Why this launcher cannot be used, or None."""
+        return None
 
     def build_argv(self, spec: JobSpec, launcher: str) -> tuple[str, ...]: ...
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from dtlaunch.agents import PIPE_BUF, SSH_ARGS_ENV
 from dtlaunch.core.errors import UsageError
 from dtlaunch.job.hosts import format_hosts
-from dtlaunch.mpi import HostNeeds, JobSpec, MpiFamily, MpiImpl
+from dtlaunch.mpi import HostNeeds, JobSpec, MpiFamily
 
 if TYPE_CHECKING:
     from dtlaunch.core.failure import Failure
@@ -25,8 +25,8 @@ LAUNCHER = "dtlaunch-gloo"
 
 
 class Gloo(MpiFamily):
-    """No launcher of anyone else's: no launcher defaults, no support files, no ssh setting
-    files; the chosen network as is."""
+    """No launcher of anyone else's: no MPI to refuse, no launcher defaults, no support files,
+    no ssh setting files; the chosen network as is."""
 
     name = "Gloo"
     launcher = LAUNCHER
@@ -38,9 +38,6 @@ class Gloo(MpiFamily):
     # dtlaunch ends the job on a failed rank's exit record (Gloo's survivors would wait for
     # it until their own timeout: horovodrun #3060).
     ends_job_on_rank_failure = False
-
-    def unsupported(self, impl: MpiImpl, program: str) -> str | None:
-        return None
 
     def build_argv(self, spec: JobSpec, launcher: str) -> tuple[str, ...]:
         for given, option in ((spec.mpi_args, "--mpi-args"), (spec.binding, "--binding-args"),
