@@ -15,6 +15,7 @@ import os
 import shlex
 import socket
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from dtlaunch import agents
 from dtlaunch.core.errors import DtlaunchError
@@ -28,29 +29,38 @@ def is_local(host: str) -> bool:
     return host in local_names()
 
 
-def store_address(host: str, ssh: SshOptions, known: str | None = None) -> str:
-    """Where `host`'s agent reaches the store: 127.0.0.1 for this machine, else the address
-    this machine sends from towards `host` (after ssh config's HostName, or at `known`, its
-    address as the scheduler lists it)."""
+def host_addresses(host: str, ssh: SshOptions, known: str | None, option: str, purpose: str,
+                   ) -> tuple[str, list[tuple[Any, ...]]]:
+    """The name `host` is reached by (after ssh config's HostName) and its addresses as
+    getaddrinfo gives them, IPv4 first (at `known` instead: its address as the scheduler lists
+    it). A name that does not resolve: "OPTION: cannot resolve host HOST (NAME)PURPOSE: why"."""
     from dtlaunch.reach.ssh_config import load_ssh_config, resolve_target
 
-    if is_local(host):
-        return "127.0.0.1"
     target = resolve_target(host, ssh, load_ssh_config(ssh.config_file))
     try:
         infos = socket.getaddrinfo(known or target.hostname, 9, type=socket.SOCK_DGRAM)
     except (OSError, UnicodeError) as exc:
-        raise DtlaunchError(f"--gloo: cannot resolve host {host} ({target.hostname}) to find "
-                            f"the address its ranks reach dtlaunch's rendezvous at: {exc}") from None
-    for family, kind, proto, _, addr in sorted(infos, key=lambda i: i[0] != socket.AF_INET):
+        raise DtlaunchError(f"{option}: cannot resolve host {host} ({target.hostname})"
+                            f"{purpose}: {exc}") from None
+    return target.hostname, sorted(infos, key=lambda i: i[0] != socket.AF_INET)
+
+
+def store_address(host: str, ssh: SshOptions, known: str | None = None) -> str:
+    """Where `host`'s agent reaches the store: 127.0.0.1 for this machine, else the address
+    this machine sends from towards `host` (after ssh config's HostName, or at `known`, its
+    address as the scheduler lists it)."""
+    if is_local(host):
+        return "127.0.0.1"
+    name, infos = host_addresses(host, ssh, known, "--gloo", " to find the address its ranks "
+                                 "reach dtlaunch's rendezvous at")
+    for family, kind, proto, _, addr in infos:
         with socket.socket(family, kind, proto) as probe:
             try:
                 probe.connect(addr)  # UDP: picks the route, sends nothing
             except OSError:
                 continue
             return str(probe.getsockname()[0])
-    raise DtlaunchError(f"--gloo: no route to host {host} ({target.hostname}) for the "
-                        "rendezvous")
+    raise DtlaunchError(f"--gloo: no route to host {host} ({name}) for the rendezvous")
 
 
 # What an agent started by srun keeps of dtlaunch's environment (with Slurm's own SLURM_*):

@@ -13,17 +13,14 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import socket
 from collections.abc import Sequence
 
 from dtlaunch import agents
-from dtlaunch.core.errors import DtlaunchError
 from dtlaunch.gloo.family import Gloo
-from dtlaunch.gloo.start import SRUN_TASK_VARIABLES, host_entry, is_local, store_address
+from dtlaunch.gloo.start import SRUN_TASK_VARIABLES, host_addresses, host_entry, is_local, store_address
 from dtlaunch.jobkind import JobContext, OwnFanout, StartedJob
 from dtlaunch.mpi import SLURM, HostNeeds
 from dtlaunch.plan.plan import build_program, shim_python
-from dtlaunch.reach.ssh_config import load_ssh_config, resolve_target
 from dtlaunch.reach.ssh_options import SshOptions
 from dtlaunch.torchrun.options import TorchSpec
 from dtlaunch.torchrun.ranks import place_workers, program_for, worker_env
@@ -52,15 +49,8 @@ def master_hint(hosts: Sequence[str], ssh: SshOptions, node_address: str | None)
     if is_local(first):
         other = next((h for h in hosts if not is_local(h)), None)
         return store_address(other, ssh) if other else "127.0.0.1"
-    target = resolve_target(first, ssh, load_ssh_config(ssh.config_file))
-    try:
-        infos = socket.getaddrinfo(node_address or target.hostname, None, type=socket.SOCK_STREAM)
-    except (OSError, UnicodeError) as exc:
-        raise DtlaunchError(f"--torch: cannot resolve host {first} ({target.hostname}), "
-                            f"where the job's store is held: {exc}") from None
-    ipv4 = [info for info in infos if info[0] == socket.AF_INET]
-    chosen = (ipv4 or infos)[0]  # an IPv4 address where the host has one
-    return str(chosen[4][0])
+    _, infos = host_addresses(first, ssh, node_address, "--torch", ", where the job's store is held")
+    return str(infos[0][4][0])  # an IPv4 address where the host has one (host_addresses' order)
 
 
 class TorchJobKind(OwnFanout):
