@@ -20,7 +20,7 @@ from dtlaunch.elastic.discovery import DiscoveryError, parse_hosts, run_script
 from dtlaunch.elastic.driver import DRAIN_HOLD, ElasticDriver, Outcome, assign
 from dtlaunch.gloo.family import ELASTIC_GLOO
 from dtlaunch.gloo.ranks import host_ifaces
-from dtlaunch.gloo.rendezvous import Store, new_secret
+from dtlaunch.gloo.rendezvous import Store
 from dtlaunch.gloo.start import agent_job, host_entry, store_address
 from dtlaunch.job.elastic import DISCOVERY_TIMEOUT, ElasticSpec
 from dtlaunch.job.hosts import Host
@@ -92,9 +92,8 @@ class ElasticJobKind(OwnFanout):
         def address(host: str) -> str:
             return store_address(host, ssh, context.node_addresses([host]).get(host) if via_srun else None)
 
-        secret = new_secret()
         addresses = {h.name: address(h.name) for h in request.hosts}
-        store = Store(sorted(set(addresses.values())), secret)
+        store = Store(sorted(set(addresses.values())))
         lines: queue.Queue[bytes] = queue.Queue()
 
         def start_host(host: str, token: int) -> None:
@@ -110,7 +109,7 @@ class ElasticJobKind(OwnFanout):
             iface = host_ifaces(names, common_iface, [host]).get(host)
             if iface is not None:
                 env["HOROVOD_GLOO_IFACE"] = iface
-            job = agent_job(host, where, store.port, secret, env, context.rank_program,
+            job = agent_job(host, store, where, env, context.rank_program,
                             request.iface.cidrs if request.iface is not None else (), via_srun)
             job.update(elastic=True, token=token, round_timeout=spec.timeout + DRAIN_HOLD + 120)
             lines.put(json.dumps(host_entry(host, job, context.python, via_srun)).encode() + b"\n")

@@ -9,7 +9,7 @@ import json
 from dtlaunch import agents
 from dtlaunch.gloo.family import GLOO
 from dtlaunch.gloo.ranks import host_ifaces, place_ranks, scope_sizes
-from dtlaunch.gloo.rendezvous import Store, new_secret
+from dtlaunch.gloo.rendezvous import Store
 from dtlaunch.gloo.start import agent_job, host_entry, store_address
 from dtlaunch.jobkind import JobContext, OwnFanout, StartedJob
 from dtlaunch.mpi import SLURM
@@ -33,8 +33,7 @@ class GlooJobKind(OwnFanout):
         via_srun = request.via == SLURM
         nodes = dict(context.node_addresses(hosts)) if via_srun else {}
         where = {host: store_address(host, request.ssh, nodes.get(host)) for host in hosts}
-        secret = new_secret()
-        store = Store(sorted(set(where.values())), secret, scope_sizes(ranks))
+        store = Store(sorted(set(where.values())), scope_sizes=scope_sizes(ranks))
         store.start()
         try:
             entries = []
@@ -42,8 +41,7 @@ class GlooJobKind(OwnFanout):
                 env = dict(common)
                 if host in ifaces:
                     env["HOROVOD_GLOO_IFACE"] = ifaces[host]
-                job = agent_job(host, where[host], store.port, secret, env, context.rank_program,
-                                cidrs, via_srun)
+                job = agent_job(host, store, where[host], env, context.rank_program, cidrs, via_srun)
                 job["ranks"] = [{"env": r.env(len(ranks))} for r in ranks if r.host == host]
                 entries.append(host_entry(host, job, context.python, via_srun))
             return StartedJob(tuple(agents.ship("gloo_start.py").here()), dict(plan.launcher_env),

@@ -81,7 +81,7 @@ class Store:
     """The job's store; `start()` binds it, `close()` ends it (and every connection)."""
 
     addresses: Sequence[str]
-    secret: bytes
+    secret: bytes = field(default_factory=lambda: os.urandom(32))  # the job's, for its agents
     scope_sizes: Mapping[str, int] = field(default_factory=dict)
     # Scopes served by someone else (an elastic job's driver): (method, key, body) -> answer.
     # They may block (a barrier, a long poll); the store's lock is not held meanwhile.
@@ -296,7 +296,3 @@ class Store:
         if len(done) >= size:
             self._data.pop(scope, None)
             self._finished.pop(scope, None)
-
-
-def new_secret() -> bytes:
-    return os.urandom(32)

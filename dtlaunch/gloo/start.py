@@ -15,12 +15,15 @@ import os
 import shlex
 import socket
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dtlaunch import agents
 from dtlaunch.core.errors import DtlaunchError
 from dtlaunch.job.hosts import local_names
 from dtlaunch.reach.ssh_options import SshOptions
+
+if TYPE_CHECKING:
+    from dtlaunch.gloo.rendezvous import Store
 
 
 def is_local(host: str) -> bool:
@@ -83,15 +86,16 @@ def srun_argv(host: str, boot: Sequence[str]) -> list[str]:
             "--export=" + ",".join(SRUN_EXPORT), *boot]
 
 
-def agent_job(host: str, store_host: str, port: int, secret: bytes, env: Mapping[str, str],
+def agent_job(host: str, store: Store, store_host: str, env: Mapping[str, str],
               shim_argv: Sequence[str], iface_cidrs: Sequence[str], via_srun: bool,
               ) -> dict[str, object]:
-    """What one host's agent reads after its code: where the store is, the job's secret, the
-    variables every rank there gets, the rank shim's argv (its ranks are added by the caller)."""
+    """What one host's agent reads after its code: where it reaches the store (`store_host`),
+    the job's secret, the variables every rank there gets, the rank shim's argv (its ranks are
+    added by the caller)."""
     return {
         "host": host,
-        "store": {"host": store_host, "port": port,
-                  "secret": binascii.hexlify(secret).decode("ascii")},
+        "store": {"host": store_host, "port": store.port,
+                  "secret": binascii.hexlify(store.secret).decode("ascii")},
         "env": dict(env),
         "ranks": [],
         "shim": list(shim_argv),
