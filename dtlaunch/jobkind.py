@@ -86,16 +86,16 @@ class JobKind(Protocol):
         not found, what the program says it is or None when not asked)."""
 
     def first_request(self, request: RunRequest, say: Say) -> RunRequest:
-        """The request the job is planned for (an elastic job's first hosts)."""
+        """The request the job is planned for: as given, but for an elastic job's first hosts."""
+        return request
 
     def start(self, context: JobContext) -> StartedJob:
         """Make the job ready to run (its rendezvous started); nothing of the user's runs yet."""
 
 
-class OwnFanout:
-    """What a kind whose ranks dtlaunch starts itself (its fan-out, no MPI launcher) does where
-    it says nothing else: its family (`FAMILY`) has no program to ask, and the job is planned
-    for the request as given."""
+class OwnFanout(JobKind):
+    """A kind whose ranks dtlaunch starts itself (its fan-out, no MPI launcher): its family
+    (`FAMILY`) has no program to ask."""
 
     FAMILY: MpiFamily
 
@@ -103,9 +103,6 @@ class OwnFanout:
         from dtlaunch.mpi import MpiImpl
 
         return self.FAMILY, self.FAMILY.launcher, MpiImpl("none", "")
-
-    def first_request(self, request: RunRequest, say: Say) -> RunRequest:
-        return request
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from dtlaunch import agents
 from dtlaunch.core.errors import DtlaunchError
-from dtlaunch.jobkind import JobContext, Say, StartedJob
+from dtlaunch.jobkind import JobContext, JobKind, StartedJob
 from dtlaunch.mpi import (
     HYDRA_FAMILY,
     MPI_KINDS,
@@ -27,7 +27,6 @@ from dtlaunch.openmpi.family import OPEN_MPI
 
 if TYPE_CHECKING:
     from dtlaunch.hydra.family import Hydra  # imported only for an MPICH or Intel MPI job
-    from dtlaunch.plan.plan import RunRequest
 
 
 def launcher_family(environ: Mapping[str, str] | None = None,
@@ -103,14 +102,11 @@ def rsh_agent_command() -> str | None:
     return f"{sys.executable} -I -S {wrapper}"
 
 
-class MpiJobKind:
+class MpiJobKind(JobKind):
     name = "mpi"
 
     def family(self, environ: Mapping[str, str]) -> tuple[MpiFamily, str | None, MpiImpl | None]:
         return launcher_family(environ)
-
-    def first_request(self, request: RunRequest, say: Say) -> RunRequest:
-        return request
 
     def start(self, context: JobContext) -> StartedJob:
         plan = context.plan
