@@ -109,9 +109,9 @@ class ElasticJobKind(OwnFanout):
             iface = host_ifaces(names, common_iface, [host]).get(host)
             if iface is not None:
                 env["HOROVOD_GLOO_IFACE"] = iface
-            job = agent_job(host, store, where, env, context.rank_program,
-                            request.iface.cidrs if request.iface is not None else (), via_srun)
-            job.update(elastic=True, token=token, round_timeout=spec.timeout + DRAIN_HOLD + 120)
+            job = agent_job(host, env, context.rank_program, via_srun, store=store.reached_at(where),
+                            iface_cidrs=list(request.iface.cidrs if request.iface is not None else ()),
+                            elastic=True, token=token, round_timeout=spec.timeout + DRAIN_HOLD + 120)
             lines.put(json.dumps(host_entry(host, job, context.python, via_srun)).encode() + b"\n")
 
         def admit(host: str) -> str | None:

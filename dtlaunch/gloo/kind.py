@@ -41,8 +41,9 @@ class GlooJobKind(OwnFanout):
                 env = dict(common)
                 if host in ifaces:
                     env["HOROVOD_GLOO_IFACE"] = ifaces[host]
-                job = agent_job(host, store, where[host], env, context.rank_program, cidrs, via_srun)
-                job["ranks"] = [{"env": r.env(len(ranks))} for r in ranks if r.host == host]
+                job = agent_job(host, env, context.rank_program, via_srun,
+                                store=store.reached_at(where[host]), iface_cidrs=list(cidrs),
+                                ranks=[{"env": r.env(len(ranks))} for r in ranks if r.host == host])
                 entries.append(host_entry(host, job, context.python, via_srun))
             return StartedJob(tuple(agents.ship("gloo_start.py").here()), dict(plan.launcher_env),
                               GLOO, stdin=json.dumps({"hosts": entries}).encode("utf-8"),

@@ -19,6 +19,7 @@ cleared (so a later rendezvous starts clean); elsewhere it deletes the key.
 
 from __future__ import annotations
 
+import binascii
 import contextlib
 import errno
 import hmac
@@ -147,6 +148,12 @@ class Store:
             self.addresses = self.addresses[:-1]
             raise DtlaunchError(f"the rendezvous store cannot listen on {address} port "
                                 f"{self.port}: {exc.strerror or exc}") from None
+
+    def reached_at(self, address: str) -> dict[str, object]:
+        """What a host's agent is told of the store: `address` (where that host reaches it),
+        the port and the job's secret."""
+        return {"host": address, "port": self.port,
+                "secret": binascii.hexlify(self.secret).decode("ascii")}
 
     def close(self) -> None:
         self._closed = True

@@ -9,21 +9,17 @@ address of its route), found without sending anything; a host named as this mach
 
 from __future__ import annotations
 
-import binascii
 import json
 import os
 import shlex
 import socket
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from dtlaunch import agents
 from dtlaunch.core.errors import DtlaunchError
 from dtlaunch.job.hosts import local_names
 from dtlaunch.reach.ssh_options import SshOptions
-
-if TYPE_CHECKING:
-    from dtlaunch.gloo.rendezvous import Store
 
 
 def is_local(host: str) -> bool:
@@ -86,23 +82,20 @@ def srun_argv(host: str, boot: Sequence[str]) -> list[str]:
             "--export=" + ",".join(SRUN_EXPORT), *boot]
 
 
-def agent_job(host: str, store: Store, store_host: str, env: Mapping[str, str],
-              shim_argv: Sequence[str], iface_cidrs: Sequence[str], via_srun: bool,
-              ) -> dict[str, object]:
-    """What one host's agent reads after its code: where it reaches the store (`store_host`),
-    the job's secret, the variables every rank there gets, the rank shim's argv (its ranks are
-    added by the caller)."""
+def agent_job(host: str, env: Mapping[str, str], shim_argv: Sequence[str], via_srun: bool,
+              **own: object) -> dict[str, object]:
+    """What one host's agent reads after its code: the variables every rank there gets, the
+    rank shim's argv, where it runs; and the kind's own (`own`: where its store is, its
+    ranks...)."""
     return {
         "host": host,
-        "store": {"host": store_host, "port": store.port,
-                  "secret": binascii.hexlify(store.secret).decode("ascii")},
         "env": dict(env),
         "ranks": [],
         "shim": list(shim_argv),
         "cwd": os.getcwd(),
         "sweep": not is_local(host),
-        "iface_cidrs": list(iface_cidrs),
         "unset": list(SRUN_TASK_VARIABLES) if via_srun else [],
+        **own,
     }
 
 

@@ -11,13 +11,12 @@ what runs.
 from __future__ import annotations
 
 import json
-import os
 import secrets
 from collections.abc import Sequence
 
 from dtlaunch import agents
 from dtlaunch.gloo.family import Gloo
-from dtlaunch.gloo.start import SRUN_TASK_VARIABLES, host_addresses, host_entry, is_local, store_address
+from dtlaunch.gloo.start import agent_job, host_addresses, host_entry, is_local, store_address
 from dtlaunch.jobkind import JobContext, OwnFanout, StartedJob
 from dtlaunch.mpi import SLURM, HostNeeds
 from dtlaunch.plan.plan import build_program, shim_python
@@ -90,9 +89,7 @@ class TorchJobKind(OwnFanout):
                     "port": (spec.master_port or 0) if serve else MASTER_PORT,
                     "cidrs": list(network.cidrs if network is not None else
                                   request.iface.cidrs if request.iface is not None else ())}
-            job = {"host": host, "env": env, "ranks": ranks, "shim": list(context.rank_program),
-                   "cwd": os.getcwd(), "sweep": not is_local(host), "c10d": c10d,
-                   "unset": list(SRUN_TASK_VARIABLES) if via_srun else []}
+            job = agent_job(host, env, context.rank_program, via_srun, ranks=ranks, c10d=c10d)
             entries.append(host_entry(host, job, context.python, via_srun, "torch_host.py"))
         stdin = json.dumps({"hosts": entries, "prefix": TORCH.prefix}).encode("utf-8")
         return StartedJob(tuple(agents.ship("gloo_start.py").here()), dict(plan.launcher_env),
