@@ -42,7 +42,7 @@ def discovery_for(request: RunRequest) -> Discover:
 
 
 def first_hosts(request: RunRequest, discover: Discover,
-                say: Callable[[str], None] = lambda text: None) -> RunRequest:
+                say: Say = lambda level, text: None) -> RunRequest:
     """The request on the hosts discovery lists now, once they have --min-np (or -np) slots,
     waiting up to --elastic-timeout; a script that fails the first time ends the run."""
     spec: ElasticSpec = request.elastic  # type: ignore[assignment]
@@ -60,7 +60,7 @@ def first_hosts(request: RunRequest, discover: Discover,
             raise DiscoveryError(f"elastic: {sum(found.values())} slot(s) ({listed}) after "
                                  f"waiting {spec.timeout:g} s for {spec.start_np}")
         if not told:
-            say(f"elastic: waiting up to {spec.timeout:g} s for {spec.start_np} slot(s)")
+            say("note", f"elastic: waiting up to {spec.timeout:g} s for {spec.start_np} slot(s)")
             told = True
         time.sleep(1.0)
     ranks = assign(found, spec.max_np)
@@ -76,7 +76,7 @@ class ElasticJobKind(OwnFanout):
     FAMILY = ELASTIC_GLOO
 
     def first_request(self, request: RunRequest, say: Say) -> RunRequest:
-        return first_hosts(request, discovery_for(request), lambda text: say("note", text))
+        return first_hosts(request, discovery_for(request), say)
 
     def start(self, context: JobContext) -> StartedJob:
         """The rendezvous store with the driver's scopes, the driver, and the fan-out
