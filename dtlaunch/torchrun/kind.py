@@ -72,10 +72,10 @@ class TorchJobKind(OwnFanout):
         arg = spec.local_rank_arg
         entries = []
         for index, host in enumerate(hosts):
-            env = dict(common)
-            for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
-                if host in names and name not in common:
-                    env[name] = ",".join(names[host]) if name[0] == "N" else names[host][0]
+            env = dict(common)  # the job's own values win over the chosen network's
+            if host in names:  # Gloo takes one interface, NCCL a list
+                env.setdefault("GLOO_SOCKET_IFNAME", names[host][0])
+                env.setdefault("NCCL_SOCKET_IFNAME", ",".join(names[host]))
             ranks = [{"env": worker_env(w, len(workers), len(hosts), attempt=context.attempt,
                                         max_restarts=context.max_restarts, run_id=run_id,
                                         user_env=common),
