@@ -82,7 +82,7 @@ class ElasticJobKind(OwnFanout):
         """The rendezvous store with the driver's scopes, the driver, and the fan-out
         (dtlaunch.agents.gloo_start, as for a fixed Gloo job) that gets each host's agent as the
         driver first assigns it ranks."""
-        request, plan, network, ssh = context.request, context.plan, context.network, context.request.ssh
+        request, plan, network = context.request, context.plan, context.network
         spec = request.elastic
         assert spec is not None
         names = network.names if network is not None else ()
@@ -90,7 +90,8 @@ class ElasticJobKind(OwnFanout):
         via_srun = request.via == SLURM
 
         def address(host: str) -> str:
-            return store_address(host, ssh, context.node_addresses([host]).get(host) if via_srun else None)
+            known = context.node_addresses([host]).get(host) if via_srun else None
+            return store_address(host, request.ssh, known)
 
         addresses = {h.name: address(h.name) for h in request.hosts}
         store = Store(sorted(set(addresses.values())))
