@@ -10,7 +10,6 @@ import contextlib
 import os
 import sys
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
@@ -123,6 +122,8 @@ def known_options(command: click.Command) -> list[str]:
 def _note_earlier_logs(output_dir: str | None) -> None:
     if output_dir is None:
         return
+    from pathlib import Path  # only --output-dir needs it
+
     from dtlaunch.run.job_output import earlier_logs
 
     found = earlier_logs(Path(output_dir))
@@ -167,6 +168,8 @@ def show_restarts_end(report: RestartReport, output_dir: str | None) -> None:
     from dtlaunch.console.render import ATTEMPTS_FILE, restart_report_json, restart_report_lines
 
     if output_dir:
+        from pathlib import Path
+
         Path(output_dir).mkdir(parents=True, exist_ok=True)
         target = Path(output_dir) / ATTEMPTS_FILE
         tmp = target.with_name(f".{ATTEMPTS_FILE}.{os.getpid()}")

@@ -167,8 +167,9 @@ def _byte_code(source: bytes) -> bytes:
 
 def _boot() -> str:
     if not _BOOT:
-        from importlib.util import MAGIC_NUMBER
-
+        # The byte code's version, read where the rank reads it (importlib.util, which
+        # names the same value, is one more import on the launch path).
+        magic = sys.modules["_frozen_importlib_external"].MAGIC_NUMBER
         with open(__file__, "rb") as handle:
             source = handle.read()
         code = _byte_code(source)
@@ -184,7 +185,7 @@ def _boot() -> str:
             "c=getattr(e,'MAGIC_NUMBER',None)==%r and "
             "marshal.loads(zlib.decompress(binascii.a2b_base64('%s')));"
             "exec(c or zlib.decompress(binascii.a2b_base64('%s')))"
-            % (MAGIC_NUMBER, packed(code), packed(source)))
+            % (magic, packed(code), packed(source)))
     return _BOOT[0]
 
 

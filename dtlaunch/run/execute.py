@@ -16,8 +16,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
-from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 from dtlaunch.core.errors import EXIT_TIMEOUT, DtlaunchError, exit_for_signal
 from dtlaunch.core.failure import Failure
@@ -27,6 +26,9 @@ from dtlaunch.run.events import RANKS_RUNNING, Progress
 from dtlaunch.run.failure_report import JobRanks, first_in_time
 from dtlaunch.run.job_output import JobOutput
 from dtlaunch.run.spool import Spool
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 # After forwarding a signal, how long mpirun gets to take its ranks down before we kill it.
 GRACE_SECONDS = 6.0
@@ -135,7 +137,7 @@ def execute(argv: Sequence[str], env: Mapping[str, str], rank_hosts: Sequence[st
             raise DtlaunchError(f"--output-dir: cannot create {output_dir}: "
                                 f"{exc.strerror or exc}") from None
     for path, text in support_files:
-        write_private_executable(Path(path), text)
+        write_private_executable(path, text)
     out = JobOutput(rank_hosts, output_dir, timestamps=prefix_timestamp, log_label=log_label,
                     new_demux=new_demux or family.new_demux, shown=shown_ranks,
                     ranks_to_stderr=ranks_to_stderr, on_progress=on_progress)
@@ -299,13 +301,13 @@ def first_failed_rank(exits: Mapping[int, str], rank_hosts: Sequence[str],
     return first.failure() if first is not None else None
 
 
-def write_private_executable(path: Path, text: str) -> None:
+def write_private_executable(path: str, text: str) -> None:
     """The launcher's support program (Hydra's ssh agent), written privately
     (dtlaunch.core.private_files)."""
     try:
-        write_private_program(str(path), text)
+        write_private_program(path, text)
     except NotPrivate as exc:
-        raise DtlaunchError(f"{path.parent} is not yours alone: {exc}; remove it or make it "
+        raise DtlaunchError(f"{os.path.dirname(path)} is not yours alone: {exc}; remove it or make it "
                             "0700") from None
     except OSError as exc:
         raise DtlaunchError(f"cannot write {path}: {exc.strerror or exc}") from None

@@ -22,7 +22,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, cast
 
 from dtlaunch.agents import HOST_KEY_PREFIX, LOST_PREFIX
@@ -33,6 +32,8 @@ from dtlaunch.run.events import HOSTS_UP, RANKS_RUNNING, Progress
 from dtlaunch.run.failure_report import TAIL_BYTES, JobRanks, RankEnd, tail_lines
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from dtlaunch.mpi import OutputDemux
 
 FRAGMENT = 64 * 1024  # an open line this long is printed without waiting for its end

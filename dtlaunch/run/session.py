@@ -12,7 +12,6 @@ import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dtlaunch.check.gpus import choose_slots, slots_pending, unchecked_slots_text, visible_devices
@@ -376,13 +375,15 @@ def _execute(request: LaunchRequest, plan: RunPlan, run_request: RunRequest, job
              prepared: Prepared, on_event: OnEvent, executor: Executor | None) -> LaunchResult:
     """Run the kind's job to its end (run.execute), watching Slurm's nodes inside a Slurm
     allocation (no ssh link there shows a lost node); the kind closes what it opened."""
-    from dtlaunch.run.slurm_watch import blame, node_watch_for
-
     if executor is None:
         from dtlaunch.run.execute import execute
 
         executor = execute
-    nodes = node_watch_for(run_request.via, plan.rank_hosts, run_request.python)
+    nodes = None
+    if run_request.via == SLURM:  # an ssh job's links show a lost host themselves
+        from dtlaunch.run.slurm_watch import node_watch_for
+
+        nodes = node_watch_for(run_request.via, plan.rank_hosts, run_request.python)
     shown = None
     if request.ranks is not None:
         shown = request.ranks.shown(plan.rank_hosts)
@@ -392,11 +393,16 @@ def _execute(request: LaunchRequest, plan: RunPlan, run_request: RunRequest, job
     timeout, total = request.timeout, None
     if request.deadline is not None:
         timeout, total = max(request.deadline - time.time(), 0.001), request.timeout
+    output_dir = None
+    if request.output_dir:
+        from pathlib import Path  # only --output-dir's files need it (~10 ms of imports)
+
+        output_dir = Path(request.output_dir)
     try:
         result = executor(
             job.argv, job.env, plan.rank_hosts, timeout=timeout, timeout_total=total,
             log_label=request.log_label,
-            output_dir=Path(request.output_dir) if request.output_dir else None,
+            output_dir=output_dir,
             announce=lambda text: on_event(Event(EventLevel.NOTE, text)),
             stop_when=nodes.stop_reason if nodes is not None else None,
             family=job.family, support_files=plan.support_files,
@@ -409,6 +415,10 @@ def _execute(request: LaunchRequest, plan: RunPlan, run_request: RunRequest, job
         if nodes is not None:
             nodes.close()
         job.close()  # the kind's rendezvous lives exactly as long as the job
+    if nodes is None:
+        return result
+    from dtlaunch.run.slurm_watch import blame
+
     return blame(result, nodes)
 
 

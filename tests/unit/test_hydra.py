@@ -103,7 +103,7 @@ def test_agent_runs_ssh_with_the_options_before_hydras_arguments(tmp_path: Path)
     text = agent_script(os.path.realpath(sys.executable), rsh.__file__ or "",
                         SshOptions(config_file="/etc/cfg").ssh_args())
     agent = tmp_path / "cache" / "hydra-ssh-x"
-    write_private_executable(agent, text)
+    write_private_executable(str(agent), text)
     assert stat.S_IMODE(agent.stat().st_mode) == 0o700
     out = subprocess.run([str(agent), "-x", "h2", "/venv/bin/hydra_pmi_proxy", "--proxy-id", "1"],
                          capture_output=True, text=True, timeout=30,
@@ -127,7 +127,7 @@ def test_agent_ends_its_ssh_when_mpiexec_is_killed(tmp_path: Path) -> None:
     fake.write_text("#!/bin/sh\nexec sleep 3174\n")  # an ssh link that stays up
     fake.chmod(0o755)
     agent = tmp_path / "cache" / "hydra-ssh-x"
-    write_private_executable(agent, agent_script(os.path.realpath(sys.executable),
+    write_private_executable(str(agent), agent_script(os.path.realpath(sys.executable),
                                                  rsh.__file__ or "", ()))
     # mpiexec's stand-in: starts the agent in a new session, as Hydra does, and waits.
     mpiexec = subprocess.Popen(
@@ -319,7 +319,7 @@ def test_agent_folder_writable_by_others_is_refused(tmp_path: Path) -> None:
     folder.mkdir(mode=0o777)
     folder.chmod(0o777)
     with pytest.raises(DtlaunchError, match="is not yours alone"):
-        write_private_executable(folder / "hydra-ssh-x", "#!/bin/sh\n")
+        write_private_executable(str(folder / "hydra-ssh-x"), "#!/bin/sh\n")
 
 
 def test_tree_spawn_is_refused_and_mpich_settings_reach_the_ranks() -> None:

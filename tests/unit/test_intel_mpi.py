@@ -99,7 +99,7 @@ def test_agent_runs_ssh_without_intels_quiet(tmp_path: Path) -> None:
                     'hostname h9: Name or service not known" >&2\nexit 255\n')
     fake.chmod(0o755)
     agent = tmp_path / "cache" / "hydra-ssh-x"
-    write_private_executable(agent, agent_script(os.path.realpath(sys.executable),
+    write_private_executable(str(agent), agent_script(os.path.realpath(sys.executable),
                                                  rsh.__file__ or "", SshOptions().ssh_args()))
     out = subprocess.run([str(agent), "-q", "-x", "h9", "/venv/bin/hydra_bstrap_proxy", "-q"],
                          capture_output=True, text=True, timeout=30,
