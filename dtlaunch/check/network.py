@@ -24,11 +24,16 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from dtlaunch.check.facts import Iface
-from dtlaunch.check.report import FAIL, LOCAL, PASS, CheckResult, HostOutcome
 from dtlaunch.job.iface import Interfaces
+
+if TYPE_CHECKING:
+    from dtlaunch.check.facts import Iface
+    from dtlaunch.check.report import CheckResult, HostOutcome
+
+# The functions that judge import the report model where they run: a job on a cached
+# pre-flight reads its NetworkChoice back (choice_from_json) without it or the facts.
 
 HOST_LOCAL_PREFIXES = ("docker", "virbr", "veth", "br-", "cni", "podman", "lxcbr", "lxdbr")
 IFACE_FIX = ("pass --iface with the subnet that connects the hosts (e.g. --iface 10.0.0.0/24) "
@@ -108,6 +113,8 @@ def choose_network(hosts: Mapping[str, Sequence[Iface] | None],
 
     local: this machine's interfaces when it is not one of the hosts (mpirun's control
     path starts there), else None. Fewer than two machines: nothing to choose (no cidrs)."""
+    from dtlaunch.check.report import LOCAL
+
     unknown = [h for h, ifaces in hosts.items() if ifaces is None]
     if unknown:
         return NetworkChoice(problem=f"cannot list the interfaces of {', '.join(unknown)} "
@@ -173,6 +180,8 @@ def _with_names(net: Net, owners: Mapping[str, set[str]], hosts: Mapping[str, Se
 
 def check_network(choice: NetworkChoice) -> CheckResult:
     """The choice as a doctor/pre-flight result (one row for the whole job)."""
+    from dtlaunch.check.report import FAIL, PASS, CheckResult
+
     if choice.problem:
         return CheckResult("network", FAIL, choice.problem, choice.fix)
     return CheckResult("network", PASS, choice.describe() if choice.cidrs else "one machine: "
@@ -182,6 +191,8 @@ def check_network(choice: NetworkChoice) -> CheckResult:
 def choose_from_outcomes(outcomes: Sequence[HostOutcome]) -> NetworkChoice | None:
     """choose_network over a doctor run's probes. None when a host has no facts (its SSH
     failure already stops the job) or when no remote host takes part."""
+    from dtlaunch.check.report import LOCAL
+
     if any(o.facts is None for o in outcomes):
         return None
     hosts = {o.host: o.facts.ifaces for o in outcomes if o.facts is not None and o.is_rank_host}

@@ -6,8 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from dtlaunch.check.facts import HostFacts, PythonFacts
-from dtlaunch.check.network import Iface
+from dtlaunch.check.facts import HostFacts, Iface, PythonFacts
 from dtlaunch.mpi import MpiImpl
 
 OPEN_MPI_4 = MpiImpl("Open MPI", "4.1.4")
