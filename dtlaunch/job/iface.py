@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ipaddress
 import re
 from dataclasses import dataclass
 
@@ -29,6 +28,8 @@ def parse_iface(spec: str) -> Interfaces:
     cidrs: list[str] = []
     for item in items:
         if "/" in item:
+            import ipaddress  # only a subnet needs it: every job loads this module
+
             try:
                 net = ipaddress.ip_network(item, strict=False)
             except ValueError:

@@ -478,7 +478,8 @@ NOT_ON_THE_LAUNCH_PATH = {
     "dtlaunch.run.restarts", "dtlaunch.probe.prober", "hashlib",
     "pathlib",  # --output-dir's files (and the Hydra agent's folder) only
     "dtlaunch.run.slurm_watch",  # a job started through srun only
-    "importlib.util"}  # the rank shim's byte code reads its version where the rank does
+    "importlib.util",  # the rank shim's byte code reads its version where the rank does
+    "ipaddress"}  # a subnet given to --iface, or the checks choosing the network
 
 
 def _modules_after(tmp_path: Path, *args: str) -> set[str]:
