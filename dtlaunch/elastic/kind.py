@@ -22,7 +22,7 @@ from dtlaunch.gloo.family import ELASTIC_GLOO
 from dtlaunch.gloo.ranks import host_ifaces
 from dtlaunch.gloo.rendezvous import Store
 from dtlaunch.gloo.start import agent_job, host_entry, store_address
-from dtlaunch.job.elastic import DISCOVERY_TIMEOUT, ElasticSpec
+from dtlaunch.job.elastic import DISCOVERY_TIMEOUT
 from dtlaunch.job.hosts import Host
 from dtlaunch.jobkind import JobContext, JobEnd, OwnFanout, Say, StartedJob
 from dtlaunch.mpi import SLURM
@@ -45,7 +45,8 @@ def first_hosts(request: RunRequest, discover: Discover,
                 say: Say = lambda level, text: None) -> RunRequest:
     """The request on the hosts discovery lists now, once they have --min-np (or -np) slots,
     waiting up to --elastic-timeout; a script that fails the first time ends the run."""
-    spec: ElasticSpec = request.elastic  # type: ignore[assignment]
+    spec = request.elastic
+    assert spec is not None
     deadline = time.monotonic() + spec.timeout
     told = False
     while True:
